@@ -1,0 +1,143 @@
+// Backend op argument structs: one struct per op, documenting shapes, dtypes and = / += semantics.
+//
+// Conventions for every op:
+//  - Tensors are row-major. N = number of tokens (B*T). Shapes are given as // (dims) comments.
+//  - CPU backend: every floating tensor is F32 (the reference). CUDA backend: activations BF16,
+//    statistics (rstd, lse, losses) and all LoRA/optimizer tensors F32.
+//  - "=" outputs are overwritten; "+=" outputs are accumulated into (caller zeroes them).
+//  - Integer side inputs (tokens, labels, positions, segment ids) are int32 host-or-device
+//    pointers living on the same device as the tensors.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace qlora {
+
+// C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T.  C (m,n); op(A) (m,k); op(B) (k,n).
+// A is stored (m,k) or, with trans_a, (k,m); B is stored (k,n) or, with trans_b, (n,k).
+// C may only alias nothing. beta=0 means C is "=" (C's old contents ignored even if NaN).
+struct MatmulArgs {
+  Tensor c, a, b;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+// out[i,:] = table[tokens[i],:]     out (N,C) "="; table (V,C).
+struct EmbeddingFwdArgs {
+  Tensor out, table;
+  const int32_t* tokens = nullptr;
+  int64_t n = 0, c = 0, vocab = 0;
+};
+// dtable[tokens[i],:] += dout[i,:]  dtable (V,C) "+="; dout (N,C).
+struct EmbeddingBwdArgs {
+  Tensor dtable, dout;
+  const int32_t* tokens = nullptr;
+  int64_t n = 0, c = 0, vocab = 0;
+};
+
+// out = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps).  x,out (N,C); w (C); rstd (N) F32 "=".
+struct RmsnormFwdArgs {
+  Tensor out, rstd, x, w;
+  int64_t n = 0, c = 0;
+  float eps = 1e-5f;
+};
+// dx "=" (N,C); dw "+=" (C) optional (empty = frozen norm weight); dout,x (N,C); rstd (N) from fwd.
+struct RmsnormBwdArgs {
+  Tensor dx, dw, dout, x, w, rstd;
+  int64_t n = 0, c = 0;
+};
+
+// In-place rotary embedding, Hugging Face "rotate_half" layout: dims i and i+D/2 form a pair.
+// x (N, n_head, D); positions (N); inv_freq (D/2) F32 (already includes rope scaling).
+// fwd rotates by +pos*inv_freq; bwd applies the inverse rotation to a gradient in place.
+struct RopeArgs {
+  Tensor x, inv_freq;
+  const int32_t* positions = nullptr;
+  int64_t n = 0, n_head = 0, head_dim = 0;
+};
+
+// Causal attention with grouped KV heads and optional document segments for packed batches:
+// query t attends to key s iff s <= t and (seg == null or seg[b,s] == seg[b,t]).
+// q,out (B,T,Hq,D); k,v (B,T,Hkv,D); lse (B,Hq,T) F32 "=" (natural-log sum-exp of scaled scores);
+// seg (B,T) int32 or null. scale = 1/sqrt(D) normally.
+struct AttentionFwdArgs {
+  Tensor out, lse, q, k, v;
+  const int32_t* seg = nullptr;
+  int64_t b = 0, t = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  float scale = 0.0f;
+};
+// dq "=" (B,T,Hq,D); dk, dv "=" (B,T,Hkv,D); dout, out (B,T,Hq,D); lse from fwd.
+struct AttentionBwdArgs {
+  Tensor dq, dk, dv, dout, q, k, v, out, lse;
+  const int32_t* seg = nullptr;
+  int64_t b = 0, t = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+  float scale = 0.0f;
+};
+
+// out = silu(gate) * up.  all (N,F).
+struct SwigluFwdArgs {
+  Tensor out, gate, up;
+  int64_t n = 0;  // total elements N*F
+};
+// dgate, dup "=" (N,F); dout, gate, up (N,F).
+struct SwigluBwdArgs {
+  Tensor dgate, dup, dout, gate, up;
+  int64_t n = 0;
+};
+
+// y += x  (elementwise, n elements).
+struct AddArgs {
+  Tensor y, x;
+  int64_t n = 0;
+};
+// y[i,:] += bias  y (N,M), bias (M).
+struct BiasAddArgs {
+  Tensor y, bias;
+  int64_t n = 0, m = 0;
+};
+// x *= s (n elements).
+struct ScaleArgs {
+  Tensor x;
+  int64_t n = 0;
+  float s = 1.0f;
+};
+
+// Inverted dropout, mask from hash_uniform(seed, stream, i): keep iff u >= p; kept values * 1/(1-p).
+// fwd: out "=" (n); bwd: dx "=" dout * same mask / (1-p). Same (seed, stream) => same mask on every backend.
+struct DropoutArgs {
+  Tensor out, x;  // bwd: out=dx, x=dout
+  int64_t n = 0;
+  float p = 0.0f;
+  uint64_t seed = 0, stream = 0;
+};
+
+// Cross-entropy over one chunk of rows, fused with its gradient.
+// logits (n,V) in; dlogits (n,V) "=" and may alias logits; labels (n) int32, -100 = ignored row
+// (its dlogits row is zeroed, loss 0). losses (n) F32 "=" per-row -log softmax[label].
+// dlogits = (softmax - onehot) * grad_scale for counted rows.
+struct CrossEntropyArgs {
+  Tensor logits, dlogits, losses;
+  const int32_t* labels = nullptr;
+  int64_t n = 0, vocab = 0;
+  float grad_scale = 1.0f;
+};
+
+// PyTorch AdamW (decoupled weight decay, bias-corrected), step >= 1, all F32 (n elements):
+// p -= lr*wd*p; m = b1*m+(1-b1)*g; v = b2*v+(1-b2)*g^2; p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps).
+struct AdamwArgs {
+  Tensor param, grad, m, v;
+  int64_t n = 0;
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;
+};
+
+// *out = sum(x^2) in double (accumulated with "+=" into *out, which lives on the host).
+struct SumsqArgs {
+  Tensor x;
+  int64_t n = 0;
+  double* out = nullptr;
+};
+
+}  // namespace qlora
