@@ -1,0 +1,60 @@
+// LlamaConfig: the decoder's shape and numerics, read from HF config.json, GGUF metadata or a preset.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlora {
+
+struct RopeScaling {
+  std::string type = "none";  // none | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;       // llama3
+};
+
+struct LlamaConfig {
+  std::string model_type = "llama";  // llama | mistral | qwen2
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;         // C
+  int64_t intermediate_size = 0;   // F
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;            // hidden_size / n_head unless config says otherwise
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool attention_bias = false;     // qwen2: q/k/v have bias
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = -1, eos_token_id = -1;
+  std::string torch_dtype = "float32";
+  std::string name;                // preset name or source path, for messages
+
+  int64_t q_dim() const { return n_head * head_dim; }
+  int64_t kv_dim() const { return n_head_kv * head_dim; }
+  // Parameter count of the base model (embeddings + layers + norm + untied head).
+  int64_t n_params() const;
+  // Throws Error(Config) naming the field when the shape is inconsistent.
+  void validate(const std::string& where) const;
+};
+
+// Supported HF model_type values.
+const std::vector<std::string>& supported_model_types();
+
+// Parses a Hugging Face config.json (path to the file). Errors name the file and key.
+LlamaConfig load_hf_config(const std::string& config_json_path);
+// Same, from JSON text; `where` is used in error messages.
+LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where);
+
+// Built-in presets of real model shapes (llama3-8b, llama3-70b, llama3.1-405b, llama3.2-1b,
+// llama3.2-3b, mistral-7b, qwen2.5-7b, smollm2-135m, ...).
+const std::vector<std::string>& preset_names();
+bool has_preset(const std::string& name);
+LlamaConfig preset_config(const std::string& name);  // Error(Config) with closest name when unknown
+
+// RoPE inverse frequencies (head_dim/2) including linear / llama3 scaling, as transformers computes them.
+std::vector<float> rope_inv_freq(const LlamaConfig& c);
+
+}  // namespace qlora

@@ -1,0 +1,36 @@
+// The engine's buffer list for a model + training shape: the single source of truth that the
+// engine allocates from and that `qlora plan` reports.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/memory_plan.h"
+#include "model/llama_config.h"
+
+namespace qlora {
+
+struct ModelPlanOptions {
+  std::string method = "lora";          // full | lora | qlora
+  DType compute_dtype = DType::F32;     // activations and unquantized frozen weights (CPU F32, CUDA BF16)
+  std::string base_precision;           // "" (= compute dtype) | fp32 | bf16 | fp8 | nf4 | fp4 | nvfp4 | mxfp4
+  int64_t quant_blocksize = 64;
+  bool double_quant = true;
+  bool quantize_embeddings = false;     // embeddings / lm_head stay in compute dtype unless asked
+  int64_t lora_r = 16;
+  std::vector<std::string> targets;     // q_proj ... down_proj
+  bool lora_dropout = false;
+  DType optimizer_dtype = DType::F32;
+  int64_t micro_batch = 1, seq_len = 2048;
+  std::string checkpointing = "none";   // none | full | offload
+  int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk
+};
+
+// The seven projection names in layer order.
+const std::vector<std::string>& all_linear_targets();
+// (out_features, in_features) of a projection.
+std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& proj);
+
+// Appends every buffer of the engine for this configuration to `plan`.
+void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o);
+
+}  // namespace qlora
