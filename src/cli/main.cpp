@@ -1,15 +1,54 @@
 // qlora entry point: dispatches subcommands; the only place that turns errors into exit codes.
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <string>
 
+#include "cli/commands.h"
 #include "core/error.h"
 
+namespace {
+
+struct Command {
+  const char* name;
+  int (*fn)(int, char**);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"train", qlora::cmd_train, "fine-tune with LoRA/QLoRA: qlora train CONFIG.yaml [key=value ...]"},
+    {"plan", qlora::cmd_plan, "memory + speed plan for any model/GPU: qlora plan --model M --gpu G"},
+};
+
+void usage(FILE* f) {
+  std::fprintf(f, "usage: qlora <command> [args]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(f, "  %-8s %s\n", c.name, c.help);
+  std::fprintf(f, "\nqlora <command> --help shows a command's options.\n");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  try {
-    std::fprintf(stderr, "qlora: no subcommands yet\n");
-    return 2;
-  } catch (const qlora::Error& e) {
-    std::fprintf(stderr, "qlora: %s\n", e.what());
-    return 1;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
   }
+  for (const auto& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    try {
+      return c.fn(argc - 1, argv + 1);
+    } catch (const qlora::Error& e) {
+      std::fprintf(stderr, "qlora %s: %s\n", c.name, e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "qlora %s: out of host memory\n", c.name);
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "qlora %s: unexpected error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "qlora: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
 }

@@ -1,0 +1,39 @@
+// CpuBackend: the fp32 reference backend (plain loops + OpenMP, GEMM through OpenBLAS).
+#pragma once
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace qlora {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  DeviceKind device() const override { return DeviceKind::Cpu; }
+  DType compute_dtype() const override { return DType::F32; }
+
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void memset0(void* p, size_t bytes) override;
+  void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+
+#define QLORA_CPU_DECLARE_OP(op, Args) void op(const Args& a) override;
+  QLORA_BACKEND_OPS(QLORA_CPU_DECLARE_OP)
+#undef QLORA_CPU_DECLARE_OP
+};
+
+namespace cpu {
+
+// Argument checks shared by the op files. A wrong dtype or a missing buffer is a bug in the
+// caller (Error Internal); a size that disagrees with the op's dimensions is Error Shape.
+// A tensor with ndim 0 is a bare pointer: only its dtype and data are checked.
+void check_f32(const char* op, const char* tensor, const Tensor& t, int64_t numel);
+void check_dim(const char* op, const char* dim, int64_t value);  // value >= 0
+void check_ptr(const char* op, const char* what, const void* p);  // int32 side inputs
+
+// Below this many elements an OpenMP region costs more than it saves.
+inline constexpr int64_t kParallelMin = 1 << 14;
+
+}  // namespace cpu
+}  // namespace qlora

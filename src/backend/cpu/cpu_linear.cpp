@@ -1,0 +1,89 @@
+// CPU matmul (OpenBLAS sgemm) and the simple vector ops: add, bias_add, scale, sumsq.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace qlora {
+
+static bool overlaps(const void* p, int64_t p_bytes, const void* q, int64_t q_bytes) {
+  auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+  return p_bytes > 0 && q_bytes > 0 && a < b + uintptr_t(q_bytes) && b < a + uintptr_t(p_bytes);
+}
+
+void CpuBackend::matmul(const MatmulArgs& a) {
+  const char* op = "matmul";
+  cpu::check_dim(op, "m", a.m);
+  cpu::check_dim(op, "n", a.n);
+  cpu::check_dim(op, "k", a.k);
+  cpu::check_f32(op, "c", a.c, a.m * a.n);
+  cpu::check_f32(op, "a", a.a, a.m * a.k);
+  cpu::check_f32(op, "b", a.b, a.k * a.n);
+  if (std::max({a.m, a.n, a.k}) > INT32_MAX)
+    fail(ErrorKind::Unsupported, "cpu op matmul", "a dimension exceeds the 32-bit BLAS interface",
+         "split the matmul into chunks");
+  if (a.m == 0 || a.n == 0) return;
+  float* c = a.c.f32();  // (m,n)
+  const int64_t mn = a.m * a.n;
+  if (overlaps(c, mn * 4, a.a.data, a.m * a.k * 4) || overlaps(c, mn * 4, a.b.data, a.k * a.n * 4))
+    fail(ErrorKind::Internal, "cpu op matmul, tensor 'c'", "output overlaps an input",
+         "matmul writes C while reading A and B; use a separate output buffer");
+  // beta == 0 promises "=": clear C first so NaN/Inf garbage cannot survive as 0*NaN in any BLAS.
+  if (a.beta == 0.0f) std::memset(c, 0, size_t(mn) * sizeof(float));
+  if (a.k == 0) {
+    if (a.beta != 0.0f && a.beta != 1.0f)
+      for (int64_t i = 0; i < mn; i++) c[i] *= a.beta;
+    return;
+  }
+  const int lda = int(a.trans_a ? a.m : a.k);
+  const int ldb = int(a.trans_b ? a.k : a.n);
+  cblas_sgemm(CblasRowMajor, a.trans_a ? CblasTrans : CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
+              int(a.m), int(a.n), int(a.k), a.alpha, a.a.f32(), lda, a.b.f32(), ldb, a.beta, c, int(a.n));
+}
+
+void CpuBackend::add(const AddArgs& a) {
+  cpu::check_dim("add", "n", a.n);
+  cpu::check_f32("add", "y", a.y, a.n);
+  cpu::check_f32("add", "x", a.x, a.n);
+  float* y = a.y.f32();
+  const float* x = a.x.f32();
+#pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++) y[i] += x[i];
+}
+
+void CpuBackend::bias_add(const BiasAddArgs& a) {
+  cpu::check_dim("bias_add", "n", a.n);
+  cpu::check_dim("bias_add", "m", a.m);
+  cpu::check_f32("bias_add", "y", a.y, a.n * a.m);
+  cpu::check_f32("bias_add", "bias", a.bias, a.m);
+  float* y = a.y.f32();  // (N,M)
+  const float* bias = a.bias.f32();  // (M)
+#pragma omp parallel for schedule(static) if (a.n * a.m > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++)
+    for (int64_t j = 0; j < a.m; j++) y[i * a.m + j] += bias[j];
+}
+
+void CpuBackend::scale(const ScaleArgs& a) {
+  cpu::check_dim("scale", "n", a.n);
+  cpu::check_f32("scale", "x", a.x, a.n);
+  float* x = a.x.f32();
+#pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++) x[i] *= a.s;
+}
+
+void CpuBackend::sumsq(const SumsqArgs& a) {
+  cpu::check_dim("sumsq", "n", a.n);
+  cpu::check_f32("sumsq", "x", a.x, a.n);
+  cpu::check_ptr("sumsq", "out", a.out);
+  const float* x = a.x.f32();
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (a.n > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++) total += double(x[i]) * double(x[i]);
+  *a.out += total;
+}
+
+}  // namespace qlora

@@ -1,0 +1,177 @@
+// CPU token embedding, RMSNorm and rotary embedding, forward and backward.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace qlora {
+
+// Token ids come from data files, so a bad one is a data error, checked before any write.
+static void check_tokens(const char* op, const int32_t* tokens, int64_t n, int64_t vocab) {
+  cpu::check_ptr(op, "tokens", tokens);
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      fail(ErrorKind::Data, std::string("cpu op ") + op + ", token " + std::to_string(i),
+           "token id " + std::to_string(tokens[i]) + " is outside the vocabulary of size " +
+               std::to_string(vocab),
+           "the tokenizer and the model disagree on vocab_size");
+}
+
+void CpuBackend::embedding_fwd(const EmbeddingFwdArgs& a) {
+  const char* op = "embedding_fwd";
+  cpu::check_dim(op, "n", a.n);
+  cpu::check_dim(op, "c", a.c);
+  cpu::check_dim(op, "vocab", a.vocab);
+  cpu::check_f32(op, "out", a.out, a.n * a.c);
+  cpu::check_f32(op, "table", a.table, a.vocab * a.c);
+  check_tokens(op, a.tokens, a.n, a.vocab);
+  float* out = a.out.f32();            // (N,C)
+  const float* table = a.table.f32();  // (V,C)
+#pragma omp parallel for schedule(static) if (a.n * a.c > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++)
+    std::copy_n(table + int64_t(a.tokens[i]) * a.c, a.c, out + i * a.c);
+}
+
+void CpuBackend::embedding_bwd(const EmbeddingBwdArgs& a) {
+  const char* op = "embedding_bwd";
+  cpu::check_dim(op, "n", a.n);
+  cpu::check_dim(op, "c", a.c);
+  cpu::check_dim(op, "vocab", a.vocab);
+  cpu::check_f32(op, "dtable", a.dtable, a.vocab * a.c);
+  cpu::check_f32(op, "dout", a.dout, a.n * a.c);
+  check_tokens(op, a.tokens, a.n, a.vocab);
+  float* dtable = a.dtable.f32();    // (V,C)
+  const float* dout = a.dout.f32();  // (N,C)
+  // Repeated tokens hit the same row, so threads split the columns, never the tokens.
+  const int64_t blk = 64;
+#pragma omp parallel for schedule(static) if (a.n * a.c > cpu::kParallelMin)
+  for (int64_t j0 = 0; j0 < a.c; j0 += blk) {
+    const int64_t j1 = std::min(a.c, j0 + blk);
+    for (int64_t i = 0; i < a.n; i++) {
+      float* dst = dtable + int64_t(a.tokens[i]) * a.c;
+      for (int64_t j = j0; j < j1; j++) dst[j] += dout[i * a.c + j];
+    }
+  }
+}
+
+void CpuBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
+  const char* op = "rmsnorm_fwd";
+  cpu::check_dim(op, "n", a.n);
+  cpu::check_dim(op, "c", a.c);
+  cpu::check_f32(op, "out", a.out, a.n * a.c);
+  cpu::check_f32(op, "rstd", a.rstd, a.n);
+  cpu::check_f32(op, "x", a.x, a.n * a.c);
+  cpu::check_f32(op, "w", a.w, a.c);
+  if (a.c == 0) return;
+  float* out = a.out.f32();    // (N,C)
+  float* rstd = a.rstd.f32();  // (N)
+  const float* x = a.x.f32();  // (N,C)
+  const float* w = a.w.f32();  // (C)
+#pragma omp parallel for schedule(static) if (a.n * a.c > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++) {
+    const float* xi = x + i * a.c;
+    double ss = 0.0;
+    for (int64_t j = 0; j < a.c; j++) ss += double(xi[j]) * double(xi[j]);
+    // Like HF LlamaRMSNorm in fp32: the mean and mean+eps are f32 values, then rsqrt.
+    const float var_eps = float(ss / double(a.c)) + a.eps;
+    const float r = float(1.0 / std::sqrt(double(var_eps)));
+    rstd[i] = r;
+    for (int64_t j = 0; j < a.c; j++) out[i * a.c + j] = w[j] * (xi[j] * r);
+  }
+}
+
+void CpuBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
+  const char* op = "rmsnorm_bwd";
+  cpu::check_dim(op, "n", a.n);
+  cpu::check_dim(op, "c", a.c);
+  cpu::check_f32(op, "dx", a.dx, a.n * a.c);
+  if (!a.dw.empty()) cpu::check_f32(op, "dw", a.dw, a.c);
+  cpu::check_f32(op, "dout", a.dout, a.n * a.c);
+  cpu::check_f32(op, "x", a.x, a.n * a.c);
+  cpu::check_f32(op, "w", a.w, a.c);
+  cpu::check_f32(op, "rstd", a.rstd, a.n);
+  if (a.c == 0) return;
+  float* dx = a.dx.f32();            // (N,C)
+  const float* dout = a.dout.f32();  // (N,C)
+  const float* x = a.x.f32();        // (N,C)
+  const float* w = a.w.f32();        // (C)
+  const float* rstd = a.rstd.f32();  // (N)
+  const bool par = a.n * a.c > cpu::kParallelMin;
+
+  // dw first: then dx may overwrite dout in place (callers reuse the gradient buffer).
+  if (!a.dw.empty()) {
+    float* dw = a.dw.f32();  // (C)
+    const int64_t blk = 64;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t j0 = 0; j0 < a.c; j0 += blk) {
+      const int64_t j1 = std::min(a.c, j0 + blk);
+      double acc[blk] = {};
+      for (int64_t i = 0; i < a.n; i++)
+        for (int64_t j = j0; j < j1; j++)
+          acc[j - j0] += double(dout[i * a.c + j]) * double(x[i * a.c + j]) * double(rstd[i]);
+      for (int64_t j = j0; j < j1; j++) dw[j] += float(acc[j - j0]);
+    }
+  }
+
+  // y_j = w_j x_j r with r = (mean(x^2)+eps)^-1/2, so
+  // dx_j = r w_j dout_j - (r^3 / C) x_j sum_k(w_k dout_k x_k).
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < a.n; i++) {
+    const float* di = dout + i * a.c;
+    const float* xi = x + i * a.c;
+    double dot = 0.0;
+    for (int64_t j = 0; j < a.c; j++) dot += double(w[j]) * double(di[j]) * double(xi[j]);
+    const double r = rstd[i];
+    const double coef = r * r * r * dot / double(a.c);
+    for (int64_t j = 0; j < a.c; j++)
+      dx[i * a.c + j] = float(r * double(w[j]) * double(di[j]) - coef * double(xi[j]));
+  }
+}
+
+// Rotates each (j, j+D/2) pair of x by sign*angle. The angle is float(pos)*inv_freq[j] rounded
+// to f32 exactly as HF computes it (its cos/sin then differ from ours by at most an ulp);
+// a double angle would drift from HF by ~1e-4 at positions in the thousands.
+static void rope_apply(const char* op, const RopeArgs& a, float sign) {
+  cpu::check_dim(op, "n", a.n);
+  cpu::check_dim(op, "n_head", a.n_head);
+  cpu::check_dim(op, "head_dim", a.head_dim);
+  if (a.head_dim % 2 != 0)
+    fail(ErrorKind::Shape, std::string("cpu op ") + op + ", dimension 'head_dim'",
+         "head_dim " + std::to_string(a.head_dim) + " is odd; rotary pairs need an even head_dim");
+  const int64_t half = a.head_dim / 2;
+  cpu::check_f32(op, "x", a.x, a.n * a.n_head * a.head_dim);
+  cpu::check_f32(op, "inv_freq", a.inv_freq, half);
+  cpu::check_ptr(op, "positions", a.positions);
+  float* x = a.x.f32();                      // (N,H,D)
+  const float* inv_freq = a.inv_freq.f32();  // (D/2)
+#pragma omp parallel if (a.n * a.n_head * a.head_dim > cpu::kParallelMin)
+  {
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));  // (D/2) per token
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < a.n; i++) {
+      const float pos = float(a.positions[i]);
+      for (int64_t j = 0; j < half; j++) {
+        const float ang = pos * inv_freq[j];
+        cs[size_t(j)] = float(std::cos(double(ang)));
+        sn[size_t(j)] = sign * float(std::sin(double(ang)));
+      }
+      for (int64_t h = 0; h < a.n_head; h++) {
+        float* xh = x + (i * a.n_head + h) * a.head_dim;
+        for (int64_t j = 0; j < half; j++) {
+          const float x1 = xh[j], x2 = xh[j + half];
+          const float c = cs[size_t(j)], s = sn[size_t(j)];
+          xh[j] = x1 * c - x2 * s;
+          xh[j + half] = x2 * c + x1 * s;
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::rope_fwd(const RopeArgs& a) { rope_apply("rope_fwd", a, 1.0f); }
+void CpuBackend::rope_bwd(const RopeArgs& a) { rope_apply("rope_bwd", a, -1.0f); }
+
+}  // namespace qlora

@@ -1,0 +1,158 @@
+// Tensor-core building blocks of the flash-attention kernels: cp.async tile loads into swizzled
+// shared memory, ldmatrix fragment loads and the bf16 m16n8k16 mma (sm_80+), plus tile traits.
+//
+// Fragment layouts of mma.m16n8k16 (PTX ISA), lane = 4*g + q (g = lane/4 "group", q = lane%4):
+//   A (16x16, row):  reg0 = A[g][2q..2q+1]   reg1 = A[g+8][2q..]   reg2 = A[g][2q+8..]   reg3 = A[g+8][2q+8..]
+//   B (16x8,  col):  reg0 = B[2q..2q+1][g]   reg1 = B[2q+8..2q+9][g]
+//   C (16x8,  f32):  c0,c1 = C[g][2q..2q+1]  c2,c3 = C[g+8][2q..2q+1]
+// So the C fragments of two adjacent 8-column tiles are exactly the A fragment of one 16-wide
+// k-slice (the P of softmax feeds the next mma without leaving registers).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace qlora::cuda::attn {
+
+using bf16 = __nv_bfloat16;
+
+// Tile traits: the two head dims with kernels, and the block shapes chosen for them.
+template <int D>
+struct FwdTraits {
+  static_assert(D == 64 || D == 128, "attention kernels exist for head_dim 64 and 128");
+  static constexpr int kHeadDim = D;
+  static constexpr int kBr = 128;            // queries per block (8 warps x 16 rows)
+  static constexpr int kBc = 64;             // keys per main-loop step
+  static constexpr int kWarps = kBr / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = D / 8;      // 16-byte chunks per row
+  static constexpr int kQBytes = kBr * D * 2;
+  static constexpr int kKVBytes = kBc * D * 2;  // one K (or V) stage
+  static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q + 2 stages of K and V
+};
+
+template <int D>
+struct BwdTraits {
+  static_assert(D == 64 || D == 128, "attention kernels exist for head_dim 64 and 128");
+  static constexpr int kHeadDim = D;
+  static constexpr int kBc = 64;             // keys per block (4 warps x 16 rows of S^T)
+  static constexpr int kBq = 32;             // queries per main-loop step
+  static constexpr int kWarps = kBc / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = D / 8;
+  static constexpr int kKVBytes = kBc * D * 2;
+  static constexpr int kQBytes = kBq * D * 2;   // one Q (or dO) stage
+  static constexpr int kDsStride = kBq + 8;     // dS^T row: 32 queries + 16 bytes pad (no bank conflicts)
+  static constexpr int kDsBytes = kBc * kDsStride * 2;
+  static constexpr int kStatBytes = 2 * 2 * kBq * 4;  // 2 stages of lse and delta
+  static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + kStatBytes;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a tile with `chunks` chunks per row. The XOR
+// spreads the 8 rows an ldmatrix reads over all 32 banks (rows are 128 or 256 bytes apart, which
+// would otherwise put the same chunk of every row in the same banks).
+__device__ __forceinline__ uint32_t swz(int r, int c, int chunks) { return uint32_t((r * chunks + (c ^ (r & 7))) * 16); }
+
+// 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (rows past the sequence end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Rows [row0, row0+R) of a matrix with row stride `ld` elements into a swizzled (R, D) tile;
+// rows at or past `rows_valid` become zeros.
+template <int R, int D, int NT>
+__device__ __forceinline__ void load_tile(uint32_t tile, const bf16* g, int64_t ld, int64_t row0, int64_t rows_valid) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < R * kChunks; i += NT) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = row0 + r < rows_valid;
+    const bf16* src = ok ? g + (row0 + r) * ld + c * 8 : g;
+    cp_async16(tile + swz(r, c, kChunks), src, ok ? 16 : 0);
+  }
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The two lane->address patterns of ldmatrix.x4 over a 16x16 region at (row0, chunk0):
+//  rows16: lane reads row row0 + (lane & 15), chunk chunk0 + (lane >> 4).
+//    Non-trans from a row-major [m][k] tile -> an A fragment; trans from a [k][n] tile -> the B
+//    fragments of two adjacent 8-column n-tiles (regs 0,1 for the first, 2,3 for the second).
+//  rows8x2: lane reads row row0 + (lane & 7) + ((lane >> 4) << 3), chunk chunk0 + ((lane >> 3) & 1).
+//    Non-trans from an [n][k] tile -> B fragments of two n-tiles (regs 0,1 and 2,3); trans from a
+//    [k][m] tile -> an A fragment.
+__device__ __forceinline__ void lane_rows16(int lane, int& r, int& c) {
+  r = lane & 15;
+  c = lane >> 4;
+}
+__device__ __forceinline__ void lane_rows8x2(int lane, int& r, int& c) {
+  r = (lane & 7) + ((lane >> 4) << 3);
+  c = (lane >> 3) & 1;
+}
+
+// d += a * b for one m16n8k16 tile, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two bf16, the first in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The A fragment of k-slice kk built from the f32 C fragments of n-tiles 2kk and 2kk+1.
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Everything both kernels need about one call.
+struct AttnParams {
+  const bf16* q;       // (B,T,Hq,D)
+  const bf16* k;       // (B,T,Hkv,D)
+  const bf16* v;       // (B,T,Hkv,D)
+  const int32_t* seg;  // (B,T) or null
+  int64_t t;
+  int n_head, n_head_kv, group;
+  float scale_log2;    // scale * log2(e): scores go through exp2
+  // forward
+  bf16* out;           // (B,T,Hq,D)
+  float* lse;          // (B,Hq,T)
+  // backward
+  const bf16* dout;    // (B,T,Hq,D)
+  const float* lse_in; // (B,Hq,T)
+  const float* delta;  // (B,Hq,T) rowsum(dout*out)
+  float* dq_acc;       // (B,T,Hq,D) f32, zeroed, unscaled
+  bf16* dk;            // (B,T,Hkv,D)
+  bf16* dv;            // (B,T,Hkv,D)
+  float scale;
+};
+
+}  // namespace qlora::cuda::attn

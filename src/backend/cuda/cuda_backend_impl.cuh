@@ -1,0 +1,90 @@
+// CudaBackend: the op table on one GPU (one stream, cuBLASLt GEMMs, own kernels). Internal header.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <tuple>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace qlora::cuda {
+
+// Scratch buffers the backend owns beyond the model's planned arena. Each slot grows on demand
+// (synchronize, free, allocate) and is kept; sizes are reported by scratch_bytes() so the
+// planner's "library overhead" can be measured on the device.
+enum class Scratch : int {
+  MatmulCvt,   // matmul's F32 A rounded to BF16 (mixed-dtype matmul)
+  MatmulCvtB,  // matmul's F32 B rounded to BF16
+  AttnDq,      // (B,T,Hq,D) F32 dq accumulator of attention_bwd
+  AttnDelta,   // (B,Hq,T) F32 rowsum(dO*O) of attention_bwd
+  Reduce,      // partial sums (sumsq, rmsnorm dw)
+  kCount
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  DeviceKind device() const override { return DeviceKind::Cuda; }
+  DType compute_dtype() const override { return DType::BF16; }
+
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void memset0(void* p, size_t bytes) override;
+  void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+
+#define QLORA_CUDA_DECLARE_OP(op, Args) void op(const Args& a) override;
+  QLORA_BACKEND_OPS(QLORA_CUDA_DECLARE_OP)
+#undef QLORA_CUDA_DECLARE_OP
+
+  cudaStream_t stream() const { return stream_; }
+  int sm_count() const { return sm_count_; }
+  void* scratch(Scratch slot, size_t bytes);
+  size_t scratch_bytes() const;
+  DeviceErrorRecord* device_errors() const { return d_err_; }
+
+ private:
+  void check_device_errors();
+
+  int device_ = 0;
+  int sm_count_ = 0;
+  size_t smem_optin_ = 0;  // largest dynamic shared memory a block may opt in to
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  size_t lt_workspace_bytes_ = 0;
+  DeviceErrorRecord* d_err_ = nullptr;
+  std::array<void*, size_t(Scratch::kCount)> scratch_{};
+  std::array<size_t, size_t(Scratch::kCount)> scratch_size_{};
+
+  // cuBLASLt heuristic results by problem; querying the heuristic costs tens of microseconds.
+  struct GemmKey {
+    int64_t m, n, k;
+    int ta, tb, a_t, b_t, c_t, align_a, align_b, align_c, beta_zero;
+    auto tie() const { return std::tie(m, n, k, ta, tb, a_t, b_t, c_t, align_a, align_b, align_c, beta_zero); }
+    bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+  };
+  std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache_;
+  friend void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr,
+                        DType b_t);
+};
+
+// Launchers implemented in the per-family .cu files (host functions, stream-ordered).
+void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr, DType b_t);
+void convert_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s);
+// Attention kernels need more than 48 KiB of shared memory; this raises their limits once.
+void attention_set_smem_limits();
+size_t attention_fwd_smem_bytes(int64_t head_dim);
+size_t attention_bwd_smem_bytes(int64_t head_dim);
+
+}  // namespace qlora::cuda

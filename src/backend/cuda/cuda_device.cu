@@ -1,0 +1,254 @@
+// CUDA device discovery, the factory, and CudaBackend's memory, copies, scratch and error plumbing.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_impl.cuh"
+
+namespace qlora {
+
+// Compiled once per -gencode target; the host pass sees none, device passes record their arch.
+__global__ void arch_probe_kernel(int* out) {
+#ifdef __CUDA_ARCH__
+  *out = __CUDA_ARCH__;
+#endif
+}
+
+CudaDeviceInfo cuda_device_info() {
+  CudaDeviceInfo info;
+  if (cudaGetDeviceCount(&info.count) != cudaSuccess) {
+    cudaGetLastError();
+    info.count = 0;
+    return info;
+  }
+  if (info.count == 0) return info;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+    cudaGetLastError();
+    info.count = 0;
+    return info;
+  }
+  info.name = p.name;
+  info.sm_major = p.major;
+  info.sm_minor = p.minor;
+  info.total_bytes = p.totalGlobalMem;
+  return info;
+}
+
+std::string cuda_built_archs() {
+#ifdef QLORA_CUDA_ARCHS
+  return QLORA_CUDA_ARCHS;
+#else
+  return "see CMAKE_CUDA_ARCHITECTURES";
+#endif
+}
+
+std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
+  CudaDeviceInfo info = cuda_device_info();
+  if (info.count == 0) {
+    if (why) *why = "no CUDA device found";
+    return nullptr;
+  }
+  const std::string dev = info.name + " (sm_" + std::to_string(info.sm_major) + std::to_string(info.sm_minor) + ")";
+  if (info.sm_major < 8) {
+    if (why) *why = dev + " is older than sm_80; the bf16 tensor-core kernels need Ampere or newer";
+    return nullptr;
+  }
+  // Check that this binary carries code the device can run before promising anything: a cubin
+  // built for sm_90a or sm_100a loads only on that exact chip.
+  int* d = nullptr;
+  int arch = -1;
+  if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = dev + ": cannot allocate device memory";
+    return nullptr;
+  }
+  arch_probe_kernel<<<1, 1>>>(d);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpy(&arch, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  if (e != cudaSuccess || arch < 800) {
+    cudaGetLastError();
+    if (why)
+      *why = dev + " cannot run this binary's kernels (built for " + cuda_built_archs() + ")" +
+             (e != cudaSuccess ? std::string(": ") + cudaGetErrorString(e) : std::string()) +
+             "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(info.sm_major) + std::to_string(info.sm_minor);
+    return nullptr;
+  }
+  try {
+    auto be = std::make_unique<cuda::CudaBackend>(0);
+    if (why) *why = "using " + dev;
+    return be;
+  } catch (const Error& err) {
+    if (why) *why = dev + ": " + err.message();
+    return nullptr;
+  }
+}
+
+namespace cuda {
+
+void fail_cuda(cudaError_t e, const char* expr, const char* file, int line) {
+  cudaGetLastError();  // clear a sticky-free error so the next call can report its own
+  fail(ErrorKind::Internal, std::string(file) + ":" + std::to_string(line),
+       std::string(expr) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")",
+       "run under compute-sanitizer to find the faulting kernel");
+}
+
+static std::string where_of(const char* op, const char* name) {
+  return std::string("cuda op ") + op + ", tensor '" + name + "'";
+}
+
+void check_tensor(const char* op, const char* name, const Tensor& t, int64_t numel, bool allow_bf16, bool allow_f32) {
+  if (t.data == nullptr && numel > 0)
+    fail(ErrorKind::Internal, where_of(op, name), "buffer is null", "allocate the tensor before calling the op");
+  const bool ok = (allow_bf16 && t.dtype == DType::BF16) || (allow_f32 && t.dtype == DType::F32);
+  if (!ok)
+    fail(ErrorKind::Internal, where_of(op, name),
+         std::string("dtype is ") + dtype_name(t.dtype) + "; this op takes " +
+             (allow_bf16 && allow_f32 ? "bf16 or f32" : allow_bf16 ? "bf16" : "f32"),
+         "see docs/cuda_backend.md for the dtype combinations each CUDA op supports");
+  if (t.ndim > 0 && t.numel() != numel)
+    fail(ErrorKind::Shape, where_of(op, name),
+         "has shape " + t.shape_str() + " (" + std::to_string(t.numel()) + " elements) but the op needs " +
+             std::to_string(numel) + " elements",
+         "check the op's dimension arguments against the tensor view");
+}
+
+void check_dim(const char* op, const char* dim, int64_t value) {
+  if (value < 0)
+    fail(ErrorKind::Shape, std::string("cuda op ") + op + ", dimension '" + dim + "'",
+         "is negative (" + std::to_string(value) + ")");
+}
+
+void check_ptr(const char* op, const char* what, const void* p) {
+  if (p == nullptr) fail(ErrorKind::Internal, where_of(op, what), "pointer is null");
+}
+
+void unsupported(const char* op, const std::string& what, const std::string& hint) {
+  fail(ErrorKind::Unsupported, std::string("cuda op ") + op, what,
+       hint.empty() ? "see docs/cuda_backend.md for what the CUDA backend supports" : hint);
+}
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  QLORA_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp p{};
+  QLORA_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
+  sm_count_ = p.multiProcessorCount;
+  smem_optin_ = p.sharedMemPerBlockOptin;
+  QLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
+    fail(ErrorKind::Internal, "cuda backend", "cublasLtCreate failed", "check the CUDA driver and cuBLAS install");
+  // 32 MiB: what cuBLAS recommends on Hopper; smaller workspaces exclude the fastest kernels.
+  lt_workspace_bytes_ = size_t(32) << 20;
+  QLORA_CUDA_CHECK(cudaMalloc(&lt_workspace_, lt_workspace_bytes_));
+  QLORA_CUDA_CHECK(cudaMalloc(&d_err_, sizeof(DeviceErrorRecord)));
+  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, sizeof(DeviceErrorRecord)));
+  if (attention_fwd_smem_bytes(128) > smem_optin_ || attention_bwd_smem_bytes(128) > smem_optin_)
+    fail(ErrorKind::Unsupported, "cuda backend",
+         "the device allows " + std::to_string(smem_optin_) + " bytes of shared memory per block; attention needs " +
+             std::to_string(attention_bwd_smem_bytes(128)));
+  attention_set_smem_limits();
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors must not throw: errors here are ignored (the context is going away anyway).
+  cudaStreamSynchronize(stream_);
+  for (void* p : scratch_) cudaFree(p);
+  cudaFree(d_err_);
+  cudaFree(lt_workspace_);
+  if (lt_) cublasLtDestroy(lt_);
+  cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::alloc(size_t bytes) {
+  void* p = nullptr;
+  const size_t n = bytes ? bytes : 256;  // every alloc gets a real block so free always matches
+  const cudaError_t e = cudaMalloc(&p, n);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail(ErrorKind::Config, "cuda backend alloc",
+         "out of GPU memory allocating " + std::to_string(bytes) + " bytes (" + std::to_string(free_b >> 20) +
+             " MiB free of " + std::to_string(total_b >> 20) + " MiB)",
+         "lower per_device_train_batch_size or max_length, enable gradient_checkpointing, or check `qlora plan`");
+  }
+  QLORA_CUDA_CHECK(e);
+  QLORA_CUDA_CHECK(cudaMemsetAsync(p, 0, n, stream_));
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  if (!p) return;
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  QLORA_CUDA_CHECK(cudaFree(p));
+}
+
+void CudaBackend::memset0(void* p, size_t bytes) {
+  if (bytes) QLORA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+}
+
+// Both copies wait for completion: callers reuse or free their host buffers right after.
+void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) {
+  if (!bytes) return;
+  QLORA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, stream_));
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  if (bytes) QLORA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_));
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  check_device_errors();
+}
+
+void CudaBackend::synchronize() {
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  check_device_errors();
+}
+
+void CudaBackend::check_device_errors() {
+  DeviceErrorRecord rec{};
+  QLORA_CUDA_CHECK(cudaMemcpy(&rec, d_err_, sizeof(rec), cudaMemcpyDeviceToHost));
+  if (rec.code == kErrNone) return;
+  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, sizeof(DeviceErrorRecord)));
+  if (rec.code == kErrTokenRange)
+    fail(ErrorKind::Data, "cuda op embedding_fwd/embedding_bwd, token " + std::to_string(rec.index),
+         "token id " + std::to_string(rec.value) + " is outside the vocabulary",
+         "the tokenizer and the model disagree on vocab_size");
+  fail(ErrorKind::Data, "cuda op cross_entropy_fwd_bwd, row " + std::to_string(rec.index),
+       "label " + std::to_string(rec.value) + " is outside the vocabulary", "labels must be token ids or -100 (ignored)");
+}
+
+void* CudaBackend::scratch(Scratch slot, size_t bytes) {
+  const size_t i = size_t(slot);
+  if (scratch_size_[i] < bytes) {
+    QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // kernels may still read the old block
+    if (scratch_[i]) QLORA_CUDA_CHECK(cudaFree(scratch_[i]));
+    scratch_[i] = nullptr;
+    scratch_size_[i] = 0;
+    const size_t n = (bytes + (size_t(2) << 20) - 1) / (size_t(2) << 20) * (size_t(2) << 20);  // 2 MiB steps
+    const cudaError_t e = cudaMalloc(&scratch_[i], n);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      fail(ErrorKind::Config, "cuda backend scratch",
+           "out of GPU memory allocating " + std::to_string(n >> 20) + " MiB of op scratch",
+           "lower per_device_train_batch_size, max_length or the cross-entropy chunk");
+    }
+    QLORA_CUDA_CHECK(e);
+    scratch_size_[i] = n;
+  }
+  return scratch_[i];
+}
+
+size_t CudaBackend::scratch_bytes() const {
+  size_t s = lt_workspace_bytes_;
+  for (size_t b : scratch_size_) s += b;
+  return s;
+}
+
+}  // namespace cuda
+}  // namespace qlora

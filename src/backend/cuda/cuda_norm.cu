@@ -1,0 +1,279 @@
+// CUDA token embedding, RMSNorm and rotary embedding, forward and backward (f32 math, bf16|f32 io).
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_backend_impl.cuh"
+
+namespace qlora::cuda {
+
+namespace {
+
+// out[i,:] = table[tokens[i],:]; one block per token row. A bad id records a device error and
+// writes a zero row, so nothing downstream reads uninitialised memory before the error surfaces.
+__global__ void embedding_fwd_kernel(FPtr out, FPtr table, const int32_t* __restrict__ tokens, int64_t c,
+                                     int64_t vocab, int vec, DeviceErrorRecord* err) {
+  const int64_t i = blockIdx.x;
+  const int32_t tok = tokens[i];
+  const bool ok = tok >= 0 && tok < vocab;
+  if (!ok && threadIdx.x == 0) record_device_error(err, kErrTokenRange, i, tok);
+  const int64_t src = int64_t(ok ? tok : 0) * c, dst = i * c;
+  if (vec) {
+    for (int64_t j = threadIdx.x * 8; j < c; j += blockDim.x * 8) {
+      float v[8];
+      ld8(table, src + j, v);
+      if (!ok)
+        for (float& x : v) x = 0.0f;
+      st8(out, dst + j, v);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) stf(out, dst + j, ok ? ldf(table, src + j) : 0.0f);
+  }
+}
+
+// dtable[tokens[i],:] += dout[i,:] with atomics (repeated tokens hit the same row). The f32 sum
+// order over repeated tokens is not fixed, so dtable is reproducible to rounding only.
+__global__ void embedding_bwd_kernel(FPtr dtable, FPtr dout, const int32_t* __restrict__ tokens, int64_t c,
+                                     int64_t vocab, DeviceErrorRecord* err) {
+  const int64_t i = blockIdx.x;
+  const int32_t tok = tokens[i];
+  if (tok < 0 || tok >= vocab) {
+    if (threadIdx.x == 0) record_device_error(err, kErrTokenRange, i, tok);
+    return;
+  }
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float g = ldf(dout, i * c + j);
+    const int64_t k = int64_t(tok) * c + j;
+    if (dtable.bf16)
+      atomicAdd(static_cast<__nv_bfloat16*>(dtable.p) + k, __float2bfloat16_rn(g));
+    else
+      atomicAdd(static_cast<float*>(dtable.p) + k, g);
+  }
+}
+
+// One block per row: sum of squares, then out = w * (x * rstd) as HF's LlamaRMSNorm computes it.
+__global__ void rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, FPtr w, int64_t c, float eps, int vec) {
+  __shared__ float red[32];
+  const int64_t row = int64_t(blockIdx.x) * c;
+  float ss = 0.0f;
+  if (vec) {
+    for (int64_t j = threadIdx.x * 8; j < c; j += blockDim.x * 8) {
+      float v[8];
+      ld8(x, row + j, v);
+#pragma unroll
+      for (int e = 0; e < 8; e++) ss += v[e] * v[e];
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float v = ldf(x, row + j);
+      ss += v * v;
+    }
+  }
+  ss = block_sum(ss, red);
+  const float r = 1.0f / sqrtf(ss / float(c) + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  if (vec) {
+    for (int64_t j = threadIdx.x * 8; j < c; j += blockDim.x * 8) {
+      float v[8], wv[8];
+      ld8(x, row + j, v);
+      ld8(w, j, wv);
+#pragma unroll
+      for (int e = 0; e < 8; e++) v[e] = wv[e] * (v[e] * r);
+      st8(out, row + j, v);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) stf(out, row + j, ldf(w, j) * (ldf(x, row + j) * r));
+  }
+}
+
+// dx = r w dout - (r^3 / C) x sum_k(w_k dout_k x_k); one block per row. dx may alias dout: each
+// element is read by the thread that later writes it, and the row sum is complete before writes.
+__global__ void rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, const float* __restrict__ rstd, int64_t c,
+                                      int vec) {
+  __shared__ float red[32];
+  const int64_t row = int64_t(blockIdx.x) * c;
+  float dot = 0.0f;
+  if (vec) {
+    for (int64_t j = threadIdx.x * 8; j < c; j += blockDim.x * 8) {
+      float d[8], xv[8], wv[8];
+      ld8(dout, row + j, d);
+      ld8(x, row + j, xv);
+      ld8(w, j, wv);
+#pragma unroll
+      for (int e = 0; e < 8; e++) dot += wv[e] * d[e] * xv[e];
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot += ldf(w, j) * ldf(dout, row + j) * ldf(x, row + j);
+  }
+  dot = block_sum(dot, red);
+  const float r = rstd[blockIdx.x];
+  const float coef = r * r * r * dot / float(c);
+  if (vec) {
+    for (int64_t j = threadIdx.x * 8; j < c; j += blockDim.x * 8) {
+      float d[8], xv[8], wv[8];
+      ld8(dout, row + j, d);
+      ld8(x, row + j, xv);
+      ld8(w, j, wv);
+#pragma unroll
+      for (int e = 0; e < 8; e++) d[e] = r * wv[e] * d[e] - coef * xv[e];
+      st8(dx, row + j, d);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      stf(dx, row + j, r * ldf(w, j) * ldf(dout, row + j) - coef * ldf(x, row + j));
+  }
+}
+
+// dw partial sums: block (32 columns x 8 row lanes), grid.y splits the rows. partial (gridDim.y, C).
+__global__ void rmsnorm_dw_partial_kernel(float* __restrict__ partial, FPtr dout, FPtr x, const float* __restrict__ rstd,
+                                          int64_t n, int64_t c) {
+  __shared__ float acc[8][33];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (col < c)
+    for (int64_t i = int64_t(blockIdx.y) * 8 + threadIdx.y; i < n; i += int64_t(gridDim.y) * 8)
+      s += ldf(dout, i * c + col) * ldf(x, i * c + col) * rstd[i];
+  acc[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    float t = 0.0f;
+#pragma unroll
+    for (int y = 0; y < 8; y++) t += acc[y][threadIdx.x];
+    partial[int64_t(blockIdx.y) * c + col] = t;
+  }
+}
+
+// dw[j] += sum over the row splits, in a fixed order (deterministic).
+__global__ void rmsnorm_dw_final_kernel(FPtr dw, const float* __restrict__ partial, int splits, int64_t c) {
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  float s = 0.0f;
+  for (int y = 0; y < splits; y++) s += partial[int64_t(y) * c + j];
+  stf(dw, j, ldf(dw, j) + s);
+}
+
+// Rotates each (j, j+D/2) pair of every head of one token by sign * pos * inv_freq[j]. The angle
+// is the f32 product, as in HF and the CPU backend; cos/sin are computed once per token.
+__global__ void rope_kernel(FPtr x, const float* __restrict__ inv_freq, const int32_t* __restrict__ positions,
+                            int64_t n_head, int64_t head_dim, float sign) {
+  extern __shared__ float cs[];  // (2, D/2): cos then sin
+  const int64_t half = head_dim / 2;
+  const float pos = float(positions[blockIdx.x]);
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    float s, c;
+    sincosf(pos * inv_freq[j], &s, &c);
+    cs[j] = c;
+    cs[half + j] = sign * s;
+  }
+  __syncthreads();
+  const int64_t base = int64_t(blockIdx.x) * n_head * head_dim;
+  for (int64_t idx = threadIdx.x; idx < n_head * half; idx += blockDim.x) {
+    const int64_t h = idx / half, j = idx % half;
+    const int64_t i1 = base + h * head_dim + j, i2 = i1 + half;
+    const float x1 = ldf(x, i1), x2 = ldf(x, i2), c = cs[j], s = cs[half + j];
+    stf(x, i1, x1 * c - x2 * s);
+    stf(x, i2, x2 * c + x1 * s);
+  }
+}
+
+int row_threads(int64_t c, bool vec) {
+  const int64_t per = vec ? c / 8 : c;
+  if (per >= 512) return 256;
+  if (per >= 128) return 128;
+  return 64;
+}
+
+}  // namespace
+
+void CudaBackend::embedding_fwd(const EmbeddingFwdArgs& a) {
+  const char* op = "embedding_fwd";
+  check_dim(op, "n", a.n);
+  check_dim(op, "c", a.c);
+  check_dim(op, "vocab", a.vocab);
+  check_tensor(op, "out", a.out, a.n * a.c, true, true);
+  check_tensor(op, "table", a.table, a.vocab * a.c, true, true);
+  if (a.n == 0 || a.c == 0) return;
+  check_ptr(op, "tokens", a.tokens);
+  const int vec = a.c % 8 == 0 && aligned16(a.out.data) && aligned16(a.table.data);
+  embedding_fwd_kernel<<<unsigned(a.n), row_threads(a.c, vec), 0, stream_>>>(fptr(a.out), fptr(a.table), a.tokens, a.c,
+                                                                              a.vocab, vec, d_err_);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::embedding_bwd(const EmbeddingBwdArgs& a) {
+  const char* op = "embedding_bwd";
+  check_dim(op, "n", a.n);
+  check_dim(op, "c", a.c);
+  check_dim(op, "vocab", a.vocab);
+  check_tensor(op, "dtable", a.dtable, a.vocab * a.c, true, true);
+  check_tensor(op, "dout", a.dout, a.n * a.c, true, true);
+  if (a.n == 0 || a.c == 0) return;
+  check_ptr(op, "tokens", a.tokens);
+  embedding_bwd_kernel<<<unsigned(a.n), row_threads(a.c, false), 0, stream_>>>(fptr(a.dtable), fptr(a.dout), a.tokens,
+                                                                                a.c, a.vocab, d_err_);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
+  const char* op = "rmsnorm_fwd";
+  check_dim(op, "n", a.n);
+  check_dim(op, "c", a.c);
+  check_tensor(op, "out", a.out, a.n * a.c, true, true);
+  check_tensor(op, "rstd", a.rstd, a.n, false, true);
+  check_tensor(op, "x", a.x, a.n * a.c, true, true);
+  check_tensor(op, "w", a.w, a.c, true, true);
+  if (a.n == 0 || a.c == 0) return;
+  const int vec = a.c % 8 == 0 && aligned16(a.out.data) && aligned16(a.x.data) && aligned16(a.w.data);
+  rmsnorm_fwd_kernel<<<unsigned(a.n), row_threads(a.c, vec), 0, stream_>>>(fptr(a.out), a.rstd.f32(), fptr(a.x),
+                                                                            fptr(a.w), a.c, a.eps, vec);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
+  const char* op = "rmsnorm_bwd";
+  check_dim(op, "n", a.n);
+  check_dim(op, "c", a.c);
+  check_tensor(op, "dx", a.dx, a.n * a.c, true, true);
+  if (!a.dw.empty()) check_tensor(op, "dw", a.dw, a.c, true, true);
+  check_tensor(op, "dout", a.dout, a.n * a.c, true, true);
+  check_tensor(op, "x", a.x, a.n * a.c, true, true);
+  check_tensor(op, "w", a.w, a.c, true, true);
+  check_tensor(op, "rstd", a.rstd, a.n, false, true);
+  if (a.n == 0 || a.c == 0) return;
+  // dw first: dx may overwrite dout in place (callers reuse the gradient buffer).
+  if (!a.dw.empty()) {
+    const int splits = int(std::clamp<int64_t>(ceil_div64(a.n, 64), 1, 128));
+    auto* partial = static_cast<float*>(scratch(Scratch::Reduce, size_t(splits) * size_t(a.c) * 4));
+    rmsnorm_dw_partial_kernel<<<dim3(unsigned(ceil_div64(a.c, 32)), unsigned(splits)), dim3(32, 8), 0, stream_>>>(
+        partial, fptr(a.dout), fptr(a.x), a.rstd.f32(), a.n, a.c);
+    QLORA_CUDA_LAUNCH_CHECK();
+    rmsnorm_dw_final_kernel<<<unsigned(ceil_div64(a.c, 256)), 256, 0, stream_>>>(fptr(a.dw), partial, splits, a.c);
+    QLORA_CUDA_LAUNCH_CHECK();
+  }
+  const int vec = a.c % 8 == 0 && aligned16(a.dx.data) && aligned16(a.dout.data) && aligned16(a.x.data) &&
+                  aligned16(a.w.data);
+  rmsnorm_bwd_dx_kernel<<<unsigned(a.n), row_threads(a.c, vec), 0, stream_>>>(fptr(a.dx), fptr(a.dout), fptr(a.x),
+                                                                               fptr(a.w), a.rstd.f32(), a.c, vec);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+static void rope_apply(CudaBackend& be, const char* op, const RopeArgs& a, float sign) {
+  check_dim(op, "n", a.n);
+  check_dim(op, "n_head", a.n_head);
+  check_dim(op, "head_dim", a.head_dim);
+  if (a.head_dim % 2 != 0)
+    fail(ErrorKind::Shape, std::string("cuda op ") + op + ", dimension 'head_dim'",
+         "head_dim " + std::to_string(a.head_dim) + " is odd; rotary pairs need an even head_dim");
+  check_tensor(op, "x", a.x, a.n * a.n_head * a.head_dim, true, true);
+  check_tensor(op, "inv_freq", a.inv_freq, a.head_dim / 2, false, true);
+  if (a.n == 0 || a.n_head == 0 || a.head_dim == 0) return;
+  check_ptr(op, "positions", a.positions);
+  const size_t smem = size_t(a.head_dim) * sizeof(float);
+  rope_kernel<<<unsigned(a.n), 128, smem, be.stream()>>>(fptr(a.x), a.inv_freq.f32(), a.positions, a.n_head, a.head_dim,
+                                                          sign);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::rope_fwd(const RopeArgs& a) { rope_apply(*this, "rope_fwd", a, 1.0f); }
+void CudaBackend::rope_bwd(const RopeArgs& a) { rope_apply(*this, "rope_bwd", a, -1.0f); }
+
+}  // namespace qlora::cuda

@@ -1,0 +1,177 @@
+// `qlora plan`: memory and speed plan for any model, configuration, GPU and GPU count; no GPU needed.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "plan/fit.h"
+#include "plan/model_source.h"
+#include "plan/report.h"
+#include "train/train_config.h"
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t c = s.find(',', pos);
+    std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    if (!item.empty()) out.push_back(item);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+// Training-config values become plan options unless the command line sets them explicitly.
+void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std::string& model, const CLI::App& app) {
+  auto unset = [&](const char* opt) { return app.count(opt) == 0; };
+  if (unset("--model")) model = t.model_name_or_path;
+  const bool quant = t.load_in_4bit || (!t.base_precision.empty() && t.base_precision != "bf16" &&
+                                        t.base_precision != "fp32" && t.base_precision != "fp16");
+  if (unset("--method")) r.method = quant ? "qlora" : "lora";
+  if (unset("--base-precision")) r.base_precision = !t.base_precision.empty() ? t.base_precision : t.load_in_4bit ? t.bnb_4bit_quant_type : "";
+  if (unset("--double-quant") && unset("--no-double-quant") && qlora::is_bnb_4bit(r.base_precision))
+    r.double_quant = t.bnb_4bit_use_double_quant;
+  if (unset("--quant-blocksize")) r.quant_blocksize = t.quant_blocksize;
+  if (unset("--lora-r")) r.lora_r = t.r;
+  if (unset("--targets")) r.targets = t.target_modules;
+  if (unset("--lora-dropout")) r.lora_dropout = t.lora_dropout > 0;
+  if (unset("--micro-batch")) r.micro_batch = t.per_device_train_batch_size;
+  if (unset("--grad-accum")) r.grad_accum = t.gradient_accumulation_steps;
+  if (unset("--seq-len")) r.seq_len = t.max_length;
+  if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
+  if (unset("--checkpointing")) r.checkpointing = t.gradient_checkpointing;
+  if (unset("--ce-chunk")) r.ce_chunk = t.ce_chunk_size;
+}
+
+void print_lists(bool gpus, bool models) {
+  if (gpus) {
+    std::printf("GPUs (dense peaks; sources in src/plan/gpu_catalog.cpp):\n");
+    for (const auto& g : qlora::gpu_catalog()) {
+      std::string aliases;
+      for (const auto& a : g.aliases) aliases += (aliases.empty() ? "" : ", ") + a;
+      std::printf("  %-12s %-30s %7.1f GiB %5.2f TB/s bf16 %6.0f fp8 %6.0f fp4 %6.0f TFLOP/s  (%s)\n", g.name.c_str(),
+                  g.display.c_str(), double(g.mem_bytes) / double(1 << 30), g.mem_bw / 1e12, g.bf16_tflops,
+                  g.fp8_tflops, g.fp4_tflops, aliases.c_str());
+    }
+  }
+  if (models) {
+    std::printf("model presets:\n");
+    for (const auto& n : qlora::preset_names()) std::printf("  %s\n", n.c_str());
+  }
+}
+
+}  // namespace
+
+namespace qlora {
+
+int cmd_plan(int argc, char** argv) {
+  CLI::App app{"qlora plan: memory and speed plan for a model, configuration and GPU; allocates nothing.\n"
+               "Exit status: 0 fits, 3 does not fit, 1 bad input."};
+  app.name("qlora plan");
+  qlora::PlanRequest r;
+  std::string model, gpu, config, targets, compare, sharding = "none";
+  std::vector<std::string> overrides;
+  bool dq = false, no_dq = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
+  bool list_gpus = false, list_models = false;
+
+  app.add_option("--model,-m", model, "preset name, HF model directory, config.json or .gguf");
+  app.add_option("--gpu,-g", gpu, "catalog GPU (see --list-gpus) or custom:mem=80GB,bw=3.35TB/s,bf16=989,...");
+  app.add_option("--config,-c", config, "training YAML: its model, LoRA, batch and memory options become the defaults");
+  app.add_option("--set", overrides, "key=value override of the training YAML (repeatable)");
+  app.add_option("--method", r.method, "full | lora | qlora")->capture_default_str();
+  app.add_option("--base-precision", r.base_precision, "bf16 | fp16 | fp32 | fp8 | nf4 | fp4 | nvfp4 | mxfp4 (default bf16, nf4 for qlora)");
+  app.add_flag("--double-quant", dq, "double-quantize nf4/fp4 block scales (default on for nf4/fp4)");
+  app.add_flag("--no-double-quant", no_dq, "store nf4/fp4 block scales in fp32");
+  app.add_option("--quant-blocksize", r.quant_blocksize, "nf4/fp4 block size")->capture_default_str();
+  app.add_option("--lora-r,-r", r.lora_r, "LoRA rank")->capture_default_str();
+  app.add_option("--targets", targets, "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear");
+  app.add_flag("--lora-dropout", r.lora_dropout, "LoRA dropout on (keeps the dropped input)");
+  app.add_option("--optimizer-dtype", r.optimizer_dtype, "AdamW m/v dtype: fp32 | bf16")->capture_default_str();
+  app.add_option("--micro-batch,-b", r.micro_batch, "sequences per GPU per micro-step")->capture_default_str();
+  app.add_option("--seq-len,-t", r.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--grad-accum", r.grad_accum, "micro-steps per optimizer step")->capture_default_str();
+  app.add_flag("--packing", packing, "pack examples into full sequences (default)");
+  app.add_flag("--no-packing", no_packing, "one example per sequence, padded");
+  app.add_option("--avg-doc-len", r.avg_doc_len, "mean example length in tokens (attention span when packed, padding when not)");
+  app.add_option("--checkpointing", r.checkpointing, "activation checkpointing: none | full | offload")->capture_default_str();
+  app.add_option("--ce-chunk", r.ce_chunk, "tokens per cross-entropy chunk")->capture_default_str();
+  app.add_option("--sharding", sharding, "none | zero1 | zero2 | zero3 | fsdp")->capture_default_str();
+  app.add_option("--gpus-per-node", r.topo.gpus_per_node, "GPUs per node")->capture_default_str();
+  app.add_option("--nodes", r.topo.nodes, "nodes")->capture_default_str();
+  app.add_option("--gemm-dtype", r.gemm_dtype, "tensor-core dtype of base-weight GEMMs: bf16 | fp8 | fp4")->capture_default_str();
+  app.add_flag("--json", json, "machine-readable output");
+  app.add_flag("--fit", fit, "search the longest sequence, largest micro-batch and fastest configuration that fit");
+  app.add_option("--compare", compare, "comma list of GPUs (or 'all') side by side");
+  app.add_flag("--buffers", buffers, "list every planned buffer");
+  app.add_flag("--list-gpus", list_gpus, "print the GPU catalog");
+  app.add_flag("--list-models", list_models, "print the model presets");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;  // --help is success; malformed options are bad input
+  }
+  if (list_gpus || list_models) {
+    print_lists(list_gpus, list_models);
+    return 0;
+  }
+  if (dq && no_dq) qlora::fail(qlora::ErrorKind::Config, "--double-quant/--no-double-quant", "give at most one of them");
+  if (packing && no_packing) qlora::fail(qlora::ErrorKind::Config, "--packing/--no-packing", "give at most one of them");
+  if (!config.empty()) {
+    std::vector<std::string> notes;
+    qlora::TrainConfig t = qlora::load_train_config(config, overrides, &notes, false);
+    apply_train_config(t, r, model, app);
+  } else if (!overrides.empty()) {
+    qlora::fail(qlora::ErrorKind::Config, "--set", "overrides need a training YAML", "add --config CONFIG.yaml");
+  }
+  if (dq) r.double_quant = true;
+  if (no_dq) r.double_quant = false;
+  if (no_packing) r.packing = false;
+  if (packing) r.packing = true;
+  if (!targets.empty()) r.targets = split_list(targets);
+  r.sharding = qlora::parse_sharding(sharding);
+  if (model.empty())
+    qlora::fail(qlora::ErrorKind::Config, "--model", "no model given",
+                "add --model llama3-8b (see --list-models), a model directory, config.json or .gguf");
+  r.model = qlora::resolve_model(model);
+  r.model_label = model;
+
+  if (!compare.empty()) {
+    std::vector<std::string> names = compare == "all" ? qlora::gpu_names() : split_list(compare);
+    std::vector<qlora::PlanResult> plans;
+    for (const auto& n : names) {
+      qlora::PlanRequest q = r;
+      q.gpu = qlora::resolve_gpu(n);
+      plans.push_back(qlora::make_plan(q));
+    }
+    if (json) std::cout << qlora::compare_json(plans).dump(2) << "\n";
+    else std::cout << qlora::compare_text(plans);
+    return 0;
+  }
+  if (gpu.empty())
+    qlora::fail(qlora::ErrorKind::Config, "--gpu", "no GPU given", "add --gpu h100 (see --list-gpus) or --gpu custom:mem=...,bw=...,bf16=...");
+  r.gpu = qlora::resolve_gpu(gpu);
+
+  if (fit) {
+    qlora::FitReport f = qlora::fit_search(r);
+    if (json) std::cout << qlora::fit_json(f).dump(2) << "\n";
+    else std::cout << qlora::fit_text(f, r);
+    return f.has_fastest ? 0 : 3;
+  }
+  qlora::PlanResult p = qlora::make_plan(r);
+  qlora::ReportOptions o;
+  o.buffers = buffers;
+  if (!p.fits) o.suggestions = qlora::suggest_fixes(r);
+  if (json) std::cout << qlora::plan_json(p, o).dump(2) << "\n";
+  else std::cout << qlora::plan_text(p, o);
+  return p.fits ? 0 : 3;
+}
+
+}  // namespace qlora

@@ -1,0 +1,9 @@
+// Subcommand entry points; each parses its own arguments (argv[0] is the subcommand name).
+#pragma once
+
+namespace qlora {
+
+int cmd_train(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
+
+}  // namespace qlora

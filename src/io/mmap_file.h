@@ -1,0 +1,31 @@
+// MappedFile: read-only memory map of a whole file, unmapped when the object dies.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace qlora {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // Maps `path` read-only; Error(Io, path) when it cannot be opened, is not a regular file, or mmap fails.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }  // nullptr for an empty file
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void release() noexcept;
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace qlora

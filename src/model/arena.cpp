@@ -1,0 +1,49 @@
+// Arena implementation: sums aligned sizes per category, allocates once, slices.
+#include "model/arena.h"
+
+#include "core/error.h"
+
+namespace qlora {
+
+Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
+  std::map<MemCategory, int64_t> sizes;
+  for (const auto& b : plan_.buffers) sizes[b.category] += MemoryPlan::aligned(b.bytes);
+  std::map<MemCategory, char*> base, cursor;
+  for (const auto& [cat, bytes] : sizes) {
+    void* p = be_.alloc(size_t(bytes));
+    if (!p) fail(ErrorKind::Io, "memory", std::string("allocation of ") + std::to_string(bytes) +
+                                              " bytes for " + mem_category_name(cat) + " failed");
+    blocks_.push_back(p);
+    base[cat] = cursor[cat] = static_cast<char*>(p);
+    allocated_[cat] = bytes;
+  }
+  for (const auto& b : plan_.buffers) {
+    if (slots_.count(b.name)) fail(ErrorKind::Internal, "memory plan", "buffer '" + b.name + "' planned twice");
+    slots_[b.name] = Slot{cursor[b.category], &b};
+    cursor[b.category] += MemoryPlan::aligned(b.bytes);
+  }
+}
+
+Arena::~Arena() {
+  for (void* p : blocks_) be_.free(p);
+}
+
+void* Arena::raw(const std::string& name) const {
+  auto it = slots_.find(name);
+  if (it == slots_.end()) fail(ErrorKind::Internal, "arena", "buffer '" + name + "' is not in the memory plan");
+  return it->second.ptr;
+}
+
+Tensor Arena::get(const std::string& name) const {
+  auto it = slots_.find(name);
+  if (it == slots_.end()) fail(ErrorKind::Internal, "arena", "buffer '" + name + "' is not in the memory plan");
+  const PlannedBuffer& b = *it->second.buf;
+  Tensor t;
+  t.data = it->second.ptr;
+  t.dtype = b.dtype;
+  t.ndim = int(b.shape.size() > 4 ? 4 : b.shape.size());
+  for (int i = 0; i < t.ndim; i++) t.shape[size_t(i)] = b.shape[size_t(i)];
+  return t;
+}
+
+}  // namespace qlora

@@ -1,0 +1,357 @@
+// GGUF metadata -> LlamaConfig, GGUF <-> HF tensor names, and the inverse of the converter's Q/K permute.
+#include "model/gguf_model.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+
+#include "core/error.h"
+
+namespace qlora {
+
+namespace {
+
+// Per-layer names: GGUF suffix after "blk.N." <-> HF suffix after "model.layers.N.".
+struct LayerName {
+  const char* gguf;
+  const char* hf;
+};
+const LayerName kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+const LayerName kGlobalNames[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+
+// "<prefix><digits>.<rest>" -> (layer, rest).
+std::optional<std::pair<int64_t, std::string>> split_layer(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && name[j] >= '0' && name[j] <= '9') j++;
+  if (j == i || j >= name.size() || name[j] != '.' || j - i > 9) return std::nullopt;
+  return std::make_pair(std::strtoll(name.c_str() + i, nullptr, 10), name.substr(j + 1));
+}
+
+// GGUF stores eps/theta/factor as f32; the shortest decimal that round-trips (1e-05, not
+// 9.999999747e-06) is what the HF config held, so messages and configs compare equal.
+double f32_decimal(float v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  *res.ptr = 0;
+  return std::strtod(buf, nullptr);
+}
+
+constexpr double kPi = 3.14159265358979323846;
+
+struct ArchInfo {
+  const char* arch;
+  const char* model_type;
+  bool qkv_bias;
+};
+const ArchInfo kArchs[] = {{"llama", "llama", false}, {"qwen2", "qwen2", true}};
+
+// llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
+// (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
+// wavelen > orig/low, else 1/((1-s)/factor + s) with s = (orig/wavelen - low)/(high - low).
+// GGUF keeps only the factors, so the parameters are recovered and then checked against every
+// factor: first the converter's defaults, then orig fitted with low=1/high=4, then orig and high
+// fitted with low=1.
+double llama3_factor(double wavelen, const RopeScaling& rs) {
+  double orig = double(rs.original_max_position_embeddings);
+  if (wavelen < orig / rs.high_freq_factor) return 1.0;
+  if (wavelen > orig / rs.low_freq_factor) return rs.factor;
+  double s = (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+  return 1.0 / ((1.0 - s) / rs.factor + s);
+}
+
+RopeScaling recover_llama3(const std::vector<float>& f, double theta, int64_t head_dim, int64_t orig_hint,
+                           const std::string& where) {
+  const int64_t n = int64_t(f.size());
+  std::vector<double> wl(n);
+  double factor = 1.0;
+  for (int64_t i = 0; i < n; i++) {
+    wl[i] = 2.0 * kPi * std::pow(theta, double(2 * i) / double(head_dim));
+    if (!(f[i] > 0.0f) || !std::isfinite(f[i]))
+      fail(ErrorKind::Format, where, "rope factor " + std::to_string(i) + " is " + std::to_string(f[i]) + ", expected > 0");
+    factor = std::max(factor, double(f[i]));
+  }
+  RopeScaling rs;
+  if (factor == 1.0) return rs;  // all ones: no scaling
+  rs.type = "llama3";
+  rs.factor = f32_decimal(float(factor));
+
+  auto matches = [&](const RopeScaling& c) {
+    for (int64_t i = 0; i < n; i++)
+      if (std::fabs(llama3_factor(wl[i], c) - f[i]) > 1e-4 * f[i]) return false;
+    return true;
+  };
+  // Smooth entries: s recovered from the factor, against 1/wavelen.
+  std::vector<double> xs, ss;
+  double max_wl_one = 0, min_wl_full = INFINITY;
+  for (int64_t i = 0; i < n; i++) {
+    if (f[i] <= 1.0 + 1e-5) max_wl_one = std::max(max_wl_one, wl[i]);
+    else if (f[i] >= factor * (1 - 1e-5)) min_wl_full = std::min(min_wl_full, wl[i]);
+    else {
+      xs.push_back(1.0 / wl[i]);
+      ss.push_back((1.0 / f[i] - 1.0 / factor) / (1.0 - 1.0 / factor));
+    }
+  }
+  std::vector<RopeScaling> cands;
+  RopeScaling c = rs;
+  c.original_max_position_embeddings = orig_hint;
+  cands.push_back(c);
+  if (!xs.empty()) {  // low=1, high=4: orig = wavelen * (3s + 1)
+    double o = 0;
+    for (size_t k = 0; k < xs.size(); k++) o += (3.0 * ss[k] + 1.0) / xs[k];
+    c.original_max_position_embeddings = std::llround(o / double(xs.size()));
+    cands.push_back(c);
+  } else if (4.0 * max_wl_one < min_wl_full) {  // no smooth entry: any orig between the two sets
+    c.original_max_position_embeddings = std::llround(std::sqrt(4.0 * std::max(max_wl_one, 1.0) * min_wl_full));
+    cands.push_back(c);
+  }
+  if (xs.size() >= 2) {  // low=1: s = A/wavelen - B with A = orig/(high-1), B = 1/(high-1)
+    double mx = 0, ms = 0, sxx = 0, sxs = 0;
+    for (size_t k = 0; k < xs.size(); k++) mx += xs[k], ms += ss[k];
+    mx /= double(xs.size()), ms /= double(xs.size());
+    for (size_t k = 0; k < xs.size(); k++) sxx += (xs[k] - mx) * (xs[k] - mx), sxs += (xs[k] - mx) * (ss[k] - ms);
+    double A = sxx > 0 ? sxs / sxx : 0, B = A * mx - ms;
+    if (A > 0 && B > 0) {
+      c.high_freq_factor = f32_decimal(float(1.0 + 1.0 / B));
+      c.original_max_position_embeddings = std::llround(A / B);
+      cands.push_back(c);
+    }
+  }
+  for (const auto& k : cands)
+    if (matches(k)) return k;
+  fail(ErrorKind::Unsupported, where, "per-frequency rope factors do not follow llama3 rope scaling",
+       "only llama3-style rope_freqs written by convert_hf_to_gguf.py are understood");
+}
+
+int64_t key_i64(const GgufFile& f, const std::string& key) {
+  if (f.has(key) && f.type_of(key) == GgufType::ARRAY)
+    fail(ErrorKind::Unsupported, f.path() + ": key '" + key + "'", "per-layer values are not supported",
+         "only uniform Llama-family decoders are supported");
+  return f.get_i64(key);
+}
+
+void expect_shape(const GgufFile& f, const std::string& name, const std::vector<int64_t>& ne) {
+  const GgufTensorInfo& t = f.tensor(name);
+  if (t.ne != ne) {
+    auto str = [](const std::vector<int64_t>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); i++) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    fail(ErrorKind::Format, f.path() + ": tensor '" + name + "'",
+         "ggml shape " + str(t.ne) + " does not match the metadata, expected " + str(ne));
+  }
+}
+
+}  // namespace
+
+std::string gguf_to_hf_name(const std::string& g) {
+  for (const auto& n : kGlobalNames)
+    if (g == n.gguf) return n.hf;
+  if (auto l = split_layer(g, "blk."))
+    for (const auto& n : kLayerNames)
+      if (l->second == n.gguf) return "model.layers." + std::to_string(l->first) + "." + n.hf;
+  return "";
+}
+
+std::string hf_to_gguf_name(const std::string& h) {
+  for (const auto& n : kGlobalNames)
+    if (h == n.hf) return n.gguf;
+  if (auto l = split_layer(h, "model.layers."))
+    for (const auto& n : kLayerNames)
+      if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
+  return "";
+}
+
+std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
+  std::vector<std::string> out{"model.embed_tokens.weight"};
+  for (int64_t l = 0; l < cfg.n_layer; l++) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const auto& n : kLayerNames) {
+      std::string hf = n.hf;
+      if (!cfg.attention_bias && hf.find(".bias") != std::string::npos) continue;
+      out.push_back(p + hf);
+    }
+  }
+  out.push_back("model.norm.weight");
+  if (!cfg.tie_word_embeddings) out.push_back("lm_head.weight");
+  return out;
+}
+
+LlamaConfig gguf_llama_config(const GgufFile& f) {
+  std::string arch = f.get_string("general.architecture");
+  const ArchInfo* ai = nullptr;
+  for (const auto& a : kArchs)
+    if (arch == a.arch) ai = &a;
+  if (!ai)
+    fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
+         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2), qwen2");
+  const std::string k = arch + ".";
+  if (f.has(k + "expert_count") && f.get_i64(k + "expert_count") > 0)
+    fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "expert_count'", "mixture-of-experts models are not supported");
+
+  LlamaConfig c;
+  c.model_type = ai->model_type;
+  c.attention_bias = ai->qkv_bias;
+  c.name = f.path();
+  c.hidden_size = key_i64(f, k + "embedding_length");
+  c.intermediate_size = key_i64(f, k + "feed_forward_length");
+  c.n_layer = key_i64(f, k + "block_count");
+  c.n_head = key_i64(f, k + "attention.head_count");
+  c.n_head_kv = f.has(k + "attention.head_count_kv") ? key_i64(f, k + "attention.head_count_kv") : c.n_head;
+  if (c.hidden_size <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_layer <= 0 || c.intermediate_size <= 0 ||
+      c.n_head % c.n_head_kv != 0)
+    fail(ErrorKind::Format, f.path() + ": key '" + k + "attention.head_count'",
+         "inconsistent shape: embedding_length " + std::to_string(c.hidden_size) + ", block_count " +
+             std::to_string(c.n_layer) + ", head_count " + std::to_string(c.n_head) + ", head_count_kv " +
+             std::to_string(c.n_head_kv));
+  c.head_dim = f.has(k + "attention.key_length") ? f.get_i64(k + "attention.key_length") : c.hidden_size / c.n_head;
+  if (f.has(k + "attention.value_length") && f.get_i64(k + "attention.value_length") != c.head_dim)
+    fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "attention.value_length'", "differs from the key length");
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0)
+    fail(ErrorKind::Format, f.path() + ": key '" + k + "attention.key_length'", "head dim " + std::to_string(c.head_dim) + " must be even and > 0");
+  if (f.has(k + "rope.dimension_count") && f.get_i64(k + "rope.dimension_count") != c.head_dim)
+    fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "rope.dimension_count'",
+         "partial rotary embedding (" + std::to_string(f.get_i64(k + "rope.dimension_count")) + " of " +
+             std::to_string(c.head_dim) + " dims) is not supported");
+  if (f.has(k + "context_length")) c.max_position_embeddings = f.get_i64(k + "context_length");
+  if (f.has(k + "attention.layer_norm_rms_epsilon")) c.rms_norm_eps = f32_decimal(f.get_f32(k + "attention.layer_norm_rms_epsilon"));
+  if (f.has(k + "rope.freq_base")) c.rope_theta = f32_decimal(f.get_f32(k + "rope.freq_base"));
+
+  // Rope scaling: linear/none in metadata (older files: rope.scale_linear), llama3 as a tensor.
+  std::string st = f.has(k + "rope.scaling.type") ? f.get_string(k + "rope.scaling.type") : "none";
+  if (st == "linear") {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = f32_decimal(f.get_f32(k + "rope.scaling.factor"));
+  } else if (st != "none") {
+    fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "rope.scaling.type'", "rope scaling '" + st + "' is not supported",
+         "supported: none, linear, llama3");
+  } else if (f.has(k + "rope.scale_linear") && f.get_f32(k + "rope.scale_linear") != 1.0f) {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = f32_decimal(f.get_f32(k + "rope.scale_linear"));
+  }
+  if (f.has_tensor("rope_freqs.weight")) {
+    if (c.rope_scaling.type != "none")
+      fail(ErrorKind::Unsupported, f.path() + ": tensor 'rope_freqs.weight'", "rope factors together with " + st + " scaling");
+    expect_shape(f, "rope_freqs.weight", {c.head_dim / 2});
+    int64_t orig = f.has(k + "rope.scaling.original_context_length") ? f.get_i64(k + "rope.scaling.original_context_length") : 8192;
+    c.rope_scaling = recover_llama3(f.read_tensor_f32("rope_freqs.weight"), c.rope_theta, c.head_dim, orig,
+                                    f.path() + ": tensor 'rope_freqs.weight'");
+  }
+
+  // Vocabulary: the embedding defines it; the token list must not be longer.
+  const GgufTensorInfo& emb = f.tensor("token_embd.weight");
+  if (emb.ne.size() != 2)
+    fail(ErrorKind::Format, f.path() + ": tensor 'token_embd.weight'", "expected 2 dimensions, got " + std::to_string(emb.ne.size()));
+  c.vocab_size = emb.ne[1];
+  if (f.has("tokenizer.ggml.tokens") && int64_t(f.get_array_size("tokenizer.ggml.tokens")) > c.vocab_size)
+    fail(ErrorKind::Format, f.path() + ": key 'tokenizer.ggml.tokens'",
+         std::to_string(f.get_array_size("tokenizer.ggml.tokens")) + " tokens but token_embd.weight has " +
+             std::to_string(c.vocab_size) + " rows");
+  if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_i64("tokenizer.ggml.bos_token_id");
+  if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_id = f.get_i64("tokenizer.ggml.eos_token_id");
+  c.tie_word_embeddings = !f.has_tensor("output.weight");
+
+  // Every tensor the decoder needs, with ggml shapes (ne = HF shape reversed).
+  const int64_t C = c.hidden_size, F = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
+  expect_shape(f, "token_embd.weight", {C, c.vocab_size});
+  expect_shape(f, "output_norm.weight", {C});
+  if (!c.tie_word_embeddings) expect_shape(f, "output.weight", {C, c.vocab_size});
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    std::string b = "blk." + std::to_string(l) + ".";
+    expect_shape(f, b + "attn_norm.weight", {C});
+    expect_shape(f, b + "ffn_norm.weight", {C});
+    expect_shape(f, b + "attn_q.weight", {C, Q});
+    expect_shape(f, b + "attn_k.weight", {C, KV});
+    expect_shape(f, b + "attn_v.weight", {C, KV});
+    expect_shape(f, b + "attn_output.weight", {Q, C});
+    expect_shape(f, b + "ffn_gate.weight", {C, F});
+    expect_shape(f, b + "ffn_up.weight", {C, F});
+    expect_shape(f, b + "ffn_down.weight", {F, C});
+    if (c.attention_bias) {
+      expect_shape(f, b + "attn_q.bias", {Q});
+      expect_shape(f, b + "attn_k.bias", {KV});
+      expect_shape(f, b + "attn_v.bias", {KV});
+    }
+  }
+  if (f.has_tensor("blk." + std::to_string(c.n_layer) + ".attn_q.weight"))
+    fail(ErrorKind::Format, f.path() + ": tensor 'blk." + std::to_string(c.n_layer) + ".attn_q.weight'",
+         "layer index beyond block_count " + std::to_string(c.n_layer));
+  return c;
+}
+
+bool gguf_qk_permuted(const LlamaConfig& cfg) { return cfg.model_type == "llama" || cfg.model_type == "mistral"; }
+
+void gguf_permute_qk_rows(const float* hf, float* gguf, int64_t n_head, int64_t rows, int64_t cols) {
+  QLORA_ASSERT(n_head > 0 && rows % (2 * n_head) == 0);
+  const int64_t hd = rows / n_head, half = hd / 2;
+  for (int64_t h = 0; h < n_head; h++)
+    for (int64_t j = 0; j < half; j++)
+      for (int64_t s = 0; s < 2; s++)
+        std::copy_n(hf + (h * hd + s * half + j) * cols, cols, gguf + (h * hd + 2 * j + s) * cols);
+}
+
+void gguf_unpermute_qk_rows(const float* gguf, float* hf, int64_t n_head, int64_t rows, int64_t cols) {
+  QLORA_ASSERT(n_head > 0 && rows % (2 * n_head) == 0);
+  const int64_t hd = rows / n_head, half = hd / 2;
+  for (int64_t h = 0; h < n_head; h++)
+    for (int64_t j = 0; j < half; j++)
+      for (int64_t s = 0; s < 2; s++)
+        std::copy_n(gguf + (h * hd + 2 * j + s) * cols, cols, hf + (h * hd + s * half + j) * cols);
+}
+
+namespace {
+
+std::string gguf_source(const GgufFile& f, const std::string& hf_name) {
+  std::string g = hf_to_gguf_name(hf_name);
+  if (hf_name == "lm_head.weight" && !f.has_tensor("output.weight")) g = "token_embd.weight";  // tied
+  if (g.empty())
+    fail(ErrorKind::Format, f.path() + ": tensor '" + hf_name + "'", "no GGUF tensor corresponds to this HF name",
+         "names look like model.layers.N.self_attn.q_proj.weight");
+  return g;
+}
+
+}  // namespace
+
+std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const std::string& hf_name) {
+  return f.tensor(gguf_source(f, hf_name)).shape();
+}
+
+void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst) {
+  const std::string g = gguf_source(f, hf_name);
+  int64_t n_head = 0;
+  if (gguf_qk_permuted(cfg)) {
+    if (hf_name.find(".self_attn.q_proj.") != std::string::npos) n_head = cfg.n_head;
+    if (hf_name.find(".self_attn.k_proj.") != std::string::npos) n_head = cfg.n_head_kv;
+  }
+  if (n_head == 0) return f.read_tensor_f32(g, dst);
+  const GgufTensorInfo& t = f.tensor(g);
+  const int64_t rows = t.ne.size() == 2 ? t.ne[1] : t.ne[0], cols = t.ne.size() == 2 ? t.ne[0] : 1;
+  if (t.ne.size() > 2 || rows % (2 * n_head) != 0)
+    fail(ErrorKind::Shape, f.path() + ": tensor '" + g + "'",
+         std::to_string(rows) + " rows do not split into " + std::to_string(n_head) + " heads of even size");
+  std::vector<float> tmp(size_t(rows * cols));  // (n_head * head_dim, cols) in GGUF row order
+  f.read_tensor_f32(g, tmp.data());
+  gguf_unpermute_qk_rows(tmp.data(), dst, n_head, rows, cols);
+}
+
+}  // namespace qlora

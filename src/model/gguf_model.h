@@ -1,0 +1,40 @@
+// GGUF -> our Llama model: LlamaConfig from GGUF metadata, GGUF <-> HF tensor names, Q/K un-permute.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "model/llama_config.h"
+
+namespace qlora {
+
+// Reads the decoder shape from `{arch}.*` and `tokenizer.ggml.*` metadata (arch: llama or qwen2) and
+// checks that every tensor the model needs is present with the expected shape. Errors: Unsupported
+// (other architectures, MoE, partial rotary, yarn/longrope scaling, rope factors that do not follow
+// llama3 scaling), Format (missing keys, missing/misshaped tensors; `where` names key or tensor).
+LlamaConfig gguf_llama_config(const GgufFile& f);
+
+// "model.layers.3.self_attn.q_proj.weight" <-> "blk.3.attn_q.weight". "" when there is no counterpart
+// (e.g. rope_freqs.weight, which holds llama3 rope factors and has no HF tensor).
+std::string gguf_to_hf_name(const std::string& gguf_name);
+std::string hf_to_gguf_name(const std::string& hf_name);
+
+// HF names of every base-model tensor for cfg, in HF state-dict order (lm_head only when untied).
+std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg);
+
+// llama.cpp's convert_hf_to_gguf.py (LlamaModel.permute) reorders the rows of q_proj/k_proj (weight
+// and bias) of each head from HF's rotate_half layout to interleaved pairs:
+//   gguf_row[h, 2*j + s] = hf_row[h, s*head_dim/2 + j]   (s in {0,1}, j < head_dim/2)
+// Qwen2Model in the same converter does not permute. `rows` = n_head * head_dim rows of `cols` floats.
+bool gguf_qk_permuted(const LlamaConfig& cfg);
+void gguf_permute_qk_rows(const float* hf, float* gguf, int64_t n_head, int64_t rows, int64_t cols);    // as the converter
+void gguf_unpermute_qk_rows(const float* gguf, float* hf, int64_t n_head, int64_t rows, int64_t cols);  // its inverse
+
+// HF shape of `hf_name` as stored in the GGUF (lm_head.weight of a tied model: the embedding's).
+std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const std::string& hf_name);
+// Dequantizes `hf_name` into dst (f32, HF layout, Q/K un-permuted for llama). For tied models
+// lm_head.weight reads the token embedding. Error(Format) for names with no GGUF tensor.
+void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst);
+
+}  // namespace qlora

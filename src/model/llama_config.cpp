@@ -1,0 +1,297 @@
+// LlamaConfig: HF config.json parsing, validation, parameter count, presets and RoPE frequencies.
+#include "model/llama_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "io/json_util.h"
+
+namespace qlora {
+
+const std::vector<std::string>& supported_model_types() {
+  static const std::vector<std::string> v = {"llama", "mistral", "qwen2"};
+  return v;
+}
+
+static std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// validate / n_params
+
+void LlamaConfig::validate(const std::string& where) const {
+  auto positive = [&](int64_t v, const char* key) {
+    if (v <= 0) fail(ErrorKind::Config, where + ": key '" + key + "'", "must be positive, got " + std::to_string(v));
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(n_layer, "num_hidden_layers");
+  positive(n_head, "num_attention_heads");
+  positive(n_head_kv, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(max_position_embeddings, "max_position_embeddings");
+  if (n_head % n_head_kv != 0)
+    fail(ErrorKind::Config, where + ": key 'num_key_value_heads'",
+         std::to_string(n_head) + " attention heads are not a multiple of " + std::to_string(n_head_kv) +
+             " key/value heads",
+         "grouped-query attention shares each kv head among n_head / n_head_kv query heads");
+  if (head_dim % 2 != 0)
+    fail(ErrorKind::Config, where + ": key 'head_dim'", "must be even for RoPE, got " + std::to_string(head_dim));
+  if (!(rms_norm_eps > 0)) fail(ErrorKind::Config, where + ": key 'rms_norm_eps'", "must be positive");
+  if (!(rope_theta > 0)) fail(ErrorKind::Config, where + ": key 'rope_theta'", "must be positive");
+  if (rope_scaling.type != "none" && !(rope_scaling.factor > 0))
+    fail(ErrorKind::Config, where + ": key 'rope_scaling.factor'", "must be positive");
+  if (rope_scaling.type == "llama3") {
+    if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) || !(rope_scaling.low_freq_factor > 0))
+      fail(ErrorKind::Config, where + ": key 'rope_scaling'", "llama3 scaling needs 0 < low_freq_factor < high_freq_factor");
+    if (rope_scaling.original_max_position_embeddings <= 0)
+      fail(ErrorKind::Config, where + ": key 'rope_scaling.original_max_position_embeddings'", "must be positive");
+  }
+}
+
+int64_t LlamaConfig::n_params() const {
+  const int64_t C = hidden_size, F = intermediate_size, V = vocab_size;
+  int64_t attn = C * q_dim() + 2 * C * kv_dim() + q_dim() * C;  // q, k, v, o
+  if (attention_bias) attn += q_dim() + 2 * kv_dim();            // q/k/v biases (o has none)
+  int64_t layer = attn + 3 * C * F + 2 * C;                       // + gate/up/down + 2 norms
+  return V * C + n_layer * layer + C + (tie_word_embeddings ? 0 : V * C);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// config.json
+
+// bos/eos may be an int, a list of ints (take the first) or null.
+static int64_t token_id(const json& j, const char* key, const std::string& where) {
+  const json* v = json_find(j, key);
+  if (!v) return -1;
+  if (v->is_array()) {
+    if (v->empty()) return -1;
+    if (!(*v)[0].is_number_integer())
+      fail(ErrorKind::Config, where + ": key '" + key + "'", "expected an integer or a list of integers");
+    return (*v)[0].get<int64_t>();
+  }
+  return json_int(j, key, where);
+}
+
+static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, const std::string& where) {
+  RopeScaling r;
+  const std::string kw = where + ": key '" + key + "'";
+  if (!rs.is_object()) fail(ErrorKind::Config, kw, std::string("expected an object or null, got ") + json_type_name(rs));
+  std::string type = json_string_or(rs, "rope_type", "", where + ": " + key);
+  if (type.empty()) type = json_string_or(rs, "type", "", where + ": " + key);
+  if (type.empty()) fail(ErrorKind::Config, kw, "has no 'rope_type' (or 'type')");
+  if (type == "default") return r;
+  const std::string sub = where + ": " + key;
+  if (type == "linear") {
+    r.type = "linear";
+    r.factor = json_number(rs, "factor", sub);
+  } else if (type == "llama3") {
+    r.type = "llama3";
+    r.factor = json_number(rs, "factor", sub);
+    r.low_freq_factor = json_number(rs, "low_freq_factor", sub);
+    r.high_freq_factor = json_number(rs, "high_freq_factor", sub);
+    r.original_max_position_embeddings = json_int(rs, "original_max_position_embeddings", sub);
+  } else {
+    fail(ErrorKind::Unsupported, where + ": key '" + key + ".rope_type'", "RoPE scaling '" + type + "' is not supported",
+         "supported: linear, llama3 (or none)");
+  }
+  return r;
+}
+
+LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where) {
+  json j = parse_json(json_text, where);
+  if (!j.is_object()) fail(ErrorKind::Config, where, std::string("expected a JSON object, got ") + json_type_name(j));
+  LlamaConfig c;
+  c.name = where;
+  c.model_type = json_string(j, "model_type", where);
+  const auto& types = supported_model_types();
+  if (std::find(types.begin(), types.end(), c.model_type) == types.end())
+    fail(ErrorKind::Unsupported, where + ": key 'model_type'", "model_type '" + c.model_type + "' is not supported",
+         "supported model types: " + joined(types));
+
+  std::string act = json_string_or(j, "hidden_act", "silu", where);
+  if (act != "silu")
+    fail(ErrorKind::Unsupported, where + ": key 'hidden_act'", "activation '" + act + "' is not supported", "only silu (SwiGLU)");
+  if (json_bool_or(j, "mlp_bias", false, where))
+    fail(ErrorKind::Unsupported, where + ": key 'mlp_bias'", "MLP biases are not supported");
+
+  c.vocab_size = json_int(j, "vocab_size", where);
+  c.hidden_size = json_int(j, "hidden_size", where);
+  c.intermediate_size = json_int(j, "intermediate_size", where);
+  c.n_layer = json_int(j, "num_hidden_layers", where);
+  c.n_head = json_int(j, "num_attention_heads", where);
+  c.n_head_kv = json_int_or(j, "num_key_value_heads", c.n_head, where);
+  if (c.n_head <= 0)
+    fail(ErrorKind::Config, where + ": key 'num_attention_heads'", "must be positive, got " + std::to_string(c.n_head));
+  if (json_find(j, "head_dim")) {
+    c.head_dim = json_int(j, "head_dim", where);
+  } else {
+    if (c.hidden_size % c.n_head != 0)
+      fail(ErrorKind::Config, where + ": key 'hidden_size'",
+           std::to_string(c.hidden_size) + " is not divisible by num_attention_heads " + std::to_string(c.n_head),
+           "set head_dim explicitly if the model uses a head size other than hidden_size / heads");
+    c.head_dim = c.hidden_size / c.n_head;
+  }
+  // Defaults are those of the transformers config classes when the key is absent.
+  const bool llama = c.model_type == "llama";
+  c.max_position_embeddings = json_int_or(j, "max_position_embeddings",
+                                          llama ? 2048 : c.model_type == "mistral" ? 131072 : 32768, where);
+  c.rms_norm_eps = json_number_or(j, "rms_norm_eps", 1e-6, where);
+  c.tie_word_embeddings = json_bool_or(j, "tie_word_embeddings", false, where);
+
+  // transformers >= 5 writes theta and scaling together as "rope_parameters"; older files use
+  // rope_theta + rope_scaling.
+  if (const json* rp = json_find(j, "rope_parameters")) {
+    c.rope_theta = json_number_or(*rp, "rope_theta", json_number_or(j, "rope_theta", 10000.0, where), where + ": rope_parameters");
+    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where);
+  } else {
+    c.rope_theta = json_number_or(j, "rope_theta", 10000.0, where);
+    if (const json* rs = json_find(j, "rope_scaling")) c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where);
+  }
+
+  if (c.model_type == "qwen2") {
+    c.attention_bias = true;  // Qwen2 always has q/k/v biases; its config has no key for it
+  } else if (llama) {
+    // LlamaAttention gives o_proj a bias too when attention_bias is set; nothing we load uses it.
+    if (json_bool_or(j, "attention_bias", false, where))
+      fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "llama attention biases (q/k/v/o) are not supported");
+  }
+  // Mistral's sliding_window (non-null in v0.1: 4096) is ignored: sequences longer than it would attend
+  // further back than the original model does. Qwen2's use_sliding_window defaults to false.
+
+  c.bos_token_id = token_id(j, "bos_token_id", where);
+  c.eos_token_id = token_id(j, "eos_token_id", where);
+  c.torch_dtype = json_string_or(j, "torch_dtype", json_string_or(j, "dtype", "float32", where), where);
+  c.validate(where);
+  return c;
+}
+
+LlamaConfig load_hf_config(const std::string& config_json_path) {
+  return parse_hf_config(read_text_file(config_json_path), config_json_path);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// presets
+
+namespace {
+struct Preset {
+  const char* name;
+  const char* hf_repo;  // where the numbers come from (config.json)
+  const char* model_type;
+  int64_t V, C, F, L, H, KV, head_dim, max_pos;
+  double eps, theta;
+  const char* rope;  // "none" | "llama3"
+  double rope_factor;
+  bool tie;
+  int64_t bos, eos;
+  const char* torch_dtype;
+};
+
+// clang-format off
+const Preset kPresets[] = {
+  // name            HF repo (config.json)                     type       V       C      F      L    H   KV  hd   max_pos  eps    theta    rope      fac  tie    bos     eos     dtype
+  {"llama2-7b",      "meta-llama/Llama-2-7b-hf",               "llama",   32000,  4096,  11008, 32,  32, 32, 128, 4096,   1e-5, 10000,   "none",   1,   false, 1,      2,      "float16"},
+  {"llama3-8b",      "meta-llama/Meta-Llama-3-8B",             "llama",   128256, 4096,  14336, 32,  32, 8,  128, 8192,   1e-5, 500000,  "none",   1,   false, 128000, 128001, "bfloat16"},
+  {"llama3-70b",     "meta-llama/Meta-Llama-3-70B",            "llama",   128256, 8192,  28672, 80,  64, 8,  128, 8192,   1e-5, 500000,  "none",   1,   false, 128000, 128001, "bfloat16"},
+  {"llama3.1-8b",    "meta-llama/Llama-3.1-8B",                "llama",   128256, 4096,  14336, 32,  32, 8,  128, 131072, 1e-5, 500000,  "llama3", 8,   false, 128000, 128001, "bfloat16"},
+  {"llama3.1-70b",   "meta-llama/Llama-3.1-70B",               "llama",   128256, 8192,  28672, 80,  64, 8,  128, 131072, 1e-5, 500000,  "llama3", 8,   false, 128000, 128001, "bfloat16"},
+  {"llama3.1-405b",  "meta-llama/Llama-3.1-405B",              "llama",   128256, 16384, 53248, 126, 128, 8, 128, 131072, 1e-5, 500000,  "llama3", 8,   false, 128000, 128001, "bfloat16"},
+  {"llama3.2-1b",    "meta-llama/Llama-3.2-1B",                "llama",   128256, 2048,  8192,  16,  32, 8,  64,  131072, 1e-5, 500000,  "llama3", 32,  true,  128000, 128001, "bfloat16"},
+  {"llama3.2-3b",    "meta-llama/Llama-3.2-3B",                "llama",   128256, 3072,  8192,  28,  24, 8,  128, 131072, 1e-5, 500000,  "llama3", 32,  true,  128000, 128001, "bfloat16"},
+  {"mistral-7b",     "mistralai/Mistral-7B-v0.3",              "mistral", 32768,  4096,  14336, 32,  32, 8,  128, 32768,  1e-5, 1e6,     "none",   1,   false, 1,      2,      "bfloat16"},
+  {"qwen2.5-0.5b",   "Qwen/Qwen2.5-0.5B",                      "qwen2",   151936, 896,   4864,  24,  14, 2,  64,  32768,  1e-6, 1e6,     "none",   1,   true,  151643, 151643, "bfloat16"},
+  {"qwen2.5-7b",     "Qwen/Qwen2.5-7B",                        "qwen2",   152064, 3584,  18944, 28,  28, 4,  128, 131072, 1e-6, 1e6,     "none",   1,   false, 151643, 151643, "bfloat16"},
+  {"qwen2.5-72b",    "Qwen/Qwen2.5-72B",                       "qwen2",   152064, 8192,  29568, 80,  64, 8,  128, 131072, 1e-5, 1e6,     "none",   1,   false, 151643, 151643, "bfloat16"},
+  {"smollm2-135m",   "HuggingFaceTB/SmolLM2-135M",             "llama",   49152,  576,   1536,  30,  9,  3,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
+  {"smollm2-360m",   "HuggingFaceTB/SmolLM2-360M",             "llama",   49152,  960,   2560,  32,  15, 5,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
+  {"smollm2-1.7b",   "HuggingFaceTB/SmolLM2-1.7B",             "llama",   49152,  2048,  8192,  24,  32, 32, 64,  8192,   1e-5, 130000,  "none",   1,   true,  0,      0,      "bfloat16"},
+  {"tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "llama", 32000, 2048, 5632, 22, 32, 4, 64, 2048, 1e-5, 10000, "none", 1,  false, 1,      2,      "float32"},
+};
+// clang-format on
+}  // namespace
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> n;
+    for (const auto& p : kPresets) n.push_back(p.name);
+    return n;
+  }();
+  return v;
+}
+
+bool has_preset(const std::string& name) {
+  for (const auto& p : kPresets)
+    if (name == p.name) return true;
+  return false;
+}
+
+LlamaConfig preset_config(const std::string& name) {
+  for (const auto& p : kPresets) {
+    if (name != p.name) continue;
+    LlamaConfig c;
+    c.name = p.name;
+    c.model_type = p.model_type;
+    c.vocab_size = p.V;
+    c.hidden_size = p.C;
+    c.intermediate_size = p.F;
+    c.n_layer = p.L;
+    c.n_head = p.H;
+    c.n_head_kv = p.KV;
+    c.head_dim = p.head_dim;
+    c.max_position_embeddings = p.max_pos;
+    c.rms_norm_eps = p.eps;
+    c.rope_theta = p.theta;
+    if (std::string(p.rope) == "llama3") {
+      c.rope_scaling.type = "llama3";
+      c.rope_scaling.factor = p.rope_factor;
+      c.rope_scaling.low_freq_factor = 1.0;
+      c.rope_scaling.high_freq_factor = 4.0;
+      c.rope_scaling.original_max_position_embeddings = 8192;
+    }
+    c.attention_bias = c.model_type == "qwen2";
+    c.tie_word_embeddings = p.tie;
+    c.bos_token_id = p.bos;
+    c.eos_token_id = p.eos;
+    c.torch_dtype = p.torch_dtype;
+    c.validate(std::string("preset '") + p.name + "'");
+    return c;
+  }
+  fail(ErrorKind::Config, "model preset '" + name + "'", "unknown preset",
+       "did you mean '" + closest_name(preset_names(), name) + "'? presets: " + joined(preset_names()));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// RoPE
+
+std::vector<float> rope_inv_freq(const LlamaConfig& c) {
+  const int64_t D = c.head_dim;
+  std::vector<float> out(size_t(D / 2));
+  const RopeScaling& s = c.rope_scaling;
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < D / 2; i++) {
+    double inv = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(D));
+    if (s.type == "linear") {
+      inv /= s.factor;
+    } else if (s.type == "llama3") {
+      // Llama 3.1: keep high frequencies, slow low frequencies by `factor`, blend in between.
+      const double old_len = double(s.original_max_position_embeddings);
+      const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+      const double wavelen = 2 * pi / inv;
+      if (wavelen > low_wavelen) {
+        inv /= s.factor;
+      } else if (wavelen >= high_wavelen) {
+        double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        inv = (1 - smooth) * inv / s.factor + smooth * inv;
+      }
+    }
+    out[size_t(i)] = float(inv);
+  }
+  return out;
+}
+
+}  // namespace qlora

@@ -1,0 +1,353 @@
+// The Llama decoder with LoRA: forward, hand-written backward, chunked cross-entropy.
+// Backward comments mark each output as "=" (overwritten) or "+=" (accumulated).
+#include "model/llama_model.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/quant_bytes.h"
+
+namespace qlora {
+
+enum Proj { Q = 0, K, V, O, G, U, D };
+static const char* kProj[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+struct LlamaModel::Acts {
+  Tensor x, ln1, rstd1, q, k, v, att, lse, xmid, ln2, rstd2, gate, up, h;
+  Tensor lora_h[7];
+};
+
+static Tensor with_rows(Tensor t, int64_t n) {
+  t.shape[0] = n;
+  return t;
+}
+// Columns [0, cols) of a (rows, wide) workspace viewed as a dense (rows, cols) matrix.
+static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
+  t.ndim = 2;
+  t.shape = {rows, cols, 0, 0};
+  return t;
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& o, const LoraSpec& lora)
+    : cfg_(cfg), be_(be), opts_(o), lora_(lora) {
+  cfg_.validate(cfg_.name);
+  if (opts_.method == "full")
+    fail(ErrorKind::Unsupported, "method", "full fine-tuning is planned but not implemented by the engine",
+         "use method lora or qlora");
+  opts_.compute_dtype = be_.compute_dtype();
+  opts_.lora_r = lora_.r;
+  opts_.targets = lora_.targets;
+  opts_.lora_dropout = lora_.dropout > 0;
+  ckpt_ = opts_.checkpointing != "none";
+  plan_model_buffers(plan_, cfg_, opts_);
+  arena_ = std::make_unique<Arena>(be_, plan_);
+
+  lora_slot_.assign(size_t(cfg_.n_layer * 7), -1);
+  for (int64_t l = 0; l < cfg_.n_layer; l++)
+    for (int p = 0; p < 7; p++) {
+      const std::string base = "layers." + std::to_string(l) + "." + kProj[p] + ".";
+      if (!arena_->has(base + "lora_A")) continue;
+      lora_slot_[size_t(l * 7 + p)] = int(lora_params_.size());
+      for (const char* ab : {"lora_A", "lora_B"}) {
+        LoraParam lp;
+        lp.name = base + ab;
+        lp.peft_key = peft_module_name(l, kProj[p]) + "." + ab + ".weight";
+        lp.w = arena_->get(lp.name);
+        lp.g = arena_->get(lp.name + ".grad");
+        lp.m = arena_->get(lp.name + ".adam_m");
+        lp.v = arena_->get(lp.name + ".adam_v");
+        lora_params_.push_back(lp);
+      }
+    }
+  std::vector<float> inv = rope_inv_freq(cfg_);
+  be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
+}
+
+LlamaModel::~LlamaModel() = default;
+
+void LlamaModel::load_base(const TensorSource& src) {
+  std::vector<float> host;
+  for (const auto& b : plan_.buffers) {
+    if (b.category != MemCategory::Weights) continue;
+    const std::string hf = hf_weight_name(b.name);
+    if (b.dtype == DType::U8)
+      fail(ErrorKind::Unsupported, hf, "quantized base weights are not wired into the engine yet");
+    int64_t n = 1;
+    for (int64_t s : b.shape) n *= s;
+    host.resize(size_t(n));
+    src.read_f32(hf, b.shape, host.data());
+    Tensor t = arena_->get(b.name);
+    if (t.dtype == DType::F32) {
+      be_.copy_to_device(t.data, host.data(), size_t(n) * 4);
+    } else {
+      std::vector<uint8_t> conv(size_t(n * dtype_size(t.dtype)));
+      convert_from_f32(t.dtype, host.data(), conv.data(), n);
+      be_.copy_to_device(t.data, conv.data(), conv.size());
+    }
+  }
+}
+
+void LlamaModel::init_lora(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> host;
+  for (auto& p : lora_params_) {
+    host.assign(size_t(p.w.numel()), 0.0f);
+    if (p.name.size() >= 6 && p.name.compare(p.name.size() - 6, 6, "lora_A") == 0) {
+      // kaiming_uniform_(a=sqrt(5)) on (r, in): bound = 1/sqrt(in)
+      const float bound = 1.0f / std::sqrt(float(p.w.dim(1)));
+      for (auto& v : host) v = rng.uniform(-bound, bound);
+    }
+    be_.copy_to_device(p.w.data, host.data(), host.size() * 4);
+    be_.memset0(p.m.data, size_t(p.m.nbytes()));
+    be_.memset0(p.v.data, size_t(p.v.nbytes()));
+  }
+  zero_grads();
+}
+
+void LlamaModel::zero_grads() {
+  for (auto& p : lora_params_) be_.memset0(p.g.data, size_t(p.g.nbytes()));
+}
+
+Tensor LlamaModel::rows(const std::string& name, int64_t n) const { return with_rows(arena_->get(name), n); }
+
+LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
+  const std::string p = ckpt_ ? std::string("act.cur.") : "act.layers." + std::to_string(l) + ".";
+  Acts a;
+  a.x = rows("act.layers." + std::to_string(l) + ".x", n);
+  a.ln1 = rows(p + "ln1", n);
+  a.rstd1 = rows(p + "rstd1", n);
+  a.q = rows(p + "q", n);
+  a.k = rows(p + "k", n);
+  a.v = rows(p + "v", n);
+  a.att = rows(p + "att", n);
+  a.lse = as_matrix(arena_->get(p + "lse"), cfg_.n_head, n);  // (Hq, N) storage used as (B,Hq,T)
+  a.xmid = rows(p + "xmid", n);
+  a.ln2 = rows(p + "ln2", n);
+  a.rstd2 = rows(p + "rstd2", n);
+  a.gate = rows(p + "gate", n);
+  a.up = rows(p + "up", n);
+  a.h = rows(p + "h", n);
+  for (int j = 0; j < 7; j++)
+    if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = rows(p + kProj[j] + ".lora_h", n);
+  return a;
+}
+
+Tensor LlamaModel::base_weight(int64_t l, int p) {
+  return arena_->get("layers." + std::to_string(l) + "." + kProj[p]);
+}
+
+int LlamaModel::lora_index(int64_t l, int p) const { return lora_slot_[size_t(l * 7 + p)]; }
+
+static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer) * 7 + uint64_t(proj); }
+
+// y (N,out) "=" x W^T + bias + s * dropout(x) A^T B^T
+void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
+                            uint64_t seed) {
+  const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
+  be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
+  if (p <= V && cfg_.attention_bias)
+    be_.bias_add({y, arena_->get("layers." + std::to_string(l) + "." + kProj[p] + ".bias"), n, out});
+  const int li = lora_index(l, p);
+  if (li < 0) return;
+  const LoraParam& A = lora_params_[size_t(li)];
+  const LoraParam& B = lora_params_[size_t(li) + 1];
+  const int64_t r = lora_.r;
+  Tensor xin = x;
+  if (train && lora_.dropout > 0) {
+    xin = as_matrix(arena_->get("ws.lora_xd"), n, in);
+    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
+  }
+  be_.matmul({a.lora_h[p], xin, A.w, n, r, in, false, true, 1.0f, 0.0f});          // h = xd A^T  (N,r)
+  be_.matmul({y, a.lora_h[p], B.w, n, out, r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
+}
+
+// dx (N,in) "=" or "+=" dy W (+ LoRA path); dA, dB "+=".
+void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const Tensor& x, int64_t l, int p,
+                            const Acts& a, uint64_t seed) {
+  const int64_t n = dy.dim(0), out = dy.dim(1), in = dx.dim(1);
+  be_.matmul({dx, dy, base_weight(l, p), n, in, out, false, false, 1.0f, acc ? 1.0f : 0.0f});
+  const int li = lora_index(l, p);
+  if (li < 0) return;
+  const LoraParam& A = lora_params_[size_t(li)];
+  const LoraParam& B = lora_params_[size_t(li) + 1];
+  const int64_t r = lora_.r;
+  const float s = lora_.scale();
+  const bool drop = lora_.dropout > 0;
+  be_.matmul({B.g, dy, a.lora_h[p], out, r, n, true, false, s, 1.0f});  // dB += s dy^T h   (out,r)
+  Tensor dh = as_matrix(arena_->get("ws.lora_dh"), n, r);
+  be_.matmul({dh, dy, B.w, n, r, out, false, false, s, 0.0f});  // dh = s dy B   (N,r)
+  Tensor xin = x;
+  if (drop) {
+    xin = as_matrix(arena_->get("ws.lora_xd"), n, in);
+    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
+  }
+  be_.matmul({A.g, dh, xin, r, in, n, true, false, 1.0f, 1.0f});  // dA += dh^T xd   (r,in)
+  if (!drop) {
+    be_.matmul({dx, dh, A.w, n, in, r, false, false, 1.0f, 1.0f});  // dx += dh A
+  } else {
+    Tensor t = as_matrix(arena_->get("ws.lora_xd"), n, in);
+    be_.matmul({t, dh, A.w, n, in, r, false, false, 1.0f, 0.0f});
+    be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
+    be_.add({dx, t, n * in});
+  }
+}
+
+void LlamaModel::upload_batch(const Batch& batch) {
+  const int64_t n = batch.n();
+  if (batch.t > opts_.seq_len || n > max_tokens())
+    fail(ErrorKind::Internal, "batch", "micro-batch of " + std::to_string(batch.b) + "x" + std::to_string(batch.t) +
+                                           " exceeds the planned " + std::to_string(opts_.micro_batch) + "x" +
+                                           std::to_string(opts_.seq_len));
+  auto up = [&](const char* name, const std::vector<int32_t>& v) -> const int32_t* {
+    void* d = arena_->raw(name);
+    if (v.empty()) return nullptr;
+    QLORA_ASSERT(int64_t(v.size()) == n);
+    be_.copy_to_device(d, v.data(), size_t(n) * 4);
+    return static_cast<const int32_t*>(d);
+  };
+  d_tokens_ = up("batch.tokens", batch.tokens);
+  d_targets_ = up("batch.targets", batch.targets);
+  d_positions_ = up("batch.positions", batch.positions);
+  d_seg_ = up("batch.seg", batch.seg);
+  cur_b_ = batch.b;
+  cur_t_ = batch.t;
+}
+
+void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
+  const Acts a = acts(l, n);
+  const std::string lp = "layers." + std::to_string(l) + ".";
+  const float eps = float(cfg_.rms_norm_eps);
+  const Tensor inv_freq = arena_->get("rope.inv_freq");
+  Tensor next = l + 1 < cfg_.n_layer ? rows("act.layers." + std::to_string(l + 1) + ".x", n) : rows("act.final_x", n);
+
+  be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, arena_->get(lp + "input_layernorm"), n, cfg_.hidden_size, eps});
+  linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
+  linear_fwd(a.k, a.ln1, l, K, a, train, seed);
+  linear_fwd(a.v, a.ln1, l, V, a, train, seed);
+  be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
+  be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
+  const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
+  be_.attention_fwd({a.att, a.lse, a.q, a.k, a.v, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim, scale});
+  linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
+  be_.add({a.xmid, a.x, a.xmid.numel()});            // ... + x
+  be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, arena_->get(lp + "post_attention_layernorm"), n, cfg_.hidden_size, eps});
+  linear_fwd(a.gate, a.ln2, l, G, a, train, seed);
+  linear_fwd(a.up, a.ln2, l, U, a, train, seed);
+  be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel()});
+  linear_fwd(next, a.h, l, D, a, train, seed);  // next = down_proj(h) ...
+  be_.add({next, a.xmid, next.numel()});        // ... + xmid
+}
+
+// On entry ws.dres holds d(layer output); on exit d(layer input).
+void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
+  if (ckpt_) layer_fwd(l, n, true, seed);  // recompute this layer's activations from its saved input
+  const Acts a = acts(l, n);
+  const std::string lp = "layers." + std::to_string(l) + ".";
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size;
+  Tensor dres = rows("ws.dres", n), dln = rows("ws.dln", n);
+  Tensor tmp_f = as_matrix(arena_->get("ws.tmp"), n, F), tmp_c = as_matrix(arena_->get("ws.tmp"), n, C);
+  Tensor dgate = rows("ws.dgate", n), dup = rows("ws.dup", n);
+  const Tensor inv_freq = arena_->get("rope.inv_freq");
+
+  // MLP: out = xmid + down(swiglu(gate(ln2), up(ln2))), ln2 = rmsnorm(xmid)
+  linear_bwd(tmp_f, false, dres, a.h, l, D, a, seed);                       // dh = ; dA,dB +=
+  be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F});                 // dgate, dup =
+  linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                      // dln =
+  linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                         // dln +=
+  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, arena_->get(lp + "post_attention_layernorm"), a.rstd2, n, C});
+  be_.add({dres, tmp_c, n * C});                                            // dres = d xmid
+
+  // Attention: xmid = x + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))), ln1 = rmsnorm(x)
+  Tensor datt = rows("ws.datt", n), dq = rows("ws.dq", n), dk = rows("ws.dk", n), dv = rows("ws.dv", n);
+  linear_bwd(datt, false, dres, a.att, l, O, a, seed);                      // datt =
+  const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
+  be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
+                     cfg_.n_head_kv, cfg_.head_dim, scale});                // dq, dk, dv =
+  be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
+  be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
+  linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed);                         // dln =
+  linear_bwd(dln, true, dk, a.ln1, l, K, a, seed);                          // dln +=
+  linear_bwd(dln, true, dv, a.ln1, l, V, a, seed);                          // dln +=
+  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, arena_->get(lp + "input_layernorm"), a.rstd1, n, C});
+  be_.add({dres, tmp_c, n * C});                                            // dres = d x
+}
+
+// Final norm, LM head and cross-entropy, one chunk of tokens at a time. Returns the summed loss.
+// With backward, leaves d(final_x) in ws.dres.
+double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
+  const int64_t C = cfg_.hidden_size, Vv = cfg_.vocab_size;
+  Tensor fx = rows("act.final_x", n), fln = rows("act.final_ln", n), frstd = rows("act.final_rstd", n);
+  Tensor norm_w = arena_->get("norm");
+  be_.rmsnorm_fwd({fln, frstd, fx, norm_w, n, C, float(cfg_.rms_norm_eps)});
+  Tensor head = arena_->get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
+  Tensor chunk_buf = arena_->get("logits.chunk");
+  Tensor losses = arena_->get("logits.losses");
+  Tensor dln = rows("ws.dln", n);
+  const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t m = std::min(chunk, n - c0);
+    Tensor x = as_matrix(fln, m, C);
+    x.data = static_cast<char*>(fln.data) + c0 * C * es;
+    Tensor logits = as_matrix(chunk_buf, m, Vv);
+    be_.matmul({logits, x, head, m, Vv, C, false, true, 1.0f, 0.0f});
+    Tensor l = losses;
+    l.ndim = 1;
+    l.shape = {m, 0, 0, 0};
+    l.data = static_cast<float*>(losses.data) + c0;
+    be_.cross_entropy_fwd_bwd({logits, logits, l, d_targets_ + c0, m, Vv, grad_scale});
+    if (backward) {
+      Tensor d = as_matrix(dln, m, C);
+      d.data = static_cast<char*>(dln.data) + c0 * C * es;
+      be_.matmul({d, logits, head, m, C, Vv, false, false, 1.0f, 0.0f});  // dln[chunk] = dlogits W
+    }
+  }
+  std::vector<float> row_loss(static_cast<size_t>(n));
+  be_.copy_to_host(row_loss.data(), losses.data, size_t(n) * 4);
+  double sum = 0;
+  for (float v : row_loss) sum += v;
+  if (backward) be_.rmsnorm_bwd({rows("ws.dres", n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
+  return sum;
+}
+
+void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
+  upload_batch(batch);
+  const int64_t n = batch.n();
+  be_.embedding_fwd({rows("act.layers.0.x", n), arena_->get("embed_tokens"), d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
+  for (int64_t l = 0; l < cfg_.n_layer; l++) layer_fwd(l, n, train, seed);
+}
+
+double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64_t seed) {
+  forward(batch, true, seed);
+  const int64_t n = batch.n();
+  const double loss = head_and_loss(n, true, grad_scale);
+  for (int64_t l = cfg_.n_layer - 1; l >= 0; l--) layer_bwd(l, n, seed);
+  return loss;
+}
+
+double LlamaModel::forward_loss(const Batch& batch) {
+  forward(batch, false, 0);
+  return head_and_loss(batch.n(), false, 0.0f);
+}
+
+std::vector<float> LlamaModel::logits(const Batch& batch) {
+  forward(batch, false, 0);
+  const int64_t n = batch.n(), C = cfg_.hidden_size, Vv = cfg_.vocab_size;
+  Tensor fx = rows("act.final_x", n), fln = rows("act.final_ln", n), frstd = rows("act.final_rstd", n);
+  be_.rmsnorm_fwd({fln, frstd, fx, arena_->get("norm"), n, C, float(cfg_.rms_norm_eps)});
+  Tensor head = arena_->get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
+  Tensor chunk_buf = arena_->get("logits.chunk");
+  const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
+  std::vector<float> out(size_t(n * Vv));
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t m = std::min(chunk, n - c0);
+    Tensor x = as_matrix(fln, m, C);
+    x.data = static_cast<char*>(fln.data) + c0 * C * es;
+    Tensor lg = as_matrix(chunk_buf, m, Vv);
+    be_.matmul({lg, x, head, m, Vv, C, false, true, 1.0f, 0.0f});
+    be_.copy_to_host(out.data() + c0 * Vv, lg.data, size_t(m * Vv) * 4);
+  }
+  return out;
+}
+
+}  // namespace qlora

@@ -1,0 +1,147 @@
+// The engine's buffer list. Every buffer the model/trainer touches is named here; the Arena
+// refuses names that are not planned, so this file and the engine cannot drift apart.
+#include "model/model_plan.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/quant_bytes.h"
+
+namespace qlora {
+
+const std::vector<std::string>& all_linear_targets() {
+  static const std::vector<std::string> t = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+  return t;
+}
+
+std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& p) {
+  if (p == "q_proj") return {c.q_dim(), c.hidden_size};
+  if (p == "k_proj" || p == "v_proj") return {c.kv_dim(), c.hidden_size};
+  if (p == "o_proj") return {c.hidden_size, c.q_dim()};
+  if (p == "gate_proj" || p == "up_proj") return {c.intermediate_size, c.hidden_size};
+  if (p == "down_proj") return {c.hidden_size, c.intermediate_size};
+  fail(ErrorKind::Config, "target_modules", "unknown projection '" + p + "'");
+}
+
+static bool is_target(const ModelPlanOptions& o, const std::string& p) {
+  return std::find(o.targets.begin(), o.targets.end(), p) != o.targets.end();
+}
+
+void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o) {
+  const DType cd = o.compute_dtype;
+  const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t N = o.micro_batch * o.seq_len, r = o.lora_r;
+  const std::string base = o.base_precision.empty() ? dtype_name(cd) : o.base_precision;
+  using MC = MemCategory;
+
+  // Frozen base weights.
+  plan.add("embed_tokens", MC::Weights, cd, {V, C});
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    plan.add(p + "input_layernorm", MC::Weights, cd, {C});
+    plan.add(p + "post_attention_layernorm", MC::Weights, cd, {C});
+    for (const auto& t : all_linear_targets()) {
+      auto [out, in] = projection_shape(c, t);
+      if (is_float_precision(base))
+        plan.add(p + t, MC::Weights, float_precision_dtype(base, cd), {out, in});
+      else
+        plan.add_bytes(p + t, MC::Weights, quantized_weight_bytes(base, out, in, o.quant_blocksize, o.double_quant));
+    }
+    if (c.attention_bias) {
+      plan.add(p + "q_proj.bias", MC::Weights, cd, {c.q_dim()});
+      plan.add(p + "k_proj.bias", MC::Weights, cd, {c.kv_dim()});
+      plan.add(p + "v_proj.bias", MC::Weights, cd, {c.kv_dim()});
+    }
+  }
+  plan.add("norm", MC::Weights, cd, {C});
+  if (!c.tie_word_embeddings) plan.add("lm_head", MC::Weights, cd, {V, C});
+
+  // LoRA adapters: parameters, gradients and AdamW moments, all fp32 master copies.
+  if (o.method != "full") {
+    for (int64_t l = 0; l < c.n_layer; l++)
+      for (const auto& t : all_linear_targets()) {
+        if (!is_target(o, t)) continue;
+        auto [out, in] = projection_shape(c, t);
+        const std::string p = "layers." + std::to_string(l) + "." + t + ".";
+        plan.add(p + "lora_A", MC::Lora, DType::F32, {r, in});
+        plan.add(p + "lora_B", MC::Lora, DType::F32, {out, r});
+        plan.add(p + "lora_A.grad", MC::Grads, DType::F32, {r, in});
+        plan.add(p + "lora_B.grad", MC::Grads, DType::F32, {out, r});
+        for (const char* mom : {"adam_m", "adam_v"}) {
+          plan.add(p + "lora_A." + mom, MC::Optimizer, o.optimizer_dtype, {r, in});
+          plan.add(p + "lora_B." + mom, MC::Optimizer, o.optimizer_dtype, {out, r});
+        }
+      }
+  }
+
+  // Activations saved for backward. With checkpointing only each layer's input survives the
+  // forward; the rest is one layer's worth, recomputed during backward.
+  const bool ckpt = o.checkpointing != "none";
+  const bool offload = o.checkpointing == "offload";
+  auto act_prefix = [&](int64_t l) { return ckpt ? std::string("act.cur.") : "act.layers." + std::to_string(l) + "."; };
+  const int64_t n_sets = ckpt ? 1 : c.n_layer;
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    plan.add("act.layers." + std::to_string(l) + ".x", MC::Activations, cd, {N, C}, Lifetime::Step);
+    if (offload) plan.buffers.back().host = true;
+  }
+  if (offload)  // two device slots: the layer being recomputed and the next one's input in flight
+    for (int s = 0; s < 2; s++) plan.add("act.offload_slot." + std::to_string(s), MC::Activations, cd, {N, C}, Lifetime::Layer);
+  for (int64_t l = 0; l < n_sets; l++) {
+    const std::string p = act_prefix(l);
+    const Lifetime life = ckpt ? Lifetime::Layer : Lifetime::Step;
+    plan.add(p + "ln1", MC::Activations, cd, {N, C}, life);
+    plan.add(p + "rstd1", MC::Activations, DType::F32, {N}, life);
+    plan.add(p + "q", MC::Activations, cd, {N, c.q_dim()}, life);
+    plan.add(p + "k", MC::Activations, cd, {N, c.kv_dim()}, life);
+    plan.add(p + "v", MC::Activations, cd, {N, c.kv_dim()}, life);
+    plan.add(p + "att", MC::Activations, cd, {N, c.q_dim()}, life);
+    plan.add(p + "lse", MC::Activations, DType::F32, {c.n_head, N}, life);
+    plan.add(p + "xmid", MC::Activations, cd, {N, C}, life);
+    plan.add(p + "ln2", MC::Activations, cd, {N, C}, life);
+    plan.add(p + "rstd2", MC::Activations, DType::F32, {N}, life);
+    plan.add(p + "gate", MC::Activations, cd, {N, F}, life);
+    plan.add(p + "up", MC::Activations, cd, {N, F}, life);
+    plan.add(p + "h", MC::Activations, cd, {N, F}, life);
+    if (o.method != "full")
+      for (const auto& t : all_linear_targets())
+        if (is_target(o, t)) plan.add(p + t + ".lora_h", MC::Activations, cd, {N, r}, life);
+  }
+  plan.add("act.final_x", MC::Activations, cd, {N, C}, Lifetime::Step);
+  plan.add("act.final_ln", MC::Activations, cd, {N, C}, Lifetime::Step);
+  plan.add("act.final_rstd", MC::Activations, DType::F32, {N}, Lifetime::Step);
+  for (const char* b : {"batch.tokens", "batch.targets", "batch.positions", "batch.seg"})
+    plan.add(b, MC::Activations, DType::I32, {N}, Lifetime::Step);
+  plan.add("rope.inv_freq", MC::Workspace, DType::F32, {c.head_dim / 2});
+
+  // Cross-entropy works one chunk of tokens at a time: never the full (N,V) logits.
+  const int64_t chunk = std::min(o.ce_chunk, N);
+  plan.add("logits.chunk", MC::Logits, DType::F32, {chunk, V}, Lifetime::Layer);
+  plan.add("logits.losses", MC::Logits, DType::F32, {N}, Lifetime::Step);
+
+  // Backward workspace: residual gradient plus the widest per-layer gradients.
+  const int64_t wide = std::max({F, c.q_dim(), C});
+  plan.add("ws.dres", MC::Workspace, cd, {N, C}, Lifetime::Step);
+  plan.add("ws.dln", MC::Workspace, cd, {N, C}, Lifetime::Layer);
+  plan.add("ws.tmp", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
+  plan.add("ws.datt", MC::Workspace, cd, {N, c.q_dim()}, Lifetime::Layer);
+  plan.add("ws.dq", MC::Workspace, cd, {N, c.q_dim()}, Lifetime::Layer);
+  plan.add("ws.dk", MC::Workspace, cd, {N, c.kv_dim()}, Lifetime::Layer);
+  plan.add("ws.dv", MC::Workspace, cd, {N, c.kv_dim()}, Lifetime::Layer);
+  plan.add("ws.dgate", MC::Workspace, cd, {N, F}, Lifetime::Layer);
+  plan.add("ws.dup", MC::Workspace, cd, {N, F}, Lifetime::Layer);
+  if (o.method != "full") {
+    plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
+    if (o.lora_dropout) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
+  }
+  if (!is_float_precision(base)) {  // one projection dequantized at a time
+    int64_t biggest = 0;
+    for (const auto& t : all_linear_targets()) {
+      auto [out, in] = projection_shape(c, t);
+      biggest = std::max(biggest, out * in);
+    }
+    plan.add("ws.dequant", MC::Workspace, cd, {biggest}, Lifetime::Layer);
+  }
+}
+
+}  // namespace qlora

@@ -1,0 +1,126 @@
+// PEFT adapter and optimizer-state files.
+#include "model/peft_io.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_util.h"
+#include "io/safetensors.h"
+
+namespace qlora {
+
+std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& base_model) {
+  nlohmann::ordered_json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["base_model_name_or_path"] = base_model;
+  j["r"] = lora.r;
+  j["lora_alpha"] = lora.alpha;
+  j["lora_dropout"] = lora.dropout;
+  j["target_modules"] = lora.targets;
+  j["use_rslora"] = lora.use_rslora;
+  j["use_dora"] = false;
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["modules_to_save"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["rank_pattern"] = nlohmann::ordered_json::object();
+  j["alpha_pattern"] = nlohmann::ordered_json::object();
+  j["revision"] = nullptr;
+  return j.dump(2) + "\n";
+}
+
+static std::vector<int64_t> shape_of(const Tensor& t) {
+  return std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim);
+}
+
+// Copies a device tensor to a host f32 vector.
+static std::vector<float> to_host(Backend& be, const Tensor& t) {
+  std::vector<float> h(size_t(t.numel()));
+  be.copy_to_host(h.data(), t.data, h.size() * 4);
+  return h;
+}
+
+void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::string& base_model,
+                        const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter w;
+  std::vector<std::vector<float>> keep;
+  for (auto& p : model.lora_params()) {
+    keep.push_back(to_host(model.backend(), p.w));
+    w.add(p.peft_key, DType::F32, shape_of(p.w), keep.back().data());
+  }
+  std::map<std::string, std::string> md = metadata;
+  md["format"] = "pt";
+  w.set_metadata(md);
+  w.write(dir + "/adapter_model.safetensors");
+  write_file_atomic(dir + "/adapter_config.json", peft_adapter_config_json(model.lora(), base_model));
+}
+
+LoraSpec read_peft_adapter_config(const std::string& path) {
+  const json j = read_json_file(path);
+  LoraSpec s;
+  s.r = json_int(j, "r", path);
+  s.alpha = json_number_or(j, "lora_alpha", double(s.r), path);
+  s.dropout = json_number_or(j, "lora_dropout", 0.0, path);
+  s.use_rslora = json_bool_or(j, "use_rslora", false, path);
+  const json* t = json_find(j, "target_modules");
+  if (!t) fail(ErrorKind::Config, path + ": key 'target_modules'", "missing");
+  std::vector<std::string> names;
+  if (t->is_string()) names.push_back(t->get<std::string>());
+  else
+    for (const auto& x : *t) names.push_back(x.get<std::string>());
+  s.targets = LoraSpec::resolve_targets(names);
+  if (json_bool_or(j, "use_dora", false, path)) fail(ErrorKind::Unsupported, path, "DoRA adapters are not supported");
+  return s;
+}
+
+void load_peft_adapter(const std::string& dir, LlamaModel& model) {
+  const std::string cfg_path = dir + "/adapter_config.json";
+  LoraSpec s = read_peft_adapter_config(cfg_path);
+  const LoraSpec& m = model.lora();
+  if (s.r != m.r || s.targets != m.targets)
+    fail(ErrorKind::Config, cfg_path, "adapter has r=" + std::to_string(s.r) + " and " + std::to_string(s.targets.size()) +
+                                          " target modules; the model was set up with r=" + std::to_string(m.r) + " and " +
+                                          std::to_string(m.targets.size()),
+         "use the same r and target_modules as the adapter");
+  if (std::fabs(s.alpha - m.alpha) > 1e-9 || s.use_rslora != m.use_rslora)
+    fail(ErrorKind::Config, cfg_path, "adapter lora_alpha/use_rslora differ from the configured ones");
+  SafetensorsArchive ar(dir + "/adapter_model.safetensors");
+  for (auto& p : model.lora_params()) {
+    std::vector<float> h(size_t(p.w.numel()));
+    ar.read_f32(p.peft_key, h.data(), shape_of(p.w));
+    model.backend().copy_to_device(p.w.data, h.data(), h.size() * 4);
+  }
+}
+
+void write_optimizer_state(const std::string& path, LlamaModel& model) {
+  SafetensorsWriter w;
+  std::vector<std::vector<float>> keep;
+  for (auto& p : model.lora_params()) {
+    keep.push_back(to_host(model.backend(), p.m));
+    w.add(p.peft_key + ".exp_avg", DType::F32, shape_of(p.m), keep.back().data());
+    keep.push_back(to_host(model.backend(), p.v));
+    w.add(p.peft_key + ".exp_avg_sq", DType::F32, shape_of(p.v), keep.back().data());
+  }
+  w.write(path);
+}
+
+void load_optimizer_state(const std::string& path, LlamaModel& model) {
+  SafetensorsArchive ar(path);
+  for (auto& p : model.lora_params()) {
+    std::vector<float> h(size_t(p.m.numel()));
+    ar.read_f32(p.peft_key + ".exp_avg", h.data(), shape_of(p.m));
+    model.backend().copy_to_device(p.m.data, h.data(), h.size() * 4);
+    ar.read_f32(p.peft_key + ".exp_avg_sq", h.data(), shape_of(p.v));
+    model.backend().copy_to_device(p.v.data, h.data(), h.size() * 4);
+  }
+}
+
+}  // namespace qlora

@@ -1,0 +1,26 @@
+// PEFT adapter files: adapter_config.json + adapter_model.safetensors, read and written.
+#pragma once
+#include <map>
+#include <string>
+
+#include "model/llama_model.h"
+
+namespace qlora {
+
+// adapter_config.json text as PEFT writes it for a LoRA on a causal LM.
+std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& base_model);
+// Writes adapter_config.json + adapter_model.safetensors into `dir` (an existing directory;
+// callers use AtomicDir so a half-written adapter never appears under its final name).
+void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::string& base_model,
+                        const std::map<std::string, std::string>& metadata = {});
+// Loads LoRA weights from a PEFT adapter directory into the model. Checks r, targets and shapes;
+// errors name the file and the key.
+void load_peft_adapter(const std::string& dir, LlamaModel& model);
+// Reads the LoRA hyper-parameters of an adapter_config.json.
+LoraSpec read_peft_adapter_config(const std::string& path);
+
+// Optimizer moments as "<peft_key>.exp_avg" / ".exp_avg_sq" in a safetensors file.
+void write_optimizer_state(const std::string& path, LlamaModel& model);
+void load_optimizer_state(const std::string& path, LlamaModel& model);
+
+}  // namespace qlora

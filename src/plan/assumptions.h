@@ -1,0 +1,51 @@
+// The planner's assumptions in one place: speed efficiencies and estimated library overhead.
+// None is measured on our engine yet; update each from bench/ results and flip `measured`.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlora {
+
+struct PlanAssumptions {
+  // True once these constants come from our own benchmarks (bench/RESULTS.md). Until then the
+  // planner labels every speed figure as an estimate resting on placeholders.
+  bool measured = false;
+
+  // --- speed: fraction of the datasheet peak that each kind of work reaches ---
+  // Dense bf16 GEMM: a GEMM microbenchmark reached ~790 of 989 TFLOP/s on this project's H100
+  // (reference/perf_anchors.md header). Kernel-level only, not our end-to-end training step.
+  double gemm_efficiency = 0.80;
+  // FP8/FP4 GEMMs (--gemm-dtype): placeholder guess, lower than bf16 because scaling/casting
+  // epilogues and smaller tiles rarely reach the doubled peak. Not measured.
+  double lowp_gemm_efficiency = 0.65;
+  // Causal flash attention: FA3/cuDNN-class kernels at 520-560 TFLOP/s on H100 (perf_anchors §10).
+  double attention_efficiency = 0.55;
+  // Memory-bound kernels (dequant, norms, RoPE, SwiGLU, CE, AdamW): ~2.5 of 3.35 TB/s on H100 for
+  // a good dequant kernel (perf_anchors §9, DeepSpeed PR #5373).
+  double memory_bw_efficiency = 0.75;
+  // Collectives: fraction of link / NIC bandwidth NCCL reaches as bus bandwidth. Placeholder.
+  double comm_efficiency = 0.70;
+  // Fraction of compute time under which communication can hide (prefetched all-gathers,
+  // bucketed reduce-scatter). Placeholder.
+  double comm_overlap = 0.50;
+  // Fraction of compute time under which activation offload copies hide: Unsloth reports ~1-2%
+  // overhead for asynchronous offload (perf_anchors §2, vendor claim).
+  double offload_overlap = 0.90;
+
+  // --- memory: estimated library/runtime overhead, one named line each ---
+  int64_t cuda_context_bytes = int64_t(512) << 20;   // CUDA context + our kernels' modules (typical 0.4-0.6 GiB)
+  int64_t blas_workspace_bytes = int64_t(64) << 20;  // cuBLASLt: 32 MiB recommended on Hopper+, x2 streams
+  int64_t nccl_bytes = int64_t(512) << 20;           // NCCL communicators and channel buffers (world > 1)
+  double fragmentation_fraction = 0.02;              // allocator slack over planned bytes (one block per category)
+  double driver_reserve_fraction = 0.005;            // memory the driver/ECC keeps out of reach (nvidia-smi
+                                                     // shows ~79.65 of 80 GiB on H100)
+};
+
+// The assumptions in force (the defaults above).
+const PlanAssumptions& plan_assumptions();
+
+// Human-readable list "name = value (basis)" for reports.
+std::vector<std::string> describe_assumptions(const PlanAssumptions& a);
+
+}  // namespace qlora

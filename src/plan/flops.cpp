@@ -1,0 +1,41 @@
+// Per-token FLOP counts of a training step (formula in flops.h and perf_anchors.md §10).
+#include "plan/flops.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/model_plan.h"
+
+namespace qlora {
+
+ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targets) {
+  ShapeSums s;
+  for (const auto& t : all_linear_targets()) {
+    auto [out, in] = projection_shape(c, t);
+    s.n_lin += double(out) * double(in) * double(c.n_layer);
+    if (std::find(targets.begin(), targets.end(), t) != targets.end())
+      s.p_l += double(in + out) * double(c.n_layer);
+  }
+  s.n_head = double(c.vocab_size) * double(c.hidden_size);
+  return s;
+}
+
+FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
+  const bool full = o.method == "full";
+  const ShapeSums s = shape_sums(c, full ? std::vector<std::string>{} : o.targets);
+  const double r = full ? 0.0 : double(o.lora_r);
+  const double D = double(std::max<int64_t>(o.attn_len, 1));
+  // Two matmuls (QK^T, PV) of 2*q_dim FLOPs per query-key pair, (D+1)/2 pairs per query.
+  const double A = 4.0 * double(c.q_dim()) * (D + 1.0) / 2.0 * double(c.n_layer);
+
+  FlopCounts f;
+  f.fwd = {2 * s.n_lin, 2 * s.n_head, 2 * r * s.p_l, A};
+  if (full)
+    f.bwd = {4 * s.n_lin, 4 * s.n_head, 0, 2.5 * A};
+  else
+    f.bwd = {2 * s.n_lin, 2 * s.n_head, 4 * r * s.p_l, 2.5 * A};
+  if (o.recompute) f.recompute = {2 * s.n_lin, 0, 2 * r * s.p_l, A};
+  return f;
+}
+
+}  // namespace qlora

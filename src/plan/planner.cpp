@@ -1,0 +1,161 @@
+// Planner: builds one GPU's plan from the engine's buffer list and judges whether it fits.
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "plan/units.h"
+
+namespace qlora {
+
+namespace {
+
+std::string model_name(const PlanRequest& r) { return r.model_label.empty() ? r.model.name : r.model_label; }
+
+// Non-fatal findings the user should read next to the numbers.
+std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes) {
+  std::vector<std::string> w;
+  const LlamaConfig& c = r.model;
+  if (r.seq_len > c.max_position_embeddings) {
+    std::string s = "--seq-len " + std::to_string(r.seq_len) + " exceeds " + model_name(r) +
+                    "'s max_position_embeddings " + std::to_string(c.max_position_embeddings) +
+                    ": positions past it were not seen in pre-training. ";
+    const RopeScaling& rs = c.rope_scaling;
+    const double need = double(r.seq_len) / double(c.max_position_embeddings);
+    if (rs.type == "none" || rs.type.empty())
+      s += "RoPE scaling stretches the rotary frequencies so longer positions map into the trained range; this "
+           "model has none: set rope_scaling {\"rope_type\": \"linear\", \"factor\": " + fmt_fixed(std::ceil(need * 10) / 10, 1) +
+           "} (or llama3-style) in config.json and fine-tune at the new length. ";
+    else
+      s += "The model already applies " + rs.type + " RoPE scaling (factor " + fmt_fixed(rs.factor, 1) +
+           ") to reach " + std::to_string(c.max_position_embeddings) + " positions; going further needs a factor about " +
+           fmt_fixed(rs.factor * need, 1) + " in config.json. ";
+    s += "Memory and speed figures do not depend on RoPE scaling.";
+    w.push_back(s);
+  }
+  if (r.sharding != Sharding::None && r.topo.world() == 1)
+    w.push_back(std::string("--sharding ") + sharding_name(r.sharding) + " has no effect on one GPU");
+  if (r.topo.gpus_per_node > r.gpu.max_gpus_per_node)
+    w.push_back(std::to_string(r.topo.gpus_per_node) + " GPUs per node exceed the " + r.gpu.display +
+                " fast-interconnect domain of " + std::to_string(r.gpu.max_gpus_per_node) +
+                "; intra-node bandwidth beyond it is lower than assumed");
+  if (r.gpu.name == "h100-nvl" && r.topo.gpus_per_node > 2)
+    w.push_back("H100 NVL cards are bridged in pairs; traffic between pairs goes over PCIe, slower than assumed");
+  if (!r.gpu.has_backend)
+    w.push_back("qlora has no backend for " + r.gpu.display + " yet: this is the plan an equivalent runtime would need");
+  if (host_bytes > 0)
+    w.push_back("activation offload keeps " + fmt_gib(double(host_bytes)) + " of pinned host memory per GPU (" +
+                fmt_gib(double(host_bytes) * r.topo.gpus_per_node) + " per node)");
+  if (!r.packing && r.avg_doc_len > 0)
+    w.push_back("without packing each sequence holds one example of ~" + std::to_string(r.avg_doc_len) +
+                " tokens padded to " + std::to_string(r.seq_len) + ": " +
+                fmt_fixed(100.0 * (1.0 - double(r.avg_doc_len) / double(r.seq_len)), 0) + "% of the compute is padding");
+  if (r.method != "full")
+    for (const auto& t : r.targets) {
+      auto [out, in] = projection_shape(c, t);
+      if (r.lora_r > std::min(out, in)) {
+        w.push_back("--lora-r " + std::to_string(r.lora_r) + " exceeds the rank of " + t + " (" +
+                    std::to_string(std::min(out, in)) + ")");
+        break;
+      }
+    }
+  return w;
+}
+
+std::vector<std::string> explain_no_fit(const PlanResult& res) {
+  std::vector<std::string> why;
+  const PlanRequest& r = res.req;
+  why.push_back("needs " + fmt_gib(double(res.total_bytes)) + " per GPU but " + r.gpu.display + " has " +
+                fmt_gib(double(res.device_bytes)) + " (short by " + fmt_gib(double(-res.headroom_bytes)) + ")");
+  std::vector<std::pair<int64_t, MemCategory>> order;
+  for (const auto& [c, b] : res.categories) order.push_back({b, c});
+  std::sort(order.rbegin(), order.rend());
+  std::string top = "largest: ";
+  for (size_t i = 0; i < 3 && i < order.size(); i++)
+    top += std::string(i ? ", " : "") + mem_category_name(order[i].second) + " " + fmt_gib(double(order[i].first));
+  why.push_back(top);
+  auto cat = [&](MemCategory c) { return double(res.categories.at(c)); };
+  const double dev = double(res.device_bytes);
+  if (r.method == "full") {
+    int64_t n = 0;
+    for (const auto& b : res.replica.buffers)
+      if (b.category == MemCategory::Weights) n += b.bytes / dtype_size(b.dtype);
+    const int os = r.optimizer_dtype == "bf16" ? 2 : 4;
+    why.push_back("full fine-tuning holds " + std::to_string(2 + 4 + 4 + 2 * os) + " bytes per parameter (bf16 weight, fp32 master, fp32 grad, AdamW m+v " +
+                  (os == 4 ? "fp32" : "bf16") + ") x " + fmt_params(double(n)) +
+                  (r.sharding == Sharding::None ? " on every GPU" : "") + " = " + fmt_gib(cat(MemCategory::Weights) + cat(MemCategory::Grads) + cat(MemCategory::Optimizer)));
+  }
+  if (cat(MemCategory::Weights) > dev)
+    why.push_back("the weights alone (" + fmt_gib(cat(MemCategory::Weights)) + ") exceed the device: quantize the base (--method qlora) or shard them (--sharding zero3 over more GPUs)");
+  if (cat(MemCategory::Activations) > 0.3 * double(res.total_bytes) && r.checkpointing == "none")
+    why.push_back("activations (" + fmt_gib(cat(MemCategory::Activations)) + ") are saved for every layer: --checkpointing full keeps only each layer's input");
+  return why;
+}
+
+}  // namespace
+
+ModelPlanOptions model_plan_options(const PlanRequest& r) {
+  ModelPlanOptions o;
+  o.method = r.method;
+  o.compute_dtype = DType::BF16;  // GPU precision policy: bf16 weights/activations, fp32 accumulate
+  o.base_precision = r.base_precision;
+  o.quant_blocksize = r.quant_blocksize;
+  o.double_quant = r.double_quant.value_or(false);
+  o.lora_r = r.lora_r;
+  o.targets = r.targets;
+  o.lora_dropout = r.lora_dropout;
+  o.optimizer_dtype = r.optimizer_dtype == "bf16" ? DType::BF16 : DType::F32;
+  o.micro_batch = r.micro_batch;
+  o.seq_len = r.seq_len;
+  o.checkpointing = r.checkpointing;
+  o.ce_chunk = r.ce_chunk;
+  return o;
+}
+
+void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {
+  std::vector<PlannedBuffer> weights;
+  for (const auto& b : plan.buffers)
+    if (b.category == MemCategory::Weights) weights.push_back(b);
+  for (const auto& w : weights) {
+    plan.add(w.name + ".master", MemCategory::Optimizer, DType::F32, w.shape);
+    plan.add(w.name + ".grad", MemCategory::Grads, DType::F32, w.shape);
+    plan.add(w.name + ".adam_m", MemCategory::Optimizer, opt_dtype, w.shape);
+    plan.add(w.name + ".adam_v", MemCategory::Optimizer, opt_dtype, w.shape);
+  }
+}
+
+std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& r, int64_t planned, const PlanAssumptions& a) {
+  std::vector<std::pair<std::string, int64_t>> o;
+  o.push_back({"runtime context (CUDA context + kernel modules)", a.cuda_context_bytes});
+  o.push_back({"cuBLASLt workspace", a.blas_workspace_bytes});
+  if (r.topo.world() > 1) o.push_back({"NCCL communicator buffers", a.nccl_bytes});
+  o.push_back({"allocator fragmentation (" + fmt_fixed(100 * a.fragmentation_fraction, 0) + "% of planned buffers)",
+               int64_t(std::llround(a.fragmentation_fraction * double(planned)))});
+  o.push_back({"driver/ECC reserve (" + fmt_fixed(100 * a.driver_reserve_fraction, 1) + "% of device memory)",
+               int64_t(std::llround(a.driver_reserve_fraction * double(r.gpu.mem_bytes)))});
+  return o;
+}
+
+PlanResult make_plan(const PlanRequest& in) {
+  PlanResult res;
+  res.req = normalize_request(in);
+  const PlanRequest& r = res.req;
+  plan_model_buffers(res.replica, r.model, model_plan_options(r));
+  if (r.method == "full") add_full_finetune_state(res.replica, r.optimizer_dtype == "bf16" ? DType::BF16 : DType::F32);
+  res.plan = shard_plan(res.replica, r.sharding, r.topo.world());
+  res.plan.overhead = overhead_lines(r, res.plan.total_bytes());
+  for (int c = 0; c < kNumMemCategories; c++) res.categories[MemCategory(c)] = 0;
+  for (const auto& [c, b] : res.plan.bytes_by_category()) res.categories[c] = b;
+  res.total_bytes = res.plan.total_bytes();
+  res.device_bytes = r.gpu.mem_bytes;
+  res.headroom_bytes = res.device_bytes - res.total_bytes;
+  res.host_bytes = res.plan.host_bytes();
+  res.fits = res.total_bytes <= res.device_bytes;
+  res.warnings = plan_warnings(r, res.host_bytes);
+  if (!res.fits) res.why = explain_no_fit(res);
+  res.speed = estimate_speed(r, res.replica);
+  return res;
+}
+
+}  // namespace qlora

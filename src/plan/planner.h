@@ -1,0 +1,45 @@
+// The planner: one GPU's MemoryPlan (the engine's own buffer list, full fine-tune state, sharding,
+// estimated library overhead), whether it fits, why not, and the speed estimate.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/memory_plan.h"
+#include "model/model_plan.h"
+#include "plan/plan_request.h"
+#include "plan/speed_model.h"
+
+namespace qlora {
+
+struct PlanResult {
+  PlanRequest req;                 // normalized
+  MemoryPlan replica;              // one model replica's buffers (engine buffers + full fine-tune state)
+  MemoryPlan plan;                 // one GPU's buffers after sharding, with the overhead lines
+  std::map<MemCategory, int64_t> categories;  // device bytes per category (all eight present)
+  int64_t total_bytes = 0;         // device bytes needed per GPU
+  int64_t device_bytes = 0;        // the GPU's memory
+  int64_t headroom_bytes = 0;      // device - total (negative when it does not fit)
+  int64_t host_bytes = 0;          // pinned host memory per GPU (offloaded checkpoints)
+  bool fits = false;
+  std::vector<std::string> warnings;
+  std::vector<std::string> why;    // when it does not fit: what takes the memory
+  SpeedEstimate speed;
+};
+
+// Options handed to plan_model_buffers for a request (GPU compute dtype bf16).
+ModelPlanOptions model_plan_options(const PlanRequest& req);
+
+// Adds, for every weight of `plan`, what full fine-tuning trains it with: fp32 master copy
+// (optimizer), fp32 gradient (grads) and AdamW m, v in `opt_dtype` (optimizer).
+void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype);
+
+// The estimated library overhead lines for one GPU whose planned buffers take `planned` bytes.
+std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& req, int64_t planned,
+                                                            const PlanAssumptions& a = plan_assumptions());
+
+// Normalizes the request (throws on impossible input) and computes the plan. Never allocates.
+PlanResult make_plan(const PlanRequest& req);
+
+}  // namespace qlora

@@ -1,0 +1,147 @@
+// Speed model: compute, memory traffic, communication and offload time of one optimizer step.
+#include "plan/speed_model.h"
+
+#include <algorithm>
+
+#include "model/model_plan.h"
+#include "model/quant_bytes.h"
+
+namespace qlora {
+
+namespace {
+
+// Bytes per parameter the base GEMMs read, when the stored base must first be converted to the
+// GEMM dtype (dequantize, or cast to fp8/fp4); 0 when the GEMM consumes the stored format.
+double gemm_operand_bytes(const std::string& base, const std::string& gemm) {
+  if (gemm == "bf16") return base == "bf16" ? 0.0 : 2.0;
+  if (gemm == "fp8") return base == "fp8" ? 0.0 : 1.0;
+  return base == "nvfp4" || base == "mxfp4" ? 0.0 : 0.5 + 1.0 / 16;  // e2m1 codes + e4m3 scale per 16
+}
+
+double stored_bytes(const PlanRequest& r, int64_t out, int64_t in) {
+  if (is_quantized_precision(r.base_precision))
+    return double(quantized_weight_bytes(r.base_precision, out, in, r.quant_blocksize, r.double_quant.value_or(false)));
+  return double(out) * double(in) * dtype_size(float_precision_dtype(r.base_precision, DType::BF16));
+}
+
+int64_t elements(const PlannedBuffer& b) { return b.bytes / dtype_size(b.dtype); }
+
+}  // namespace
+
+double collective_seconds(double bytes, double factor, const Topology& topo, const GpuSpec& gpu, double eff) {
+  const double G = topo.gpus_per_node, M = topo.nodes;
+  double t = 0;
+  if (G > 1) t += factor * (G - 1) / G * bytes / (gpu.link_bw * eff);
+  if (M > 1) t += factor * (M - 1) / M * (bytes / G) / (gpu.net_bw * eff);
+  return t;
+}
+
+SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, const PlanAssumptions& a) {
+  const LlamaConfig& c = r.model;
+  const bool full = r.method == "full";
+  const bool recompute = r.checkpointing != "none";
+  const int world = r.topo.world();
+  const double ga = double(r.grad_accum);
+  const double tok_micro = double(r.micro_batch) * double(r.seq_len);  // per GPU per micro-step
+  const double tok_gpu = tok_micro * ga;
+
+  SpeedEstimate e;
+  FlopOptions fo;
+  fo.method = r.method;
+  fo.lora_r = r.lora_r;
+  fo.targets = r.targets;
+  fo.attn_len = r.packing && r.avg_doc_len > 0 ? r.avg_doc_len : r.seq_len;
+  fo.recompute = recompute;
+  e.per_token = flops_per_token(c, fo);
+  e.tokens_per_step = tok_gpu * world;
+  const double useful_frac = !r.packing && r.avg_doc_len > 0 ? double(r.avg_doc_len) / double(r.seq_len) : 1.0;
+  e.useful_tokens_per_step = e.tokens_per_step * useful_frac;
+  e.flops_per_step = e.per_token.total() * e.tokens_per_step;
+
+  // Compute: base GEMMs at the chosen tensor-core dtype; LoRA, LM head and attention in bf16.
+  const FlopCounts& f = e.per_token;
+  const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base;
+  const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.fwd.lora + f.bwd.lora + f.recompute.lora;
+  const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn;
+  const double bf16_peak = r.gpu.bf16_tflops * 1e12;
+  const double base_peak = r.gpu.peak_tflops(r.gemm_dtype) * 1e12;
+  const double base_eff = r.gemm_dtype == "bf16" ? a.gemm_efficiency : a.lowp_gemm_efficiency;
+  e.t_gemm = tok_gpu * (base_flops / (base_peak * base_eff) + bf16_flops / (bf16_peak * a.gemm_efficiency));
+  e.t_attn = tok_gpu * attn_flops / (bf16_peak * a.attention_efficiency);
+
+  // Memory-bound traffic per GPU per step.
+  const double passes = 2.0 + (recompute ? 1.0 : 0.0);  // forward, dgrad (+ recompute) read each base weight
+  const double operand = gemm_operand_bytes(r.base_precision, r.gemm_dtype);
+  double convert = 0;
+  if (operand > 0)
+    for (const auto& t : all_linear_targets()) {
+      auto [out, in] = projection_shape(c, t);
+      convert += (stored_bytes(r, out, in) + operand * double(out) * double(in)) * double(c.n_layer);
+    }
+  e.memory_bytes.push_back({"base weight dequant/cast", convert * passes * ga});
+  // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
+  // 2(q+kv), SwiGLU: 3F) per token per layer, bf16, once forward, twice backward, once recompute.
+  const double ew = 2.0 * double(10 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size);
+  e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)", ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
+  // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM.
+  e.memory_bytes.push_back({"cross-entropy logits", 3.0 * 4.0 * double(c.vocab_size) * tok_gpu});
+
+  int64_t trainable = 0, weight_bytes = 0;
+  for (const auto& b : replica.buffers) {
+    if (b.category == MemCategory::Weights || b.category == MemCategory::Lora) weight_bytes += b.bytes;
+    if (full ? (b.category == MemCategory::Weights) : (b.category == MemCategory::Lora)) trainable += elements(b);
+  }
+  const double os = r.optimizer_dtype == "bf16" ? 2.0 : 4.0;
+  const double opt_share = shards_category(r.sharding, MemCategory::Optimizer) ? 1.0 / world : 1.0;
+  // AdamW: read/write master (or LoRA fp32 param), read grad, read/write m and v, zero the grad;
+  // full fine-tuning also writes the bf16 working copy.
+  const double adam_bytes_per_param = 8 + 4 + 4 * os + 4 + (full ? 2 : 0);
+  e.memory_bytes.push_back({"optimizer step", double(trainable) * opt_share * adam_bytes_per_param});
+  if (full)  // weight-gradient GEMMs accumulate into fp32 gradients: read + write per micro-step
+    e.memory_bytes.push_back({"gradient accumulation", 8.0 * double(trainable) * ga});
+  double mem_total = 0;
+  for (const auto& [k, v] : e.memory_bytes) mem_total += v;
+  e.t_memory = mem_total / (r.gpu.mem_bw * a.memory_bw_efficiency);
+
+  // Communication per step.
+  if (world > 1) {
+    const double grads = 4.0 * double(trainable);                  // fp32 gradients
+    const double params = (full ? 2.0 : 4.0) * double(trainable);  // updated working copy
+    auto add = [&](const std::string& what, double bytes, double factor, double times) {
+      e.comm_bytes.push_back({what, bytes * factor * times});
+      e.t_comm += times * collective_seconds(bytes, factor, r.topo, r.gpu, a.comm_efficiency);
+    };
+    switch (r.sharding) {
+      case Sharding::None: add("all-reduce gradients", grads, 2, 1); break;
+      case Sharding::Zero1:
+        add("reduce-scatter gradients", grads, 1, 1);
+        add("all-gather updated parameters", params, 1, 1);
+        break;
+      case Sharding::Zero2:
+        add("reduce-scatter gradients (per micro-step)", grads, 1, ga);
+        add("all-gather updated parameters", params, 1, 1);
+        break;
+      case Sharding::Zero3:
+        add("all-gather parameters (forward + backward, per micro-step)", double(weight_bytes), 1, 2 * ga);
+        add("reduce-scatter gradients (per micro-step)", grads, 1, ga);
+        break;
+    }
+  }
+  const double t_compute = e.t_gemm + e.t_attn + e.t_memory;
+  e.t_comm_exposed = std::max(0.0, e.t_comm - a.comm_overlap * t_compute);
+
+  // Activation offload: each checkpoint goes to the host in forward and back in backward.
+  double host = 0;
+  for (const auto& b : replica.buffers)
+    if (b.host) host += double(b.bytes);
+  e.t_offload = 2.0 * host * ga / (r.gpu.host_bw * a.comm_efficiency);
+  e.t_offload_exposed = std::max(0.0, e.t_offload - a.offload_overlap * t_compute);
+
+  e.step_time_s = t_compute + e.t_comm_exposed + e.t_offload_exposed;
+  e.tokens_per_second = e.useful_tokens_per_step / e.step_time_s;
+  e.tokens_per_second_per_gpu = e.tokens_per_second / world;
+  e.mfu = e.per_token.model() * tok_gpu / (e.step_time_s * bf16_peak);
+  return e;
+}
+
+}  // namespace qlora

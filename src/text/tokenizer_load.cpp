@@ -1,0 +1,354 @@
+// Tokenizer loaders: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json,
+// chat_template.jinja) and GGUF tokenizer.ggml.* metadata.
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/json_util.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
+#include "text/tokenizer_json.h"
+
+namespace qlora {
+namespace {
+
+using tokjson::json;
+namespace fs = std::filesystem;
+
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::unique_ptr<BpeModel> parse_model(const json& j, const std::string& where) {
+  tokjson::need_object(j, where);
+  std::string type = tokjson::string_or(j, "type", tokjson::find(j, "merges") ? "BPE" : "", where);
+  if (type != "BPE") {
+    if (type.empty()) fail(ErrorKind::Format, tokjson::child(where, "type"), "missing");
+    tokjson::unsupported_type(where, type, "BPE (WordPiece, Unigram and WordLevel are not implemented)");
+  }
+  BpeOptions opt;
+  opt.unk_token = tokjson::string_or(j, "unk_token", "", where);
+  opt.continuing_subword_prefix = tokjson::string_or(j, "continuing_subword_prefix", "", where);
+  opt.end_of_word_suffix = tokjson::string_or(j, "end_of_word_suffix", "", where);
+  opt.fuse_unk = tokjson::bool_or(j, "fuse_unk", false, where);
+  opt.byte_fallback = tokjson::bool_or(j, "byte_fallback", false, where);
+  opt.ignore_merges = tokjson::bool_or(j, "ignore_merges", false, where);
+
+  std::string vw = tokjson::child(where, "vocab");
+  const json& jv = tokjson::need(j, "vocab", where);
+  if (!jv.is_object()) fail(ErrorKind::Format, vw, "expected an object of token -> id");
+  Vocab vocab;
+  vocab.reserve(jv.size());
+  for (auto it = jv.begin(); it != jv.end(); ++it) {
+    if (!it.value().is_number_integer())
+      fail(ErrorKind::Format, vw + "['" + it.key() + "']", "expected an integer id");
+    vocab.emplace(it.key(), it.value().get<int32_t>());
+  }
+
+  std::string mw = tokjson::child(where, "merges");
+  std::vector<std::pair<std::string, std::string>> merges;
+  if (const json* jm = tokjson::find(j, "merges")) {
+    if (!jm->is_array()) fail(ErrorKind::Format, mw, "expected an array");
+    merges.reserve(jm->size());
+    for (size_t i = 0; i < jm->size(); ++i) {
+      const json& m = (*jm)[i];
+      if (m.is_string()) {  // "a b": exactly one space, as HF requires
+        const std::string& s = m.get_ref<const std::string&>();
+        size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          fail(ErrorKind::Format, tokjson::index(mw, i), "merge '" + s + "' is not two tokens");
+        merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {
+        fail(ErrorKind::Format, tokjson::index(mw, i), "expected \"a b\" or [\"a\", \"b\"]");
+      }
+    }
+  }
+  return std::make_unique<BpeModel>(std::move(vocab), merges, std::move(opt), where);
+}
+
+std::vector<AddedToken> parse_added(const json* arr, const std::string& where) {
+  std::vector<AddedToken> out;
+  if (!arr) return out;
+  if (!arr->is_array()) fail(ErrorKind::Format, where, "expected an array");
+  for (size_t i = 0; i < arr->size(); ++i) {
+    std::string w = tokjson::index(where, i);
+    const json& a = (*arr)[i];
+    AddedToken t;
+    t.id = static_cast<int32_t>(tokjson::int_or(a, "id", -1, w));
+    if (t.id < 0) fail(ErrorKind::Format, tokjson::child(w, "id"), "missing or negative");
+    t.content = tokjson::need_string(a, "content", w);
+    t.single_word = tokjson::bool_or(a, "single_word", false, w);
+    t.lstrip = tokjson::bool_or(a, "lstrip", false, w);
+    t.rstrip = tokjson::bool_or(a, "rstrip", false, w);
+    t.special = tokjson::bool_or(a, "special", false, w);
+    t.normalized = tokjson::bool_or(a, "normalized", !t.special, w);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// Post-processors reduce to ids before and after a single sequence.
+void parse_post(const json& j, const std::string& where, std::vector<int32_t>& prefix,
+                std::vector<int32_t>& suffix) {
+  if (j.is_null()) return;
+  tokjson::need_object(j, where);
+  std::string type = tokjson::type_of(j, where);
+  auto pair_id = [&](const char* key) {
+    const json& v = tokjson::need(j, key, where);
+    if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer())
+      fail(ErrorKind::Format, tokjson::child(where, key), "expected [token, id]");
+    return v[1].get<int32_t>();
+  };
+  if (type == "ByteLevel") return;  // offsets only
+  if (type == "TemplateProcessing") {
+    std::string sw = tokjson::child(where, "single");
+    const json& single = tokjson::need(j, "single", where);
+    const json& specials = tokjson::need(j, "special_tokens", where);
+    if (!single.is_array()) fail(ErrorKind::Format, sw, "expected an array");
+    std::vector<int32_t> pre, post;
+    bool seen_seq = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      std::string iw = tokjson::index(sw, i);
+      const json& item = single[i];
+      if (tokjson::find(item, "Sequence")) {
+        if (seen_seq) fail(ErrorKind::Unsupported, iw, "a single template with two sequences");
+        seen_seq = true;
+      } else if (const json* st = tokjson::find(item, "SpecialToken")) {
+        std::string name = tokjson::need_string(*st, "id", tokjson::child(iw, "SpecialToken"));
+        std::string spw = tokjson::child(tokjson::child(where, "special_tokens"), name);
+        const json* sp = tokjson::find(specials, name);
+        if (!sp) fail(ErrorKind::Format, spw, "missing: the template refers to it");
+        const json& ids = tokjson::need(*sp, "ids", spw);
+        if (!ids.is_array()) fail(ErrorKind::Format, tokjson::child(spw, "ids"), "expected an array");
+        for (const json& id : ids) {
+          if (!id.is_number_integer()) fail(ErrorKind::Format, tokjson::child(spw, "ids"), "expected integers");
+          (seen_seq ? post : pre).push_back(id.get<int32_t>());
+        }
+      } else {
+        fail(ErrorKind::Format, iw, "expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+      }
+    }
+    prefix.insert(prefix.begin(), pre.begin(), pre.end());
+    suffix.insert(suffix.end(), post.begin(), post.end());
+    return;
+  }
+  if (type == "RobertaProcessing" || type == "BertProcessing") {
+    int32_t cls = pair_id("cls"), sep = pair_id("sep");
+    prefix.insert(prefix.begin(), cls);
+    suffix.push_back(sep);
+    return;
+  }
+  if (type == "Sequence") {
+    std::string pw = tokjson::child(where, "processors");
+    const json& arr = tokjson::need(j, "processors", where);
+    if (!arr.is_array()) fail(ErrorKind::Format, pw, "expected an array");
+    for (size_t i = 0; i < arr.size(); ++i) parse_post(arr[i], tokjson::index(pw, i), prefix, suffix);
+    return;
+  }
+  tokjson::unsupported_type(where, type,
+                            "TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence");
+}
+
+// A special token named in tokenizer_config.json: "<s>" or {"content": "<s>", ...}.
+std::optional<std::string> config_token(const json* cfg, const char* key) {
+  if (!cfg) return std::nullopt;
+  const json* v = tokjson::find(*cfg, key);
+  if (!v) return std::nullopt;
+  if (v->is_string()) return v->get<std::string>();
+  if (v->is_object())
+    if (const json* c = tokjson::find(*v, "content"); c && c->is_string()) return c->get<std::string>();
+  return std::nullopt;
+}
+
+std::optional<bool> config_bool(const json* cfg, const char* key) {
+  if (!cfg) return std::nullopt;
+  const json* v = tokjson::find(*cfg, key);
+  if (!v || !v->is_boolean()) return std::nullopt;
+  return v->get<bool>();
+}
+
+std::string config_chat_template(const json* cfg, const std::string& where) {
+  if (!cfg) return "";
+  const json* v = tokjson::find(*cfg, "chat_template");
+  if (!v) return "";
+  if (v->is_string()) return v->get<std::string>();
+  if (v->is_array()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+    std::string first;
+    for (const json& e : *v) {
+      std::string name = tokjson::string_or(e, "name", "", where);
+      std::string tpl = tokjson::string_or(e, "template", "", where);
+      if (name == "default") return tpl;
+      if (first.empty()) first = tpl;
+    }
+    return first;
+  }
+  fail(ErrorKind::Format, where + ": chat_template", "expected a string or a list of {name, template}");
+}
+
+}  // namespace
+
+// The tokenizer.json part, shared by all loaders.
+static void build_impl(Tokenizer::Impl& im, const json& root) {
+  const std::string& n = im.name;
+  tokjson::need_object(root, n);
+  const json* model = tokjson::find(root, "model");
+  if (!model) fail(ErrorKind::Format, n + ": model", "missing", "is this a Hugging Face tokenizer.json?");
+  im.bpe = parse_model(*model, n + ": model");
+  im.normalizer = parse_normalizer(root.value("normalizer", json()), n + ": normalizer");
+  im.pre_tokenizer = parse_pre_tokenizer(root.value("pre_tokenizer", json()), n + ": pre_tokenizer");
+  im.decoder = parse_decoder(root.value("decoder", json()), n + ": decoder");
+  parse_post(root.value("post_processor", json()), n + ": post_processor", im.prefix, im.suffix);
+  im.set_added_tokens(parse_added(tokjson::find(root, "added_tokens"), n + ": added_tokens"));
+}
+
+static void apply_config(Tokenizer& tok, Tokenizer::Impl& im, const json* cfg,
+                         const json* special_map, const std::string& jinja,
+                         const std::string& cfg_name) {
+  auto resolve = [&](const char* key) -> std::optional<int32_t> {
+    std::optional<std::string> t = config_token(cfg, key);
+    if (!t) t = config_token(special_map, key);
+    if (!t) return std::nullopt;
+    return tok.token_to_id(*t);
+  };
+  im.bos = resolve("bos_token");
+  im.eos = resolve("eos_token");
+  im.pad = resolve("pad_token");
+  im.unk = resolve("unk_token");
+  if (!im.unk && im.bpe && !im.bpe->options().unk_token.empty())
+    if (int32_t u = im.bpe->token_to_id(im.bpe->options().unk_token); u >= 0) im.unk = u;
+  // Without a config the template's single leading special token is the BOS.
+  if (!im.bos && !config_token(cfg, "bos_token") && im.prefix.size() == 1) im.bos = im.prefix[0];
+  im.add_bos = config_bool(cfg, "add_bos_token");
+  im.add_eos = config_bool(cfg, "add_eos_token");
+  im.clean_up_spaces = config_bool(cfg, "clean_up_tokenization_spaces").value_or(false);
+  im.chat_template = jinja.empty() ? config_chat_template(cfg, cfg_name) : jinja;
+}
+
+Tokenizer Tokenizer::from_json(std::string_view text, const std::string& name,
+                               std::string_view config_json) {
+  json root = parse_json(text, name);
+  json cfg;
+  if (!config_json.empty()) cfg = parse_json(config_json, "tokenizer_config.json");
+  auto im = std::make_shared<Impl>();
+  im->name = name;
+  build_impl(*im, root);
+  Tokenizer tok(im);
+  apply_config(tok, *im, cfg.is_object() ? &cfg : nullptr, nullptr, "", "tokenizer_config.json");
+  return tok;
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  fs::path p(path);
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) p /= "tokenizer.json";
+  std::string text = read_text_file(p.string());
+  fs::path dir = p.parent_path();
+  auto read_opt_json = [&](const char* file, json& out) -> const json* {
+    fs::path f = dir / file;
+    std::error_code e;
+    if (!fs::exists(f, e)) return nullptr;
+    out = read_json_file(f.string());
+    return out.is_object() ? &out : nullptr;
+  };
+  json cfg_store, map_store;
+  const json* cfg = read_opt_json("tokenizer_config.json", cfg_store);
+  const json* special_map = read_opt_json("special_tokens_map.json", map_store);
+  std::string jinja;
+  if (fs::exists(dir / "chat_template.jinja", ec)) jinja = read_text_file((dir / "chat_template.jinja").string());
+
+  json root = parse_json(text, p.string());
+  auto im = std::make_shared<Impl>();
+  im->name = p.string();
+  build_impl(*im, root);
+  Tokenizer tok(im);
+  apply_config(tok, *im, cfg, special_map, jinja, (dir / "tokenizer_config.json").string());
+  return tok;
+}
+
+// ---- GGUF ----------------------------------------------------------------------------------
+
+Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
+  const std::string where = g.path();
+  std::string model = g.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.model",
+         "'" + model + "' vocabularies are not supported",
+         "only gpt2-style BPE (Llama 3, Qwen2, SmolLM2) loads from GGUF; pass the model's tokenizer.json");
+  std::string pre = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
+
+  // The pre-tokenizer is named, not stored: map llama.cpp's names to the HF pipelines they stand for.
+  json pre_json;
+  bool ignore_merges = false;
+  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  json byte_level_noregex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  auto split = [](const char* re) {
+    return json{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}};
+  };
+  if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "phi-2") {
+    pre_json = byte_level;
+  } else if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "codeshell") {
+    pre_json = {{"type", "Sequence"},
+                {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
+  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3") {
+    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
+    ignore_merges = true;
+  } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kQwen2Pattern), byte_level_noregex}}};
+  } else {
+    fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.pre", "pre-tokenizer '" + pre + "' is not known",
+         "known: default, gpt-2, smollm, starcoder, llama-bpe, qwen2; pass a tokenizer.json instead");
+  }
+
+  std::vector<std::string> tokens = g.get_array_strings("tokenizer.ggml.tokens");
+  std::vector<int64_t> types;
+  if (g.has("tokenizer.ggml.token_type")) types = g.get_array_i64("tokenizer.ggml.token_type");
+  if (!types.empty() && types.size() != tokens.size())
+    fail(ErrorKind::Format, where + ": tokenizer.ggml.token_type",
+         std::to_string(types.size()) + " types for " + std::to_string(tokens.size()) + " tokens");
+  json vocab = json::object();
+  json added = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!vocab.contains(tokens[i])) vocab[tokens[i]] = static_cast<int64_t>(i);
+    int64_t t = types.empty() ? 1 : types[i];
+    if (t == 3 || t == 4)  // control -> special added token; user_defined -> plain added token
+      added.push_back({{"id", i}, {"content", tokens[i]}, {"special", t == 3}, {"normalized", false}});
+  }
+  json merges = json::array();
+  if (g.has("tokenizer.ggml.merges"))
+    for (std::string& m : g.get_array_strings("tokenizer.ggml.merges")) merges.push_back(std::move(m));
+
+  json root = {{"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)},
+                          {"ignore_merges", ignore_merges}}},
+               {"added_tokens", std::move(added)},
+               {"pre_tokenizer", std::move(pre_json)},
+               {"decoder", {{"type", "ByteLevel"}}}};
+  auto id_of = [&](const char* key) -> std::optional<int32_t> {
+    if (!g.has(key)) return std::nullopt;
+    uint32_t v = g.get_u32(key);
+    if (v >= tokens.size())
+      fail(ErrorKind::Format, where + ": " + key, "id " + std::to_string(v) + " is past the vocab");
+    return static_cast<int32_t>(v);
+  };
+  auto flag = [&](const char* key) -> std::optional<bool> {
+    if (!g.has(key)) return std::nullopt;
+    return g.get_bool(key);
+  };
+  auto im = std::make_shared<Impl>();
+  im->name = where + ": tokenizer.ggml";
+  build_impl(*im, root);
+  im->bos = id_of("tokenizer.ggml.bos_token_id");
+  im->eos = id_of("tokenizer.ggml.eos_token_id");
+  im->pad = id_of("tokenizer.ggml.padding_token_id");
+  im->unk = id_of("tokenizer.ggml.unknown_token_id");
+  im->add_bos = flag("tokenizer.ggml.add_bos_token");
+  im->add_eos = flag("tokenizer.ggml.add_eos_token");
+  if (im->add_bos.value_or(false) && im->bos) im->prefix = {*im->bos};
+  if (im->add_eos.value_or(false) && im->eos) im->suffix = {*im->eos};
+  if (g.has("tokenizer.chat_template")) im->chat_template = g.get_string("tokenizer.chat_template");
+  return Tokenizer(std::move(im));
+}
+
+}  // namespace qlora

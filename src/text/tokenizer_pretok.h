@@ -1,0 +1,49 @@
+// Pre-tokenizers of tokenizer.json (ByteLevel, Split, Metaspace, Digits, Whitespace, Sequence ...).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace qlora {
+
+// One split of the input on its way to the model. Pieces that already carry an added-token id
+// are left alone by pre-tokenizers.
+struct Piece {
+  std::string text;
+  int32_t id = -1;         // added-token id, or -1 for text the model still has to tokenize
+  bool at_origin = false;  // first character maps to offset 0 of the input
+};
+
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  // Rewrites `pieces` in place (splitting and/or transforming the ones with id < 0).
+  virtual void pre_tokenize(std::vector<Piece>& pieces) const = 0;
+};
+
+// nullptr for JSON null; unknown types -> Error(Unsupported) naming where + ".type".
+std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const nlohmann::json& j, const std::string& where);
+
+// GPT-2's pre-tokenizer regex, as HF's ByteLevel uses it.
+extern const char* const kGpt2Pattern;
+
+// HF's SplitDelimiterBehavior.
+enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+
+// A split of one string: byte ranges that cover it in order, each flagged as a match or not.
+struct Span {
+  size_t begin, end;
+  bool match;
+};
+
+// Cuts `p` at `spans` following `behavior` (HF NormalizedString::split); empty pieces are dropped.
+void split_piece(const Piece& p, const std::vector<Span>& spans, SplitBehavior behavior,
+                 std::vector<Piece>& out);
+// Turns match ranges into spans covering all of a string of length n (gaps are non-matches).
+void matches_to_spans(const std::vector<std::pair<size_t, size_t>>& m, size_t n, bool invert,
+                      std::vector<Span>& out);
+
+}  // namespace qlora

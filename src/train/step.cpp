@@ -1,0 +1,47 @@
+// The optimizer step shared by the trainer and the parity tests.
+#include "train/step.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace qlora {
+
+static uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull);
+  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+
+StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const OptimHyper& h, double lr, int64_t step,
+                      uint64_t dropout_seed) {
+  Backend& be = model.backend();
+  StepResult r;
+  for (const auto& b : mbs) {
+    r.tokens += b.n();
+    r.trained_tokens += b.n_trained();
+  }
+  if (r.trained_tokens == 0) fail(ErrorKind::Data, "step " + std::to_string(step + 1), "no trained token in the step's micro-batches");
+  model.zero_grads();
+  double loss_sum = 0;
+  const float scale = float(1.0 / double(r.trained_tokens));
+  for (size_t j = 0; j < mbs.size(); j++) loss_sum += model.forward_backward(mbs[j], scale, mix(dropout_seed, uint64_t(step) * 1000 + j));
+  r.loss = loss_sum / double(r.trained_tokens);
+
+  double sq = 0;
+  for (auto& p : model.lora_params()) be.sumsq({p.g, p.g.numel(), &sq});
+  r.grad_norm = std::sqrt(sq);
+  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) return r;
+  if (h.max_grad_norm > 0) {  // torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1
+    const double coef = h.max_grad_norm / (r.grad_norm + 1e-6);
+    if (coef < 1.0)
+      for (auto& p : model.lora_params()) be.scale({p.g, p.g.numel(), float(coef)});
+  }
+  for (auto& p : model.lora_params())
+    be.adamw({p.w, p.g, p.m, p.v, p.w.numel(), float(lr), float(h.beta1), float(h.beta2), float(h.eps),
+              float(h.weight_decay), step + 1});
+  be.synchronize();
+  return r;
+}
+
+}  // namespace qlora

@@ -1,0 +1,27 @@
+// One optimizer step over a list of micro-batches: accumulate, clip, AdamW.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/llama_model.h"
+
+namespace qlora {
+
+struct OptimHyper {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double max_grad_norm = 1.0;  // 0 = no clipping
+};
+
+struct StepResult {
+  double loss = 0;            // token-weighted mean loss over all micro-batches
+  double grad_norm = 0;       // global L2 norm before clipping
+  int64_t tokens = 0, trained_tokens = 0;
+};
+
+// Loss of each micro-batch is normalized by the trained tokens of ALL micro-batches, so
+// accumulation equals one large batch. `step` is 0-based; AdamW bias correction uses step+1.
+// Gradients that are not finite leave the weights untouched (result.grad_norm is NaN/inf).
+StepResult train_step(LlamaModel& model, const std::vector<Batch>& micro_batches, const OptimHyper& h, double lr,
+                      int64_t step, uint64_t dropout_seed);
+
+}  // namespace qlora

@@ -1,0 +1,858 @@
+// TrainConfig loading: one key table drives defaults, parsing, validation, docs and suggestions.
+#include "train/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <variant>
+
+#include "core/error.h"
+
+namespace qlora {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+using Field = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*,
+                           bool TrainConfig::*, std::vector<std::string> TrainConfig::*>;
+enum FieldType { kStr, kInt, kFloat, kBool, kList };  // order = Field alternatives
+const char* const kTypeNames[] = {"string", "int", "float", "bool", "list"};
+
+struct Range {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+};
+
+struct KeyRow {
+  const char* name;
+  Field field;
+  const char* def;  // default, written as it would be in YAML
+  std::vector<std::string> choices = {};  // allowed values ({} = any); for lists: per element
+  Range range = {};
+  const char* help = "";
+  // Spellings of a value that mean a canonical one (YAML true -> "full", "unsloth" -> "offload").
+  std::vector<std::pair<std::string, std::string>> value_aliases = {};
+  const char* null_as = nullptr;    // what YAML null means (strings: always "")
+  const char* bad_value_hint = "";  // replaces the generic "allowed: ..." hint
+};
+
+const std::vector<std::string> kLinear = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                          "gate_proj", "up_proj", "down_proj"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The single source of truth for keys. Order is the order of dump_train_config and the docs.
+const std::vector<KeyRow>& key_table() {
+  using T = TrainConfig;
+  static const std::vector<KeyRow> rows = {
+      {.name = "model_name_or_path", .field = &T::model_name_or_path, .def = "",
+       .help = "Base model: a Hugging Face directory (config.json + *.safetensors) or a .gguf file. Required for train."},
+      {.name = "output_dir", .field = &T::output_dir, .def = "out",
+       .help = "Where the adapter, checkpoint-N/, metrics.jsonl and the effective config are written."},
+      {.name = "train_file", .field = &T::train_file, .def = "",
+       .help = "Training data, JSONL (one example per line). Required for train."},
+      {.name = "eval_file", .field = &T::eval_file, .def = "", .help = "Evaluation data, JSONL. Empty = none."},
+      {.name = "val_set_size", .field = &T::val_set_size, .def = "0", .range = {.lo = 0},
+       .help = "Rows split off train_file for evaluation: a fraction in (0,1) or a count >= 1. 0 = none."},
+      {.name = "dataset_format", .field = &T::dataset_format, .def = "auto",
+       .choices = {"auto", "text", "pretokenized", "alpaca", "sharegpt", "messages", "prompt_completion"},
+       .help = "Row format; auto detects it from the keys of the first rows.",
+       .value_aliases = {{"chat_template", "messages"}, {"completion", "text"}, {"pretrain", "text"}}},
+      {.name = "chat_template", .field = &T::chat_template, .def = "",
+       .help = "Chat template name or Jinja text. Empty = the tokenizer's own template."},
+      {.name = "train_on_inputs", .field = &T::train_on_inputs, .def = "false",
+       .help = "Also compute loss on prompt/user tokens (default: only on responses)."},
+      {.name = "truncation", .field = &T::truncation, .def = "truncate_right",
+       .choices = {"drop", "truncate_left", "truncate_right", "error"},
+       .help = "What to do with examples longer than max_length; the count is reported at startup."},
+      {.name = "packing", .field = &T::packing, .def = "false",
+       .help = "Pack several examples into each max_length row (attention never crosses examples)."},
+      {.name = "max_length", .field = &T::max_length, .def = "2048", .range = {.lo = 1},
+       .help = "Maximum tokens per training row."},
+      {.name = "per_device_train_batch_size", .field = &T::per_device_train_batch_size, .def = "1",
+       .range = {.lo = 1}, .help = "Rows per micro-batch on each device."},
+      {.name = "per_device_eval_batch_size", .field = &T::per_device_eval_batch_size, .def = "0",
+       .range = {.lo = 0}, .help = "Rows per evaluation batch. 0 = per_device_train_batch_size."},
+      {.name = "gradient_accumulation_steps", .field = &T::gradient_accumulation_steps, .def = "1",
+       .range = {.lo = 1}, .help = "Micro-batches per optimizer step (loss normalized over all their tokens)."},
+      {.name = "num_train_epochs", .field = &T::num_train_epochs, .def = "1.0", .range = {.lo = 0, .lo_open = true},
+       .help = "Passes over the training data (fractions allowed); ignored when max_steps > 0."},
+      {.name = "max_steps", .field = &T::max_steps, .def = "-1", .range = {.lo = -1},
+       .help = "Total optimizer steps; -1 = derived from num_train_epochs."},
+      {.name = "optim", .field = &T::optim, .def = "adamw_torch", .choices = {"adamw_torch", "adamw_torch_fused"},
+       .help = "Optimizer. Only AdamW is implemented.",
+       .value_aliases = {{"adamw", "adamw_torch"}, {"adamw_hf", "adamw_torch"}, {"torch.optim.AdamW", "adamw_torch"}},
+       .bad_value_hint = "only AdamW is implemented: use adamw_torch (or adamw / adamw_torch_fused)"},
+      {.name = "learning_rate", .field = &T::learning_rate, .def = "2e-4", .range = {.lo = 0, .lo_open = true},
+       .help = "Peak learning rate (after warmup)."},
+      {.name = "lr_scheduler_type", .field = &T::lr_scheduler_type, .def = "cosine",
+       .choices = {"linear", "cosine", "constant", "constant_with_warmup"},
+       .help = "Learning-rate schedule, with Hugging Face's formulas.",
+       .value_aliases = {{"torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup", "cosine"},
+                         {"torchtune.modules.get_cosine_schedule_with_warmup", "cosine"}}},
+      {.name = "warmup_ratio", .field = &T::warmup_ratio, .def = "0", .range = {.lo = 0, .hi = 1, .hi_open = true},
+       .help = "Warmup as a fraction of total steps: ceil(warmup_ratio * total_steps)."},
+      {.name = "warmup_steps", .field = &T::warmup_steps, .def = "0", .range = {.lo = 0},
+       .help = "Warmup steps; when > 0 it wins over warmup_ratio."},
+      {.name = "weight_decay", .field = &T::weight_decay, .def = "0.0", .range = {.lo = 0},
+       .help = "AdamW decoupled weight decay."},
+      {.name = "adam_beta1", .field = &T::adam_beta1, .def = "0.9", .range = {.lo = 0, .hi = 1, .hi_open = true},
+       .help = "AdamW beta1."},
+      {.name = "adam_beta2", .field = &T::adam_beta2, .def = "0.999", .range = {.lo = 0, .hi = 1, .hi_open = true},
+       .help = "AdamW beta2."},
+      {.name = "adam_epsilon", .field = &T::adam_epsilon, .def = "1e-8", .range = {.lo = 0, .lo_open = true},
+       .help = "AdamW epsilon."},
+      {.name = "max_grad_norm", .field = &T::max_grad_norm, .def = "1.0", .range = {.lo = 0},
+       .help = "Clip the global gradient norm to this; 0 = no clipping.", .null_as = "0"},
+      {.name = "logging_steps", .field = &T::logging_steps, .def = "1", .range = {.lo = 1},
+       .help = "Log a line every N optimizer steps (metrics.jsonl gets every step)."},
+      {.name = "eval_strategy", .field = &T::eval_strategy, .def = "steps", .choices = {"no", "steps", "epoch"},
+       .help = "When to evaluate if eval data exists: steps = every eval_steps (and at the end), epoch, no."},
+      {.name = "eval_steps", .field = &T::eval_steps, .def = "0", .range = {.lo = 0},
+       .help = "Evaluate every N optimizer steps; 0 = only at the end."},
+      {.name = "save_steps", .field = &T::save_steps, .def = "0", .range = {.lo = 0},
+       .help = "Write checkpoint-N/ every N optimizer steps; 0 = only at the end."},
+      {.name = "save_total_limit", .field = &T::save_total_limit, .def = "0", .range = {.lo = 0},
+       .help = "Keep at most this many checkpoints (oldest removed first); 0 = keep all."},
+      {.name = "resume_from_checkpoint", .field = &T::resume_from_checkpoint, .def = "",
+       .help = "Checkpoint directory to resume from; latest (or true) = newest checkpoint-N in output_dir.",
+       .value_aliases = {{"true", "latest"}, {"false", ""}}},
+      {.name = "seed", .field = &T::seed, .def = "42", .range = {.lo = 0}, .help = "Seed for LoRA init, shuffling and dropout."},
+      {.name = "r", .field = &T::r, .def = "16", .range = {.lo = 1}, .help = "LoRA rank."},
+      {.name = "lora_alpha", .field = &T::lora_alpha, .def = "32", .range = {.lo = 0, .lo_open = true},
+       .help = "LoRA scaling numerator: scale = lora_alpha / r (or / sqrt(r) with use_rslora)."},
+      {.name = "lora_dropout", .field = &T::lora_dropout, .def = "0.05", .range = {.lo = 0, .hi = 1, .hi_open = true},
+       .help = "Dropout on the LoRA input."},
+      {.name = "target_modules", .field = &T::target_modules, .def = "all-linear",
+       .choices = with(kLinear, {"all-linear"}),
+       .help = "Linear layers that get LoRA: a list or all-linear (every projection, not lm_head).",
+       .value_aliases = {{"all", "all-linear"}}},
+      {.name = "use_rslora", .field = &T::use_rslora, .def = "false",
+       .help = "Rank-stabilized LoRA: scale = lora_alpha / sqrt(r)."},
+      {.name = "base_precision", .field = &T::base_precision, .def = "",
+       .choices = {"", "fp32", "bf16", "fp8", "nf4", "fp4", "nvfp4", "mxfp4"},
+       .help = "Storage format of the frozen base weights; empty = as stored in the checkpoint."},
+      {.name = "load_in_4bit", .field = &T::load_in_4bit, .def = "false",
+       .help = "QLoRA: quantize the base to bnb_4bit_quant_type at load."},
+      {.name = "bnb_4bit_quant_type", .field = &T::bnb_4bit_quant_type, .def = "nf4", .choices = {"nf4", "fp4"},
+       .help = "4-bit format used by load_in_4bit (bitsandbytes-compatible)."},
+      {.name = "bnb_4bit_use_double_quant", .field = &T::bnb_4bit_use_double_quant, .def = "true",
+       .help = "Quantize the 4-bit absmax scales again (8-bit, blocks of 256), as QLoRA does."},
+      {.name = "quant_blocksize", .field = &T::quant_blocksize, .def = "64",
+       .choices = {"32", "64", "128", "256", "512", "1024", "2048", "4096"},
+       .help = "Elements per absmax block for nf4/fp4."},
+      {.name = "gradient_checkpointing", .field = &T::gradient_checkpointing, .def = "none",
+       .choices = {"none", "full", "offload"},
+       .help = "Recompute layer activations in backward: none, full, or offload layer inputs to host memory.",
+       .value_aliases = {{"true", "full"}, {"false", "none"}, {"unsloth", "offload"}}},
+      {.name = "ce_chunk_size", .field = &T::ce_chunk_size, .def = "1024", .range = {.lo = 1},
+       .help = "Tokens per cross-entropy chunk; full fp32 logits are never held."},
+      {.name = "bf16", .field = &T::bf16, .def = "false",
+       .help = "Accepted for compatibility; compute precision follows the device (bf16 on CUDA, fp32 on CPU).",
+       .value_aliases = {{"auto", "true"}}},
+      {.name = "device", .field = &T::device, .def = "auto", .choices = {"auto", "cpu", "cuda"},
+       .help = "Where to train; auto = cuda when a GPU is present.", .value_aliases = {{"gpu", "cuda"}}},
+      {.name = "threads", .field = &T::threads, .def = "0", .range = {.lo = 0}, .help = "CPU threads; 0 = all cores."},
+  };
+  return rows;
+}
+
+const KeyRow* find_row(const std::string& name) {
+  for (const KeyRow& row : key_table())
+    if (name == row.name) return &row;
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Aliases. A plain alias renames the key; an expanding one turns one entry into canonical entries.
+
+struct Loc {
+  std::string where;  // "cfg.yaml:3:5" or "override 'lr=1'"
+  std::string given;  // the key as the user spelled it
+};
+
+struct Entry {
+  std::string key;  // canonical
+  YAML::Node value;
+  Loc loc;
+};
+
+using Notes = std::vector<std::string>;
+using Expand = std::function<std::vector<Entry>(const YAML::Node&, const Loc&, Notes&)>;
+
+struct AliasRow {
+  const char* alias;
+  const char* canonical;  // for docs, and the target of plain aliases
+  Expand expand = nullptr;
+};
+
+std::string scalar_text(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() : std::string(); }
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower((unsigned char)c));
+  return s;
+}
+
+Entry make_entry(const std::string& key, const std::string& value, const Loc& loc) {
+  return {key, YAML::Node(value), loc};
+}
+
+std::vector<Entry> expand_lora_target_linear(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  std::string s = lower(scalar_text(v));
+  if (s == "true") {
+    notes.push_back("lora_target_linear: true -> target_modules: all-linear");
+    return {make_entry("target_modules", "all-linear", loc)};
+  }
+  if (s == "false" || v.IsNull()) {
+    notes.push_back("lora_target_linear: false ignored (set target_modules)");
+    return {};
+  }
+  fail(ErrorKind::Config, loc.where, "lora_target_linear: '" + s + "' is not true/false",
+       "use target_modules: all-linear");
+}
+
+std::vector<Entry> expand_adapter(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  std::string s = lower(scalar_text(v));
+  if (s == "lora") {
+    notes.push_back("adapter: lora (the default)");
+    return {};
+  }
+  if (s == "qlora") {
+    notes.push_back("adapter: qlora -> load_in_4bit: true");
+    return {make_entry("load_in_4bit", "true", loc)};
+  }
+  fail(ErrorKind::Config, loc.where, "adapter: '" + scalar_text(v) + "' is not supported",
+       "use adapter: lora or adapter: qlora (DoRA/full fine-tuning are not implemented)");
+}
+
+std::vector<Entry> expand_quantization_bit(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  std::string s = scalar_text(v);
+  if (s == "4") {
+    notes.push_back("quantization_bit: 4 -> load_in_4bit: true");
+    return {make_entry("load_in_4bit", "true", loc)};
+  }
+  fail(ErrorKind::Config, loc.where, "quantization_bit: '" + s + "' is not supported",
+       "use quantization_bit: 4 (bitsandbytes 4-bit), or base_precision: fp8 for 8-bit weights");
+}
+
+// axolotl: datasets: [{path: data.jsonl, type: alpaca}]
+std::vector<Entry> expand_datasets(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  if (!v.IsSequence() || v.size() == 0)
+    fail(ErrorKind::Config, loc.where, "datasets must be a list with one {path: ..., type: ...} entry",
+         "or set train_file: data.jsonl and dataset_format: alpaca");
+  if (v.size() > 1)
+    fail(ErrorKind::Config, loc.where,
+         "datasets has " + std::to_string(v.size()) + " entries; only one dataset is supported",
+         "merge the files into one JSONL, or set train_file");
+  const YAML::Node& d = v[0];
+  if (d.IsScalar()) {
+    notes.push_back("datasets[0] -> train_file");
+    return {{"train_file", d, loc}};
+  }
+  if (!d.IsMap()) fail(ErrorKind::Config, loc.where, "datasets[0] must be a map like {path: data.jsonl, type: alpaca}");
+  std::vector<Entry> out;
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    std::string k = it->first.as<std::string>();
+    Loc sub{loc.where, "datasets[0]." + k};
+    if (k == "path") {
+      notes.push_back("datasets[0].path -> train_file");
+      out.push_back({"train_file", it->second, sub});
+    } else if (k == "type") {
+      notes.push_back("datasets[0].type -> dataset_format");
+      out.push_back({"dataset_format", it->second, sub});
+    } else if (k == "ds_type") {
+      std::string t = lower(scalar_text(it->second));
+      if (t != "json" && t != "jsonl")
+        fail(ErrorKind::Config, loc.where, "datasets[0].ds_type: '" + t + "' is not supported", "only JSONL files are read");
+    } else {
+      fail(ErrorKind::Config, loc.where, "datasets[0]: unsupported key '" + k + "'",
+           "supported: path, type, ds_type: json");
+    }
+  }
+  return out;
+}
+
+// torchtune: optimizer.betas: [0.9, 0.999]
+std::vector<Entry> expand_betas(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  if (!v.IsSequence() || v.size() != 2)
+    fail(ErrorKind::Config, loc.where, loc.given + " must be a list of two numbers like [0.9, 0.999]");
+  notes.push_back(loc.given + " -> adam_beta1, adam_beta2");
+  return {{"adam_beta1", v[0], loc}, {"adam_beta2", v[1], loc}};
+}
+
+// transformers >= 5 spells warmup_ratio as a fractional warmup_steps.
+std::vector<Entry> expand_warmup_steps(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  std::string s = scalar_text(v);
+  char* end = nullptr;
+  double x = s.empty() ? 0 : std::strtod(s.c_str(), &end);
+  if (end && *end == '\0' && x > 0 && x < 1) {
+    notes.push_back("warmup_steps: " + s + " is a ratio -> warmup_ratio: " + s);
+    return {{"warmup_ratio", v, loc}};
+  }
+  return {{"warmup_steps", v, loc}};
+}
+
+// LLaMA-Factory keys that only confirm what qlora does anyway.
+Expand accept_only(const char* key, const char* ok, const char* hint) {
+  return [=](const YAML::Node& v, const Loc& loc, Notes& notes) -> std::vector<Entry> {
+    if (lower(scalar_text(v)) != ok)
+      fail(ErrorKind::Config, loc.where, std::string(key) + ": '" + scalar_text(v) + "' is not supported", hint);
+    notes.push_back(std::string(key) + ": " + ok + " (the default)");
+    return {};
+  };
+}
+
+const std::vector<AliasRow>& alias_table() {
+  static const std::vector<AliasRow> rows = {
+      {"base_model", "model_name_or_path"},
+      {"micro_batch_size", "per_device_train_batch_size"},
+      {"batch_size", "per_device_train_batch_size"},
+      {"num_epochs", "num_train_epochs"},
+      {"epochs", "num_train_epochs"},
+      {"lr", "learning_rate"},
+      {"lr_scheduler", "lr_scheduler_type"},
+      {"sequence_len", "max_length"},
+      {"cutoff_len", "max_length"},
+      {"max_seq_length", "max_length"},
+      {"max_seq_len", "max_length"},
+      {"lora_r", "r"},
+      {"lora_rank", "r"},
+      {"lora_target_modules", "target_modules"},
+      {"lora_target", "target_modules"},
+      {"lora_target_linear", "target_modules", expand_lora_target_linear},
+      {"sample_packing", "packing"},
+      {"val_size", "val_set_size"},
+      {"evaluation_strategy", "eval_strategy"},
+      {"optimizer", "optim"},
+      {"clip_grad_norm", "max_grad_norm"},
+      {"log_every_n_steps", "logging_steps"},
+      {"enable_activation_checkpointing", "gradient_checkpointing"},
+      {"datasets", "train_file", expand_datasets},
+      {"adapter", "load_in_4bit", expand_adapter},
+      {"quantization_bit", "load_in_4bit", expand_quantization_bit},
+      {"quantization_method", "load_in_4bit",
+       accept_only("quantization_method", "bitsandbytes", "only bitsandbytes-style 4-bit (nf4/fp4) is implemented")},
+      {"finetuning_type", "r",
+       accept_only("finetuning_type", "lora", "only LoRA is implemented (freeze/full fine-tuning are not)")},
+      // torchtune component fields, as dotted overrides or nested maps
+      {"optimizer.lr", "learning_rate"},
+      {"optimizer._component_", "optim"},
+      {"optimizer.weight_decay", "weight_decay"},
+      {"optimizer.eps", "adam_epsilon"},
+      {"optimizer.betas", "adam_beta1", expand_betas},
+      {"lr_scheduler._component_", "lr_scheduler_type"},
+      {"lr_scheduler.num_warmup_steps", "warmup_steps"},
+      {"warmup_steps", "warmup_steps", expand_warmup_steps},
+  };
+  return rows;
+}
+
+const AliasRow* find_alias(const std::string& name) {
+  for (const AliasRow& a : alias_table())
+    if (name == a.alias) return &a;
+  return nullptr;
+}
+
+// Optimal string alignment distance: a transposition counts as one typo.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  size_t limit = std::clamp<size_t>(word.size() / 4, 1, 4);
+  return best_d <= limit ? best : std::string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion of one value into one field.
+
+std::string fmt_double(double x) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, x);
+  std::string s(buf, res.ptr);
+  return s;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + (v[i].empty() ? std::string("\"\"") : v[i]);
+  return s;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+std::string range_text(const Range& r) {
+  std::string lo = std::isinf(r.lo) ? "" : (r.lo_open ? "> " : ">= ") + fmt_double(r.lo);
+  std::string hi = std::isinf(r.hi) ? "" : (r.hi_open ? "< " : "<= ") + fmt_double(r.hi);
+  if (!lo.empty() && !hi.empty()) return lo + " and " + hi;
+  return lo + hi;
+}
+
+struct Setter {
+  const KeyRow& row;
+  const Loc& loc;
+  Notes& notes;
+
+  [[noreturn]] void bad(const std::string& what, const std::string& hint) const {
+    std::string key = "'" + std::string(row.name) + "'";
+    if (loc.given != row.name) key += " (given as '" + loc.given + "')";
+    fail(ErrorKind::Config, loc.where, "key " + key + ": " + what, hint);
+  }
+
+  std::string allowed_hint(const std::string& value) const {
+    if (*row.bad_value_hint) return row.bad_value_hint;
+    std::string hint = "allowed: " + join(row.choices, ", ");
+    std::string near = closest(value, row.choices);
+    if (!near.empty()) hint = "did you mean '" + near + "'? " + hint;
+    return hint;
+  }
+
+  // Maps a value alias to its canonical spelling and checks it against the choices.
+  std::string canonical_value(const std::string& raw) const {
+    std::string v = raw;
+    for (const auto& [from, to] : row.value_aliases)
+      if (lower(raw) == lower(from)) {
+        notes.push_back(std::string(row.name) + ": " + raw + " -> " + (to.empty() ? "\"\"" : to));
+        v = to;
+      }
+    if (!row.choices.empty() && std::find(row.choices.begin(), row.choices.end(), v) == row.choices.end())
+      bad("'" + raw + "' is not allowed", allowed_hint(raw));
+    return v;
+  }
+
+  std::string scalar(const YAML::Node& n, const char* expected) const {
+    if (!n.IsScalar()) bad(std::string("expected ") + expected + ", got a " + (n.IsMap() ? "map" : "list"),
+                           "write it as key: value");
+    return trim(n.Scalar());
+  }
+
+  void check_range(double x, const std::string& text) const {
+    const Range& r = row.range;
+    bool low = r.lo_open ? x <= r.lo : x < r.lo;
+    bool high = r.hi_open ? x >= r.hi : x > r.hi;
+    if (low || high) bad(text + " is out of range", "must be " + range_text(r));
+  }
+
+  void operator()(std::string TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
+    c.*f = canonical_value(n.IsNull() ? std::string() : scalar(n, "a string"));
+  }
+
+  void operator()(int64_t TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
+    std::string s = scalar(n, "an integer");
+    int64_t x = 0;
+    auto res = std::from_chars(s.data() + (s.size() && s[0] == '+'), s.data() + s.size(), x);
+    if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size())
+      bad("'" + s + "' is not an integer", "write a whole number like 8");
+    if (!row.choices.empty()) canonical_value(std::to_string(x));
+    check_range(double(x), s);
+    c.*f = x;
+  }
+
+  void operator()(double TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
+    std::string s = scalar(n, "a number");
+    char* end = nullptr;
+    double x = s.empty() ? 0 : std::strtod(s.c_str(), &end);
+    if (s.empty() || *end != '\0' || !std::isfinite(x))
+      bad("'" + s + "' is not a number", "write a number like 2e-4 or 0.05");
+    check_range(x, s);
+    c.*f = x;
+  }
+
+  void operator()(bool TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
+    std::string s = scalar(n, "true or false");
+    for (const auto& [from, to] : row.value_aliases)
+      if (lower(s) == lower(from)) {
+        notes.push_back(std::string(row.name) + ": " + s + " -> " + to);
+        s = to;
+      }
+    std::string l = lower(s);
+    if (l == "true" || l == "yes" || l == "on") c.*f = true;
+    else if (l == "false" || l == "no" || l == "off") c.*f = false;
+    else bad("'" + s + "' is not a boolean", "write true or false");
+  }
+
+  void operator()(std::vector<std::string> TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
+    std::vector<std::string> items;
+    if (n.IsSequence()) {
+      for (const YAML::Node& e : n) items.push_back(scalar(e, "a list of names"));
+    } else if (n.IsScalar()) {
+      // LLaMA-Factory style "q_proj,v_proj"
+      std::stringstream ss(n.Scalar());
+      for (std::string part; std::getline(ss, part, ',');)
+        if (!trim(part).empty()) items.push_back(trim(part));
+    } else if (!n.IsNull()) {
+      bad("expected a list, got a map", "write [a, b] or a, b");
+    }
+    for (std::string& it : items) it = canonical_value(it);
+    c.*f = items;
+  }
+};
+
+void set_field(TrainConfig& c, const KeyRow& row, YAML::Node value, const Loc& loc, Notes& notes) {
+  if (value.IsNull() && row.null_as) value = YAML::Node(std::string(row.null_as));
+  if (value.IsNull() && !std::holds_alternative<std::string TrainConfig::*>(row.field) &&
+      !std::holds_alternative<std::vector<std::string> TrainConfig::*>(row.field))
+    Setter{row, loc, notes}.bad("has no value", std::string("expected ") + kTypeNames[row.field.index()]);
+  Setter s{row, loc, notes};
+  std::visit([&](auto f) { s(f, c, value); }, row.field);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collecting entries from the file and the overrides.
+
+std::string mark_where(const std::string& origin, const YAML::Mark& m) {
+  return origin + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+std::vector<std::string> all_key_names() {
+  std::vector<std::string> names;
+  for (const KeyRow& r : key_table()) names.push_back(r.name);
+  for (const AliasRow& a : alias_table()) names.push_back(a.alias);
+  return names;
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
+  std::string near = suggest_config_key(key);
+  fail(ErrorKind::Config, where, "unknown key '" + key + "'",
+       near.empty() ? "run `qlora train --help-config` for the list of keys" : "did you mean '" + near + "'?");
+}
+
+// Resolves aliases (recursively through expansions) into canonical entries.
+void resolve(const std::string& key, const YAML::Node& value, const Loc& loc, Notes& notes,
+             std::vector<Entry>& out) {
+  if (value.IsNull()) {
+    // An empty value keeps the default (axolotl configs list unset keys that way), unless null
+    // means something for that key (torchtune clip_grad_norm: null = no clipping).
+    const AliasRow* a = find_alias(key);
+    const KeyRow* row = find_row(a && !a->expand ? a->canonical : key);
+    if (!a && !row) unknown_key(key, loc.where);
+    if (!row || !row->null_as || (a && a->expand)) return;
+  }
+  // torchtune nests component fields: optimizer: {_component_: ..., lr: ...}
+  if (value.IsMap() && (key == "optimizer" || key == "lr_scheduler")) {
+    for (auto it = value.begin(); it != value.end(); ++it)
+      resolve(key + "." + it->first.as<std::string>(), it->second, {loc.where, key + "." + it->first.as<std::string>()},
+              notes, out);
+    return;
+  }
+  if (const AliasRow* a = find_alias(key)) {
+    if (a->expand) {
+      for (Entry& e : a->expand(value, loc, notes)) out.push_back(std::move(e));
+    } else {
+      notes.push_back(key + " -> " + a->canonical);
+      out.push_back({a->canonical, value, loc});
+    }
+    return;
+  }
+  if (!find_row(key)) unknown_key(key, loc.where);
+  out.push_back({key, value, loc});
+}
+
+YAML::Node parse_yaml_text(const std::string& text, const std::string& origin) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    fail(ErrorKind::Config, mark_where(origin, e.mark), "YAML syntax error: " + e.msg,
+         "check indentation and that every key is followed by ': '");
+  }
+}
+
+bool same_value(const YAML::Node& a, const YAML::Node& b) {
+  if (a.IsScalar() && b.IsScalar()) return lower(trim(a.Scalar())) == lower(trim(b.Scalar()));
+  if (a.IsSequence() && b.IsSequence() && a.size() == b.size()) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!same_value(a[i], b[i])) return false;
+    return true;
+  }
+  return false;
+}
+
+std::vector<Entry> file_entries(const YAML::Node& root, const std::string& origin, Notes& notes) {
+  std::vector<Entry> out;
+  if (!root || root.IsNull()) return out;
+  if (!root.IsMap())
+    fail(ErrorKind::Config, mark_where(origin, root.Mark()), "the config must be a YAML map of key: value",
+         "for example `learning_rate: 2e-4` on its own line");
+  struct Seen {
+    Loc loc;
+    YAML::Node value;
+  };
+  std::map<std::string, Seen> seen;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    if (!it->first.IsScalar())
+      fail(ErrorKind::Config, mark_where(origin, it->first.Mark()), "keys must be plain names");
+    std::string key = it->first.Scalar();
+    Loc loc{mark_where(origin, it->second.IsNull() ? it->first.Mark() : it->second.Mark()), key};
+    std::vector<Entry> resolved;
+    try {
+      resolve(key, it->second, loc, notes, resolved);
+    } catch (const Error& e) {
+      // unknown keys point at the key, not its value
+      if (e.message().rfind("unknown key", 0) == 0)
+        fail(e.kind(), mark_where(origin, it->first.Mark()), e.message(), e.hint());
+      throw;
+    }
+    for (Entry& e : resolved) {
+      auto [prev, fresh] = seen.emplace(e.key, Seen{e.loc, e.value});
+      // `adapter: qlora` next to `load_in_4bit: true` says the same thing twice; that is fine
+      if (!fresh && same_value(prev->second.value, e.value)) continue;
+      if (!fresh)
+        fail(ErrorKind::Config, e.loc.where,
+             "'" + e.loc.given + "' sets '" + e.key + "', already set by '" + prev->second.loc.given + "' at " +
+                 prev->second.loc.where + " to a different value",
+             "keep only one of them");
+      out.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+std::vector<Entry> override_entries(const std::vector<std::string>& overrides, Notes& notes) {
+  std::vector<Entry> out;
+  for (const std::string& raw : overrides) {
+    std::string ov = raw.rfind("--", 0) == 0 ? raw.substr(2) : raw;
+    size_t eq = ov.find('=');
+    std::string where = "override '" + raw + "'";
+    if (eq == std::string::npos || eq == 0)
+      fail(ErrorKind::Config, where, "overrides are key=value", "for example learning_rate=1e-4");
+    std::string key = trim(ov.substr(0, eq)), text = trim(ov.substr(eq + 1));
+    // Strings are taken verbatim (chat templates and paths are not YAML); the rest parse as YAML
+    // so that lists like [q_proj,v_proj] work.
+    std::string target = key;
+    if (const AliasRow* a = find_alias(key); a && !a->expand) target = a->canonical;
+    const KeyRow* row = find_row(target);
+    YAML::Node value;
+    if (row && std::holds_alternative<std::string TrainConfig::*>(row->field)) {
+      value = YAML::Node(text);
+    } else if (text.empty()) {
+      value = YAML::Node(YAML::NodeType::Null);
+    } else {
+      value = parse_yaml_text(text, where);
+    }
+    resolve(key, value, {where, key}, notes, out);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-field checks and derived values, after every entry is applied.
+
+void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& notes, bool require_inputs) {
+  auto where = [&](const std::string& key) {
+    auto it = set_at.find(key);
+    return it != set_at.end() ? it->second.where : "config key '" + key + "'";
+  };
+  auto is_set = [&](const std::string& key) { return set_at.count(key) > 0; };
+
+  if (require_inputs && c.model_name_or_path.empty())
+    fail(ErrorKind::Config, "config key 'model_name_or_path'", "model_name_or_path is required",
+         "set model_name_or_path: path/to/hf_model_dir (axolotl: base_model)");
+  if (require_inputs && c.train_file.empty())
+    fail(ErrorKind::Config, "config key 'train_file'", "train_file is required",
+         "set train_file: data.jsonl (axolotl: datasets: [{path: data.jsonl, type: alpaca}])");
+
+  if (c.per_device_eval_batch_size == 0) c.per_device_eval_batch_size = c.per_device_train_batch_size;
+
+  // target_modules: explicit names in Llama order, all-linear expanded
+  auto& tm = c.target_modules;
+  bool all = std::find(tm.begin(), tm.end(), "all-linear") != tm.end();
+  if (tm.empty())
+    fail(ErrorKind::Config, where("target_modules"), "target_modules is empty",
+         "list modules like [q_proj, v_proj] or use all-linear");
+  if (all && tm.size() > 1)
+    fail(ErrorKind::Config, where("target_modules"), "all-linear cannot be combined with other modules",
+         "use either all-linear or a list of modules");
+  std::vector<std::string> ordered;
+  for (const std::string& m : kLinear)
+    if (all || std::find(tm.begin(), tm.end(), m) != tm.end()) ordered.push_back(m);
+  tm = ordered;
+
+  if (c.val_set_size >= 1 && c.val_set_size != std::floor(c.val_set_size))
+    fail(ErrorKind::Config, where("val_set_size"), "val_set_size " + fmt_double(c.val_set_size) +
+         " is neither a fraction below 1 nor a whole row count", "use e.g. 0.05 or 200");
+  if (c.val_set_size > 0 && !c.eval_file.empty())
+    fail(ErrorKind::Config, where("val_set_size"), "both eval_file and val_set_size are set",
+         "use eval_file for a separate file, or val_set_size to split train_file, not both");
+  if (c.max_steps == 0)
+    fail(ErrorKind::Config, where("max_steps"), "max_steps 0 would train nothing",
+         "use -1 to derive steps from num_train_epochs, or a positive count");
+
+  // Base precision and bitsandbytes-style 4-bit flags must describe one format.
+  bool bp_4bit = c.base_precision == "nf4" || c.base_precision == "fp4";
+  if (bp_4bit && !c.load_in_4bit) {
+    if (is_set("bnb_4bit_quant_type") && c.bnb_4bit_quant_type != c.base_precision)
+      fail(ErrorKind::Config, where("bnb_4bit_quant_type"),
+           "base_precision " + c.base_precision + " conflicts with bnb_4bit_quant_type " + c.bnb_4bit_quant_type,
+           "set only one of them");
+    c.load_in_4bit = true;
+    c.bnb_4bit_quant_type = c.base_precision;
+    notes.push_back("base_precision: " + c.base_precision + " -> load_in_4bit: true");
+  } else if (c.load_in_4bit) {
+    if (!c.base_precision.empty() && c.base_precision != c.bnb_4bit_quant_type)
+      fail(ErrorKind::Config, where("base_precision"),
+           "load_in_4bit quantizes the base to " + c.bnb_4bit_quant_type + ", but base_precision is " +
+               c.base_precision,
+           "drop load_in_4bit (and adapter: qlora / quantization_bit) to keep " + c.base_precision +
+               ", or drop base_precision");
+    if (c.base_precision.empty())
+      notes.push_back("load_in_4bit: base_precision -> " + c.bnb_4bit_quant_type);
+    c.base_precision = c.bnb_4bit_quant_type;
+    if (!is_set("bnb_4bit_use_double_quant"))
+      notes.push_back("load_in_4bit: bnb_4bit_use_double_quant defaults to true (QLoRA)");
+  }
+
+  if (c.warmup_steps > 0 && c.warmup_ratio > 0)
+    notes.push_back("warmup_steps " + std::to_string(c.warmup_steps) + " wins over warmup_ratio " +
+                    fmt_double(c.warmup_ratio));
+  if (c.lr_scheduler_type == "constant" && (c.warmup_steps > 0 || c.warmup_ratio > 0))
+    notes.push_back("lr_scheduler_type constant ignores warmup (use constant_with_warmup)");
+}
+
+// Table defaults before derivation: eval batch size 0 and target_modules all-linear still unresolved.
+void apply_table_defaults(TrainConfig& c) {
+  Notes ignored;
+  for (const KeyRow& row : key_table())
+    set_field(c, row, YAML::Node(std::string(row.def)), {"default of " + std::string(row.name), row.name}, ignored);
+}
+
+TrainConfig build(const YAML::Node& root, const std::string& origin, const std::vector<std::string>& overrides,
+                  Notes* notes_out, bool require_inputs) {
+  Notes notes;
+  std::vector<Entry> entries = file_entries(root, origin, notes);
+  for (Entry& e : override_entries(overrides, notes)) entries.push_back(std::move(e));
+  TrainConfig c;
+  apply_table_defaults(c);
+  std::map<std::string, Loc> set_at;
+  for (const Entry& e : entries) {
+    set_field(c, *find_row(e.key), e.value, e.loc, notes);
+    set_at[e.key] = e.loc;
+  }
+  finalize(c, set_at, notes, require_inputs);
+  if (notes_out) notes_out->insert(notes_out->end(), notes.begin(), notes.end());
+  return c;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TrainConfig::TrainConfig() {
+  Notes ignored;
+  apply_table_defaults(*this);
+  finalize(*this, {}, ignored, false);
+}
+
+void finalize_train_config(TrainConfig& cfg, std::vector<std::string>* notes) {
+  Notes local;
+  finalize(cfg, {}, notes ? *notes : local, false);
+}
+
+const std::vector<std::string>& lora_linear_modules() { return kLinear; }
+
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& origin,
+                               const std::vector<std::string>& overrides, std::vector<std::string>* notes,
+                               bool require_train_inputs) {
+  return build(parse_yaml_text(yaml_text, origin), origin, overrides, notes, require_train_inputs);
+}
+
+TrainConfig load_train_config(const std::string& yaml_path, const std::vector<std::string>& overrides,
+                              std::vector<std::string>* notes, bool require_train_inputs) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(yaml_path, ec))
+    fail(ErrorKind::Io, yaml_path, "config file not found",
+         "pass the path of a YAML file, e.g. qlora train examples/smollm2_qlora.yaml");
+  std::ifstream in(yaml_path, std::ios::binary);
+  if (!in) fail(ErrorKind::Io, yaml_path, "cannot read config file", "check its permissions");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_train_config(ss.str(), yaml_path, overrides, notes, require_train_inputs);
+}
+
+std::string dump_train_config(const TrainConfig& c) {
+  YAML::Emitter out;
+  out << YAML::Comment("effective qlora training config (every key, defaults included)") << YAML::Newline;
+  out << YAML::BeginMap;
+  for (const KeyRow& row : key_table()) {
+    out << YAML::Key << row.name << YAML::Value;
+    std::visit(
+        [&](auto f) {
+          using F = decltype(f);
+          if constexpr (std::is_same_v<F, double TrainConfig::*>) out << fmt_double(c.*f);
+          else if constexpr (std::is_same_v<F, std::vector<std::string> TrainConfig::*>)
+            out << YAML::Flow << c.*f;
+          else if constexpr (std::is_same_v<F, std::string TrainConfig::*>) out << YAML::DoubleQuoted << c.*f;
+          else out << c.*f;
+        },
+        row.field);
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<ConfigKeyDoc> config_key_docs() {
+  std::vector<ConfigKeyDoc> docs;
+  for (const KeyRow& row : key_table()) {
+    ConfigKeyDoc d{row.name, kTypeNames[row.field.index()], row.def, "", row.help, {}};
+    if (!row.choices.empty()) d.allowed = join(row.choices, ", ");
+    else if (!std::isinf(row.range.lo) || !std::isinf(row.range.hi)) d.allowed = range_text(row.range);
+    for (const auto& [from, to] : row.value_aliases)
+      d.allowed += std::string(d.allowed.empty() ? "" : "; ") + from + " = " + (to.empty() ? "\"\"" : to);
+    for (const AliasRow& a : alias_table())
+      if (a.canonical == d.name && a.alias != d.name) d.aliases.push_back(a.alias);
+    docs.push_back(std::move(d));
+  }
+  return docs;
+}
+
+std::string config_reference_markdown() {
+  std::string md = "| key | type | default | allowed | description | aliases |\n|---|---|---|---|---|---|\n";
+  auto cell = [](std::string s) {
+    std::string out;
+    for (char ch : s) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    return out;
+  };
+  for (const ConfigKeyDoc& d : config_key_docs()) {
+    std::string aliases;
+    for (const std::string& a : d.aliases) aliases += (aliases.empty() ? "`" : ", `") + a + "`";
+    md += "| `" + d.name + "` | " + d.type + " | " + (d.default_value.empty() ? "\"\"" : "`" + d.default_value + "`") +
+          " | " + cell(d.allowed) + " | " + cell(d.help) + " | " + aliases + " |\n";
+  }
+  md += "\nAlso accepted: `adapter: lora|qlora` (qlora = `load_in_4bit: true`), `quantization_bit: 4`, "
+        "`lora_target_linear: true` (= `target_modules: all-linear`), axolotl `datasets: [{path, type}]` "
+        "(one entry), torchtune `optimizer.*` / `lr_scheduler.*` fields, and `warmup_steps` below 1 as a ratio.\n";
+  return md;
+}
+
+std::string suggest_config_key(const std::string& key) { return closest(key, all_key_names()); }
+
+}  // namespace qlora

@@ -1,0 +1,110 @@
+// TrainConfig: every training option under its Hugging Face spelling, loaded from YAML + key=value overrides.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlora {
+
+// Defaults, allowed values and help text live in one table in train_config.cpp; the constructor
+// fills every field from it (then derives as loading does), so `TrainConfig c;` equals loading an
+// empty YAML file.
+struct TrainConfig {
+  TrainConfig();
+
+  // model + output
+  std::string model_name_or_path;
+  std::string output_dir;
+  // data
+  std::string train_file;      // JSONL
+  std::string eval_file;       // "" = none
+  double val_set_size;         // 0 = none; (0,1) fraction of train rows; >= 1 row count
+  std::string dataset_format;  // auto|text|pretokenized|alpaca|sharegpt|messages|prompt_completion
+  std::string chat_template;   // "" = tokenizer's own
+  bool train_on_inputs;
+  std::string truncation;      // drop|truncate_left|truncate_right|error
+  bool packing;
+  int64_t max_length;
+  // batch + steps
+  int64_t per_device_train_batch_size;
+  int64_t per_device_eval_batch_size;  // after loading: never 0 (0 in YAML = train batch size)
+  int64_t gradient_accumulation_steps;
+  double num_train_epochs;
+  int64_t max_steps;  // -1 = from num_train_epochs
+  // optimizer + schedule
+  std::string optim;
+  double learning_rate;
+  std::string lr_scheduler_type;  // linear|cosine|constant|constant_with_warmup
+  double warmup_ratio;
+  int64_t warmup_steps;  // > 0 wins over warmup_ratio
+  double weight_decay;
+  double adam_beta1, adam_beta2, adam_epsilon;
+  double max_grad_norm;  // 0 = no clipping
+  // logging / eval / checkpoints
+  int64_t logging_steps;
+  std::string eval_strategy;  // no|steps|epoch
+  int64_t eval_steps;         // 0 = only at the end
+  int64_t save_steps;         // 0 = only at the end
+  int64_t save_total_limit;   // 0 = keep all
+  std::string resume_from_checkpoint;  // "" none | "latest" | path
+  int64_t seed;
+  // LoRA
+  int64_t r;
+  double lora_alpha;
+  double lora_dropout;
+  std::vector<std::string> target_modules;  // after loading: explicit names, "all-linear" expanded
+  bool use_rslora;
+  // precision + memory
+  std::string base_precision;  // "" = as stored | fp32|bf16|fp8|nf4|fp4|nvfp4|mxfp4
+  bool load_in_4bit;
+  std::string bnb_4bit_quant_type;  // nf4|fp4
+  bool bnb_4bit_use_double_quant;
+  int64_t quant_blocksize;
+  std::string gradient_checkpointing;  // none|full|offload
+  int64_t ce_chunk_size;               // tokens per cross-entropy chunk
+  bool bf16;                           // informational: compute precision follows the backend
+  // runtime
+  std::string device;  // auto|cpu|cuda
+  int64_t threads;     // 0 = all cores
+
+  bool operator==(const TrainConfig&) const = default;
+};
+
+// The linear layers LoRA can target, in Llama module order ("all-linear" means all of them).
+const std::vector<std::string>& lora_linear_modules();
+
+// Loads a YAML config, then applies overrides ("key=value"; value parsed as a YAML scalar or flow
+// sequence, so `target_modules=[q_proj,v_proj]` works; dotted torchtune keys like `optimizer.lr`).
+// Aliases from axolotl / LLaMA-Factory / torchtune / older TRL are normalized and each one adds a
+// note such as "lora_r -> r" to *notes (may be null). Errors: missing file -> Io; syntax, unknown
+// key, bad type/value, conflicting fields -> Config naming file:line:col or the override.
+// require_train_inputs: model_name_or_path and train_file must be set (false for `qlora plan`).
+TrainConfig load_train_config(const std::string& yaml_path, const std::vector<std::string>& overrides,
+                              std::vector<std::string>* notes, bool require_train_inputs = true);
+
+// Same from YAML text; `origin` names it in messages (a file name, "<string>").
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& origin,
+                               const std::vector<std::string>& overrides,
+                               std::vector<std::string>* notes, bool require_train_inputs = false);
+
+// Re-runs the cross-field checks and derivations of loading on a config built in code
+// (per_device_eval_batch_size 0 -> train batch size, target_modules order/expansion, 4-bit flags).
+void finalize_train_config(TrainConfig& cfg, std::vector<std::string>* notes = nullptr);
+
+// YAML with every effective value in table order; loading it back gives the same TrainConfig.
+std::string dump_train_config(const TrainConfig& cfg);
+
+// Markdown table of every key: type, default, allowed values, help and accepted aliases.
+std::string config_reference_markdown();
+
+// One row of the key table, for docs and tests.
+struct ConfigKeyDoc {
+  std::string name, type, default_value, allowed, help;
+  std::vector<std::string> aliases;
+};
+std::vector<ConfigKeyDoc> config_key_docs();
+
+// Closest canonical key or alias to `key` within a small edit distance, or "" when none is close.
+std::string suggest_config_key(const std::string& key);
+
+}  // namespace qlora

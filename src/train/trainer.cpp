@@ -1,0 +1,255 @@
+// The training loop, read top to bottom: data -> model -> steps {micro-batches, clip, AdamW} ->
+// metrics / eval / checkpoints. Loss is normalized by the trained tokens of the whole step, so
+// gradient accumulation equals the large batch exactly.
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_util.h"
+#include "model/peft_io.h"
+#include "train/metrics.h"
+#include "train/model_source.h"
+#include "train/progress.h"
+#include "train/schedule.h"
+#include "train/step.h"
+
+namespace fs = std::filesystem;
+
+namespace qlora {
+
+std::atomic<bool> g_stop_requested{false};
+
+static void on_stop_signal(int) { g_stop_requested.store(true); }
+
+void install_stop_signal_handlers() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, int64_t micro_batch, int64_t seq_len) {
+  ModelSource src = open_model_source(cfg.model_name_or_path);
+  LoraSpec lora;
+  lora.r = cfg.r;
+  lora.alpha = cfg.lora_alpha;
+  lora.dropout = cfg.lora_dropout;
+  lora.use_rslora = cfg.use_rslora;
+  lora.targets = LoraSpec::resolve_targets(cfg.target_modules);
+  ModelPlanOptions po;
+  po.method = cfg.load_in_4bit || (!cfg.base_precision.empty() && cfg.base_precision != "fp32" &&
+                                   cfg.base_precision != "bf16") ? "qlora" : "lora";
+  po.base_precision = cfg.base_precision;
+  po.quant_blocksize = cfg.quant_blocksize;
+  po.double_quant = cfg.bnb_4bit_use_double_quant;
+  po.micro_batch = micro_batch;
+  po.seq_len = seq_len;
+  po.checkpointing = cfg.gradient_checkpointing;
+  po.ce_chunk = cfg.ce_chunk_size;
+  LoadedModel lm;
+  lm.model = std::make_unique<LlamaModel>(src.config, be, po, lora);
+  lm.model->load_base(src.tensors);
+  lm.model->init_lora(uint64_t(cfg.seed));
+  lm.encoder = src.encoder;
+  lm.source = src.tensors.description;
+  return lm;
+}
+
+Trainer::Trainer(TrainConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
+
+void Trainer::log(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
+
+double Trainer::evaluate(const std::vector<Batch>& batches) {
+  double loss = 0;
+  int64_t tokens = 0;
+  for (const auto& b : batches) {
+    loss += lm_.model->forward_loss(b);
+    tokens += b.n_trained();
+  }
+  return tokens ? loss / double(tokens) : 0.0;
+}
+
+void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream) {
+  AtomicDir d(dir);
+  write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
+  write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
+  nlohmann::json st;
+  st["global_step"] = step;
+  st["data_epoch"] = stream.epoch();
+  st["data_index"] = stream.index();
+  st["seed"] = cfg_.seed;
+  st["config"] = dump_train_config(cfg_);
+  d.write("trainer_state.json", st.dump(2));
+  d.commit();
+}
+
+int64_t Trainer::restore_checkpoint(const std::string& dir, DataStream& stream) {
+  const nlohmann::json st = read_json_file(dir + "/trainer_state.json");
+  const std::string where = dir + "/trainer_state.json";
+  load_peft_adapter(dir, *lm_.model);
+  load_optimizer_state(dir + "/optimizer.safetensors", *lm_.model);
+  stream.seek(json_int(st, "data_epoch", where), json_int(st, "data_index", where));
+  if (json_int(st, "seed", where) != cfg_.seed)
+    log("warning: resuming with seed " + std::to_string(cfg_.seed) + " but the checkpoint used " +
+        std::to_string(json_int(st, "seed", where)));
+  return json_int(st, "global_step", where);
+}
+
+static std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& out) {
+  std::vector<std::pair<int64_t, std::string>> v;
+  if (!fs::is_directory(out)) return v;
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("checkpoint-", 0) != 0 || n.find(".tmp") != std::string::npos) continue;
+    try {
+      v.emplace_back(std::stoll(n.substr(11)), e.path().string());
+    } catch (...) {
+    }
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void Trainer::rotate_checkpoints() {
+  if (cfg_.save_total_limit <= 0) return;
+  auto v = list_checkpoints(cfg_.output_dir);
+  while (int64_t(v.size()) > cfg_.save_total_limit) {
+    fs::remove_all(v.front().second);
+    v.erase(v.begin());
+  }
+}
+
+TrainSummary Trainer::run() {
+  using clock = std::chrono::steady_clock;
+  // ---- data
+  ModelSource probe = open_model_source(cfg_.model_name_or_path);
+  DataStats st;
+  std::vector<Example> train = load_jsonl_examples(cfg_.train_file, probe.encoder, cfg_.max_length, cfg_.truncation, &st);
+  log("data: " + std::to_string(st.rows) + " rows, " + std::to_string(st.tokens) + " tokens (" +
+      std::to_string(st.trained_tokens) + " trained), longest " + std::to_string(st.longest) + ", truncated " +
+      std::to_string(st.truncated) + ", dropped " + std::to_string(st.dropped) + ", no-loss rows skipped " +
+      std::to_string(st.skipped_no_loss) + " [tokenizer: " + probe.encoder.name + "]");
+  std::vector<Example> eval;
+  int64_t longest = st.longest;
+  if (!cfg_.eval_file.empty()) {
+    DataStats es;
+    eval = load_jsonl_examples(cfg_.eval_file, probe.encoder, cfg_.max_length, cfg_.truncation, &es);
+    longest = std::max(longest, es.longest);
+  } else if (cfg_.val_set_size > 0) {
+    const int64_t n_eval = cfg_.val_set_size < 1 ? std::max<int64_t>(1, int64_t(cfg_.val_set_size * double(train.size())))
+                                                 : int64_t(cfg_.val_set_size);
+    split_eval(train, eval, n_eval, uint64_t(cfg_.seed));
+  }
+  const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
+  const int64_t ebs = cfg_.per_device_eval_batch_size;
+  const int64_t seq = std::min(cfg_.max_length, longest);
+
+  // ---- model
+  lm_ = load_model_for_training(cfg_, be_, std::max(bs, ebs), seq);
+  LlamaModel& model = *lm_.model;
+  const int32_t pad = probe.encoder.eos >= 0 ? probe.encoder.eos : 0;
+  DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
+  std::vector<Batch> eval_batches = make_batches(eval, ebs, pad);
+  const int64_t total = total_optimizer_steps(cfg_, stream.batches_per_epoch());
+  int64_t n_trainable = 0;
+  for (auto& p : model.lora_params()) n_trainable += p.w.numel();
+  log("model: " + lm_.source + " | " + std::to_string(model.config().n_layer) + " layers, " +
+      std::to_string(model.config().n_params()) + " base params, " + std::to_string(n_trainable) +
+      " trainable LoRA params | backend " + be_.name());
+  log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
+
+  // ---- resume
+  int64_t start = 0;
+  std::string resume = cfg_.resume_from_checkpoint;
+  if (resume == "latest" || resume == "true") {
+    auto v = list_checkpoints(cfg_.output_dir);
+    if (v.empty()) fail(ErrorKind::Config, "resume_from_checkpoint", "no checkpoint-N directory in " + cfg_.output_dir);
+    resume = v.back().second;
+  }
+  if (!resume.empty()) {
+    start = restore_checkpoint(resume, stream);
+    log("resumed from " + resume + " at step " + std::to_string(start));
+  }
+
+  fs::create_directories(cfg_.output_dir);
+  write_file_atomic(cfg_.output_dir + "/train_config.yaml", dump_train_config(cfg_));
+  MetricsWriter metrics(cfg_.output_dir, start);  // a fresh run starts the file anew
+  ProgressReporter progress(total, cfg_.logging_steps);
+  ScheduleParams sp = schedule_from_config(cfg_, total);
+  OptimHyper hyper{cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_epsilon, cfg_.weight_decay, cfg_.max_grad_norm};
+
+  TrainSummary sum;
+  sum.total_steps = total;
+  install_stop_signal_handlers();
+  int64_t step = start;
+  for (; step < total; step++) {
+    if (g_stop_requested.load()) break;
+    const auto t0 = clock::now();
+    std::vector<Batch> mbs;
+    for (int64_t j = 0; j < ga; j++) mbs.push_back(stream.next());
+    const double lr = lr_at(sp, step);
+    const StepResult r = train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
+    const double loss = r.loss, gnorm = r.grad_norm;
+    if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
+      save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
+      fail(ErrorKind::Data, "step " + std::to_string(step + 1),
+           "loss or gradient is not finite (loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) + ")",
+           "lower learning_rate; the last good state was saved as checkpoint-" + std::to_string(step));
+    }
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    const int64_t done = step + 1;
+    sum.last_loss = loss;
+    progress.update(StepReport{done, loss, lr, double(r.tokens) / dt, dt});
+
+    nlohmann::json rec;
+    bool log_now = done % std::max<int64_t>(1, cfg_.logging_steps) == 0 || done == total;
+    if (log_now) {
+      rec = {{"step", done}, {"loss", loss}, {"learning_rate", lr}, {"grad_norm", gnorm},
+             {"tokens_per_second", double(r.tokens) / dt}, {"trained_tokens", r.trained_tokens},
+             {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(train.size())))}};
+    }
+    const bool eval_now = !eval_batches.empty() && cfg_.eval_strategy != "no" &&
+                          ((cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0) || done == total);
+    if (eval_now) {
+      const double el = evaluate(eval_batches);
+      sum.eval_loss = el;
+      rec["step"] = done;
+      rec["eval_loss"] = el;
+      progress.message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
+    }
+    if (!rec.is_null()) metrics.write(rec);
+    if (cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
+      save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(done), done, stream);
+      rotate_checkpoints();
+    }
+  }
+  progress.finish();
+  sum.steps_done = step;
+  if (step < total) {  // stopped by a signal: leave a resumable checkpoint
+    sum.interrupted = true;
+    const std::string dir = cfg_.output_dir + "/checkpoint-" + std::to_string(step);
+    save_checkpoint(dir, step, stream);
+    log("stopped at step " + std::to_string(step) + "; resume with resume_from_checkpoint=" + dir);
+    return sum;
+  }
+  {
+    AtomicDir d(cfg_.output_dir + "/adapter");
+    write_peft_adapter(d.temp_path(), model, cfg_.model_name_or_path);
+    d.commit();
+  }
+  // PEFT also accepts the adapter at the top of output_dir.
+  write_peft_adapter(cfg_.output_dir, model, cfg_.model_name_or_path);
+  sum.adapter_dir = cfg_.output_dir;
+  log("done: " + std::to_string(step) + " steps, loss " + std::to_string(sum.last_loss) +
+      (sum.eval_loss >= 0 ? ", eval_loss " + std::to_string(sum.eval_loss) : "") + "; adapter in " + cfg_.output_dir);
+  return sum;
+}
+
+}  // namespace qlora

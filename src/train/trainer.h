@@ -1,0 +1,52 @@
+// Trainer: the fine-tuning loop (accumulation, clipping, AdamW, schedule, eval, checkpoints, resume).
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/llama_model.h"
+#include "train/data.h"
+#include "train/train_config.h"
+
+namespace qlora {
+
+struct TrainSummary {
+  int64_t steps_done = 0, total_steps = 0;
+  double last_loss = 0, eval_loss = -1;
+  bool interrupted = false;
+  std::string adapter_dir;
+};
+
+// Set by SIGINT/SIGTERM; the loop saves a checkpoint at the next step boundary and stops.
+extern std::atomic<bool> g_stop_requested;
+void install_stop_signal_handlers();
+
+// Loads the model named by cfg.model_name_or_path (HF directory) onto `be` with the LoRA/plan
+// options of cfg; used by train, eval and tests.
+struct LoadedModel {
+  std::unique_ptr<LlamaModel> model;
+  TextEncoder encoder;
+  std::string source;
+};
+LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, int64_t micro_batch, int64_t seq_len);
+
+class Trainer {
+ public:
+  Trainer(TrainConfig cfg, Backend& be);
+  TrainSummary run();
+
+ private:
+  double evaluate(const std::vector<Batch>& batches);
+  void save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream);
+  int64_t restore_checkpoint(const std::string& dir, DataStream& stream);
+  void rotate_checkpoints();
+  void log(const std::string& line);
+
+  TrainConfig cfg_;
+  Backend& be_;
+  LoadedModel lm_;
+};
+
+}  // namespace qlora

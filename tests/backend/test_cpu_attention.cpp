@@ -1,0 +1,198 @@
+// CPU attention: explicit-mask softmax(QK^T)V reference, GQA, packed documents, finite differences.
+#include "backend_test_util.h"
+#include "core/error.h"
+
+namespace qlora::test {
+namespace {
+
+struct Attn {
+  int64_t b, t, hq, hkv, d;
+  std::vector<int32_t> seg;  // (B,T) or empty
+  Vec q, k, v;
+  float scale() const { return 1.0f / std::sqrt(float(d)); }
+  int64_t nq() const { return b * t * hq * d; }
+  int64_t nkv() const { return b * t * hkv * d; }
+  const int32_t* seg_ptr() const { return seg.empty() ? nullptr : seg.data(); }
+};
+
+Attn make_attn(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, std::vector<int32_t> seg, uint64_t seed) {
+  Rng rng(seed);
+  Attn a{b, t, hq, hkv, d, std::move(seg), {}, {}, {}};
+  a.q = randn(rng, size_t(a.nq()));
+  a.k = randn(rng, size_t(a.nkv()));
+  a.v = randn(rng, size_t(a.nkv()));
+  return a;
+}
+
+void run_fwd(Backend& be, Attn& a, Vec& out, Vec& lse) {
+  out.assign(size_t(a.nq()), 0.0f);
+  lse.assign(size_t(a.b * a.hq * a.t), 0.0f);
+  AttentionFwdArgs f;
+  f.out = view(out, {a.b, a.t, a.hq, a.d});
+  f.lse = view(lse, {a.b, a.hq, a.t});
+  f.q = view(a.q, {a.b, a.t, a.hq, a.d});
+  f.k = view(a.k, {a.b, a.t, a.hkv, a.d});
+  f.v = view(a.v, {a.b, a.t, a.hkv, a.d});
+  f.seg = a.seg_ptr();
+  f.b = a.b, f.t = a.t, f.n_head = a.hq, f.n_head_kv = a.hkv, f.head_dim = a.d, f.scale = a.scale();
+  be.attention_fwd(f);
+}
+
+void run_bwd(Backend& be, Attn& a, Vec& dout, Vec& out, Vec& lse, Vec& dq, Vec& dk, Vec& dv) {
+  // Outputs start as garbage: bwd's dq/dk/dv are "=".
+  dq.assign(size_t(a.nq()), 7.0f);
+  dk.assign(size_t(a.nkv()), 7.0f);
+  dv.assign(size_t(a.nkv()), 7.0f);
+  AttentionBwdArgs g;
+  g.dq = view(dq, {a.b, a.t, a.hq, a.d});
+  g.dk = view(dk, {a.b, a.t, a.hkv, a.d});
+  g.dv = view(dv, {a.b, a.t, a.hkv, a.d});
+  g.dout = view(dout, {a.b, a.t, a.hq, a.d});
+  g.q = view(a.q, {a.b, a.t, a.hq, a.d});
+  g.k = view(a.k, {a.b, a.t, a.hkv, a.d});
+  g.v = view(a.v, {a.b, a.t, a.hkv, a.d});
+  g.out = view(out, {a.b, a.t, a.hq, a.d});
+  g.lse = view(lse, {a.b, a.hq, a.t});
+  g.seg = a.seg_ptr();
+  g.b = a.b, g.t = a.t, g.n_head = a.hq, g.n_head_kv = a.hkv, g.head_dim = a.d, g.scale = a.scale();
+  be.attention_bwd(g);
+}
+
+// Textbook attention: K/V heads repeated to Hq, a full (T,T) score matrix, an explicit boolean
+// mask (causal and same document) turned into -inf, softmax in double, then P V.
+void naive_attention(const Attn& a, std::vector<double>& out, std::vector<double>& lse) {
+  out.assign(size_t(a.nq()), 0.0);
+  lse.assign(size_t(a.b * a.hq * a.t), 0.0);
+  const int64_t rep = a.hq / a.hkv;
+  for (int64_t b = 0; b < a.b; b++)
+    for (int64_t h = 0; h < a.hq; h++) {
+      std::vector<double> s(size_t(a.t * a.t));
+      for (int64_t i = 0; i < a.t; i++)
+        for (int64_t j = 0; j < a.t; j++) {
+          bool mask = j <= i;
+          if (!a.seg.empty()) mask = mask && a.seg[size_t(b * a.t + i)] == a.seg[size_t(b * a.t + j)];
+          double dot = 0;
+          for (int64_t d = 0; d < a.d; d++)
+            dot += double(a.q[size_t(((b * a.t + i) * a.hq + h) * a.d + d)]) *
+                   a.k[size_t(((b * a.t + j) * a.hkv + h / rep) * a.d + d)];
+          s[size_t(i * a.t + j)] = mask ? dot * a.scale() : -INFINITY;
+        }
+      for (int64_t i = 0; i < a.t; i++) {
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j < a.t; j++) mx = std::max(mx, s[size_t(i * a.t + j)]);
+        for (int64_t j = 0; j < a.t; j++) z += std::exp(s[size_t(i * a.t + j)] - mx);
+        lse[size_t((b * a.hq + h) * a.t + i)] = mx + std::log(z);
+        for (int64_t j = 0; j < a.t; j++) {
+          const double p = std::exp(s[size_t(i * a.t + j)] - mx) / z;
+          for (int64_t d = 0; d < a.d; d++)
+            out[size_t(((b * a.t + i) * a.hq + h) * a.d + d)] +=
+                p * a.v[size_t(((b * a.t + j) * a.hkv + h / rep) * a.d + d)];
+        }
+      }
+    }
+}
+
+void check_against_naive(Attn a) {
+  auto be = cpu();
+  Vec out, lse;
+  run_fwd(*be, a, out, lse);
+  std::vector<double> want_out, want_lse;
+  naive_attention(a, want_out, want_lse);
+  const std::string tag = "Hq=" + std::to_string(a.hq) + " Hkv=" + std::to_string(a.hkv) +
+                          (a.seg.empty() ? "" : " with segments");
+  expect_close(out, want_out, 2e-6, 2e-6, "attention out " + tag);
+  expect_close(lse, want_lse, 2e-6, 2e-6, "attention lse " + tag);
+}
+
+TEST(CpuOps, attention_fwd_MatchesExplicitMaskSoftmax) {
+  check_against_naive(make_attn(2, 9, 4, 2, 8, {}, 1));   // GQA
+  check_against_naive(make_attn(1, 12, 3, 3, 16, {}, 2));  // MHA
+  check_against_naive(make_attn(2, 5, 4, 1, 4, {}, 3));   // MQA
+  check_against_naive(make_attn(2, 9, 4, 2, 8, {0, 0, 0, 1, 1, 2, 2, 2, 2, 5, 5, 5, 5, 5, 9, 9, 9, 9}, 4));
+  check_against_naive(make_attn(2, 48, 8, 2, 16, {}, 5));  // large enough for the OpenMP path
+}
+
+// A packed row [doc0 | doc1 | doc2] must equal running each document alone, forward and backward.
+TEST(CpuOps, attention_fwd_PackedSegmentsEqualSeparateDocuments) {
+  auto be = cpu();
+  const std::vector<int32_t> seg = {0, 0, 0, 1, 1, 2, 2, 2, 2, 2};
+  const int64_t t = int64_t(seg.size()), hq = 4, hkv = 2, d = 8;
+  Attn packed = make_attn(1, t, hq, hkv, d, seg, 5);
+  Vec out, lse, dq, dk, dv;
+  run_fwd(*be, packed, out, lse);
+  Rng rng(6);
+  Vec dout = randn(rng, size_t(packed.nq()));
+  run_bwd(*be, packed, dout, out, lse, dq, dk, dv);
+
+  for (int64_t start = 0; start < t;) {
+    int64_t len = 0;
+    while (start + len < t && seg[size_t(start + len)] == seg[size_t(start)]) len++;
+    auto slice = [&](const Vec& v, int64_t heads) {
+      return Vec(v.begin() + start * heads * d, v.begin() + (start + len) * heads * d);
+    };
+    Attn doc{1, len, hq, hkv, d, {}, slice(packed.q, hq), slice(packed.k, hkv), slice(packed.v, hkv)};
+    Vec o1, l1, dq1, dk1, dv1, dout1 = slice(dout, hq);
+    run_fwd(*be, doc, o1, l1);
+    run_bwd(*be, doc, dout1, o1, l1, dq1, dk1, dv1);
+    const std::string tag = " of document at " + std::to_string(start);
+    // Same arithmetic on the same visible keys: identical, not merely close.
+    expect_close(slice(out, hq), o1, 0.0, 0.0, "out" + tag);
+    for (int64_t h = 0; h < hq; h++)
+      expect_close(Vec(lse.begin() + h * t + start, lse.begin() + h * t + start + len),
+                   Vec(l1.begin() + h * len, l1.begin() + (h + 1) * len), 0.0, 0.0, "lse" + tag);
+    expect_close(slice(dq, hq), dq1, 0.0, 0.0, "dq" + tag);
+    expect_close(slice(dk, hkv), dk1, 0.0, 0.0, "dk" + tag);
+    expect_close(slice(dv, hkv), dv1, 0.0, 0.0, "dv" + tag);
+    start += len;
+  }
+}
+
+void check_bwd_fd(Attn a, uint64_t seed, size_t max_checks = 1u << 30) {
+  auto be = cpu();
+  Rng rng(seed);
+  Vec w = randn(rng, size_t(a.nq())), out, lse, dq, dk, dv;
+  run_fwd(*be, a, out, lse);
+  run_bwd(*be, a, w, out, lse, dq, dk, dv);
+  Vec o2, l2;
+  auto loss = [&] { run_fwd(*be, a, o2, l2); return weighted_sum(w, o2); };
+  // Smooth in q,k,v: h=1e-2 gives truncation ~1e-5 and f32 noise ~1e-5.
+  const std::string tag = a.seg.empty() ? " (causal)" : " (segments)";
+  expect_grad_matches_fd("attention dq" + tag, a.q, dq, loss, 1e-2f, 3e-4, 3e-3, max_checks);
+  expect_grad_matches_fd("attention dk" + tag, a.k, dk, loss, 1e-2f, 3e-4, 3e-3, max_checks);
+  expect_grad_matches_fd("attention dv" + tag, a.v, dv, loss, 1e-2f, 3e-4, 3e-3, max_checks);
+}
+
+TEST(CpuOps, attention_bwd_GqaMatchesFiniteDifferences) {
+  check_bwd_fd(make_attn(2, 7, 4, 2, 8, {}, 21), 22);
+  check_bwd_fd(make_attn(2, 7, 4, 2, 8, {0, 0, 0, 1, 1, 2, 2, 4, 4, 4, 4, 7, 7, 7}, 23), 24);
+}
+
+// Sizes above the OpenMP threshold: threads own kv heads, so 1 and 3 threads must agree bit for
+// bit (a dk/dv race would not), and a few finite differences tie the parallel path to the math.
+TEST(CpuOps, attention_bwd_ParallelPathIsRaceFree) {
+  std::vector<int32_t> seg(2 * 40);
+  for (size_t i = 0; i < seg.size(); i++) seg[i] = int32_t(i / 13);
+  Attn a = make_attn(2, 40, 4, 2, 16, seg, 25);
+  auto be = cpu();
+  Rng rng(27);
+  Vec w = randn(rng, size_t(a.nq()));
+  Vec out1, lse1, dq1, dk1, dv1, out3, lse3, dq3, dk3, dv3;
+  with_omp_threads(1, [&] { run_fwd(*be, a, out1, lse1); run_bwd(*be, a, w, out1, lse1, dq1, dk1, dv1); });
+  with_omp_threads(3, [&] { run_fwd(*be, a, out3, lse3); run_bwd(*be, a, w, out3, lse3, dq3, dk3, dv3); });
+  EXPECT_EQ(out1, out3);
+  EXPECT_EQ(lse1, lse3);
+  EXPECT_EQ(dq1, dq3);
+  EXPECT_EQ(dk1, dk3);
+  EXPECT_EQ(dv1, dv3);
+  check_bwd_fd(a, 26, 8);
+}
+
+TEST(CpuOps, attention_fwd_RejectsBadHeadCounts) {
+  auto be = cpu();
+  Attn a = make_attn(1, 2, 3, 2, 4, {}, 9);  // 3 query heads cannot share 2 kv heads
+  Vec out, lse;
+  EXPECT_THROW(run_fwd(*be, a, out, lse), Error);
+}
+
+}  // namespace
+}  // namespace qlora::test

@@ -1,0 +1,45 @@
+// Helpers to run the qlora binary from tests.
+#pragma once
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace qlora::cli_test {
+
+struct RunResult {
+  int code = -1;
+  std::string output;  // stdout + stderr
+};
+
+inline RunResult run_qlora(const std::string& args) {
+  const std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>&1";
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("qlora_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+}  // namespace qlora::cli_test

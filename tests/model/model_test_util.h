@@ -1,0 +1,73 @@
+// Shared helpers for model tests: build a model on the CPU backend from a fixture directory.
+#pragma once
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/safetensors.h"
+#include "model/llama_model.h"
+#include "train/model_source.h"
+
+namespace qlora::testing_util {
+
+inline std::string fixtures() { return QLORA_FIXTURES; }
+
+struct TestModel {
+  std::unique_ptr<Backend> be;
+  ModelSource src;
+  std::unique_ptr<LlamaModel> model;
+};
+
+inline TestModel make_model(const std::string& variant, LoraSpec lora, int64_t mb, int64_t seq,
+                            const std::string& ckpt = "none", int64_t ce_chunk = 1024) {
+  TestModel t;
+  t.be = make_cpu_backend();
+  t.src = open_model_source(fixtures() + "/models/" + variant);
+  ModelPlanOptions po;
+  po.micro_batch = mb;
+  po.seq_len = seq;
+  po.checkpointing = ckpt;
+  po.ce_chunk = ce_chunk;
+  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
+  t.model->load_base(t.src.tensors);
+  t.model->init_lora(1);
+  return t;
+}
+
+inline LoraSpec fixture_lora() {
+  LoraSpec s;
+  s.r = 4;
+  s.alpha = 8;
+  s.targets = LoraSpec::resolve_targets({"all-linear"});
+  return s;
+}
+
+inline std::vector<int32_t> ints(const SafetensorsArchive& ar, const std::string& name) {
+  const TensorInfo& ti = ar.get(name);
+  std::vector<int32_t> v(size_t(ti.nbytes / 4));
+  std::memcpy(v.data(), ti.data, size_t(ti.nbytes));
+  return v;
+}
+
+inline std::vector<float> floats(const SafetensorsArchive& ar, const std::string& name) {
+  const TensorInfo& ti = ar.get(name);
+  int64_t n = 1;
+  for (auto s : ti.shape) n *= s;
+  std::vector<float> v(static_cast<size_t>(n));
+  ar.read_f32(name, v.data(), ti.shape);
+  return v;
+}
+
+// max |a-b| / max(1, max|b|)
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0, scale = 1;
+  for (size_t i = 0; i < a.size(); i++) {
+    m = std::max(m, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return m / scale;
+}
+
+}  // namespace qlora::testing_util

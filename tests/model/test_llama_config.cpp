@@ -1,0 +1,258 @@
+// LlamaConfig: transformers-written config.json files, public parameter totals of real models, RoPE vs
+// transformers, and every config error.
+#include "model/llama_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "io/json_util.h"
+
+using namespace qlora;
+
+static const std::string kFix = std::string(QLORA_FIXTURES) + "/io";
+
+template <class F>
+static Error config_error(F&& f, ErrorKind kind) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(int(e.kind()), int(kind)) << e.what();
+    return e;
+  }
+  ADD_FAILURE() << "expected a qlora::Error of kind " << error_kind_name(kind);
+  return Error(ErrorKind::Internal, "", "");
+}
+
+static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// ---------------------------------------------------------------------------------------------------
+// Presets against published parameter totals (model cards / safetensors index "total_size" / 2).
+
+TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
+  const std::pair<const char*, int64_t> known[] = {
+      {"llama3-8b", 8030261248},       {"llama3-70b", 70553706496},   {"llama3.2-1b", 1235814400},
+      {"smollm2-135m", 134515008},     {"qwen2.5-7b", 7615616512},    {"llama3.1-8b", 8030261248},
+      {"llama3.1-405b", 405853388800}, {"llama3.2-3b", 3212749824},   {"llama2-7b", 6738415616},
+      {"mistral-7b", 7248023552},      {"qwen2.5-0.5b", 494032768},   {"qwen2.5-72b", 72706203648},
+      {"smollm2-360m", 361821120},     {"smollm2-1.7b", 1711376384},  {"tinyllama-1.1b", 1100048384},
+  };
+  for (const auto& [name, total] : known) EXPECT_EQ(preset_config(name).n_params(), total) << name;
+}
+
+TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
+  const auto& names = preset_names();
+  EXPECT_EQ(names.size(), 16u);
+  for (const auto& n : names) {
+    SCOPED_TRACE(n);
+    EXPECT_TRUE(has_preset(n));
+    LlamaConfig c = preset_config(n);
+    EXPECT_EQ(c.name, n);
+    EXPECT_NO_THROW(c.validate(n));
+    EXPECT_EQ(c.attention_bias, c.model_type == "qwen2");
+    // Llama 3.1/3.2 extend context with llama3 RoPE scaling; the others use plain RoPE.
+    bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
+    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : "none");
+  }
+  EXPECT_EQ(preset_config("llama3.2-1b").rope_scaling.factor, 32.0);
+  EXPECT_EQ(preset_config("llama3.1-70b").rope_scaling.factor, 8.0);
+  EXPECT_EQ(preset_config("llama3.2-1b").head_dim, 64);
+  EXPECT_EQ(preset_config("mistral-7b").vocab_size, 32768);
+  EXPECT_FALSE(has_preset("llama3-8"));
+}
+
+TEST(LlamaConfigPresets, UnknownPresetSuggestsClosest) {
+  Error e = config_error([] { preset_config("llama3-8"); }, ErrorKind::Config);
+  EXPECT_TRUE(contains(e.hint(), "did you mean 'llama3-8b'")) << e.hint();
+  EXPECT_TRUE(contains(e.hint(), "smollm2-135m"));  // lists the choices
+  e = config_error([] { preset_config("qwen2.5-7B"); }, ErrorKind::Config);
+  EXPECT_TRUE(contains(e.hint(), "'qwen2.5-7b'")) << e.hint();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// config.json written by transformers; parameter counts of the models transformers built from them.
+
+TEST(LlamaConfigHf, TransformersConfigsMatchTheirModels) {
+  json counts = read_json_file(kFix + "/hf_configs/n_params.json");
+  for (const auto& [name, n] : counts.items()) {
+    SCOPED_TRACE(name);
+    LlamaConfig c = load_hf_config(kFix + "/hf_configs/" + name + ".json");
+    EXPECT_EQ(c.n_params(), n.get<int64_t>());
+  }
+  LlamaConfig l = load_hf_config(kFix + "/hf_configs/llama31.json");
+  EXPECT_EQ(l.model_type, "llama");
+  EXPECT_EQ(l.n_head_kv, 2);
+  EXPECT_EQ(l.head_dim, 4);
+  EXPECT_EQ(l.rope_theta, 500000.0);
+  EXPECT_EQ(l.rope_scaling.type, "llama3");
+  EXPECT_EQ(l.rope_scaling.factor, 8.0);
+  EXPECT_EQ(l.rope_scaling.original_max_position_embeddings, 64);
+  EXPECT_EQ(l.bos_token_id, 1);
+  EXPECT_EQ(l.eos_token_id, 2);
+  EXPECT_EQ(l.name, kFix + "/hf_configs/llama31.json");
+
+  LlamaConfig t = load_hf_config(kFix + "/hf_configs/llama_tied.json");
+  EXPECT_EQ(t.head_dim, 8);  // explicit head_dim differs from hidden/heads = 4
+  EXPECT_EQ(t.q_dim(), 32);
+  EXPECT_TRUE(t.tie_word_embeddings);
+
+  LlamaConfig q = load_hf_config(kFix + "/hf_configs/qwen2.json");
+  EXPECT_TRUE(q.attention_bias);
+  EXPECT_EQ(q.rms_norm_eps, 1e-6);
+  EXPECT_EQ(q.rope_theta, 1e6);
+  EXPECT_EQ(q.rope_scaling.type, "none");
+
+  LlamaConfig m = load_hf_config(kFix + "/hf_configs/mistral.json");
+  EXPECT_EQ(m.model_type, "mistral");
+  EXPECT_EQ(m.n_head_kv, 1);
+}
+
+TEST(LlamaConfigHf, ShardedFixtureConfig) {
+  LlamaConfig c = load_hf_config(kFix + "/sharded/config.json");
+  EXPECT_EQ(c.torch_dtype, "bfloat16");  // transformers 5 spells it "dtype"
+  json expected = read_json_file(kFix + "/sharded_expected.json");
+  EXPECT_EQ(c.n_params(), expected["n_params"].get<int64_t>());
+}
+
+// The transformers 4.x layout (rope_theta + rope_scaling, torch_dtype, eos list), as in Llama-3.2-1B.
+static const char* kLegacy = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 128256
+})";
+
+TEST(LlamaConfigHf, LegacyLayoutEqualsPreset) {
+  LlamaConfig c = parse_hf_config(kLegacy, "Llama-3.2-1B/config.json");
+  LlamaConfig p = preset_config("llama3.2-1b");
+  EXPECT_EQ(c.n_params(), p.n_params());
+  EXPECT_EQ(c.eos_token_id, 128001);  // first of the list
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  EXPECT_EQ(rope_inv_freq(c), rope_inv_freq(p));
+  EXPECT_EQ(c.max_position_embeddings, p.max_position_embeddings);
+  EXPECT_EQ(c.rms_norm_eps, p.rms_norm_eps);
+}
+
+TEST(LlamaConfigHf, DefaultsForOptionalKeys) {
+  LlamaConfig c = parse_hf_config(R"({"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":12,
+    "num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":null,"rope_scaling":{"type":"linear","factor":2}})", "x");
+  EXPECT_EQ(c.n_head_kv, 2);  // null -> same as heads
+  EXPECT_EQ(c.head_dim, 4);
+  EXPECT_EQ(c.rope_scaling.type, "linear");  // old "type" spelling
+  EXPECT_EQ(c.rope_scaling.factor, 2.0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, -1);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Errors
+
+static std::string with(const std::string& extra_or_replaced) {
+  json j = json::parse(kLegacy);
+  json patch = json::parse(extra_or_replaced);
+  for (const auto& [k, v] : patch.items()) {
+    if (v.is_string() && v.get<std::string>() == "<erase>") j.erase(k);
+    else j[k] = v;
+  }
+  return j.dump(1);
+}
+
+TEST(LlamaConfigErrors, UnsupportedModelType) {
+  Error e = config_error([] { parse_hf_config(with(R"({"model_type":"gemma2"})"), "cfg.json"); }, ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "cfg.json: key 'model_type'");
+  EXPECT_TRUE(contains(e.message(), "gemma2"));
+  EXPECT_TRUE(contains(e.hint(), "llama, mistral, qwen2")) << e.hint();
+}
+
+TEST(LlamaConfigErrors, MissingKey) {
+  Error e = config_error([] { parse_hf_config(with(R"({"hidden_size":"<erase>"})"), "cfg.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "cfg.json: key 'hidden_size'");
+  config_error([] { parse_hf_config(with(R"({"model_type":"<erase>"})"), "cfg.json"); }, ErrorKind::Config);
+}
+
+TEST(LlamaConfigErrors, WrongType) {
+  Error e = config_error([] { parse_hf_config(with(R"({"num_hidden_layers":"16"})"), "cfg.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "cfg.json: key 'num_hidden_layers'");
+  EXPECT_TRUE(contains(e.message(), "expected an integer")) << e.what();
+  e = config_error([] { parse_hf_config(with(R"({"tie_word_embeddings":"yes"})"), "cfg.json"); }, ErrorKind::Config);
+  EXPECT_TRUE(contains(e.message(), "boolean"));
+  config_error([] { parse_hf_config(with(R"({"rope_scaling":4})"), "cfg.json"); }, ErrorKind::Config);
+}
+
+TEST(LlamaConfigErrors, UnsupportedRopeScaling) {
+  for (const char* t : {"dynamic", "yarn", "longrope"}) {
+    SCOPED_TRACE(t);
+    std::string patch = std::string(R"({"rope_scaling":{"rope_type":")") + t + R"(","factor":4.0}})";
+    Error e = config_error([&] { parse_hf_config(with(patch), "cfg.json"); }, ErrorKind::Unsupported);
+    EXPECT_TRUE(contains(e.where(), "rope_scaling"));
+    EXPECT_TRUE(contains(e.message(), t));
+    EXPECT_TRUE(contains(e.hint(), "linear, llama3"));
+  }
+  // llama3 without its parameters
+  Error e = config_error([] { parse_hf_config(with(R"({"rope_scaling":{"rope_type":"llama3","factor":8.0}})"), "cfg.json"); },
+                         ErrorKind::Config);
+  EXPECT_TRUE(contains(e.where(), "low_freq_factor")) << e.what();
+}
+
+TEST(LlamaConfigErrors, InconsistentShapes) {
+  Error e = config_error([] { parse_hf_config(with(R"({"num_key_value_heads":5})"), "cfg.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "cfg.json: key 'num_key_value_heads'");
+  e = config_error([] { parse_hf_config(with(R"({"head_dim":"<erase>","num_attention_heads":30,"num_key_value_heads":6})"), "cfg.json"); },
+                   ErrorKind::Config);
+  EXPECT_EQ(e.where(), "cfg.json: key 'hidden_size'");  // 2048 % 30 != 0
+  e = config_error([] { parse_hf_config(with(R"({"num_hidden_layers":0})"), "cfg.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "cfg.json: key 'num_hidden_layers'");
+  config_error([] { parse_hf_config(with(R"({"hidden_act":"gelu"})"), "cfg.json"); }, ErrorKind::Unsupported);
+  config_error([] { parse_hf_config(with(R"({"attention_bias":true})"), "cfg.json"); }, ErrorKind::Unsupported);
+}
+
+TEST(LlamaConfigErrors, FileProblems) {
+  Error e = config_error([] { load_hf_config("/no/such/config.json"); }, ErrorKind::Io);
+  EXPECT_EQ(e.where(), "/no/such/config.json");
+  e = config_error([] { parse_hf_config("{\"model_type\": \"llama\",\n \"x\": }", "cfg.json"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), "cfg.json:2:7");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// RoPE inverse frequencies vs transformers' rotary embedding and an independent float64 evaluation.
+
+TEST(LlamaConfigRope, MatchesTransformers) {
+  json fx = read_json_file(kFix + "/rope_inv_freq.json");
+  for (const auto& [name, c] : fx.items()) {
+    SCOPED_TRACE(name);
+    LlamaConfig cfg = parse_hf_config(c["config"].dump(), name);
+    std::vector<float> got = rope_inv_freq(cfg);
+    auto f64 = c["inv_freq_f64"].get<std::vector<double>>();
+    auto hf = c["inv_freq_transformers_f32"].get<std::vector<double>>();
+    ASSERT_EQ(got.size(), f64.size());
+    ASSERT_EQ(got.size(), size_t(cfg.head_dim / 2));
+    for (size_t i = 0; i < got.size(); i++) {
+      EXPECT_NEAR(got[i], f64[i], 1e-7 * f64[i]) << i;  // float rounding of the double result
+      EXPECT_NEAR(got[i], hf[i], 2e-6 * hf[i]) << i;    // transformers evaluates in float32
+    }
+  }
+}
+
+TEST(LlamaConfigRope, Llama3ScalingHasAllThreeBands) {
+  // For Llama 3.1 8B (head_dim 128) some frequencies are kept, some divided by 8, some blended; make sure
+  // the test above covers all three branches.
+  LlamaConfig c = preset_config("llama3.1-8b");
+  LlamaConfig plain = c;
+  plain.rope_scaling = RopeScaling{};
+  std::vector<float> s = rope_inv_freq(c), p = rope_inv_freq(plain);
+  int kept = 0, divided = 0, blended = 0;
+  for (size_t i = 0; i < s.size(); i++) {
+    if (s[i] == p[i]) kept++;
+    else if (std::fabs(s[i] - p[i] / 8) <= 1e-6f * p[i]) divided++;
+    else if (s[i] < p[i] && s[i] > p[i] / 8) blended++;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+  EXPECT_EQ(kept + divided + blended, 64);
+  EXPECT_EQ(p[0], 1.0f);
+}

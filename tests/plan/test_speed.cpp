@@ -1,0 +1,124 @@
+// Speed model: compute, memory and communication terms against hand arithmetic; directions of change.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "model/model_plan.h"
+#include "plan/planner.h"
+
+using namespace qlora;
+
+namespace {
+
+PlanRequest request(const std::string& model, const std::string& gpu, const std::string& method) {
+  PlanRequest r;
+  r.model = preset_config(model);
+  r.model_label = model;
+  r.gpu = resolve_gpu(gpu);
+  r.method = method;
+  return r;
+}
+
+}  // namespace
+
+// 8B LoRA, bf16 base, one H100, 1 x 2048 tokens: GEMM time = tokens x GEMM FLOPs / (989.4 T x 80%).
+TEST(Speed, ComputeTermsByHand) {
+  PlanRequest r = request("llama3-8b", "h100", "lora");
+  PlanResult p = make_plan(r);
+  const SpeedEstimate& s = p.speed;
+  // Per token (perf_anchors §10): fwd 2 N_lin + 2 N_head + 2 r P_L, bwd 2 N_lin + 2 N_head + 4 r P_L,
+  // with N_lin = 6,979,321,856, N_head = 525,336,576, P_L = 2,621,440, r = 16.
+  const double n_lin = 6979321856.0, n_head = 525336576.0, p_l = 2621440.0;
+  const double gemm_per_token = 4 * n_lin + 4 * n_head + 6 * 16 * p_l;
+  const double attn_per_token = 3.5 * 4 * 4096 * 2049.0 / 2 * 32;  // fwd A + bwd 2.5 A
+  const PlanAssumptions& a = plan_assumptions();
+  EXPECT_NEAR(s.t_gemm, 2048 * gemm_per_token / (989.4e12 * a.gemm_efficiency), 1e-9);
+  EXPECT_NEAR(s.t_attn, 2048 * attn_per_token / (989.4e12 * a.attention_efficiency), 1e-9);
+  EXPECT_NEAR(s.flops_per_step, 2048 * (gemm_per_token + attn_per_token), 1e3);
+  // No dequant for a bf16 base; elementwise traffic: 2 bytes x (10 C + 2 q + 2 kv + 3 F) per token
+  // per layer, 3 passes: 2 x 94,208 x 32 x 3 x 2048 tokens.
+  EXPECT_EQ(s.memory_bytes[0].second, 0.0);
+  EXPECT_DOUBLE_EQ(s.memory_bytes[1].second, 2.0 * 94208 * 32 * 3 * 2048);
+  EXPECT_DOUBLE_EQ(s.memory_bytes[2].second, 3.0 * 4 * 128256 * 2048);  // chunked CE logits
+  // One GPU: no communication; step = compute + memory.
+  EXPECT_EQ(s.t_comm, 0.0);
+  EXPECT_NEAR(s.step_time_s, s.t_gemm + s.t_attn + s.t_memory, 1e-12);
+  EXPECT_NEAR(s.tokens_per_second, 2048 / s.step_time_s, 1e-6);
+  // Sanity against the physical bound (24.6K tok/s at 790 TFLOP/s): below it, above 40% of it.
+  EXPECT_LT(s.tokens_per_second, 24573);
+  EXPECT_GT(s.tokens_per_second, 0.4 * 24573);
+}
+
+// QLoRA adds dequantization traffic: per pass read the NF4 bytes and write bf16 (2 B/param),
+// two passes per micro-step (forward, dgrad), three with recompute.
+TEST(Speed, DequantTraffic) {
+  PlanRequest r = request("llama3-8b", "h100", "qlora");
+  r.checkpointing = "full";
+  PlanResult p = make_plan(r);
+  double nf4_bytes = 0;
+  for (const auto& b : p.replica.buffers)
+    if (b.category == MemCategory::Weights && b.dtype == DType::U8) nf4_bytes += double(b.bytes);
+  const double n_lin = 6979321856.0;
+  // 4-bit codes + a uint8 absmax per 64 + an fp32 nested absmax per 256 blocks = 0.5159 B/param.
+  EXPECT_NEAR(nf4_bytes / n_lin, 0.5 + 1.0 / 64 + 4.0 / (64 * 256), 1e-4);
+  EXPECT_NEAR(p.speed.memory_bytes[0].second, 3 * (nf4_bytes + 2 * n_lin), 1.0);
+  // An FP8 base consumed directly by FP8 GEMMs needs no conversion pass.
+  r.base_precision = "fp8";
+  r.gemm_dtype = "fp8";
+  EXPECT_EQ(make_plan(r).speed.memory_bytes[0].second, 0.0);
+}
+
+// Ring collectives: all-reduce of X bytes over G GPUs moves 2 (G-1)/G X per GPU over the link.
+TEST(Speed, CollectiveByHand) {
+  GpuSpec h = resolve_gpu("h100");  // 450 GB/s per direction NVLink, 50 GB/s NIC per GPU
+  EXPECT_NEAR(collective_seconds(1e9, 2, {8, 1}, h, 1.0), 2 * 7.0 / 8 * 1e9 / 450e9, 1e-15);
+  EXPECT_EQ(collective_seconds(1e9, 2, {1, 1}, h, 1.0), 0.0);
+  // Two nodes: intra-node part plus the inter-node ring over each GPU's 1/8 share on its NIC.
+  EXPECT_NEAR(collective_seconds(8e9, 1, {8, 2}, h, 0.5), 7.0 / 8 * 8e9 / 225e9 + 0.5 * 1e9 / 25e9, 1e-12);
+  // DDP over 8 GPUs: one all-reduce of the fp32 LoRA gradients per step.
+  PlanRequest r = request("llama3-8b", "h100", "lora");
+  r.topo = {8, 1};
+  PlanResult p = make_plan(r);
+  const double grads = 4.0 * 41943040;
+  ASSERT_EQ(p.speed.comm_bytes.size(), 1u);
+  EXPECT_DOUBLE_EQ(p.speed.comm_bytes[0].second, 2 * grads);
+  EXPECT_NEAR(p.speed.t_comm, collective_seconds(grads, 2, {8, 1}, h, plan_assumptions().comm_efficiency), 1e-15);
+  EXPECT_NEAR(p.speed.tokens_per_second, 8 * 2048 / p.speed.step_time_s, 1e-6);
+}
+
+TEST(Speed, DirectionsOfChange) {
+  PlanRequest r = request("llama3-70b", "h100", "qlora");
+  r.checkpointing = "full";
+  const PlanResult base = make_plan(r);
+  // Recompute costs time.
+  r.checkpointing = "none";
+  EXPECT_LT(make_plan(r).speed.step_time_s, base.speed.step_time_s);
+  r.checkpointing = "full";
+  // Same compute, more bandwidth (H200 vs H100): faster, memory term exactly scaled.
+  r.gpu = resolve_gpu("h200");
+  const PlanResult h200 = make_plan(r);
+  EXPECT_LT(h200.speed.step_time_s, base.speed.step_time_s);
+  EXPECT_NEAR(h200.speed.t_memory * 4.8, base.speed.t_memory * 3.35, 1e-9);
+  EXPECT_NEAR(h200.speed.t_gemm, base.speed.t_gemm, 1e-12);
+  // FP8 GEMMs for the base on Hopper: faster GEMMs.
+  r.gpu = resolve_gpu("h100");
+  r.gemm_dtype = "fp8";
+  EXPECT_LT(make_plan(r).speed.t_gemm, base.speed.t_gemm);
+  r.gemm_dtype = "bf16";
+  // ZeRO-3 across 2 nodes adds all-gathers of the 4-bit base every micro-step.
+  r.sharding = Sharding::Zero3;
+  r.topo = {8, 2};
+  const PlanResult z3 = make_plan(r);
+  EXPECT_GT(z3.speed.t_comm, 0.0);
+  EXPECT_NEAR(z3.speed.t_gemm, base.speed.t_gemm, 1e-12);  // each GPU still runs its whole micro-batch
+  const double hidden = plan_assumptions().comm_overlap * (z3.speed.t_gemm + z3.speed.t_attn + z3.speed.t_memory);
+  EXPECT_NEAR(z3.speed.t_comm_exposed, std::max(0.0, z3.speed.t_comm - hidden), 1e-12);
+  // Padding without packing: same compute, fewer useful tokens.
+  r = request("llama3-8b", "h100", "lora");
+  r.avg_doc_len = 512;
+  const double packed = make_plan(r).speed.tokens_per_second;
+  r.packing = false;
+  const PlanResult padded = make_plan(r);
+  EXPECT_LT(padded.speed.tokens_per_second, 0.3 * packed);
+  EXPECT_EQ(padded.speed.useful_tokens_per_step, 512.0);
+}

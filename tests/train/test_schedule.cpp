@@ -1,0 +1,98 @@
+// LR schedules and step counts vs values computed by transformers (tests/fixtures/train/schedules.json).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "train/schedule.h"
+#include "train/train_config.h"
+
+using namespace qlora;
+
+namespace {
+
+nlohmann::json fixture() {
+  std::ifstream in(std::string(QLORA_FIXTURES) + "/train/schedules.json");
+  EXPECT_TRUE(in.good()) << "missing fixture; run tools/make_schedule_fixtures.py";
+  return nlohmann::json::parse(in);
+}
+
+TrainConfig config_for(const nlohmann::json& c) {
+  TrainConfig cfg;
+  cfg.lr_scheduler_type = c["type"];
+  cfg.learning_rate = c["base_lr"];
+  cfg.warmup_steps = c["warmup_steps"];
+  cfg.warmup_ratio = c["warmup_ratio"];
+  return cfg;
+}
+
+}  // namespace
+
+TEST(Schedule, MatchesTransformersStepByStep) {
+  nlohmann::json doc = fixture();
+  ASSERT_GE(doc["schedules"].size(), 8u);
+  for (const auto& c : doc["schedules"]) {
+    TrainConfig cfg = config_for(c);
+    int64_t total = c["total_steps"];
+    SCOPED_TRACE(std::string(c["type"]) + " total=" + std::to_string(total));
+    EXPECT_EQ(warmup_steps_for(cfg, total), c["hf_warmup"].get<int64_t>());
+    const auto& lrs = c["lr"];
+    for (size_t s = 0; s < lrs.size(); ++s) {
+      double want = lrs[s], got = lr_at(cfg, total, int64_t(s));
+      EXPECT_NEAR(got, want, 1e-12 * std::max(1e-4, std::fabs(want))) << "step " << s;
+    }
+  }
+}
+
+TEST(Schedule, TotalStepsMatchTransformersTrainer) {
+  for (const auto& t : fixture()["total_steps"]) {
+    TrainConfig cfg;
+    cfg.gradient_accumulation_steps = t["gradient_accumulation_steps"];
+    cfg.num_train_epochs = t["num_train_epochs"];
+    cfg.max_steps = t["max_steps"];
+    EXPECT_EQ(total_optimizer_steps(cfg, t["micro_batches"]), t["total_steps"].get<int64_t>())
+        << "micro_batches " << t["micro_batches"] << " ga " << cfg.gradient_accumulation_steps;
+  }
+}
+
+// Hand-computed points, independent of the fixture.
+TEST(Schedule, HandComputedPoints) {
+  ScheduleParams p{.type = "cosine", .base_lr = 1.0, .warmup_steps = 10, .total_steps = 110};
+  EXPECT_DOUBLE_EQ(lr_at(p, 0), 0.0);        // warmup starts at 0
+  EXPECT_DOUBLE_EQ(lr_at(p, 5), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at(p, 10), 1.0);       // peak right after warmup
+  EXPECT_NEAR(lr_at(p, 60), 0.5, 1e-15);     // half-way down the half cosine
+  EXPECT_NEAR(lr_at(p, 35), 0.5 * (1 + std::cos(M_PI / 4)), 1e-15);
+  EXPECT_DOUBLE_EQ(lr_at(p, 110), 0.0);
+  p.type = "linear";
+  EXPECT_DOUBLE_EQ(lr_at(p, 60), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at(p, 200), 0.0);      // clamped past the end
+  p.type = "constant";
+  EXPECT_DOUBLE_EQ(lr_at(p, 0), 1.0);        // constant ignores warmup, as in HF
+  p.type = "constant_with_warmup";
+  EXPECT_DOUBLE_EQ(lr_at(p, 2), 0.2);
+  EXPECT_DOUBLE_EQ(lr_at(p, 1000), 1.0);
+}
+
+TEST(Schedule, WarmupStepsWinOverRatio) {
+  TrainConfig cfg;
+  cfg.warmup_ratio = 0.5;
+  EXPECT_EQ(warmup_steps_for(cfg, 10), 5);
+  EXPECT_EQ(warmup_steps_for(cfg, 11), 6);  // ceil
+  cfg.warmup_steps = 2;
+  EXPECT_EQ(warmup_steps_for(cfg, 10), 2);
+}
+
+TEST(Schedule, BadInputsAreErrors) {
+  ScheduleParams p{.type = "cosine_with_restarts"};
+  EXPECT_THROW(lr_at(p, 0), Error);
+  TrainConfig cfg;
+  try {
+    total_optimizer_steps(cfg, 0);
+    FAIL() << "no batches must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Data);
+  }
+}

@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+# Hugging Face parity fixtures: tiny random models, base/LoRA logits, LoRA gradients, a 3-step AdamW run.
+"""Generate the parity fixtures that the C++ tests compare against.
+
+    /opt/fixenv/bin/python tools/make_parity_fixtures.py            # all variants
+    /opt/fixenv/bin/python tools/make_parity_fixtures.py --variant llama_gqa
+    /opt/fixenv/bin/python tools/make_parity_fixtures.py --check-engine-adapter DIR --variant V --out F
+
+Writes tests/fixtures/models/<variant>/ and tests/fixtures/parity/<variant>{.safetensors,_adapter/}.
+The file format and every key are documented in tests/fixtures/parity/README.md.
+The tiny_byte demo model is made by tools/make_demo_data.py, not here.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+import transformers
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
+                          get_cosine_schedule_with_warmup)
+import peft
+from peft import LoraConfig, PeftModel, get_peft_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "tests", "fixtures", "models")
+PARITY = os.path.join(ROOT, "tests", "fixtures", "parity")
+
+B, T = 2, 12                 # batch and sequence length of every fixture input
+N_STEP, N_MICRO = 3, 2       # optimizer steps and micro-batches per step of the training run
+LORA_R, LORA_ALPHA = 4, 8
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LR, BETAS, EPS, WD, MAX_NORM = 5e-3, (0.9, 0.999), 1e-8, 0.01, 0.5
+
+DIMS = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=64, rms_norm_eps=1e-5,
+            bos_token_id=1, eos_token_id=2)
+
+# variant -> (config, seed, config.json style). "legacy" rewrites rope_parameters into the
+# rope_theta + rope_scaling keys that checkpoints on the Hub carry; "v5" keeps what transformers 5
+# writes (rope_parameters holding rope_type/rope_theta/...), so the engine's reader sees both.
+def variant_configs():
+    return {
+        "llama_gqa": (LlamaConfig(**DIMS, num_key_value_heads=2, tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                   "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 16}),
+                      1001, "legacy"),
+        "mistral": (MistralConfig(**DIMS, num_key_value_heads=1, tie_word_embeddings=False,
+                                  sliding_window=None,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                    1002, "legacy"),
+        "qwen2": (Qwen2Config(**DIMS, num_key_value_heads=2, tie_word_embeddings=False,
+                              use_sliding_window=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                  1003, "legacy"),
+        "llama_tied": (LlamaConfig(**DIMS, num_key_value_heads=4, tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                    "rope_theta": 10000.0}),
+                       1004, "v5"),
+    }
+
+
+def init_weights(model, gen):
+    """Random weights large enough that every term of the forward pass matters (never zeros)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+
+
+def rewrite_config(model_dir, style):
+    """Put config.json into the requested style; the caller reloads it to prove nothing changed."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    if style == "legacy":
+        rope = dict(cfg.pop("rope_parameters"))
+        cfg["rope_theta"] = rope.pop("rope_theta")
+        cfg["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+        cfg["torch_dtype"] = cfg.pop("dtype")  # the spelling of transformers 4.x checkpoints
+    cfg.pop("transformers_version", None)  # keeps regenerated files identical across versions
+    gen_cfg = os.path.join(model_dir, "generation_config.json")  # not read by the engine
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def make_labels(input_ids, mask_positions):
+    labels = input_ids.clone()
+    for b, t in mask_positions:
+        labels[b, t] = -100
+    return labels
+
+
+def token_loss_sum(logits, labels):
+    """Sum of next-token CE over counted targets, and their count (HF shift: logits[t] vs labels[t+1])."""
+    lg = logits[:, :-1, :].reshape(-1, logits.shape[-1])
+    tg = labels[:, 1:].reshape(-1)
+    return F.cross_entropy(lg, tg, ignore_index=-100, reduction="sum"), int((tg != -100).sum())
+
+
+def n_counted(labels):
+    return int((labels[:, 1:] != -100).sum())
+
+
+def lora_params(model):
+    """(adapter key as saved by PEFT, parameter) for every LoRA tensor, in a fixed order."""
+    out = []
+    for name, p in model.named_parameters():
+        if ".lora_A." in name or ".lora_B." in name:
+            out.append((name.replace(".default.", "."), p))
+    return out
+
+
+def set_lora_random(model, gen):
+    with torch.no_grad():
+        for key, p in lora_params(model):
+            if ".lora_A." in key:
+                p.copy_(torch.empty(p.shape).uniform_(-0.3, 0.3, generator=gen))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+
+
+def train_batches(vocab, gen):
+    """(N_STEP, N_MICRO, B, T) tokens and labels; prompt-style -100 prefixes of varying length."""
+    ids = torch.randint(0, vocab, (N_STEP, N_MICRO, B, T), generator=gen)
+    labels = ids.clone()
+    for s in range(N_STEP):
+        for m in range(N_MICRO):
+            for b in range(B):
+                n_mask = int(torch.randint(0, 6, (1,), generator=gen))  # 0..5 masked prefix positions
+                labels[s, m, b, :n_mask] = -100
+            # one masked position inside the sequence so masking is not only a prefix
+            t = int(torch.randint(6, T, (1,), generator=gen))
+            labels[s, m, (s + m) % B, t] = -100
+    return ids, labels
+
+
+def run_training(model, ids, labels):
+    """The 3-step accumulate/clip/AdamW/cosine run; returns per-step records."""
+    params = [p for _, p in lora_params(model)]
+    keys = [k for k, _ in lora_params(model)]
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, foreach=False)
+    sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=1, num_training_steps=N_STEP)
+    rec = {"loss": [], "norm": [], "lr": [], "grads": [], "n_tok": []}
+    for s in range(N_STEP):
+        counts = [n_counted(labels[s, m]) for m in range(N_MICRO)]
+        assert min(counts) > 0 and counts[0] != counts[1], counts
+        n_tok = sum(counts)
+        step_loss = 0.0
+        for m in range(N_MICRO):
+            logits = model(input_ids=ids[s, m]).logits
+            lsum, _ = token_loss_sum(logits, labels[s, m])
+            loss = lsum / n_tok
+            loss.backward()
+            step_loss += float(loss.detach())
+        rec["grads"].append({k: p.grad.detach().clone() for k, p in zip(keys, params)})
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=MAX_NORM)
+        rec["lr"].append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        rec["loss"].append(step_loss)
+        rec["norm"].append(float(norm))
+        rec["n_tok"].append(n_tok)
+    return rec
+
+
+def check_accumulation(model, ids, labels, grads0):
+    """Accumulated micro-batch grads of step 0 must equal the grads of the mean loss of the big batch."""
+    params = lora_params(model)
+    big_ids = ids[0].reshape(N_MICRO * B, T)
+    big_labels = labels[0].reshape(N_MICRO * B, T)
+    loss = model(input_ids=big_ids, labels=big_labels).loss
+    g = torch.autograd.grad(loss, [p for _, p in params])
+    for (k, _), gi in zip(params, g):
+        torch.testing.assert_close(gi, grads0[k], rtol=1e-4, atol=1e-6)
+
+
+def check_replay(adapter, out):
+    """Replay the run from the stored pre-clip grads with the formulas of the README, by hand."""
+    keys = sorted(adapter)
+    p = {k: adapter[k].clone() for k in keys}
+    m = {k: torch.zeros_like(p[k]) for k in keys}
+    v = {k: torch.zeros_like(p[k]) for k in keys}
+    for s in range(N_STEP):
+        g = {k: out["train_grad.%d.%s" % (s, k)] for k in keys}
+        norm = math.sqrt(sum(float((g[k].double() ** 2).sum()) for k in keys))
+        assert abs(norm - float(out["train_grad_norm"][s])) <= 1e-5 * norm
+        coef = min(1.0, MAX_NORM / (norm + 1e-6))
+        lr = float(out["train_lr"][s])
+        for k in keys:
+            gk = g[k] * coef
+            p[k] = p[k] * (1 - lr * WD)
+            m[k] = BETAS[0] * m[k] + (1 - BETAS[0]) * gk
+            v[k] = BETAS[1] * v[k] + (1 - BETAS[1]) * gk * gk
+            mh = m[k] / (1 - BETAS[0] ** (s + 1))
+            vh = v[k] / (1 - BETAS[1] ** (s + 1))
+            p[k] = p[k] - lr * mh / (vh.sqrt() + EPS)
+    for k in keys:
+        torch.testing.assert_close(p[k], out["final." + k], rtol=0, atol=1e-6)
+    assert abs(float(out["train_lr"][1]) - LR) < 1e-9 and float(out["train_lr"][0]) == 0.0
+
+
+def make_variant(name, config, seed, style):
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model_dir = os.path.join(MODELS, name)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                             dtype=torch.float32)
+    init_weights(model, gen)
+    model.eval()
+    shutil.rmtree(model_dir, ignore_errors=True)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    rewrite_config(model_dir, style)
+
+    # Everything below runs on the model reloaded from disk, so the fixtures describe the files.
+    ids = torch.randint(0, config.vocab_size, (B, T), generator=gen)
+    labels = make_labels(ids, [(0, 0), (0, 1), (0, 2), (0, 3), (1, 7)])
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
+                                                 dtype=torch.float32)
+    model.eval()
+    out = {"input_ids": ids.to(torch.int32), "labels": labels.to(torch.int32)}
+    with torch.no_grad():
+        res = model(input_ids=ids, labels=labels)
+    torch.testing.assert_close(res.logits, ref, rtol=0, atol=0)  # config rewrite changed nothing
+    lsum, n = token_loss_sum(res.logits, labels)
+    torch.testing.assert_close(res.loss, lsum / n)
+    out["logits"] = res.logits.contiguous()
+    out["loss"] = res.loss.reshape(1)
+
+    if name == "llama_gqa":  # same weights as llama_gqa, in >= 3 shards with an index
+        shard_dir = os.path.join(MODELS, "llama_gqa_sharded")
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        model.save_pretrained(shard_dir, safe_serialization=True, max_shard_size="100KB")
+        shutil.copy(os.path.join(model_dir, "config.json"), os.path.join(shard_dir, "config.json"))
+        os.remove(os.path.join(shard_dir, "generation_config.json"))
+        shards = [f for f in os.listdir(shard_dir) if f.endswith(".safetensors")]
+        assert len(shards) >= 3 and os.path.exists(
+            os.path.join(shard_dir, "model.safetensors.index.json")), shards
+        sharded = AutoModelForCausalLM.from_pretrained(shard_dir, attn_implementation="eager",
+                                                       dtype=torch.float32)
+        with torch.no_grad():
+            torch.testing.assert_close(sharded(input_ids=ids).logits, res.logits, rtol=0, atol=0)
+
+    lcfg = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=TARGETS, lora_dropout=0.0,
+                      bias="none", task_type="CAUSAL_LM")
+    pm = get_peft_model(model, lcfg)
+    set_lora_random(pm, gen)
+    pm.eval()
+    adapter_dir = os.path.join(PARITY, name + "_adapter")
+    shutil.rmtree(adapter_dir, ignore_errors=True)
+    pm.save_pretrained(adapter_dir, safe_serialization=True)
+    fix_adapter_config(adapter_dir, name)
+    saved = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    params = lora_params(pm)
+    assert sorted(saved) == sorted(k for k, _ in params), (sorted(saved)[:3], params[0][0])
+    for k, p in params:
+        assert torch.equal(saved[k], p.detach())
+
+    res = pm(input_ids=ids, labels=labels)
+    res.loss.backward()
+    out["lora_logits"] = res.logits.detach().contiguous()
+    out["lora_loss"] = res.loss.detach().reshape(1)
+    for k, p in params:
+        assert p.grad is not None and float(p.grad.abs().max()) > 0, k
+        out["grad." + k] = p.grad.detach().clone()
+    pm.zero_grad(set_to_none=True)
+
+    t_ids, t_labels = train_batches(config.vocab_size, gen)
+    rec = run_training(pm, t_ids, t_labels)
+    assert any(n > MAX_NORM for n in rec["norm"]), rec["norm"]  # clipping must trigger
+    out["train_input_ids"] = t_ids.to(torch.int32)
+    out["train_labels"] = t_labels.to(torch.int32)
+    out["train_loss"] = torch.tensor(rec["loss"], dtype=torch.float32)
+    out["train_grad_norm"] = torch.tensor(rec["norm"], dtype=torch.float32)
+    out["train_lr"] = torch.tensor(rec["lr"], dtype=torch.float32)
+    out["train_n_tokens"] = torch.tensor(rec["n_tok"], dtype=torch.int32)
+    for s, grads in enumerate(rec["grads"]):
+        for k, g in grads.items():
+            out["train_grad.%d.%s" % (s, k)] = g
+    for k, p in lora_params(pm):
+        out["final." + k] = p.detach().clone()
+
+    # Cross-check with an independent route: reload the saved adapter, step 0 as one big batch.
+    fresh = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
+                                             dtype=torch.float32), adapter_dir, is_trainable=True)
+    fresh.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(input_ids=ids).logits, out["lora_logits"], rtol=0, atol=0)
+    check_accumulation(fresh, t_ids, t_labels, rec["grads"][0])
+
+    check_replay(saved, out)
+    out = {k: v.contiguous() for k, v in out.items()}
+    save_file(out, os.path.join(PARITY, name + ".safetensors"),
+              metadata={"generator": generator_note()})
+    print("%-11s loss %.5f lora_loss %.5f train_loss %s grad_norm %s lr %s" % (
+        name, float(out["loss"]), float(out["lora_loss"]),
+        ["%.5f" % x for x in rec["loss"]], ["%.4f" % x for x in rec["norm"]],
+        ["%.2e" % x for x in rec["lr"]]))
+
+
+def generator_note():
+    # One metadata key only: safetensors orders several keys at random, which would make
+    # regenerated files differ byte-wise although every tensor is identical.
+    return "tools/make_parity_fixtures.py; torch %s, transformers %s, peft %s" % (
+        torch.__version__.split("+")[0], transformers.__version__, peft.__version__)
+
+
+def fix_adapter_config(adapter_dir, name):
+    """Replace the absolute base-model path PEFT records with one relative to the repo root."""
+    path = os.path.join(adapter_dir, "adapter_config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["base_model_name_or_path"] = "tests/fixtures/models/" + name
+    cfg["target_modules"] = sorted(cfg["target_modules"])  # PEFT stores a set: fix the order
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    readme = os.path.join(adapter_dir, "README.md")  # PEFT's model-card boilerplate
+    if os.path.exists(readme):
+        os.remove(readme)
+
+
+def check_engine_adapter(adapter_dir, variant, out_path):
+    """Logits of base model + an adapter (e.g. one the engine wrote) for the fixture's input_ids."""
+    fixture = load_file(os.path.join(PARITY, variant + ".safetensors"))
+    ids = fixture["input_ids"].to(torch.int64)
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(MODELS, variant),
+                                                attn_implementation="eager", dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, adapter_dir)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    save_file({"peft_logits": logits.contiguous()}, out_path)
+    print("wrote %s: peft_logits %s; max |peft_logits - fixture lora_logits| = %.3g" % (
+        out_path, tuple(logits.shape), float((logits - fixture["lora_logits"]).abs().max())))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--variant", help="one variant (default: all)")
+    ap.add_argument("--check-engine-adapter", metavar="ADAPTER_DIR",
+                    help="write logits of models/VARIANT + ADAPTER_DIR for the fixture input_ids")
+    ap.add_argument("--out", help="output .safetensors for --check-engine-adapter")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(True)
+    configs = variant_configs()
+    if args.variant and args.variant not in configs:
+        sys.exit("unknown variant %r; expected one of %s" % (args.variant, ", ".join(configs)))
+    if args.check_engine_adapter:
+        if not args.variant or not args.out:
+            sys.exit("--check-engine-adapter needs --variant and --out")
+        check_engine_adapter(args.check_engine_adapter, args.variant, args.out)
+        return
+    os.makedirs(PARITY, exist_ok=True)
+    for name, (config, seed, style) in configs.items():
+        if args.variant in (None, name):
+            make_variant(name, config, seed, style)
+
+
+if __name__ == "__main__":
+    main()
