@@ -167,10 +167,10 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
     for (const auto& w : p.warnings) t += "  - " + w + "\n";
   }
   if (o.buffers) {
-    t += "\nbuffers (" + std::to_string(p.plan.buffers.size()) + "):\n";
+    t += "\nbuffers (" + std::to_string(p.plan.buffers.size()) + "; bytes before 256-byte alignment):\n";
     for (const auto& b : p.plan.buffers)
       t += "  " + pad(b.name, 44) + " " + pad(mem_category_name(b.category), 12) + pad(dtype_name(b.dtype), 6) +
-           pad(shape_str(b.shape), 22) + pad(lifetime_name(b.lifetime), 11) + pad(fmt_gib(double(b.bytes)), 12, true) +
+           pad(shape_str(b.shape), 22) + pad(lifetime_name(b.lifetime), 11) + pad(std::to_string(b.bytes) + " B", 16, true) +
            (b.host ? " host" : "") + "\n";
   }
   return t;

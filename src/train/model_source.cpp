@@ -1,40 +1,56 @@
-// Model sources: Hugging Face directories (config.json + safetensors, sharded or not).
+// Model sources: Hugging Face directories (config.json + safetensors, sharded or not, tokenizer.json)
+// and GGUF files (weights dequantized on load, tokenizer from the GGUF vocabulary).
 #include "train/model_source.h"
 
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/gguf_model.h"
 
 namespace fs = std::filesystem;
 
 namespace qlora {
 
-TextEncoder byte_level_encoder() {
+TextEncoder text_encoder(std::shared_ptr<const Tokenizer> tok, const std::string& name) {
   TextEncoder e;
-  e.encode = [](const std::string& s) {
-    std::vector<int32_t> ids(s.size());
-    for (size_t i = 0; i < s.size(); i++) ids[i] = int32_t(static_cast<unsigned char>(s[i]));
-    return ids;
-  };
-  e.bos = 256;
-  e.eos = 257;
-  e.vocab_size = 258;
-  e.name = "byte-level (no tokenizer.json)";
+  e.name = name;
+  e.vocab_size = tok->vocab_size();
+  e.encode = [tok](const std::string& s) { return tok->encode(s, true); };
+  e.bos = -1;  // added by encode() when the tokenizer's post-processor adds it
+  e.eos = tok->eos_id().value_or(-1);
   return e;
 }
 
-ModelSource open_model_source(const std::string& path) {
-  if (path.empty())
-    fail(ErrorKind::Config, "model_name_or_path", "not set", "point it at a Hugging Face model directory");
-  if (!fs::exists(path)) {
-    std::string hint = has_preset(path) ? "'" + path + "' is a shape preset for `qlora plan`; training needs weights"
-                                        : "expected a directory with config.json and *.safetensors";
-    fail(ErrorKind::Io, path, "model path does not exist", hint);
+static void attach_tokenizer(ModelSource& src, std::shared_ptr<const Tokenizer> tok, const std::string& name,
+                             const std::string& where) {
+  if (tok && tok->vocab_size() > src.config.vocab_size)
+    fail(ErrorKind::Config, where, "tokenizer has " + std::to_string(tok->vocab_size()) +
+                                       " ids but the model's vocabulary is " + std::to_string(src.config.vocab_size));
+  if (!tok && src.config.vocab_size >= 258) {
+    tok = std::make_shared<const Tokenizer>(Tokenizer::byte_level());
+    src.tokenizer = tok;
+    src.encoder = text_encoder(tok, "byte-level (no tokenizer.json)");
+    return;
   }
-  if (!fs::is_directory(path))
-    fail(ErrorKind::Unsupported, path, "not a model directory", "expected a directory with config.json and *.safetensors");
+  src.tokenizer = tok;
+  if (tok) {
+    src.encoder = text_encoder(tok, name);
+    return;
+  }
+  const std::string msg = "no tokenizer.json and the vocabulary (" + std::to_string(src.config.vocab_size) +
+                          ") is too small for the byte-level fallback (258)";
+  src.encoder.encode = [where, msg](const std::string&) -> std::vector<int32_t> {
+    fail(ErrorKind::Config, where, msg, "add the model's tokenizer.json or use pre-tokenized data");
+  };
+  src.encoder.vocab_size = src.config.vocab_size;
+  src.encoder.name = "none (pre-tokenized data only)";
+}
+
+static ModelSource open_hf_dir(const std::string& path) {
   ModelSource src;
+  src.format = "hf";
   src.config = load_hf_config(path + "/config.json");
   src.config.name = path;
   auto ar = std::make_shared<SafetensorsArchive>(path);
@@ -44,22 +60,50 @@ ModelSource open_model_source(const std::string& path) {
   src.tensors.read_f32 = [ar](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
     ar->read_f32(n, dst, shape);
   };
-  if (fs::exists(path + "/tokenizer.json")) {
-    fail(ErrorKind::Unsupported, path + "/tokenizer.json", "tokenizer.json support is not wired in yet");
-  }
-  src.encoder = byte_level_encoder();
-  if (src.config.vocab_size < src.encoder.vocab_size) {
-    // Pre-tokenized data still works; only text rows need an encoder.
-    const std::string msg = "no tokenizer.json and the vocabulary (" + std::to_string(src.config.vocab_size) +
-                            ") is too small for the byte-level fallback (258)";
-    src.encoder.encode = [path, msg](const std::string&) -> std::vector<int32_t> {
-      fail(ErrorKind::Config, path, msg, "add the model's tokenizer.json or use pre-tokenized data");
-    };
-    src.encoder.bos = src.encoder.eos = -1;
-    src.encoder.vocab_size = src.config.vocab_size;
-    src.encoder.name = "none (pre-tokenized data only)";
-  }
+  std::shared_ptr<const Tokenizer> tok;
+  if (fs::exists(path + "/tokenizer.json"))
+    tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path + "/tokenizer.json"));
+  attach_tokenizer(src, tok, path + "/tokenizer.json", path);
   return src;
+}
+
+static ModelSource open_gguf(const std::string& path) {
+  ModelSource src;
+  src.format = "gguf";
+  auto g = std::make_shared<GgufFile>(path);
+  src.keepalive = g;
+  src.config = gguf_llama_config(*g);
+  src.config.name = path;
+  src.config.validate(path);
+  const LlamaConfig cfg = src.config;
+  src.tensors.description = "GGUF " + path;
+  src.tensors.has = [g](const std::string& n) {
+    for (const auto& t : g->tensors())
+      if (t.name == hf_to_gguf_name(n)) return true;
+    return false;
+  };
+  src.tensors.read_f32 = [g, cfg, path](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
+    const auto got = gguf_hf_shape(*g, n);
+    if (got != shape)
+      fail(ErrorKind::Shape, path + ": tensor '" + n + "'", "has shape " + shape_str(got) + ", expected " + shape_str(shape));
+    gguf_read_hf_tensor(*g, cfg, n, dst);
+  };
+  attach_tokenizer(src, std::make_shared<const Tokenizer>(Tokenizer::from_gguf(*g)), "GGUF vocabulary", path);
+  return src;
+}
+
+ModelSource open_model_source(const std::string& path) {
+  if (path.empty())
+    fail(ErrorKind::Config, "model_name_or_path", "not set", "point it at a Hugging Face model directory or a .gguf file");
+  if (!fs::exists(path)) {
+    std::string hint = has_preset(path) ? "'" + path + "' is a shape preset for `qlora plan`; training needs weights"
+                                        : "expected a directory with config.json and *.safetensors, or a .gguf file";
+    fail(ErrorKind::Io, path, "model path does not exist", hint);
+  }
+  if (fs::is_directory(path)) return open_hf_dir(path);
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) return open_gguf(path);
+  fail(ErrorKind::Unsupported, path, "not a model directory or a .gguf file",
+       "expected a directory with config.json and *.safetensors, or a .gguf file");
 }
 
 }  // namespace qlora

@@ -1,11 +1,12 @@
-// Opens what `model_name_or_path` names (a Hugging Face model directory today) as a config,
-// a tensor source and a text encoder.
+// Opens what `model_name_or_path` names — a Hugging Face model directory or a GGUF file — as a
+// config, a tensor source, a tokenizer and a text encoder for the data layer.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "model/llama_config.h"
 #include "model/llama_model.h"
+#include "text/tokenizer.h"
 #include "train/data.h"
 
 namespace qlora {
@@ -13,13 +14,16 @@ namespace qlora {
 struct ModelSource {
   LlamaConfig config;
   TensorSource tensors;
-  TextEncoder encoder;
-  std::shared_ptr<void> keepalive;  // mapped files behind `tensors`
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: no usable tokenizer (pre-tokenized data only)
+  TextEncoder encoder;                         // what the data layer calls; fails clearly without a tokenizer
+  std::string format;                          // "hf" | "gguf"
+  std::shared_ptr<void> keepalive;             // mapped files behind `tensors`
 };
 
 ModelSource open_model_source(const std::string& model_name_or_path);
 
-// Bytes 0..255 are ids 0..255, BOS 256, EOS 257: the fallback for models without a tokenizer.
-TextEncoder byte_level_encoder();
+// The data layer's view of a tokenizer: encode(text) adds what the tokenizer's post-processor adds
+// (e.g. BOS); eos is appended by the data layer after a trained text.
+TextEncoder text_encoder(std::shared_ptr<const Tokenizer> tok, const std::string& name);
 
 }  // namespace qlora

@@ -21,6 +21,7 @@
 #include "train/progress.h"
 #include "train/schedule.h"
 #include "train/step.h"
+#include "train/train_data.h"
 
 namespace fs = std::filesystem;
 
@@ -35,8 +36,8 @@ void install_stop_signal_handlers() {
   std::signal(SIGTERM, on_stop_signal);
 }
 
-LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, int64_t micro_batch, int64_t seq_len) {
-  ModelSource src = open_model_source(cfg.model_name_or_path);
+LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
+                                    int64_t seq_len) {
   LoraSpec lora;
   lora.r = cfg.r;
   lora.alpha = cfg.lora_alpha;
@@ -130,33 +131,19 @@ TrainSummary Trainer::run() {
   using clock = std::chrono::steady_clock;
   // ---- data
   ModelSource probe = open_model_source(cfg_.model_name_or_path);
-  DataStats st;
-  std::vector<Example> train = load_jsonl_examples(cfg_.train_file, probe.encoder, cfg_.max_length, cfg_.truncation, &st);
-  log("data: " + std::to_string(st.rows) + " rows, " + std::to_string(st.tokens) + " tokens (" +
-      std::to_string(st.trained_tokens) + " trained), longest " + std::to_string(st.longest) + ", truncated " +
-      std::to_string(st.truncated) + ", dropped " + std::to_string(st.dropped) + ", no-loss rows skipped " +
-      std::to_string(st.skipped_no_loss) + " [tokenizer: " + probe.encoder.name + "]");
-  std::vector<Example> eval;
-  int64_t longest = st.longest;
-  if (!cfg_.eval_file.empty()) {
-    DataStats es;
-    eval = load_jsonl_examples(cfg_.eval_file, probe.encoder, cfg_.max_length, cfg_.truncation, &es);
-    longest = std::max(longest, es.longest);
-  } else if (cfg_.val_set_size > 0) {
-    const int64_t n_eval = cfg_.val_set_size < 1 ? std::max<int64_t>(1, int64_t(cfg_.val_set_size * double(train.size())))
-                                                 : int64_t(cfg_.val_set_size);
-    split_eval(train, eval, n_eval, uint64_t(cfg_.seed));
-  }
+  TrainData data = load_train_data(cfg_, probe, [this](const std::string& l) { log(l); });
+  std::vector<Example>& train = data.train;
+  const int64_t longest = data.longest;
   const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
   const int64_t ebs = cfg_.per_device_eval_batch_size;
   const int64_t seq = std::min(cfg_.max_length, longest);
 
   // ---- model
-  lm_ = load_model_for_training(cfg_, be_, std::max(bs, ebs), seq);
+  lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq);
   LlamaModel& model = *lm_.model;
-  const int32_t pad = probe.encoder.eos >= 0 ? probe.encoder.eos : 0;
+  const int32_t pad = data.pad_id;
   DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
-  std::vector<Batch> eval_batches = make_batches(eval, ebs, pad);
+  std::vector<Batch> eval_batches = make_batches(data.eval, ebs, pad);
   const int64_t total = total_optimizer_steps(cfg_, stream.batches_per_epoch());
   int64_t n_trainable = 0;
   for (auto& p : model.lora_params()) n_trainable += p.w.numel();

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "model/llama_model.h"
 #include "train/data.h"
+#include "train/model_source.h"
 #include "train/train_config.h"
 
 namespace qlora {
@@ -30,7 +31,8 @@ struct LoadedModel {
   TextEncoder encoder;
   std::string source;
 };
-LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, int64_t micro_batch, int64_t seq_len);
+LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
+                                    int64_t seq_len);
 
 class Trainer {
  public:

@@ -9,6 +9,7 @@
 // k-slice (the P of softmax feeds the next mma without leaving registers).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -156,3 +157,11 @@ struct AttnParams {
 };
 
 }  // namespace qlora::cuda::attn
+
+namespace qlora::cuda {
+// Kernel launchers (cuda_attention_fwd.cu / cuda_attention_bwd.cu); head_dim is 64 or 128.
+void attention_fwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s);
+void attention_bwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s);
+void attention_fwd_set_smem_limits();
+void attention_bwd_set_smem_limits();
+}  // namespace qlora::cuda

@@ -1,4 +1,5 @@
 // CUDA fused cross-entropy (loss + dlogits), the PyTorch-exact AdamW step and sum of squares.
+#include <algorithm>
 #include <cfloat>
 #include <charconv>
 #include <cmath>

@@ -1,0 +1,145 @@
+// attention_fwd / attention_bwd ops: argument checks, the delta pre-pass and the dq epilogue
+// around the flash-attention kernels (cuda_attention_fwd.cu, cuda_attention_bwd.cu).
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/cuda_backend_impl.cuh"
+
+namespace qlora::cuda {
+
+namespace {
+
+// delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]; one warp per (b,t,h) row.
+__global__ void attn_delta_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ out,
+                                  float* __restrict__ delta, int64_t rows, int64_t t_len, int n_head, int head_dim) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  float s = 0.0f;
+  for (int d = lane; d < head_dim; d += 32)
+    s += __bfloat162float(dout[row * head_dim + d]) * __bfloat162float(out[row * head_dim + d]);
+  s = warp_sum(s);
+  if (lane == 0) {
+    const int64_t h = row % n_head, bt = row / n_head, t = bt % t_len, b = bt / t_len;
+    delta[(b * n_head + h) * t_len + t] = s;
+  }
+}
+
+// dq = bf16(scale * dq_acc).
+__global__ void attn_dq_kernel(const float* __restrict__ acc, __nv_bfloat16* __restrict__ dq, int64_t n, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 2; i += int64_t(gridDim.x) * blockDim.x) {
+    const float2 v = reinterpret_cast<const float2*>(acc)[i];
+    reinterpret_cast<__nv_bfloat162*>(dq)[i] = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+  }
+}
+
+struct AttnDims {
+  int64_t b, t, hq, hkv, d;
+};
+
+AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, float scale) {
+  check_dim(op, "b", b);
+  check_dim(op, "t", t);
+  check_dim(op, "head_dim", d);
+  if (hq <= 0 || hkv <= 0 || hq % hkv != 0)
+    fail(ErrorKind::Shape, std::string("cuda op ") + op + ", dimension 'n_head'",
+         "n_head " + std::to_string(hq) + " is not a positive multiple of n_head_kv " + std::to_string(hkv));
+  if (!(scale > 0.0f) || !std::isfinite(scale))
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'scale'",
+         "scale must be positive and finite, got " + std::to_string(scale), "normally 1/sqrt(head_dim)");
+  if (d != 64 && d != 128)
+    unsupported(op, "head_dim " + std::to_string(d) + " has no flash-attention kernel (built for 64 and 128)",
+                "use a model with head_dim 64 or 128, or device=cpu");
+  if (hq > 65535 || b > 65535) unsupported(op, "more than 65535 heads or sequences in one call");
+  return {b, t, hq, hkv, d};
+}
+
+void check_vec_aligned(const char* op, const char* name, const Tensor& t) {
+  if (!aligned16(t.data))
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", tensor '" + name + "'",
+         "is not 16-byte aligned; the attention kernels load rows with 16-byte copies");
+}
+
+attn::AttnParams base_params(const AttnDims& g, const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* seg,
+                             float scale) {
+  attn::AttnParams p{};
+  p.q = static_cast<const attn::bf16*>(q.data);
+  p.k = static_cast<const attn::bf16*>(k.data);
+  p.v = static_cast<const attn::bf16*>(v.data);
+  p.seg = seg;
+  p.t = g.t;
+  p.n_head = int(g.hq);
+  p.n_head_kv = int(g.hkv);
+  p.group = int(g.hq / g.hkv);
+  p.scale = scale;
+  p.scale_log2 = scale * attn::kLog2e;
+  return p;
+}
+
+}  // namespace
+
+void attention_set_smem_limits() {
+  attention_fwd_set_smem_limits();
+  attention_bwd_set_smem_limits();
+}
+
+void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
+  const char* op = "attention_fwd";
+  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
+  const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
+  check_tensor(op, "out", a.out, nq, true, false);
+  check_tensor(op, "lse", a.lse, g.b * g.hq * g.t, false, true);
+  check_tensor(op, "q", a.q, nq, true, false);
+  check_tensor(op, "k", a.k, nkv, true, false);
+  check_tensor(op, "v", a.v, nkv, true, false);
+  if (g.b == 0 || g.t == 0) return;
+  for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
+  attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
+  p.out = static_cast<attn::bf16*>(a.out.data);
+  p.lse = a.lse.f32();
+  attention_fwd_launch(p, g.b, g.d, stream_);
+}
+
+void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
+  const char* op = "attention_bwd";
+  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
+  const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
+  check_tensor(op, "dq", a.dq, nq, true, false);
+  check_tensor(op, "dk", a.dk, nkv, true, false);
+  check_tensor(op, "dv", a.dv, nkv, true, false);
+  check_tensor(op, "dout", a.dout, nq, true, false);
+  check_tensor(op, "q", a.q, nq, true, false);
+  check_tensor(op, "k", a.k, nkv, true, false);
+  check_tensor(op, "v", a.v, nkv, true, false);
+  check_tensor(op, "out", a.out, nq, true, false);
+  check_tensor(op, "lse", a.lse, g.b * g.hq * g.t, false, true);
+  if (g.b == 0 || g.t == 0) return;
+  for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dout", &a.dout}, {"q", &a.q},
+                         {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
+    check_vec_aligned(op, name, *t);
+
+  auto* dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(nq) * 4));                // (B,T,Hq,D)
+  auto* delta = static_cast<float*>(scratch(Scratch::AttnDelta, size_t(g.b * g.hq * g.t) * 4));  // (B,Hq,T)
+  QLORA_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * 4, stream_));
+  const int64_t rows = g.b * g.t * g.hq;
+  attn_delta_kernel<<<unsigned(ceil_div64(rows * 32, 256)), 256, 0, stream_>>>(
+      static_cast<const __nv_bfloat16*>(a.dout.data), static_cast<const __nv_bfloat16*>(a.out.data), delta, rows, g.t,
+      int(g.hq), int(g.d));
+  QLORA_CUDA_LAUNCH_CHECK();
+
+  attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
+  p.dout = static_cast<const attn::bf16*>(a.dout.data);
+  p.lse_in = a.lse.f32();
+  p.delta = delta;
+  p.dq_acc = dq_acc;
+  p.dk = static_cast<attn::bf16*>(a.dk.data);
+  p.dv = static_cast<attn::bf16*>(a.dv.data);
+  attention_bwd_launch(p, g.b, g.d, stream_);
+
+  const int blocks = int(std::min<int64_t>(ceil_div64(nq / 2, 256), int64_t(sm_count_) * 16));
+  attn_dq_kernel<<<blocks, 256, 0, stream_>>>(dq_acc, static_cast<__nv_bfloat16*>(a.dq.data), nq, a.scale);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace qlora::cuda

@@ -1,0 +1,271 @@
+// Flash-attention backward on tensor cores (FA2 order): one block per (batch, kv head, 64 keys).
+//
+// The block keeps dK and dV of its keys in registers and walks every query head of its GQA group
+// and every query block that can see its keys, so dK/dV are written once, without atomics. Per
+// step (32 queries) each warp recomputes its 16 keys' slice of S^T = K Q^T, P^T = exp2(S^T - lse),
+// then dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q. Working on S^T (keys
+// as rows) puts P^T and dS^T in the A-fragment layout those two products need. dQ = dS K needs the
+// transpose, so dS^T goes through shared memory and the block adds its dQ part into an f32
+// accumulator with atomics (dq is reproducible to rounding only). Instantiated for D = 64, 128.
+#include <cmath>
+
+#include "backend/cuda/attention_mma.cuh"
+#include "backend/cuda/cuda_backend_impl.cuh"
+
+namespace qlora::cuda {
+
+namespace attn {
+
+template <int D>
+__global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(const AttnParams p) {
+  using Tr = BwdTraits<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+  const int64_t T = p.t;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int64_t k0 = int64_t(blockIdx.x) * Tr::kBc;
+  const int64_t ldq = int64_t(p.n_head) * D, ldk = int64_t(p.n_head_kv) * D;
+  const bf16* kg = p.k + (int64_t(b) * T * p.n_head_kv + hk) * D;  // row s at kg + s*ldk
+  const bf16* vg = p.v + (int64_t(b) * T * p.n_head_kv + hk) * D;
+  const int32_t* seg = p.seg ? p.seg + int64_t(b) * T : nullptr;  // (T)
+
+  const uint32_t sK = smem_addr(smem);            // (kBc, D)
+  const uint32_t sV = sK + Tr::kKVBytes;          // (kBc, D)
+  const uint32_t sQ = sV + Tr::kKVBytes;          // 2 x (kBq, D)
+  const uint32_t sDO = sQ + 2 * Tr::kQBytes;      // 2 x (kBq, D)
+  unsigned char* ds_ptr = smem + 2 * Tr::kKVBytes + 4 * Tr::kQBytes;  // (kBc, kDsStride) bf16 dS^T
+  bf16* sDs = reinterpret_cast<bf16*>(ds_ptr);
+  const uint32_t sDs_addr = smem_addr(ds_ptr);
+  float* sLse = reinterpret_cast<float*>(ds_ptr + Tr::kDsBytes);  // 2 x (kBq), times log2(e)
+  float* sDelta = sLse + 2 * Tr::kBq;                               // 2 x (kBq)
+
+  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, k0, T);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, k0, T);
+  cp_async_commit();
+
+  // Queries before k0 see none of these keys; iterations run over (head in group, query block).
+  const int q_start = int(k0 / Tr::kBq);
+  const int n_qb = int((T + Tr::kBq - 1) / Tr::kBq) - q_start;
+  const int n_it = p.group * n_qb;
+
+  auto prefetch = [&](int it, int stage) {
+    const int h = hk * p.group + it / n_qb;
+    const int64_t q0 = int64_t(q_start + it % n_qb) * Tr::kBq;
+    const int64_t off = (int64_t(b) * T * p.n_head + h) * D;
+    load_tile<Tr::kBq, D, Tr::kThreads>(sQ + stage * Tr::kQBytes, p.q + off, ldq, q0, T);
+    load_tile<Tr::kBq, D, Tr::kThreads>(sDO + stage * Tr::kQBytes, p.dout + off, ldq, q0, T);
+    if (threadIdx.x < Tr::kBq) {
+      const int64_t t = q0 + threadIdx.x, i = (int64_t(b) * p.n_head + h) * T + t;
+      // lse = +inf for rows past the end makes their P exactly 0.
+      sLse[stage * Tr::kBq + threadIdx.x] = t < T ? p.lse_in[i] * kLog2e : INFINITY;
+      sDelta[stage * Tr::kBq + threadIdx.x] = t < T ? p.delta[i] : 0.0f;
+    }
+    cp_async_commit();
+  };
+
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];  // rows g, g+8 of this warp's 16 keys
+#pragma unroll
+  for (int i = 0; i < D / 8; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+  const int64_t key_r[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  const int seg_key[2] = {seg && key_r[0] < T ? seg[key_r[0]] : -1, seg && key_r[1] < T ? seg[key_r[1]] : -1};
+
+  prefetch(0, 0);
+  for (int it = 0; it < n_it; it++) {
+    const int stage = it & 1;
+    if (it + 1 < n_it) {
+      prefetch(it + 1, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int h = hk * p.group + it / n_qb;
+    const int64_t q0 = int64_t(q_start + it % n_qb) * Tr::kBq;
+    const uint32_t q_tile = sQ + stage * Tr::kQBytes, do_tile = sDO + stage * Tr::kQBytes;
+    const float* lse2 = sLse + stage * Tr::kBq;
+    const float* dlt = sDelta + stage * Tr::kBq;
+    int lr, lc;
+
+    // S^T = K Q^T: 16 keys x 32 queries per warp (4 n-tiles of 8 queries).
+    float st[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t a[4];
+      lane_rows16(lane, lr, lc);
+      ldsm_x4(a, sK + swz(warp * 16 + lr, kk * 2 + lc, Tr::kChunks));
+      lane_rows8x2(lane, lr, lc);
+#pragma unroll
+      for (int np = 0; np < 2; np++) {
+        uint32_t bq[4];
+        ldsm_x4(bq, q_tile + swz(np * 16 + lr, kk * 2 + lc, Tr::kChunks));
+        mma16816(st[2 * np], a, bq[0], bq[1]);
+        mma16816(st[2 * np + 1], a, bq[2], bq[3]);
+      }
+    }
+
+    // P^T = exp2(S^T scale log2e - lse log2e), masked entries 0.
+    const bool need_mask = seg != nullptr || q0 < k0 + warp * 16 + 15 || q0 + Tr::kBq > T;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int tl = nt * 8 + 2 * q4 + (e & 1);
+        float pv = exp2f(st[nt][e] * p.scale_log2 - lse2[tl]);
+        if (need_mask) {
+          const int64_t t = q0 + tl, key = key_r[e >> 1];
+          const bool vis = key <= t && t < T && (seg == nullptr || seg[t] == seg_key[e >> 1]);
+          if (!vis) pv = 0.0f;
+        }
+        st[nt][e] = pv;
+      }
+
+    // dV += P^T dO   (k = queries; dO arrives transposed through ldmatrix.trans)
+    lane_rows16(lane, lr, lc);
+#pragma unroll
+    for (int kq = 0; kq < Tr::kBq / 16; kq++) {
+      uint32_t a[4];
+      c_to_a(a, st[2 * kq], st[2 * kq + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t bo[4];
+        ldsm_x4_t(bo, do_tile + swz(kq * 16 + lr, dp * 2 + lc, Tr::kChunks));
+        mma16816(dv_acc[2 * dp], a, bo[0], bo[1]);
+        mma16816(dv_acc[2 * dp + 1], a, bo[2], bo[3]);
+      }
+    }
+
+    // dP^T = V dO^T
+    float dpt[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t a[4];
+      lane_rows16(lane, lr, lc);
+      ldsm_x4(a, sV + swz(warp * 16 + lr, kk * 2 + lc, Tr::kChunks));
+      lane_rows8x2(lane, lr, lc);
+#pragma unroll
+      for (int np = 0; np < 2; np++) {
+        uint32_t bo[4];
+        ldsm_x4(bo, do_tile + swz(np * 16 + lr, kk * 2 + lc, Tr::kChunks));
+        mma16816(dpt[2 * np], a, bo[0], bo[1]);
+        mma16816(dpt[2 * np + 1], a, bo[2], bo[3]);
+      }
+    }
+
+    // dS^T = P^T (dP^T - delta), kept in st.
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) st[nt][e] *= dpt[nt][e] - dlt[nt * 8 + 2 * q4 + (e & 1)];
+
+    // dK += dS^T Q   (unscaled; the epilogue applies `scale`)
+    lane_rows16(lane, lr, lc);
+#pragma unroll
+    for (int kq = 0; kq < Tr::kBq / 16; kq++) {
+      uint32_t a[4];
+      c_to_a(a, st[2 * kq], st[2 * kq + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t bq[4];
+        ldsm_x4_t(bq, q_tile + swz(kq * 16 + lr, dp * 2 + lc, Tr::kChunks));
+        mma16816(dk_acc[2 * dp], a, bq[0], bq[1]);
+        mma16816(dk_acc[2 * dp + 1], a, bq[2], bq[3]);
+      }
+    }
+
+    // dS^T -> shared (bf16, padded rows), for dQ = dS K.
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+        *reinterpret_cast<uint32_t*>(sDs + (warp * 16 + g + 8 * r) * Tr::kDsStride + nt * 8 + 2 * q4) =
+            pack_bf16(st[nt][2 * r], st[nt][2 * r + 1]);
+    __syncthreads();
+
+    // dQ (32 queries x D/4 columns per warp) = dS (32 x 64 keys) K (64 keys x D); A is dS^T read
+    // transposed, B is K read transposed.
+    constexpr int kNT = D / 32;  // 8-column tiles per warp
+    float dqa[2][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int i = 0; i < kNT; i++) dqa[mt][i][0] = dqa[mt][i][1] = dqa[mt][i][2] = dqa[mt][i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Tr::kBc / 16; kk++) {
+      uint32_t a[2][4];
+      lane_rows8x2(lane, lr, lc);
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+        ldsm_x4_t(a[mt], sDs_addr + uint32_t(((kk * 16 + lr) * Tr::kDsStride + mt * 16 + lc * 8) * 2));
+      lane_rows16(lane, lr, lc);
+#pragma unroll
+      for (int np = 0; np < kNT / 2; np++) {
+        uint32_t bk[4];
+        ldsm_x4_t(bk, sK + swz(kk * 16 + lr, warp * (D / 32) + np * 2 + lc, Tr::kChunks));
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+          mma16816(dqa[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma16816(dqa[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int64_t t = q0 + mt * 16 + g + 8 * r;
+        if (t >= T) continue;
+        float* dst = p.dq_acc + ((int64_t(b) * T + t) * p.n_head + h) * D + warp * (D / 4) + 2 * q4;
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt++) {
+          atomicAdd(dst + nt * 8, dqa[mt][nt][2 * r]);
+          atomicAdd(dst + nt * 8 + 1, dqa[mt][nt][2 * r + 1]);
+        }
+      }
+    __syncthreads();  // the stage and dS^T are rewritten next iteration
+  }
+
+  // Epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, written once ("=").
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int64_t key = key_r[r];
+    if (key >= T) continue;
+    const int64_t off = ((int64_t(b) * T + key) * p.n_head_kv + hk) * D + 2 * q4;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+      *reinterpret_cast<uint32_t*>(p.dk + off + dt * 8) =
+          pack_bf16(dk_acc[dt][2 * r] * p.scale, dk_acc[dt][2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(p.dv + off + dt * 8) = pack_bf16(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace attn
+
+size_t attention_bwd_smem_bytes(int64_t head_dim) {
+  return head_dim == 64 ? attn::BwdTraits<64>::kSmemBytes : attn::BwdTraits<128>::kSmemBytes;
+}
+
+void attention_bwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s) {
+  const dim3 block(head_dim == 64 ? attn::BwdTraits<64>::kThreads : attn::BwdTraits<128>::kThreads);
+  const dim3 grid(unsigned(ceil_div64(p.t, 64)), unsigned(p.n_head_kv), unsigned(b));
+  if (head_dim == 64)
+    attn::attn_bwd_kernel<64><<<grid, block, attention_bwd_smem_bytes(64), s>>>(p);
+  else
+    attn::attn_bwd_kernel<128><<<grid, block, attention_bwd_smem_bytes(128), s>>>(p);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+void attention_bwd_set_smem_limits() {
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(attention_bwd_smem_bytes(64))));
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(attention_bwd_smem_bytes(128))));
+}
+
+}  // namespace qlora::cuda

@@ -1,0 +1,144 @@
+// Flash-attention forward and backward on the GPU against the CPU reference: causal, GQA, packed
+// documents, head dims 64 and 128, sequence lengths that do and do not fill the tiles.
+//
+// Tolerances (bf16-derived): the kernels round P (fwd) and P, dS (bwd) to bf16 before their
+// tensor-core products, a relative error of up to 2^-9 per term, plus one rounding of each
+// output. For random inputs that is ~2^-9 of the output's rms normwise; the checks allow 2^-7
+// normwise and 2^-6 of rms per element (4x margin). lse is f32 throughout: 1e-4 absolute.
+#include "cuda_test_util.h"
+
+namespace qlora::test {
+namespace {
+
+struct AttnCase {
+  const char* name;
+  int64_t b, t, hq, hkv, d;
+  int docs;  // 0: no segment ids; else documents per sequence (uneven lengths)
+};
+
+struct AttnData {
+  AttnCase c;
+  std::vector<int32_t> seg;
+  Vec q, k, v, dout;  // bf16-representable
+  int64_t nq() const { return c.b * c.t * c.hq * c.d; }
+  int64_t nkv() const { return c.b * c.t * c.hkv * c.d; }
+  float scale() const { return 1.0f / std::sqrt(float(c.d)); }
+  const int32_t* seg_host() const { return seg.empty() ? nullptr : seg.data(); }
+};
+
+AttnData make_data(const AttnCase& c, uint64_t seed) {
+  AttnData a{c, {}, {}, {}, {}, {}};
+  a.q = round_bf16(randn(seed, size_t(a.nq())));
+  a.k = round_bf16(randn(seed + 1, size_t(a.nkv())));
+  a.v = round_bf16(randn(seed + 2, size_t(a.nkv())));
+  a.dout = round_bf16(randn(seed + 3, size_t(a.nq())));
+  if (c.docs > 0) {
+    a.seg.resize(size_t(c.b * c.t));
+    Rng rng(seed + 4);
+    for (int64_t bi = 0; bi < c.b; bi++) {
+      // docs-1 random cut points; ids increase along the sequence like packed documents
+      std::vector<int64_t> cuts;
+      for (int i = 0; i < c.docs - 1; i++) cuts.push_back(1 + int64_t(rng.below(uint64_t(std::max<int64_t>(c.t - 1, 1)))));
+      std::sort(cuts.begin(), cuts.end());
+      int32_t id = 0;
+      size_t ci = 0;
+      for (int64_t t = 0; t < c.t; t++) {
+        while (ci < cuts.size() && cuts[ci] == t) id++, ci++;
+        a.seg[size_t(bi * c.t + t)] = id;
+      }
+    }
+  }
+  return a;
+}
+
+void cpu_fwd(const AttnData& a, Vec& out, Vec& lse) {
+  const auto& c = a.c;
+  out.assign(size_t(a.nq()), 0.0f);
+  lse.assign(size_t(c.b * c.hq * c.t), 0.0f);
+  Vec q = a.q, k = a.k, v = a.v;
+  make_cpu_backend()->attention_fwd({f32_view(out.data(), {c.b, c.t, c.hq, c.d}), f32_view(lse.data(), {c.b, c.hq, c.t}),
+                                     f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
+                                     f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d,
+                                     a.scale()});
+}
+
+std::vector<AttnCase> cases() {
+  if (small_shapes())
+    return {{"small_d128", 1, 77, 4, 2, 128, 0}, {"small_d64_docs", 2, 65, 3, 1, 64, 3}};
+  return {
+      {"llama8b_t77", 1, 77, 32, 8, 128, 0},          // Llama-3-8B heads, odd length
+      {"llama8b_t1024_docs", 1, 1024, 32, 8, 128, 4},  // packed documents
+      {"d128_t1", 2, 1, 4, 4, 128, 0},                // one token
+      {"d128_t129_mha", 2, 129, 4, 4, 128, 2},         // no GQA, one past a tile
+      {"smollm_d64_docs", 2, 200, 9, 3, 64, 3},        // SmolLM2-135M heads
+      {"d64_t256_gqa8", 1, 256, 16, 2, 64, 0},         // tiles exactly full
+  };
+}
+
+CUDA_OP_TEST(attention_fwd, causal_gqa_docs) {
+  QLORA_REQUIRE_CUDA(cu);
+  uint64_t seed = 500;
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const AttnData a = make_data(c, seed += 10);
+    Vec ref_out, ref_lse;
+    cpu_fwd(a, ref_out, ref_lse);
+    DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v);
+    DBuf out(*cu, DType::BF16, a.nq()), lse(*cu, DType::F32, c.b * c.hq * c.t), seg(*cu, DType::I32, c.b * c.t);
+    if (c.docs) seg.upload_i32(a.seg);
+    out.poison();
+    lse.poison();
+    cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
+                       k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), c.docs ? seg.i32() : nullptr, c.b, c.t,
+                       c.hq, c.hkv, c.d, a.scale()});
+    expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16Ulp, 4 * kBf16Ulp, 2 * kBf16Ulp});
+    expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
+  }
+}
+
+CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
+  QLORA_REQUIRE_CUDA(cu);
+  uint64_t seed = 700;
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const AttnData a = make_data(c, seed += 10);
+    Vec out, lse;
+    cpu_fwd(a, out, lse);
+    out = round_bf16(std::move(out));  // both backends differentiate at the same (bf16) output
+    Vec rdq(size_t(a.nq())), rdk(size_t(a.nkv())), rdv(size_t(a.nkv()));
+    {
+      Vec q = a.q, k = a.k, v = a.v, d = a.dout;
+      make_cpu_backend()->attention_bwd(
+          {f32_view(rdq.data(), {c.b, c.t, c.hq, c.d}), f32_view(rdk.data(), {c.b, c.t, c.hkv, c.d}),
+           f32_view(rdv.data(), {c.b, c.t, c.hkv, c.d}), f32_view(d.data(), {c.b, c.t, c.hq, c.d}),
+           f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
+           f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), f32_view(out.data(), {c.b, c.t, c.hq, c.d}),
+           f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
+    }
+    DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v), d(*cu, DType::BF16, a.dout);
+    DBuf o(*cu, DType::BF16, out), l(*cu, DType::F32, lse), seg(*cu, DType::I32, c.b * c.t);
+    DBuf dq(*cu, DType::BF16, a.nq()), dk(*cu, DType::BF16, a.nkv()), dv(*cu, DType::BF16, a.nkv());
+    if (c.docs) seg.upload_i32(a.seg);
+    dq.poison();
+    dk.poison();
+    dv.poison();
+    cu->attention_bwd({dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
+                       d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
+                       v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
+                       c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
+    const Tol tol{4 * kBf16Ulp, 4 * kBf16Ulp, 2 * kBf16Ulp};
+    expect_close(std::string(c.name) + " dq", dq.download(), rdq, tol);
+    expect_close(std::string(c.name) + " dk", dk.download(), rdk, tol);
+    expect_close(std::string(c.name) + " dv", dv.download(), rdv, tol);
+  }
+}
+
+CUDA_OP_TEST(attention_fwd, unsupported_head_dim_is_an_error) {
+  QLORA_REQUIRE_CUDA(cu);
+  DBuf buf(*cu, DType::BF16, 4 * 96), lse(*cu, DType::F32, 4);
+  const Tensor x = buf.t({1, 4, 1, 96});
+  EXPECT_THROW(cu->attention_fwd({x, lse.t({1, 1, 4}), x, x, x, nullptr, 1, 4, 1, 1, 96, 0.1f}), Error);
+}
+
+}  // namespace
+}  // namespace qlora::test
