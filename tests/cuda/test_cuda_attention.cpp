@@ -1,10 +1,11 @@
 // Flash-attention forward and backward on the GPU against the CPU reference: causal, GQA, packed
 // documents, head dims 64 and 128, sequence lengths that do and do not fill the tiles.
 //
-// Tolerances (bf16-derived): the kernels round P (fwd) and P, dS (bwd) to bf16 before their
-// tensor-core products, a relative error of up to 2^-9 per term, plus one rounding of each
-// output. For random inputs that is ~2^-9 of the output's rms normwise; the checks allow 2^-7
-// normwise and 2^-6 of rms per element (4x margin). lse is f32 throughout: 1e-4 absolute.
+// Tolerances (bf16-derived, u = 2^-8): the kernels round P (fwd) and P, dS (bwd) to bf16 before
+// their tensor-core products, a relative error of up to u per term, plus one rounding of each
+// output: each contributes ~u/sqrt(3) of the output's rms for random inputs. The forward allows
+// 2u normwise and 4u per element (|ref| and rms(ref) terms); the backward, with one more rounded
+// factor, 4u normwise and 8u of rms per element. lse is f32 throughout: 1e-4 absolute.
 #include "cuda_test_util.h"
 
 namespace qlora::test {
@@ -91,7 +92,7 @@ CUDA_OP_TEST(attention_fwd, causal_gqa_docs) {
     cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
                        k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), c.docs ? seg.i32() : nullptr, c.b, c.t,
                        c.hq, c.hkv, c.d, a.scale()});
-    expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16Ulp, 4 * kBf16Ulp, 2 * kBf16Ulp});
+    expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
     expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
   }
 }
@@ -126,7 +127,9 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
                        d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
                        v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
                        c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
-    const Tol tol{4 * kBf16Ulp, 4 * kBf16Ulp, 2 * kBf16Ulp};
+    // With one visible key dS = P (dP - delta) is exactly 0; f32 dP and delta then differ by
+    // ~1e-6 of sqrt(D) |dout| |v| (inputs are N(0,1)): the 1e-4 floor covers that cancellation.
+    const Tol tol{4 * kBf16U, 8 * kBf16U, 4 * kBf16U, 1e-4};
     expect_close(std::string(c.name) + " dq", dq.download(), rdq, tol);
     expect_close(std::string(c.name) + " dk", dk.download(), rdk, tol);
     expect_close(std::string(c.name) + " dv", dv.download(), rdv, tol);

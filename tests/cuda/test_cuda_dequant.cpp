@@ -57,17 +57,26 @@ TEST(CudaDequant, every_format_bit_exact_with_cpu_reference) {
     dequantize_ref_bf16(q, want.data());
     const float* code4 = c.p.format == QuantFormat::NF4 ? nf4_code() : c.p.format == QuantFormat::FP4 ? fp4_code() : nullptr;
     cuda::QuantDeviceBuffers dev(*cu, q, code4);
-    DBuf out(*cu, DType::BF16, c.rows * c.cols);
-    out.poison();
-    cuda::dequantize_bf16(*cu, dev.view(), out.data());
-    std::vector<uint16_t> got(w.size());
-    cu->copy_to_host(got.data(), out.data(), got.size() * 2);
-    int64_t bad = 0;
-    for (size_t i = 0; i < got.size(); i++)
-      if (got[i] != want[i] && bad++ < 5)
-        ADD_FAILURE() << name << " [" << i / size_t(c.cols) << "," << i % size_t(c.cols) << "]: got 0x" << std::hex
-                      << got[i] << " want 0x" << want[i] << std::dec;
-    EXPECT_EQ(bad, 0) << name << ": " << bad << " of " << got.size() << " elements differ";
+    // Double quant: the offset by value, and read from device memory (as a packed blob holds it).
+    DBuf offset(*cu, DType::F32, Vec{q.offset});
+    for (int from_device = 0; from_device < (c.p.double_quant ? 2 : 1); from_device++) {
+      cuda::QuantDeviceView view = dev.view();
+      if (from_device) {
+        view.offset = -12345.0f;  // must be ignored
+        view.offset_dev = static_cast<const float*>(offset.data());
+      }
+      DBuf out(*cu, DType::BF16, c.rows * c.cols);
+      out.poison();
+      cuda::dequantize_bf16(*cu, view, out.data());
+      std::vector<uint16_t> got(w.size());
+      cu->copy_to_host(got.data(), out.data(), got.size() * 2);
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size(); i++)
+        if (got[i] != want[i] && bad++ < 5)
+          ADD_FAILURE() << name << (from_device ? " (offset on device)" : "") << " [" << i / size_t(c.cols) << ","
+                        << i % size_t(c.cols) << "]: got 0x" << std::hex << got[i] << " want 0x" << want[i] << std::dec;
+      EXPECT_EQ(bad, 0) << name << ": " << bad << " of " << got.size() << " elements differ";
+    }
   }
 }
 

@@ -22,4 +22,11 @@ CudaDeviceInfo cuda_device_info();
 // Architectures this binary carries code for, e.g. "sm_80 sm_90a sm_100a".
 std::string cuda_built_archs();
 
+// The CUDA backend's stream (a cudaStream_t) for callers that time or order their own work
+// against the ops (benchmarks, dequantize_bf16); null for any other backend.
+void* cuda_stream_of(Backend& be);
+// Device bytes the CUDA backend holds beyond the caller's allocations (cuBLASLt workspace and
+// op scratch grown so far): the "library overhead" the planner estimates. 0 for other backends.
+size_t cuda_scratch_bytes(const Backend& be);
+
 }  // namespace qlora

@@ -1,11 +1,13 @@
 // CudaBackend: the op table on one GPU (one stream, cuBLASLt GEMMs, own kernels). Internal header.
 #pragma once
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <array>
 #include <cstddef>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "backend/backend.h"
@@ -75,8 +77,12 @@ class CudaBackend final : public Backend {
     bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
   };
   std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache_;
+  std::set<GemmKey> no_lt_algo_;     // problems cuBLASLt has no kernel for: cublasGemmEx instead
+  cublasHandle_t blas_ = nullptr;    // created on first use of that fallback
   friend void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr,
                         DType b_t);
+  friend void gemm_ex_fallback(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr,
+                               DType b_t);
 };
 
 // Launchers implemented in the per-family .cu files (host functions, stream-ordered).

@@ -88,6 +88,16 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
   }
 }
 
+void* cuda_stream_of(Backend& be) {
+  auto* c = dynamic_cast<cuda::CudaBackend*>(&be);
+  return c ? static_cast<void*>(c->stream()) : nullptr;
+}
+
+size_t cuda_scratch_bytes(const Backend& be) {
+  auto* c = dynamic_cast<const cuda::CudaBackend*>(&be);
+  return c ? c->scratch_bytes() : 0;
+}
+
 namespace cuda {
 
 void fail_cuda(cudaError_t e, const char* expr, const char* file, int line) {
@@ -160,6 +170,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(d_err_);
   cudaFree(lt_workspace_);
   if (lt_) cublasLtDestroy(lt_);
+  if (blas_) cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
 }
 

@@ -9,11 +9,13 @@
 //                                       writes f32 only)
 //   C BF16|F32  =/+=  A BF16 x B F32    B rounded to bf16 in scratch first (LoRA weights: h = x A^T)
 //   C BF16|F32  =/+=  A F32  x B BF16   A rounded to bf16 in scratch first (dlogits x lm_head)
+// A problem cuBLASLt's heuristic has no kernel for goes to cublasGemmEx (same dtypes).
 // cuBLASLt cannot mix A/B types, and rounding the f32 operand costs one pass over it; for the
 // model that is a LoRA weight (r x in, small) or one cross-entropy chunk of logits.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 #include "backend/cuda/cuda_backend_impl.cuh"
@@ -75,6 +77,24 @@ struct LtDescs {
 
 }  // namespace
 
+// Legacy cuBLAS for the rare problem cuBLASLt's heuristic has no kernel for (odd leading
+// dimensions, say): same column-major mapping, any leading dimension, 32-bit sizes.
+void gemm_ex_fallback(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr, DType b_t) {
+  if (std::max({a.m, a.n, a.k}) > INT32_MAX)
+    fail(ErrorKind::Unsupported, "cuda op matmul", "no cuBLASLt kernel and a dimension exceeds 32 bits",
+         "split the matmul into chunks");
+  if (!be.blas_) {
+    if (cublasCreate(&be.blas_) != CUBLAS_STATUS_SUCCESS) lt_check(CUBLAS_STATUS_NOT_INITIALIZED, "cublasCreate");
+    lt_check(cublasSetStream(be.blas_, be.stream_), "cublasSetStream");
+  }
+  const float alpha = a.alpha, beta = a.beta;
+  lt_check(cublasGemmEx(be.blas_, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(a.n),
+                        int(a.m), int(a.k), &alpha, b_ptr, cuda_type(b_t), int(a.trans_b ? a.k : a.n), a_ptr,
+                        cuda_type(a_t), int(a.trans_a ? a.m : a.k), &beta, a.c.data, cuda_type(a.c.dtype), int(a.n),
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+           "cublasGemmEx");
+}
+
 void convert_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   const int vec = aligned16(src) && aligned16(dst);
@@ -89,7 +109,6 @@ void convert_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream
 // "A" is our B and its "B" is our A; a row-major (r,c) buffer is a column-major (c,r) one.
 void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr, DType b_t) {
   QLORA_ASSERT(a_t == b_t);
-  const bool f32_in = a_t == DType::F32;
   LtDescs d;
   lt_check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t op_lt_a = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to our B
@@ -105,6 +124,10 @@ void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_
 
   CudaBackend::GemmKey key{a.m, a.n, a.k, int(a.trans_a), int(a.trans_b), int(a_t), int(b_t), int(a.c.dtype),
                            alignment_of(a_ptr), alignment_of(b_ptr), alignment_of(a.c.data), a.beta == 0.0f};
+  if (be.no_lt_algo_.count(key)) {
+    gemm_ex_fallback(be, a, a_ptr, a_t, b_ptr, b_t);
+    return;
+  }
   auto it = be.algo_cache_.find(key);
   if (it == be.algo_cache_.end()) {
     lt_check(cublasLtMatmulPreferenceCreate(&d.pref), "preference create");
@@ -123,12 +146,11 @@ void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_
     cublasLtMatmulHeuristicResult_t res{};
     int count = 0;
     const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(be.lt_, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &res, &count);
-    if (s != CUBLAS_STATUS_SUCCESS || count == 0)
-      fail(ErrorKind::Unsupported, "cuda op matmul",
-           "cuBLASLt has no kernel for m=" + std::to_string(a.m) + " n=" + std::to_string(a.n) + " k=" +
-               std::to_string(a.k) + " (" + dtype_name(a_t) + " inputs, " + dtype_name(a.c.dtype) + " output" +
-               (f32_in ? ", fp32 compute" : "") + ")",
-           "check operand alignment (16 bytes) and leading dimensions");
+    if (s != CUBLAS_STATUS_SUCCESS || count == 0) {
+      be.no_lt_algo_.insert(key);
+      gemm_ex_fallback(be, a, a_ptr, a_t, b_ptr, b_t);
+      return;
+    }
     it = be.algo_cache_.emplace(key, res.algo).first;
   }
   const float alpha = a.alpha, beta = a.beta;

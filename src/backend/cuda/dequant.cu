@@ -69,14 +69,16 @@ __device__ __forceinline__ void store16(__nv_bfloat16* out, const float (&v)[16]
 
 // ---- bitsandbytes NF4/FP4: blocks of `bs` over the flattened tensor, high nibble first ----
 
-__device__ __forceinline__ float bnb_absmax(const QuantDeviceView& q, const float* nested_code, int64_t block) {
+__device__ __forceinline__ float bnb_absmax(const QuantDeviceView& q, const float* nested_code, float offset,
+                                           int64_t block) {
   if (!q.params.double_quant) return q.absmax[block];
-  return __fadd_rn(__fmul_rn(nested_code[q.absmax_q[block]], q.nested_absmax[block / 256]), q.offset);
+  return __fadd_rn(__fmul_rn(nested_code[q.absmax_q[block]], q.nested_absmax[block / 256]), offset);
 }
 
 __global__ void bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int64_t n, int vec) {
   __shared__ float code[16];
   __shared__ float nested[256];
+  const float offset = q.offset_dev ? *q.offset_dev : q.offset;
   if (threadIdx.x < 16) code[threadIdx.x] = q.code4[threadIdx.x];
   if (q.params.double_quant)
     for (int i = threadIdx.x; i < 256; i += blockDim.x) nested[i] = q.nested_code[i];
@@ -86,7 +88,7 @@ __global__ void bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__
   if (vec) {  // 16 bytes = 32 elements inside one block (bs is a multiple of 32)
     for (int64_t c = tid; c < n / 32; c += stride) {
       const uint4 u = reinterpret_cast<const uint4*>(q.data)[c];
-      const float am = bnb_absmax(q, nested, c * 32 / bs);
+      const float am = bnb_absmax(q, nested, offset, c * 32 / bs);
       const uint8_t* by = reinterpret_cast<const uint8_t*>(&u);
       float v[32];
 #pragma unroll
@@ -101,7 +103,7 @@ __global__ void bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__
   for (int64_t i = tid; i < n; i += stride) {
     const uint8_t byte = q.data[i / 2];
     const uint32_t nib = (i % 2 == 0) ? (byte >> 4) : (byte & 15u);
-    out[i] = __float2bfloat16_rn(__fmul_rn(code[nib], bnb_absmax(q, nested, i / bs)));
+    out[i] = __float2bfloat16_rn(__fmul_rn(code[nib], bnb_absmax(q, nested, offset, i / bs)));
   }
 }
 

@@ -25,6 +25,7 @@ struct QuantDeviceView {
   const float* nested_absmax = nullptr;    //   (ceil(n_blocks/256))
   const float* nested_code = nullptr;      //   (256)
   float offset = 0.0f;                     //   added after the nested scale
+  const float* offset_dev = nullptr;       //   or read from device memory (a packed blob), if set
   const uint8_t* scales = nullptr;         // NVFP4: E4M3 (rows, ceil(cols/16)); MX: E8M0 (rows, ceil(cols/32))
   const float* scales_f32 = nullptr;       // NVFP4: (1) tensor scale; FP8: scale_inv per region
 };

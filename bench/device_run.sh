@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# One device call for the CUDA backend: build for sm_90a, run test_cuda, run it again under
+# compute-sanitizer (memcheck, racecheck) on reduced shapes, run the kernel benchmarks and their
+# PyTorch peers, and write the results as JSON to $OUT. Aims to finish in about 6 minutes.
+#
+#   bench/device_run.sh                 on the GPU machine, from the repository root
+#   bench/device_run.sh --pack-deps     here: bundle OpenBLAS + GoogleTest into build-devdeps/
+#                                       (carried to the GPU machine, used only if it lacks them)
+#
+# Environment: OUT (results folder, default build-device/out), QLORA_GIT_SHA (when .git is absent),
+# CUDA_ARCH (default 90a), JOBS, QLORA_SKIP_SANITIZER=1, QLORA_BENCH_QUICK=1,
+# QLORA_FORCE_DEPS_BUNDLE=1 (use the carried bundle even where the system has the libraries).
+# Outputs in $OUT: cuda_results.json ({device, driver, git_sha, command, steps, cases: [{name,
+# config, ours, peer}]}), test_cuda.json (gtest), and build/test/sanitizer/bench logs.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+# ---- --pack-deps: runs on the development machine (Debian), needs no GPU --------------------
+if [ "${1:-}" = "--pack-deps" ]; then
+  dest="${2:-$ROOT/build-devdeps}"
+  stage="$(mktemp -d)"
+  mkdir -p "$stage/include" "$stage/lib" "$dest"
+  inc=/usr/include/x86_64-linux-gnu/openblas-pthread
+  lib=/usr/lib/x86_64-linux-gnu
+  cp "$inc"/cblas.h "$inc"/openblas_config.h "$stage/include/" || exit 1
+  cp -r /usr/include/gtest "$stage/include/" || exit 1
+  cp "$(readlink -f $lib/openblas-pthread/libopenblas.so.0)" "$stage/lib/libopenblas.so.0" || exit 1
+  ln -s libopenblas.so.0 "$stage/lib/libopenblas.so"
+  cp "$(readlink -f $lib/libgfortran.so.5)" "$stage/lib/libgfortran.so.5" || exit 1
+  cp "$(readlink -f $lib/libquadmath.so.0)" "$stage/lib/libquadmath.so.0" || exit 1
+  cp $lib/libgtest.a $lib/libgtest_main.a "$stage/lib/" || exit 1
+  tar -cJf "$dest/qlora_devdeps.tar.xz" -C "$stage" include lib
+  rm -rf "$stage"
+  ls -l "$dest/qlora_devdeps.tar.xz"
+  echo "carry 'build-devdeps' in the device call; device_run.sh unpacks it only if cblas.h or gtest is missing"
+  exit 0
+fi
+
+OUT="${OUT:-$ROOT/build-device/out}"
+mkdir -p "$OUT"
+ARCH="${CUDA_ARCH:-90a}"
+JOBS="${JOBS:-$(nproc)}"
+BUILD="$ROOT/build-device"
+STEPS="$OUT/.steps"
+: >"$STEPS"
+DEADLINE=540  # seconds; later steps are skipped past this, so the call ends inside 10 minutes
+
+log() { echo "[device_run $(date +%T) +${SECONDS}s] $*"; }
+# step NAME TIMEOUT_S LOGFILE CMD...: runs with a timeout, records rc and seconds for the JSON.
+step() {
+  local name=$1 limit=$2 logf=$3
+  shift 3
+  if [ "$SECONDS" -ge "$DEADLINE" ]; then
+    log "skip $name (past the ${DEADLINE}s budget)"
+    echo "$name skipped 0" >>"$STEPS"
+    return 124
+  fi
+  local left=$((DEADLINE + 30 - SECONDS))
+  [ "$limit" -gt "$left" ] && limit=$left
+  log "run $name (limit ${limit}s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >>"$logf" 2>&1
+  local rc=$?
+  echo "$name $rc $((SECONDS - t0))" >>"$STEPS"
+  log "$name rc=$rc in $((SECONDS - t0))s"
+  return $rc
+}
+
+# ---- facts about the machine -----------------------------------------------------------------
+DEVICE="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+GIT_SHA="${QLORA_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+if [ "$GIT_SHA" != unknown ] && [ -z "${QLORA_GIT_SHA:-}" ] && ! git diff --quiet HEAD 2>/dev/null; then GIT_SHA="$GIT_SHA+dirty"; fi
+NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+SANITIZER="$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")"
+log "device: ${DEVICE:-none} driver ${DRIVER:-?} nvcc $("$NVCC" --version | tail -1) sha $GIT_SHA"
+{
+  nvidia-smi 2>&1 | head -20
+  "$NVCC" --version
+  cmake --version | head -1
+  g++ --version | head -1
+} >"$OUT/build.log" 2>&1
+
+# ---- dependencies: OpenBLAS (cblas) and GoogleTest; the carried bundle fills in what is missing
+have_deps() {
+  printf '#include <cblas.h>\n#include <gtest/gtest.h>\nint main(){return 0;}\n' |
+    g++ -std=c++20 -x c++ - -o /dev/null -lopenblas -lgtest -lpthread >/dev/null 2>&1
+}
+BLAS_INC="" BLAS_LIB="" GTEST_INC="" GTEST_LIBS=""
+if [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_deps; then
+  bundle="${QLORA_DEVICE_DEPS:-$ROOT/build-devdeps}/qlora_devdeps.tar.xz"
+  if [ -f "$bundle" ]; then
+    log "OpenBLAS/GoogleTest missing here: unpacking $bundle"
+    mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps
+    BLAS_INC=/tmp/qdeps/include BLAS_LIB=/tmp/qdeps/lib/libopenblas.so
+    GTEST_INC=/tmp/qdeps/include GTEST_LIBS="/tmp/qdeps/lib/libgtest_main.a /tmp/qdeps/lib/libgtest.a"
+    export LD_LIBRARY_PATH="/tmp/qdeps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    log "warning: cblas.h or gtest missing and no bundle at $bundle (make one with --pack-deps)"
+  fi
+fi
+
+# ---- build: a small CMake project over the repository's sources (only what test_cuda and the
+# benchmark need: core, quant, cpu and cuda backends), so the GPU image needs no yaml-cpp, CLI11,
+# PCRE2 or nlohmann-json. Flags follow the main CMakeLists.txt.
+mkdir -p "$BUILD/src"
+cat >"$BUILD/src/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.24)
+# CMake < 3.26 has no C++20 flag for nvcc; newer versions overwrite these with their own.
+set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION -std=c++20)
+set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION -std=c++20)
+project(qlora_device LANGUAGES C CXX CUDA)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+set(CMAKE_CUDA_STANDARD 20)
+set(R "$ROOT")
+add_compile_options(-Wall -Wextra -Wno-unused-parameter)
+find_package(OpenMP REQUIRED)
+find_package(CUDAToolkit REQUIRED)
+file(GLOB core \${R}/src/core/*.cpp)
+file(GLOB quant \${R}/src/quant/*.cpp)
+file(GLOB cpu \${R}/src/backend/cpu/*.cpp)
+file(GLOB cuda \${R}/src/backend/cuda/*.cu \${R}/src/backend/cuda/*.cpp)
+file(GLOB tests \${R}/tests/cuda/*.cpp)
+add_library(qlora_core STATIC \${core})
+target_include_directories(qlora_core PUBLIC \${R}/src)
+target_link_libraries(qlora_core PUBLIC OpenMP::OpenMP_CXX)
+add_library(qlora_quant STATIC \${quant})
+target_link_libraries(qlora_quant PUBLIC qlora_core)
+add_library(qlora_backend_cpu STATIC \${cpu})
+if("$BLAS_LIB" STREQUAL "")
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS REQUIRED)
+  find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread x86_64-linux-gnu/openblas-pthread REQUIRED)
+  target_include_directories(qlora_backend_cpu PRIVATE \${CBLAS_INCLUDE_DIR})
+  target_link_libraries(qlora_backend_cpu PUBLIC qlora_core \${BLAS_LIBRARIES})
+else()
+  target_include_directories(qlora_backend_cpu PRIVATE "$BLAS_INC")
+  target_link_libraries(qlora_backend_cpu PUBLIC qlora_core "$BLAS_LIB")
+endif()
+add_library(qlora_backend_cuda STATIC \${cuda})
+target_link_libraries(qlora_backend_cuda PUBLIC qlora_core CUDA::cudart CUDA::cublas CUDA::cublasLt)
+target_compile_definitions(qlora_backend_cuda PUBLIC QLORA_HAVE_CUDA=1)
+target_compile_definitions(qlora_backend_cuda PRIVATE QLORA_CUDA_ARCHS="sm_$ARCH")
+target_compile_options(qlora_backend_cuda PRIVATE \$<\$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+add_executable(test_cuda \${tests})
+target_compile_definitions(test_cuda PRIVATE QLORA_FIXTURES="\${R}/tests/fixtures" QLORA_SOURCE_DIR="\${R}" QLORA_BIN="")
+target_link_libraries(test_cuda PRIVATE qlora_backend_cuda qlora_backend_cpu qlora_quant)
+if("$GTEST_LIBS" STREQUAL "")
+  find_package(GTest REQUIRED)
+  target_link_libraries(test_cuda PRIVATE GTest::gtest GTest::gtest_main)
+else()
+  target_include_directories(test_cuda PRIVATE "$GTEST_INC")
+  target_link_libraries(test_cuda PRIVATE $GTEST_LIBS pthread)
+endif()
+add_executable(bench_cuda_kernels \${R}/bench/kernels/bench_cuda_kernels.cpp)
+target_link_libraries(bench_cuda_kernels PRIVATE qlora_backend_cuda qlora_quant CUDA::cudart)
+EOF
+GEN=""
+command -v ninja >/dev/null && GEN="-G Ninja"
+step configure 120 "$OUT/build.log" cmake -S "$BUILD/src" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC"
+step build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$JOBS" --target test_cuda bench_cuda_kernels
+BUILT=$?
+
+# ---- tests -------------------------------------------------------------------------------------
+if [ $BUILT -eq 0 ]; then
+  step test_cuda 180 "$OUT/test_cuda.log" "$BUILD/test_cuda" --gtest_output="json:$OUT/test_cuda.json"
+  if [ "${QLORA_SKIP_SANITIZER:-0}" != 1 ]; then
+    export QLORA_CUDA_TEST_SMALL=1
+    step memcheck 150 "$OUT/sanitizer.log" "$SANITIZER" --tool memcheck --error-exitcode 9 --leak-check no \
+      "$BUILD/test_cuda" --gtest_filter='CudaOps.*:CudaDequant.*:CudaBackend.*'
+    # racecheck watches shared memory: the kernels that use it (attention, the block reductions).
+    step racecheck 150 "$OUT/sanitizer.log" "$SANITIZER" --tool racecheck --racecheck-report analysis --error-exitcode 9 \
+      "$BUILD/test_cuda" --gtest_filter='CudaOps.attention*:CudaOps.cross_entropy*:CudaOps.rmsnorm*:CudaOps.sumsq*:CudaDequant.*'
+    unset QLORA_CUDA_TEST_SMALL
+  fi
+  # ---- benchmarks and peers ----------------------------------------------------------------------
+  quick=""
+  [ "${QLORA_BENCH_QUICK:-0}" = 1 ] && quick="--quick"
+  : >"$OUT/bench_ours.jsonl"
+  step bench 150 "$OUT/bench.log" bash -c "'$BUILD/bench_cuda_kernels' $quick >'$OUT/bench_ours.jsonl'"
+  : >"$OUT/bench_peers.jsonl"
+  for p in attention_peer gemm_peer ce_peer pointwise_peer; do
+    step "$p" 60 "$OUT/bench.log" bash -c "cd '$ROOT/tools/peers' && PYTHONUNBUFFERED=1 python3 $p.py '$OUT/bench_ours.jsonl' >>'$OUT/bench_peers.jsonl'"
+  done
+fi
+
+# ---- one JSON with everything ------------------------------------------------------------------
+python3 - "$OUT" "$DEVICE" "$DRIVER" "$GIT_SHA" "bench/device_run.sh ${*:-}" <<'PY'
+import json, os, sys
+out, device, driver, sha, command = sys.argv[1:6]
+def jsonl(path):
+    rows = []
+    if os.path.exists(path):
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                try: rows.append(json.loads(line))
+                except ValueError: pass
+    return rows
+cases = {c["name"]: c for c in jsonl(os.path.join(out, "bench_ours.jsonl"))}
+for p in jsonl(os.path.join(out, "bench_peers.jsonl")):
+    c = cases.setdefault(p["name"], {"name": p["name"], "config": {}, "ours": {}})
+    c["peer"] = p["peer"]
+    if "peer_info" in p: c["peer_info"] = p["peer_info"]
+steps = {}
+for line in open(os.path.join(out, ".steps")):
+    name, rc, secs = line.split()
+    steps[name] = {"rc": rc if rc == "skipped" else int(rc), "seconds": int(secs)}
+tests = {}
+tj = os.path.join(out, "test_cuda.json")
+if os.path.exists(tj):
+    t = json.load(open(tj))
+    tests = {k: t.get(k) for k in ("tests", "failures", "disabled", "errors", "time")}
+    tests["failed"] = [f"{s['name']}.{c['name']}" for s in t.get("testsuites", []) for c in s.get("testsuite", [])
+                       if c.get("failures")]
+    tests["skipped"] = sum(1 for s in t.get("testsuites", []) for c in s.get("testsuite", [])
+                           if c.get("result") == "SKIPPED")
+res = {"device": device, "driver": driver, "git_sha": sha, "command": command, "steps": steps,
+       "test_cuda": tests, "cases": list(cases.values())}
+json.dump(res, open(os.path.join(out, "cuda_results.json"), "w"), indent=1)
+print("\n%-30s %12s %12s %8s" % ("case", "ours", "peer", "ratio"))
+for c in res["cases"]:
+    key = "tflops" if "tflops" in c.get("ours", {}) else "gbps"
+    o, p = c.get("ours", {}).get(key), c.get("peer", {}).get(key)
+    r = f"{o / p:.2f}" if o and p else "-"
+    unit = "TFLOP/s" if key == "tflops" else "GB/s"
+    print("%-30s %12s %12s %8s %s" % (c["name"], f"{o:.1f}" if o else "-", f"{p:.1f}" if p else "-", r, unit))
+print("\nsteps:", " ".join(f"{k}={v['rc']}({v['seconds']}s)" for k, v in steps.items()))
+if tests: print("test_cuda:", tests.get("tests"), "tests,", tests.get("failures"), "failures,",
+                tests.get("skipped"), "skipped", ("FAILED: " + ", ".join(tests["failed"])) if tests.get("failed") else "")
+PY
+rm -f "$OUT/.steps" "$OUT/bench_ours.jsonl" "$OUT/bench_peers.jsonl"  # merged into cuda_results.json
+# Keep the logs inside what a device call brings back (16 MiB per file).
+for f in "$OUT"/*.log; do
+  [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 8000000 ] && tail -c 8000000 "$f" >"$f.tmp" && mv "$f.tmp" "$f"
+done
+log "done in ${SECONDS}s; results in $OUT/cuda_results.json"
