@@ -70,7 +70,9 @@ TEST(TrainCli, InterruptAndResumeIsBitIdentical) {
   ASSERT_TRUE(WIFEXITED(st)) << read_file(b + "/first.log");
   const int code = WEXITSTATUS(st);
   ASSERT_TRUE(code == 130 || code == 0) << read_file(b + "/first.log");
-  if (code == 130) EXPECT_NE(read_file(b + "/first.log").find("resume with"), std::string::npos);
+  if (code == 130) {
+    EXPECT_NE(read_file(b + "/first.log").find("resume with"), std::string::npos);
+  }
 
   RunResult resumed = run_qlora("train " + base_args(b) + " resume_from_checkpoint=latest");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
