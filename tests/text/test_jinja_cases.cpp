@@ -1,0 +1,112 @@
+// Jinja feature parity with jinja2 on small templates (fixtures/text/chat_templates/jinja_cases.json).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <ctime>
+
+#include "core/error.h"
+#include "io/json_util.h"
+#include "text/jinja.h"
+#include "text/jinja_pystr.h"
+
+namespace qlora {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+const std::string kDir = std::string(QLORA_FIXTURES) + "/text/chat_templates";
+
+ojson load(const std::string& file) { return ojson::parse(read_text_file(kDir + "/" + file)); }
+
+// "2024-09-05T14:30:00" -> struct tm with weekday/yearday filled in.
+std::tm parse_now(const std::string& iso) {
+  std::tm tm{};
+  std::sscanf(iso.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+              &tm.tm_sec);
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  time_t t = timegm(&tm);
+  gmtime_r(&t, &tm);
+  return tm;
+}
+
+// transformers reports generation ranges in Python character offsets; we report bytes.
+size_t byte_offset(const std::string& s, size_t chars) {
+  size_t i = 0;
+  for (size_t c = 0; c < chars && i < s.size(); ++c) i += (s[i] & 0x80) == 0 ? 1 : (s[i] & 0xE0) == 0xC0 ? 2 : (s[i] & 0xF0) == 0xE0 ? 3 : 4;
+  return i;
+}
+
+TEST(JinjaCases, MatchJinja2) {
+  // QLORA_JINJA_CASES names another case file of the same shape (e.g. a large generated one).
+  const char* other = std::getenv("QLORA_JINJA_CASES");
+  ojson doc = other ? ojson::parse(read_text_file(other)) : load("jinja_cases.json");
+  jinja::RenderOptions opts;
+  std::tm now = parse_now(doc["fixed_now"].get<std::string>());
+  opts.now = [now] { return now; };
+  int rendered = 0, failed_as_expected = 0;
+  for (const auto& c : doc["cases"]) {
+    const std::string name = c["name"].get<std::string>();
+    const std::string src = c["template"].get<std::string>();
+    SCOPED_TRACE("case " + name + "\ntemplate: " + src);
+    if (c.contains("expected")) {
+      std::vector<jinja::Span> spans;
+      std::string out;
+      try {
+        out = jinja::Template::parse(src, name).render(jinja::Value::from_json(c["context"]), opts, &spans);
+      } catch (const Error& e) {
+        ADD_FAILURE() << "threw: " << e.what();
+        continue;
+      }
+      EXPECT_EQ(out, c["expected"].get<std::string>());
+      if (c.contains("generation")) {
+        EXPECT_EQ(spans.size(), c["generation"].size());
+        for (size_t i = 0; i < spans.size() && i < c["generation"].size(); ++i) {
+          EXPECT_EQ(spans[i].begin, byte_offset(out, c["generation"][i][0].get<size_t>()));
+          EXPECT_EQ(spans[i].end, byte_offset(out, c["generation"][i][1].get<size_t>()));
+        }
+      }
+      ++rendered;
+      continue;
+    }
+    const std::string type = c["error_type"].get<std::string>();
+    const std::string message = c["error"].get<std::string>();
+    bool syntax = type == "TemplateSyntaxError" || type == "SyntaxError";
+    try {
+      jinja::Template t = jinja::Template::parse(src, name);
+      if (syntax) {
+        ADD_FAILURE() << "jinja2 rejects this template when compiling: " << message;
+        continue;
+      }
+      t.render(jinja::Value::from_json(c["context"]), opts);
+      ADD_FAILURE() << "rendered, but jinja2 raised " << type << ": " << message;
+    } catch (const Error& e) {
+      if (syntax) {
+        EXPECT_TRUE(e.kind() == ErrorKind::Format || e.kind() == ErrorKind::Unsupported) << e.what();
+        if (c.contains("line")) {
+          EXPECT_EQ(e.where().rfind(name + ":" + std::to_string(c["line"].get<int>()) + ":", 0), 0u) << e.what();
+        }
+      } else {
+        EXPECT_EQ(e.kind(), ErrorKind::Data) << e.what();
+        EXPECT_EQ(e.where().rfind(name + ":", 0), 0u) << "no location: " << e.what();
+        if (type == "TemplateError") {
+          // raise_exception: the template's own message, verbatim.
+          EXPECT_EQ(e.message(), message);
+          EXPECT_EQ(e.hint(), jinja::kRaisedByTemplateHint);
+        } else {
+          EXPECT_NE(e.hint(), jinja::kRaisedByTemplateHint);
+          // jinja2's own wording for undefined values, type errors and the sandbox's refusals.
+          EXPECT_EQ(e.message(), message);
+        }
+      }
+      ++failed_as_expected;
+    }
+  }
+  if (!other) {
+    EXPECT_GT(rendered, 80);
+    EXPECT_GT(failed_as_expected, 20);
+  }
+}
+
+}  // namespace
+}  // namespace qlora
