@@ -1,4 +1,4 @@
-// Training data at the engine boundary: JSONL rows -> token examples -> shuffled micro-batches.
+// Training data at the engine boundary: examples (text/dataset.h) -> shuffled micro-batches.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -6,16 +6,13 @@
 #include <vector>
 
 #include "model/batch.h"
+#include "text/dataset.h"
 
 namespace qlora {
 
-// Tokens of one training row, Hugging Face style: labels[t] is the label of token t (-100 = no loss).
-struct Example {
-  std::vector<int32_t> ids, labels;
-  int64_t n_trained() const;  // tokens that produce loss after the causal shift
-};
+static_assert(kNoLoss == kIgnoreIndex, "dataset labels and batch targets share the ignore index");
 
-// What the data layer needs from a tokenizer.
+// What the data layer needs from a tokenizer (kept for model sources and the trainer's report).
 struct TextEncoder {
   std::function<std::vector<int32_t>(const std::string&)> encode;
   int32_t bos = -1, eos = -1;  // -1 = none
@@ -23,25 +20,24 @@ struct TextEncoder {
   std::string name;
 };
 
-struct DataStats {
-  int64_t rows = 0, truncated = 0, dropped = 0, skipped_no_loss = 0, tokens = 0, trained_tokens = 0;
-  int64_t longest = 0;
-};
+// Repeats/subsamples examples by a weight: floor(w) full copies plus a seeded subset of
+// round(frac(w) * n) rows, in file order within each copy.
+std::vector<Example> apply_weight(std::vector<Example> ex, double weight, uint64_t seed);
 
-// Reads JSONL rows {"text": ...} or pre-tokenized {"input_ids": [...], "labels": [...]?}.
-// Truncation policy for rows longer than max_length: truncate_right | truncate_left | drop | error.
-// Errors name file:line and what is wrong; an empty result is an error.
-std::vector<Example> load_jsonl_examples(const std::string& path, const TextEncoder& enc, int64_t max_length,
-                                         const std::string& truncation, DataStats* stats);
-
-// Splits off the last `n_eval` examples of a seeded permutation as the eval set.
+// Which of n rows form the eval set: `n_eval` of a seeded permutation.
+std::vector<bool> eval_mask(size_t n, int64_t n_eval, uint64_t seed);
+// Splits off those examples as the eval set.
 void split_eval(std::vector<Example>& train, std::vector<Example>& eval, int64_t n_eval, uint64_t seed);
+
+// Right-pads rows to the longest one. Packed rows (doc_lens) get positions that restart at each
+// document, one segment id per document (padding gets its own) and no target across documents.
+Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad_id);
 
 // Deterministic epoch-shuffled stream of micro-batches; its cursor (epoch, index) is checkpointed.
 class DataStream {
  public:
   DataStream(const std::vector<Example>* examples, int64_t batch_size, uint64_t seed, int32_t pad_id);
-  Batch next();                    // pads to the longest row of the micro-batch; pad targets -100
+  Batch next();  // pads to the longest row of the micro-batch; pad targets -100
   int64_t epoch() const { return epoch_; }
   int64_t index() const { return index_; }
   void seek(int64_t epoch, int64_t index);

@@ -61,18 +61,40 @@ const std::vector<KeyRow>& key_table() {
       {.name = "output_dir", .field = &T::output_dir, .def = "out",
        .help = "Where the adapter, checkpoint-N/, metrics.jsonl and the effective config are written."},
       {.name = "train_file", .field = &T::train_file, .def = "",
-       .help = "Training data, JSONL (one example per line). Required for train."},
+       .help = "Training data, JSONL (one example per line) or a JSON array. Required for train (or dataset_mix)."},
+      {.name = "dataset_mix", .field = &T::dataset_mix, .def = "",
+       .help = "Several training files instead of train_file: \"PATH [weight=W] [format=F]\" each. weight = copies "
+               "per epoch (fractions take a seeded subset; default 1); format overrides dataset_format for that file. "
+               "axolotl's datasets: [{path, type, weight}] list lands here."},
       {.name = "eval_file", .field = &T::eval_file, .def = "", .help = "Evaluation data, JSONL. Empty = none."},
       {.name = "val_set_size", .field = &T::val_set_size, .def = "0", .range = {.lo = 0},
        .help = "Rows split off train_file for evaluation: a fraction in (0,1) or a count >= 1. 0 = none."},
       {.name = "dataset_format", .field = &T::dataset_format, .def = "auto",
-       .choices = {"auto", "text", "pretokenized", "alpaca", "sharegpt", "messages", "prompt_completion"},
-       .help = "Row format; auto detects it from the keys of the first rows.",
-       .value_aliases = {{"chat_template", "messages"}, {"completion", "text"}, {"pretrain", "text"}}},
+       .choices = {"auto", "text", "pretokenized", "alpaca", "sharegpt", "messages", "prompt_completion", "segments"},
+       .help = "Row format; auto detects it per file from the keys of its first valid row.",
+       .value_aliases = {{"chat_template", "messages"}, {"completion", "text"}, {"pretrain", "text"},
+                         {"input_output", "segments"}, {"openai", "messages"}, {"conversational", "messages"}}},
+      {.name = "dataset_text_field", .field = &T::dataset_text_field, .def = "text",
+       .help = "Text format: the field that holds the text."},
+      {.name = "field_messages", .field = &T::field_messages, .def = "",
+       .help = "Chat formats: the field that holds the message list. Empty = messages (or conversations for sharegpt)."},
+      {.name = "message_field_role", .field = &T::message_field_role, .def = "",
+       .help = "Chat formats: the message field that holds the role. Empty = role (or from)."},
+      {.name = "message_field_content", .field = &T::message_field_content, .def = "",
+       .help = "Chat formats: the message field that holds the text. Empty = content (or value)."},
       {.name = "chat_template", .field = &T::chat_template, .def = "",
-       .help = "Chat template name or Jinja text. Empty = the tokenizer's own template."},
+       .help = "Chat template: a built-in name (chatml, llama3, mistral, alpaca), a path to a .jinja file, or Jinja "
+               "text. Empty (or tokenizer_default) = the tokenizer's own; alpaca rows without any use alpaca.",
+       .value_aliases = {{"tokenizer_default", ""}}},
       {.name = "train_on_inputs", .field = &T::train_on_inputs, .def = "false",
-       .help = "Also compute loss on prompt/user tokens (default: only on responses)."},
+       .help = "Also compute loss on prompt/user tokens and template text (default: only on trained turns)."},
+      {.name = "roles_to_train", .field = &T::roles_to_train, .def = "assistant",
+       .choices = {"system", "user", "assistant", "tool"},
+       .help = "Chat formats: roles whose turns get loss (content through the turn's end token).",
+       .value_aliases = {{"gpt", "assistant"}, {"human", "user"}, {"observation", "tool"}}},
+      {.name = "skip_bad_rows", .field = &T::skip_bad_rows, .def = "false",
+       .help = "Skip (and count) rows with malformed JSON, missing fields or roles the template rejects, "
+               "instead of stopping at the first."},
       {.name = "truncation", .field = &T::truncation, .def = "truncate_right",
        .choices = {"drop", "truncate_left", "truncate_right", "error"},
        .help = "What to do with examples longer than max_length; the count is reported at startup."},
@@ -246,40 +268,99 @@ std::vector<Entry> expand_quantization_bit(const YAML::Node& v, const Loc& loc, 
        "use quantization_bit: 4 (bitsandbytes 4-bit), or base_precision: fp8 for 8-bit weights");
 }
 
-// axolotl: datasets: [{path: data.jsonl, type: alpaca}]
+// axolotl: message_property_mappings: {role: from, content: value}
+std::vector<Entry> expand_message_property_mappings(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  if (!v.IsMap()) fail(ErrorKind::Config, loc.where, loc.given + " must be a map like {role: from, content: value}");
+  std::vector<Entry> out;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string k = it->first.as<std::string>();
+    if (k != "role" && k != "content")
+      fail(ErrorKind::Config, loc.where, loc.given + ": unsupported key '" + k + "'", "supported: role, content");
+    notes.push_back(loc.given + "." + k + " -> message_field_" + k);
+    out.push_back({"message_field_" + k, it->second, loc});
+  }
+  return out;
+}
+
+// TRL: completion_only_loss / assistant_only_loss: true == train_on_inputs: false.
+std::vector<Entry> expand_only_loss(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  const std::string s = lower(scalar_text(v));
+  if (s != "true" && s != "false")
+    fail(ErrorKind::Config, loc.where, loc.given + ": '" + scalar_text(v) + "' is not true/false");
+  const std::string inv = s == "true" ? "false" : "true";
+  notes.push_back(loc.given + ": " + s + " -> train_on_inputs: " + inv);
+  return {make_entry("train_on_inputs", inv, loc)};
+}
+
+// axolotl: datasets: [{path: data.jsonl, type: alpaca, weight: 2}, ...]. One plain entry sets
+// train_file (+ dataset_format); several (or a weight) become dataset_mix entries.
 std::vector<Entry> expand_datasets(const YAML::Node& v, const Loc& loc, Notes& notes) {
   if (!v.IsSequence() || v.size() == 0)
-    fail(ErrorKind::Config, loc.where, "datasets must be a list with one {path: ..., type: ...} entry",
+    fail(ErrorKind::Config, loc.where, "datasets must be a list of {path: ..., type: ..., weight: ...} entries",
          "or set train_file: data.jsonl and dataset_format: alpaca");
-  if (v.size() > 1)
-    fail(ErrorKind::Config, loc.where,
-         "datasets has " + std::to_string(v.size()) + " entries; only one dataset is supported",
-         "merge the files into one JSONL, or set train_file");
-  const YAML::Node& d = v[0];
-  if (d.IsScalar()) {
-    notes.push_back("datasets[0] -> train_file");
-    return {{"train_file", d, loc}};
-  }
-  if (!d.IsMap()) fail(ErrorKind::Config, loc.where, "datasets[0] must be a map like {path: data.jsonl, type: alpaca}");
   std::vector<Entry> out;
-  for (auto it = d.begin(); it != d.end(); ++it) {
-    std::string k = it->first.as<std::string>();
-    Loc sub{loc.where, "datasets[0]." + k};
-    if (k == "path") {
-      notes.push_back("datasets[0].path -> train_file");
-      out.push_back({"train_file", it->second, sub});
-    } else if (k == "type") {
-      notes.push_back("datasets[0].type -> dataset_format");
-      out.push_back({"dataset_format", it->second, sub});
-    } else if (k == "ds_type") {
-      std::string t = lower(scalar_text(it->second));
-      if (t != "json" && t != "jsonl")
-        fail(ErrorKind::Config, loc.where, "datasets[0].ds_type: '" + t + "' is not supported", "only JSONL files are read");
-    } else {
-      fail(ErrorKind::Config, loc.where, "datasets[0]: unsupported key '" + k + "'",
-           "supported: path, type, ds_type: json");
+  std::vector<std::string> mix;
+  bool weighted = false;
+  for (size_t i = 0; i < v.size(); i++) {
+    const YAML::Node& d = v[i];
+    const std::string at = "datasets[" + std::to_string(i) + "]";
+    if (d.IsScalar() && v.size() == 1) {
+      notes.push_back("datasets[0] -> train_file");
+      return {{"train_file", d, loc}};
     }
+    if (d.IsScalar()) {
+      mix.push_back(d.Scalar());
+      continue;
+    }
+    if (!d.IsMap()) fail(ErrorKind::Config, loc.where, at + " must be a map like {path: data.jsonl, type: alpaca}");
+    std::string path, type, weight;
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      std::string k = it->first.as<std::string>();
+      Loc sub{loc.where, at + "." + k};
+      if (k == "path" || k == "data_files") {
+        path = scalar_text(it->second);
+      } else if (k == "type") {
+        type = scalar_text(it->second);
+        for (const auto& [from, to] : find_row("dataset_format")->value_aliases)
+          if (lower(type) == lower(from)) type = to;
+      } else if (k == "weight") {
+        weight = scalar_text(it->second);
+        char* end = nullptr;
+        const double w = std::strtod(weight.c_str(), &end);
+        if (weight.empty() || *end != '\0' || !(w > 0) || !std::isfinite(w))
+          fail(ErrorKind::Config, loc.where, at + ".weight: '" + weight + "' is not a positive number",
+               "weight 2 = every row twice per epoch, 0.5 = a seeded half");
+        weighted = true;
+      } else if (k == "ds_type") {
+        std::string t = lower(scalar_text(it->second));
+        if (t != "json" && t != "jsonl")
+          fail(ErrorKind::Config, loc.where, at + ".ds_type: '" + t + "' is not supported", "only JSON / JSONL files are read");
+      } else if (k == "field_messages" || k == "roles_to_train" || k == "train_on_inputs") {
+        notes.push_back(at + "." + k + " -> " + k + " (applies to every dataset)");
+        out.push_back({k, it->second, sub});
+      } else if (k == "message_property_mappings") {
+        for (Entry& e : expand_message_property_mappings(it->second, sub, notes)) out.push_back(std::move(e));
+      } else {
+        fail(ErrorKind::Config, loc.where, at + ": unsupported key '" + k + "'",
+             "supported: path, type, weight, ds_type: json, field_messages, message_property_mappings, roles_to_train");
+      }
+    }
+    if (path.empty()) fail(ErrorKind::Config, loc.where, at + " has no path");
+    if (v.size() == 1 && !weighted) {
+      notes.push_back("datasets[0].path -> train_file");
+      out.push_back({"train_file", YAML::Node(path), {loc.where, at + ".path"}});
+      if (!type.empty()) {
+        notes.push_back("datasets[0].type -> dataset_format");
+        out.push_back({"dataset_format", d["type"], {loc.where, at + ".type"}});
+      }
+      return out;
+    }
+    mix.push_back(path + (weight.empty() ? "" : " weight=" + weight) + (type.empty() ? "" : " format=" + type));
   }
+  notes.push_back("datasets -> dataset_mix (" + std::to_string(mix.size()) + " files)");
+  YAML::Node list(YAML::NodeType::Sequence);
+  for (const std::string& m : mix) list.push_back(m);
+  out.push_back({"dataset_mix", list, loc});
   return out;
 }
 
@@ -338,7 +419,13 @@ const std::vector<AliasRow>& alias_table() {
       {"clip_grad_norm", "max_grad_norm"},
       {"log_every_n_steps", "logging_steps"},
       {"enable_activation_checkpointing", "gradient_checkpointing"},
-      {"datasets", "train_file", expand_datasets},
+      {"datasets", "dataset_mix", expand_datasets},
+      {"message_property_mappings", "message_field_role", expand_message_property_mappings},
+      {"completion_only_loss", "train_on_inputs", expand_only_loss},
+      {"assistant_only_loss", "train_on_inputs", expand_only_loss},
+      {"train_on_prompt", "train_on_inputs"},
+      {"train_on_input", "train_on_inputs"},
+      {"dataset_type", "dataset_format"},
       {"adapter", "load_in_4bit", expand_adapter},
       {"quantization_bit", "load_in_4bit", expand_quantization_bit},
       {"quantization_method", "load_in_4bit",
@@ -677,9 +764,12 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
   if (require_inputs && c.model_name_or_path.empty())
     fail(ErrorKind::Config, "config key 'model_name_or_path'", "model_name_or_path is required",
          "set model_name_or_path: path/to/hf_model_dir (axolotl: base_model)");
-  if (require_inputs && c.train_file.empty())
+  if (require_inputs && c.train_file.empty() && c.dataset_mix.empty())
     fail(ErrorKind::Config, "config key 'train_file'", "train_file is required",
          "set train_file: data.jsonl (axolotl: datasets: [{path: data.jsonl, type: alpaca}])");
+  if (!c.train_file.empty() && !c.dataset_mix.empty())
+    fail(ErrorKind::Config, where("dataset_mix"), "both train_file and dataset_mix (datasets) are set",
+         "list every training file in dataset_mix / datasets, or use train_file alone");
 
   if (c.per_device_eval_batch_size == 0) c.per_device_eval_batch_size = c.per_device_train_batch_size;
 
@@ -848,8 +938,9 @@ std::string config_reference_markdown() {
           " | " + cell(d.allowed) + " | " + cell(d.help) + " | " + aliases + " |\n";
   }
   md += "\nAlso accepted: `adapter: lora|qlora` (qlora = `load_in_4bit: true`), `quantization_bit: 4`, "
-        "`lora_target_linear: true` (= `target_modules: all-linear`), axolotl `datasets: [{path, type}]` "
-        "(one entry), torchtune `optimizer.*` / `lr_scheduler.*` fields, and `warmup_steps` below 1 as a ratio.\n";
+        "`lora_target_linear: true` (= `target_modules: all-linear`), axolotl `datasets: [{path, type, weight}]` "
+        "(one entry = train_file, several = dataset_mix), `message_property_mappings: {role, content}`, TRL "
+        "`completion_only_loss` / `assistant_only_loss` (= `train_on_inputs: false`), torchtune `optimizer.*` / `lr_scheduler.*` fields, and `warmup_steps` below 1 as a ratio.\n";
   return md;
 }
 

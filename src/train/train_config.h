@@ -17,11 +17,18 @@ struct TrainConfig {
   std::string output_dir;
   // data
   std::string train_file;      // JSONL
+  std::vector<std::string> dataset_mix;  // several train files: "PATH [weight=W] [format=F]" each
   std::string eval_file;       // "" = none
   double val_set_size;         // 0 = none; (0,1) fraction of train rows; >= 1 row count
-  std::string dataset_format;  // auto|text|pretokenized|alpaca|sharegpt|messages|prompt_completion
+  std::string dataset_format;  // auto|text|pretokenized|alpaca|sharegpt|messages|prompt_completion|segments
+  std::string dataset_text_field;     // text format: the field holding the text
+  std::string field_messages;         // chat formats: the list of messages ("" = messages / conversations)
+  std::string message_field_role;     // "" = role / from
+  std::string message_field_content;  // "" = content / value
   std::string chat_template;   // "" = tokenizer's own
   bool train_on_inputs;
+  std::vector<std::string> roles_to_train;
+  bool skip_bad_rows;
   std::string truncation;      // drop|truncate_left|truncate_right|error
   bool packing;
   int64_t max_length;

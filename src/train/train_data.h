@@ -1,24 +1,64 @@
-// Everything the trainer needs from the data layer for one run: train/eval examples and stats.
+// Everything the trainer (and `qlora data`) needs from the data layer for one run: the config's
+// files, template and masking options turned into train/eval examples, packed or not, plus stats.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "text/packing.h"
 #include "train/data.h"
 #include "train/model_source.h"
 #include "train/train_config.h"
 
 namespace qlora {
 
-struct TrainData {
-  std::vector<Example> train, eval;
-  DataStats stats;
-  int64_t longest = 0;  // longest row (train or eval), after truncation
-  int32_t pad_id = 0;
+struct DataFileReport {
+  DatasetSpec spec;
+  DatasetStats stats;
+  int64_t weighted = 0;  // train examples after the eval split and the weight
 };
 
-// Reads cfg.train_file (+ eval_file or a val_set_size split) with the model's tokenizer and
+struct TrainData {
+  std::vector<Example> train, eval;  // packed rows when cfg.packing
+  DatasetStats stats;                // train files, before weights and packing
+  std::vector<DataFileReport> files;
+  PackStats pack;                    // rows == 0 when not packing
+  int64_t longest = 0;               // longest row (train or eval) as batched
+  int32_t pad_id = 0;
+  std::string tokenizer_name, template_name;
+};
+
+// The tokenizer a model path names, without loading weights: a directory with tokenizer.json
+// (or config.json only: the byte-level fallback, as for training), a tokenizer.json file, or GGUF.
+struct TokenizerSource {
+  std::shared_ptr<const Tokenizer> tokenizer;  // null: pre-tokenized data only
+  std::string name;
+  int64_t vocab_size = 0;  // ids must be below it (0 = unchecked)
+};
+TokenizerSource open_tokenizer_source(const std::string& model_name_or_path);
+
+// Train files of a config: train_file, or each dataset_mix entry "PATH [weight=W] [format=F]".
+std::vector<DatasetSpec> dataset_specs(const TrainConfig& cfg);
+
+// chat_template -> renderer: "" / tokenizer_default = the tokenizer's template, a built-in name, a
+// .jinja path or Jinja text. Empty function when there is none.
+ChatRenderFn resolve_chat_template(const std::string& chat_template, const Tokenizer* tok);
+// Which template that is, in words, for reports.
+std::string chat_template_label(const std::string& chat_template, const Tokenizer* tok);
+
+// Options for load_dataset from the config: fields, masks, max_length/truncation, bad rows, and
+// renderers that resolve the chat template at the first chat row (Config error when none exists).
+DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts);
+
+// Reads the train files (with weights), eval_file or a val_set_size split, and packs when asked;
 // reports what it did through `log`.
-TrainData load_train_data(const TrainConfig& cfg, const ModelSource& src, const std::function<void(const std::string&)>& log);
+TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
+                          const std::function<void(const std::string&)>& log);
+TrainData load_train_data(const TrainConfig& cfg, const ModelSource& src,
+                          const std::function<void(const std::string&)>& log);
+
+// The summary lines load_train_data logs (also printed by `qlora data`).
+std::vector<std::string> describe_train_data(const TrainData& d, const TrainConfig& cfg);
 
 }  // namespace qlora

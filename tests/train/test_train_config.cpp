@@ -321,7 +321,7 @@ TEST(TrainConfig, DuplicateSpellingsInOneFileAreAnError) {
   // the same value twice is fine (axolotl qlora configs carry both)
   EXPECT_TRUE(parse("adapter: qlora\nload_in_4bit: true\nlora_r: 8\nr: 8\n").load_in_4bit);
   expect_error([] { parse("adapter: qlora\nload_in_4bit: false\n"); }, ErrorKind::Config);
-  expect_error([] { parse("datasets:\n  - path: a.jsonl\n  - path: b.jsonl\n"); }, ErrorKind::Config);
+  expect_error([] { parse("train_file: x.jsonl\ndatasets:\n  - path: a.jsonl\n  - path: b.jsonl\n"); }, ErrorKind::Config);
 }
 
 TEST(TrainConfig, FileErrors) {

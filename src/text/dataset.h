@@ -1,0 +1,130 @@
+// Dataset rows -> token examples: format detection, chat rendering, loss masks, truncation, stats.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace qlora {
+
+class Tokenizer;
+
+constexpr int32_t kNoLoss = -100;  // same value as kIgnoreIndex in model/batch.h (HF's ignore_index)
+
+// Tokens of one training row, Hugging Face style: labels[t] is the label of token t (kNoLoss = none).
+// A packed row holds several documents back to back; doc_lens says how many tokens each has.
+struct Example {
+  std::vector<int32_t> ids, labels;  // (T)
+  std::vector<int32_t> doc_lens;     // empty = one document
+  int64_t n_trained() const;         // tokens that produce loss after the causal shift
+};
+
+enum class DatasetFormat { Auto, Text, Pretokenized, Alpaca, ShareGpt, Messages, PromptCompletion, Segments };
+const char* format_name(DatasetFormat f);
+// "auto", "text", ... as in the config's dataset_format; Config error naming `where` otherwise.
+DatasetFormat parse_format(const std::string& name, const std::string& where);
+
+// Where each format keeps its fields; "" = the usual names (messages / conversations, role / from,
+// content / value).
+struct FieldMap {
+  std::string text = "text";
+  std::string messages, role, content;
+};
+
+// The format of a row by its keys, or Auto when none matches.
+DatasetFormat detect_format(const nlohmann::json& row, const FieldMap& fields);
+
+// One row, normalized. Plain rows are text pieces (text, prompt/completion strings, segments);
+// chat rows are messages with a per-message "trained" flag; token rows come pre-tokenized.
+struct Row {
+  enum Kind { Plain, Chat, Tokens } kind = Plain;
+  struct Piece {
+    std::string text;
+    bool trained = false;
+  };
+  std::vector<Piece> pieces;  // Plain
+  bool add_special = true;    // Plain: put the tokenizer's special prefix (BOS) in front
+  bool append_eos = true;     // Plain: end with EOS (trained when the last piece is)
+  nlohmann::json messages = nlohmann::json::array();  // Chat: [{role, content, ...}]
+  std::vector<char> trained;                           // Chat: per message
+  nlohmann::json extra = nlohmann::json::object();     // Chat: template context (tools, ...)
+  std::vector<int32_t> ids, labels;                    // Tokens
+};
+
+// Which messages get loss in chat formats (train_on_inputs aside).
+struct MaskOptions {
+  bool train_on_inputs = false;                       // every token gets loss
+  std::vector<std::string> roles_to_train = {"assistant"};
+};
+
+// A JSON object -> Row in format `fmt`. Data error at `where` naming the format and the fields
+// when a required field is missing or has the wrong type.
+Row parse_row(const nlohmann::json& obj, DatasetFormat fmt, const FieldMap& fields, const MaskOptions& mask,
+              const std::string& where);
+
+// Renders messages with a chat template (ChatTemplate::render); throws qlora::Error with the
+// template's message when it rejects a conversation.
+using ChatRenderFn =
+    std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt, const nlohmann::json& extra)>;
+
+struct EncodeInfo {
+  bool split_mismatch = false;  // segment-wise ids differ from tokenizing the whole text at once
+  bool double_bos = false;      // the ids start with BOS twice (template BOS + tokenizer BOS)
+  int64_t eos_added = 0;        // EOS tokens inserted after trained turns lacking an end-of-turn token
+};
+
+// Row -> ids + labels. Chat rows: each trained turn gets loss from its content (after the role
+// header that add_generation_prompt renders) through its last special token (the template's
+// end-of-turn, e.g. <|im_end|>); text after that token (the template's "\n") has none. A trained
+// turn with no special token gets EOS inserted after its text (minus trailing whitespace).
+// `tok` may be null only for Tokens rows.
+Example encode_row(const Row& row, const Tokenizer* tok, const MaskOptions& mask, const ChatRenderFn& render,
+                   const std::string& where, EncodeInfo* info);
+
+// ---------------------------------------------------------------------------------------------
+// Whole files.
+
+struct DatasetSpec {
+  std::string path;
+  double weight = 1.0;  // copies per epoch; fractions take a seeded subset of rows
+  DatasetFormat format = DatasetFormat::Auto;
+};
+
+struct DatasetOptions {
+  FieldMap fields;
+  MaskOptions mask;
+  ChatRenderFn render;         // empty: chat rows are an error (no template)
+  ChatRenderFn alpaca_render;  // alpaca rows use this when set (the caller's fallback to the alpaca format)
+  int64_t max_length = 2048;
+  std::string truncation = "truncate_right";  // drop|truncate_left|truncate_right|error
+  bool skip_bad_rows = false;
+  int64_t vocab_size = 0;      // > 0: pre-tokenized ids must be below it
+  int64_t limit_rows = 0;      // > 0: stop after this many examples (previews)
+};
+
+struct DatasetStats {
+  int64_t rows = 0;             // non-empty lines / array entries read
+  int64_t examples = 0;         // kept
+  int64_t tokens = 0, trained_tokens = 0, longest = 0;
+  int64_t truncated = 0, dropped = 0, no_loss = 0, bad_rows = 0;
+  int64_t split_mismatch = 0, double_bos = 0, eos_added = 0;
+  std::vector<std::string> bad_row_messages;  // the first few, for the report
+  std::vector<int32_t> lengths;               // tokens per kept example (histogram)
+  std::string format;                         // detected or configured (one file)
+  void add(const DatasetStats& o);            // sums; lengths appended; formats joined
+};
+
+// Reads one JSONL file (or a JSON array file) and encodes every row. Malformed JSON names
+// path:line:column; a row that does not fit the file's format names the format and its fields;
+// with skip_bad_rows those rows are counted instead. Rows longer than max_length follow the
+// truncation policy (counted). Rows without a trained token are skipped and counted; a file where
+// every row is like that is an error.
+std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok, const DatasetOptions& opt,
+                                  DatasetStats* stats);
+
+// Token run boundaries for previews: [[trained text]] marks (or ANSI colour when `ansi`).
+std::string render_example(const Example& ex, const Tokenizer& tok, bool ansi);
+
+}  // namespace qlora

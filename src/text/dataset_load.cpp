@@ -1,0 +1,211 @@
+// One dataset file -> examples: JSONL / JSON-array reading, per-file format detection, bad-row
+// policy, truncation and the counts the user sees.
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "text/dataset.h"
+#include "text/tokenizer.h"
+
+namespace qlora {
+
+using json = nlohmann::json;
+
+void DatasetStats::add(const DatasetStats& o) {
+  rows += o.rows, examples += o.examples, tokens += o.tokens, trained_tokens += o.trained_tokens;
+  longest = std::max(longest, o.longest);
+  truncated += o.truncated, dropped += o.dropped, no_loss += o.no_loss, bad_rows += o.bad_rows;
+  split_mismatch += o.split_mismatch, double_bos += o.double_bos, eos_added += o.eos_added;
+  for (const auto& m : o.bad_row_messages)
+    if (bad_row_messages.size() < 5) bad_row_messages.push_back(m);
+  lengths.insert(lengths.end(), o.lengths.begin(), o.lengths.end());
+  if (format.find(o.format) == std::string::npos) format += (format.empty() ? "" : ", ") + o.format;
+}
+
+namespace {
+
+// "... parse error at line 1, column 7: syntax error ..." -> "syntax error ..."
+std::string parse_reason(const json::parse_error& e) {
+  std::string w = e.what();
+  const size_t c = w.find("column ");
+  const size_t colon = c == std::string::npos ? std::string::npos : w.find(": ", c);
+  return colon == std::string::npos ? w : w.substr(colon + 2);
+}
+
+// Line and column (1-based) of byte offset `byte` (nlohmann counts from 1) in `text`.
+std::string line_col(const std::string& text, size_t byte) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i + 1 < byte && i < text.size(); i++) {
+    if (text[i] == '\n') line++, col = 1;
+    else col++;
+  }
+  return std::to_string(line) + ":" + std::to_string(col);
+}
+
+// A row's JSON value or its parse error, with where it came from.
+struct RawRow {
+  std::string where;
+  std::string text;  // JSONL: the line to parse
+  json value;        // JSON array files: already parsed
+  bool parsed = false;
+};
+
+bool starts_with_bracket(std::istream& in) {
+  char ch;
+  while (in.get(ch))
+    if (!std::isspace(static_cast<unsigned char>(ch))) {
+      in.unget();
+      return ch == '[';
+    }
+  return false;
+}
+
+}  // namespace
+
+std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok, const DatasetOptions& opt,
+                                  DatasetStats* stats_out) {
+  const std::string& path = spec.path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::Io, path, "cannot open dataset file", "check train_file / datasets paths");
+  DatasetStats st;
+  std::vector<Example> out;
+  DatasetFormat fmt = spec.format;
+  std::string detected_at;  // where an auto-detected format came from
+
+  auto bad = [&](const Error& e) {
+    if (!opt.skip_bad_rows) throw e;
+    st.bad_rows++;
+    if (st.bad_row_messages.size() < 5) st.bad_row_messages.push_back(e.what());
+  };
+
+  auto process = [&](const json& row, const std::string& where) {
+    if (fmt == DatasetFormat::Auto) {
+      if (!row.is_object()) fail(ErrorKind::Data, where, "row is not a JSON object", "each row must be one {...} object");
+      fmt = detect_format(row, opt.fields);
+      if (fmt == DatasetFormat::Auto) {
+        std::string keys;
+        for (auto it = row.begin(); it != row.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+        fail(ErrorKind::Data, where, "row matches no dataset format (keys: " + (keys.empty() ? "none" : keys) + ")",
+             "rows need 'text', 'instruction'+'output' (alpaca), 'conversations' (sharegpt), 'messages', "
+             "'prompt'+'completion', 'segments' or 'input_ids'; or set dataset_format / the field_* keys");
+      }
+      detected_at = where;
+    }
+    Row r;
+    try {
+      r = parse_row(row, fmt, opt.fields, opt.mask, where);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Data || detected_at.empty() || detected_at == where) throw;
+      fail(e.kind(), e.where(), e.message() + " [format detected from " + detected_at + "]", e.hint());
+    }
+    EncodeInfo info;
+    const bool alpaca = fmt == DatasetFormat::Alpaca && opt.alpaca_render;
+    Example ex = encode_row(r, tok, opt.mask, alpaca ? opt.alpaca_render : opt.render, where, &info);
+    if (opt.vocab_size > 0)
+      for (int32_t id : ex.ids)
+        if (id < 0 || id >= opt.vocab_size)
+          fail(ErrorKind::Data, where, "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                           std::to_string(opt.vocab_size));
+    st.split_mismatch += info.split_mismatch;
+    st.double_bos += info.double_bos;
+    st.eos_added += info.eos_added;
+    return ex;
+  };
+
+  auto keep = [&](Example ex, const std::string& where) {
+    const int64_t n = int64_t(ex.ids.size());
+    if (n > opt.max_length) {
+      if (opt.truncation == "error")
+        fail(ErrorKind::Data, where, "row has " + std::to_string(n) + " tokens, above max_length " +
+                                         std::to_string(opt.max_length),
+             "raise max_length, or set truncation: drop | truncate_left | truncate_right");
+      if (opt.truncation == "drop") {
+        st.dropped++;
+        return;
+      }
+      st.truncated++;
+      if (opt.truncation == "truncate_left") {
+        ex.ids.erase(ex.ids.begin(), ex.ids.end() - opt.max_length);
+        ex.labels.erase(ex.labels.begin(), ex.labels.end() - opt.max_length);
+      } else {
+        ex.ids.resize(size_t(opt.max_length));
+        ex.labels.resize(size_t(opt.max_length));
+      }
+    }
+    const int64_t tr = ex.n_trained();
+    if (tr == 0) {
+      st.no_loss++;
+      return;
+    }
+    st.examples++;
+    st.tokens += int64_t(ex.ids.size());
+    st.trained_tokens += tr;
+    st.longest = std::max<int64_t>(st.longest, int64_t(ex.ids.size()));
+    st.lengths.push_back(int32_t(ex.ids.size()));
+    out.push_back(std::move(ex));
+  };
+
+  auto one = [&](const RawRow& raw) {
+    st.rows++;
+    Example ex;
+    try {
+      json row;
+      if (raw.parsed) {
+        row = raw.value;
+      } else {
+        try {
+          row = json::parse(raw.text);
+        } catch (const json::parse_error& e) {
+          fail(ErrorKind::Data, raw.where + ":" + std::to_string(e.byte), "malformed JSON: " + parse_reason(e),
+               "each line must be one complete JSON object (JSON Lines)");
+        }
+      }
+      ex = process(row, raw.where);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Data) throw;
+      bad(e);
+      return;
+    }
+    keep(std::move(ex), raw.where);
+  };
+
+  const bool limited = opt.limit_rows > 0;
+  if (starts_with_bracket(in)) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    json arr;
+    try {
+      arr = json::parse(text);
+    } catch (const json::parse_error& e) {
+      fail(ErrorKind::Data, path + ":" + line_col(text, e.byte), "malformed JSON: " + parse_reason(e),
+           "a .json dataset must be one JSON array of row objects (or use JSON Lines)");
+    }
+    for (size_t i = 0; i < arr.size() && !(limited && st.examples >= opt.limit_rows); i++)
+      one(RawRow{path + ": row " + std::to_string(i + 1), "", std::move(arr[i]), true});
+  } else {
+    std::string line;
+    int64_t lineno = 0;
+    while (!(limited && st.examples >= opt.limit_rows) && std::getline(in, line)) {
+      lineno++;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      one(RawRow{path + ":" + std::to_string(lineno), std::move(line), {}, false});
+    }
+  }
+  st.format = fmt == DatasetFormat::Auto ? "unknown" : format_name(fmt);
+  if (stats_out) *stats_out = st;
+  if (out.empty()) {
+    if (st.rows == 0) fail(ErrorKind::Data, path, "dataset is empty", "expected one JSON object per line");
+    std::string why = std::to_string(st.rows) + " rows read: " + std::to_string(st.no_loss) +
+                      " without a trained token, " + std::to_string(st.dropped) + " dropped as too long, " +
+                      std::to_string(st.bad_rows) + " bad";
+    fail(ErrorKind::Data, path, "no usable example (" + why + ")",
+         st.no_loss ? "check roles_to_train / train_on_inputs, that rows have responses, and max_length with truncation"
+                    : "check the rows and max_length");
+  }
+  return out;
+}
+
+}  // namespace qlora
