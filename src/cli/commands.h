@@ -5,5 +5,8 @@ namespace qlora {
 
 int cmd_train(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
+int cmd_data(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
 
 }  // namespace qlora

@@ -1,5 +1,6 @@
 // qlora entry point: dispatches subcommands; the only place that turns errors into exit codes.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -18,6 +19,9 @@ struct Command {
 const Command kCommands[] = {
     {"train", qlora::cmd_train, "fine-tune with LoRA/QLoRA: qlora train CONFIG.yaml [key=value ...]"},
     {"plan", qlora::cmd_plan, "memory + speed plan for any model/GPU: qlora plan --model M --gpu G"},
+    {"quantize", qlora::cmd_quantize, "pre-quantize a model: qlora quantize --model M --quant nf4 --out DIR"},
+    {"data", qlora::cmd_data, "dataset stats and token/label preview: qlora data CONFIG.yaml [--show N] [--json]"},
+    {"tokenize", qlora::cmd_tokenize, "ids and tokens of a text: qlora tokenize --model M --text \"...\""},
 };
 
 void usage(FILE* f) {
@@ -29,6 +33,9 @@ void usage(FILE* f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Spinning OpenMP workers starve everything else on a shared or small machine (10x slower steps
+  // measured with another process busy); sleeping waits cost little at our op sizes.
+  setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/0);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

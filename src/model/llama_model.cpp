@@ -30,7 +30,7 @@ static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& o, const LoraSpec& lora)
-    : cfg_(cfg), be_(be), opts_(o), lora_(lora) {
+    : cfg_(cfg), be_(be), opts_(o), lora_(lora), quant_io_(be) {
   cfg_.validate(cfg_.name);
   if (opts_.method == "full")
     fail(ErrorKind::Unsupported, "method", "full fine-tuning is planned but not implemented by the engine",
@@ -42,6 +42,11 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   ckpt_ = opts_.checkpointing != "none";
   plan_model_buffers(plan_, cfg_, opts_);
   arena_ = std::make_unique<Arena>(be_, plan_);
+  if (!opts_.base_precision.empty() && !is_float_precision(opts_.base_precision)) {
+    quantized_base_ = true;
+    base_quant_ = base_quant_params(opts_.base_precision, opts_.quant_blocksize, opts_.double_quant);
+    base_quant_.blocksize = quant_blocksize(base_quant_);
+  }
 
   lora_slot_.assign(size_t(cfg_.n_layer * 7), -1);
   for (int64_t l = 0; l < cfg_.n_layer; l++)
@@ -66,13 +71,55 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
 
 LlamaModel::~LlamaModel() = default;
 
+static bool same_quant(QuantParams a, QuantParams b) {
+  return a.format == b.format && quant_blocksize(a) == quant_blocksize(b) && a.double_quant == b.double_quant &&
+         a.fp8_scaling == b.fp8_scaling && a.mx_scale_rule == b.mx_scale_rule;
+}
+
+// The base precision name that stores weights as `p` ("fp8" is FP8 E4M3 with a per-tensor scale).
+static std::string precision_name(const QuantParams& p) {
+  if (p.format == QuantFormat::FP8_E4M3 && p.fp8_scaling == Fp8Scaling::PerTensor) return "fp8";
+  return quant_format_name(p.format);
+}
+
+void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
+  if (!o.base_precision.empty() || !src.stored_quant) return;
+  const QuantParams& p = *src.stored_quant;
+  o.base_precision = precision_name(p);
+  o.quant_blocksize = quant_blocksize(p);
+  o.double_quant = p.double_quant;
+  if (o.method == "lora") o.method = "qlora";
+}
+
+// "layers.3.q_proj" -> "q_proj"
+static std::string projection_of(const std::string& buffer) { return buffer.substr(buffer.find('.', 7) + 1); }
+
 void LlamaModel::load_base(const TensorSource& src) {
-  std::vector<float> host;
+  dequant_slot_ = -1;
+  // A checkpoint stored in exactly the planned format is copied; any other source is quantized here.
+  const bool stored_as_planned = quantized_base_ && src.stored_quant && src.read_quantized &&
+                                 same_quant(*src.stored_quant, base_quant_);
+  std::vector<float> host;  // one tensor in f32 at a time
   for (const auto& b : plan_.buffers) {
     if (b.category != MemCategory::Weights) continue;
     const std::string hf = hf_weight_name(b.name);
-    if (b.dtype == DType::U8)
-      fail(ErrorKind::Unsupported, hf, "quantized base weights are not wired into the engine yet");
+    if (b.dtype == DType::U8) {  // a quantized projection (planned with add_bytes)
+      QLORA_ASSERT(quantized_base_);
+      const auto [rows, cols] = projection_shape(cfg_, projection_of(b.name));
+      QuantizedTensor q;
+      if (stored_as_planned && src.read_quantized(hf, rows, cols, q)) {
+        if (!same_quant(q.params, base_quant_) || q.rows != rows || q.cols != cols)
+          fail(ErrorKind::Format, src.description + ": tensor '" + hf + "'",
+               "is stored differently from the rest of the checkpoint's projections",
+               "re-quantize the model with `qlora quantize`");
+      } else {
+        host.resize(size_t(rows * cols));
+        src.read_f32(hf, {rows, cols}, host.data());
+        q = quantize_ref(host.data(), rows, cols, base_quant_);
+      }
+      quant_io_.store(q, arena_->raw(b.name));
+      continue;
+    }
     int64_t n = 1;
     for (int64_t s : b.shape) n *= s;
     host.resize(size_t(n));
@@ -86,6 +133,14 @@ void LlamaModel::load_base(const TensorSource& src) {
       be_.copy_to_device(t.data, conv.data(), conv.size());
     }
   }
+}
+
+QuantizedTensor LlamaModel::base_quantized(int64_t l, const std::string& proj) {
+  if (!quantized_base_) fail(ErrorKind::Internal, "base_quantized", "the base is not quantized");
+  const auto [rows, cols] = projection_shape(cfg_, proj);
+  QuantizedTensor q;
+  quant_io_.load(arena_->raw("layers." + std::to_string(l) + "." + proj), base_quant_, rows, cols, q);
+  return q;
 }
 
 void LlamaModel::init_lora(uint64_t seed) {
@@ -133,8 +188,19 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
   return a;
 }
 
+// The (out,in) weight of a projection in the compute dtype. A quantized projection is dequantized
+// into ws.dequant, which holds one projection at a time: each caller uses the view for one matmul.
 Tensor LlamaModel::base_weight(int64_t l, int p) {
-  return arena_->get("layers." + std::to_string(l) + "." + kProj[p]);
+  const std::string name = "layers." + std::to_string(l) + "." + kProj[p];
+  if (!quantized_base_) return arena_->get(name);
+  const auto [out, in] = projection_shape(cfg_, kProj[p]);
+  Tensor w = arena_->get("ws.dequant");  // (largest out*in) compute dtype
+  const int64_t slot = l * 7 + p;
+  if (dequant_slot_ != slot) {
+    quant_io_.dequantize(arena_->raw(name), base_quant_, out, in, w.data, w.dtype);
+    dequant_slot_ = slot;
+  }
+  return as_matrix(w, out, in);
 }
 
 int LlamaModel::lora_index(int64_t l, int p) const { return lora_slot_[size_t(l * 7 + p)]; }

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,15 +13,29 @@
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "model/model_plan.h"
+#include "model/quantized_weights.h"
+#include "quant/quantize.h"
 
 namespace qlora {
 
 // Fills dst (row-major f32, `shape`) with the Hugging Face tensor `hf_name`; errors name the tensor.
+// A checkpoint that stores projections quantized (bitsandbytes 4-bit, `qlora quantize` output)
+// dequantizes them in read_f32 and also offers them as they are stored through read_quantized.
 struct TensorSource {
   std::function<bool(const std::string& hf_name)> has;
   std::function<void(const std::string& hf_name, const std::vector<int64_t>& shape, float* dst)> read_f32;
   std::string description;  // "model dir /path", for messages
+  // How the checkpoint's projections are stored, when quantized (nullopt: plain floats).
+  std::optional<QuantParams> stored_quant;
+  // The stored quantized weight `hf_name` of shape (rows, cols) into q (blocksize resolved); false
+  // when that tensor is stored as plain floats (a module the quantizer skipped). Null when
+  // stored_quant is nullopt.
+  std::function<bool(const std::string& hf_name, int64_t rows, int64_t cols, QuantizedTensor& q)> read_quantized;
 };
+
+// Makes the plan store the base as the checkpoint does when the options leave base_precision unset,
+// so a pre-quantized checkpoint is trained as QLoRA on its own bytes instead of being dequantized.
+void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src);
 
 struct LoraParam {
   std::string name;   // "layers.3.q_proj.lora_A"
@@ -39,8 +54,15 @@ class LlamaModel {
   Backend& backend() { return be_; }
   int64_t max_tokens() const { return opts_.micro_batch * opts_.seq_len; }
 
-  // Frozen base weights from a tensor source (safetensors, GGUF, ...).
+  // Frozen base weights from a tensor source (safetensors, GGUF, ...). With a quantized base
+  // precision each projection is read in f32, quantized and stored, one at a time (never the
+  // whole model in f32); a checkpoint already stored in exactly that format is copied as it is.
   void load_base(const TensorSource& src);
+  // Quantized base (nf4, fp4, nvfp4, mxfp4, fp8): the storage format of the 7 projections.
+  bool quantized_base() const { return quantized_base_; }
+  const QuantParams& base_quant() const { return base_quant_; }
+  // Host copy of a quantized projection as stored in the arena (proj: "q_proj" ... "down_proj").
+  QuantizedTensor base_quantized(int64_t layer, const std::string& proj);
   // PEFT init: A Kaiming-uniform (a=sqrt(5)), B zeros.
   void init_lora(uint64_t seed);
   std::vector<LoraParam>& lora_params() { return lora_params_; }
@@ -84,6 +106,10 @@ class LlamaModel {
   const int32_t* d_positions_ = nullptr;
   const int32_t* d_seg_ = nullptr;
   int64_t cur_b_ = 0, cur_t_ = 0;
+  bool quantized_base_ = false;
+  QuantParams base_quant_;          // blocksize resolved
+  QuantizedWeightIo quant_io_;
+  int64_t dequant_slot_ = -1;       // (layer*7 + proj) whose weights ws.dequant holds, -1 = none
 };
 
 }  // namespace qlora

@@ -33,6 +33,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int64_t N = o.micro_batch * o.seq_len, r = o.lora_r;
   const std::string base = o.base_precision.empty() ? dtype_name(cd) : o.base_precision;
+  const bool quantized = !is_float_precision(base);
+  const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
   using MC = MemCategory;
 
   // Frozen base weights.
@@ -43,10 +45,10 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "post_attention_layernorm", MC::Weights, cd, {C});
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
-      if (is_float_precision(base))
+      if (!quantized)
         plan.add(p + t, MC::Weights, float_precision_dtype(base, cd), {out, in});
-      else
-        plan.add_bytes(p + t, MC::Weights, quantized_weight_bytes(base, out, in, o.quant_blocksize, o.double_quant));
+      else  // packed codes + scales in one buffer (layout: model/quantized_weights.h)
+        plan.add_bytes(p + t, MC::Weights, quant_storage_bytes(qp, out, in));
     }
     if (c.attention_bias) {
       plan.add(p + "q_proj.bias", MC::Weights, cd, {c.q_dim()});
@@ -134,7 +136,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
     if (o.lora_dropout) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
   }
-  if (!is_float_precision(base)) {  // one projection dequantized at a time
+  if (quantized) {  // one projection dequantized at a time
     int64_t biggest = 0;
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);

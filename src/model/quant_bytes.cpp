@@ -1,4 +1,4 @@
-// Base precision names and quantized storage sizes (bnb 4-bit layout incl. double quantization).
+// Base precision names and their quantized storage (the sizes themselves come from the quant library).
 #include "model/quant_bytes.h"
 
 #include "core/error.h"
@@ -18,24 +18,26 @@ DType float_precision_dtype(const std::string& p, DType fallback) {
 
 const char* base_precision_choices() { return "fp32, bf16, fp8, nf4, fp4, nvfp4, mxfp4"; }
 
-static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+QuantParams base_quant_params(const std::string& p, int64_t blocksize, bool double_quant) {
+  QuantParams q;
+  const auto f = p == "fp8" ? std::optional<QuantFormat>(QuantFormat::FP8_E4M3) : quant_format_from_name(p);
+  if (!f)
+    fail(ErrorKind::Config, "base_precision", "unknown base precision '" + p + "'",
+         std::string("choose one of ") + base_precision_choices());
+  q.format = *f;
+  if (q.format == QuantFormat::NF4 || q.format == QuantFormat::FP4) {
+    if (blocksize < 0 || blocksize > (int64_t(1) << 30))
+      fail(ErrorKind::Config, "quant_blocksize", "blocksize " + std::to_string(blocksize) + " is out of range",
+           "allowed: 32, 64, 128, 256, 512, 1024, 2048, 4096");
+    q.blocksize = int(blocksize);
+    q.double_quant = double_quant;
+  }
+  validate_quant_params(q);
+  return q;
+}
 
 int64_t quantized_weight_bytes(const std::string& p, int64_t out, int64_t in, int64_t bs, bool dq) {
-  const int64_t n = out * in;
-  if (p == "nf4" || p == "fp4") {
-    const int64_t blocks = cdiv(n, bs);
-    int64_t bytes = cdiv(n, 2) + 16 * 4;  // packed codes + 16-entry code table
-    if (dq)  // u8 absmax, fp32 nested absmax per 256 blocks, 256-entry dynamic map, fp32 offset
-      bytes += blocks + cdiv(blocks, 256) * 4 + 256 * 4 + 4;
-    else
-      bytes += blocks * 4;
-    return bytes;
-  }
-  if (p == "nvfp4") return cdiv(n, 2) + cdiv(n, 16) + 4;  // e2m1 codes, e4m3 per 16, fp32 tensor scale
-  if (p == "mxfp4") return cdiv(n, 2) + cdiv(n, 32);      // e2m1 codes, e8m0 per 32
-  if (p == "fp8") return n + 4;                            // e4m3 + fp32 per-tensor scale
-  fail(ErrorKind::Config, "base_precision", "unknown base precision '" + p + "'",
-       std::string("choose one of ") + base_precision_choices());
+  return quant_storage_bytes(base_quant_params(p, bs, dq), out, in);
 }
 
 }  // namespace qlora

@@ -1,12 +1,15 @@
-// Model sources: Hugging Face directories (config.json + safetensors, sharded or not, tokenizer.json)
-// and GGUF files (weights dequantized on load, tokenizer from the GGUF vocabulary).
+// Model sources: Hugging Face directories (config.json + safetensors, sharded or not, tokenizer.json;
+// pre-quantized bitsandbytes-4bit or `qlora quantize` checkpoints included) and GGUF files
+// (weights dequantized on load, tokenizer from the GGUF vocabulary).
 #include "train/model_source.h"
 
 #include <filesystem>
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "io/json_util.h"
 #include "io/safetensors.h"
+#include "model/bnb_checkpoint.h"
 #include "model/gguf_model.h"
 
 namespace fs = std::filesystem;
@@ -60,6 +63,10 @@ static ModelSource open_hf_dir(const std::string& path) {
   src.tensors.read_f32 = [ar](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
     ar->read_f32(n, dst, shape);
   };
+  // Pre-quantized checkpoints (bitsandbytes 4-bit, `qlora quantize` output) name their layout in config.json.
+  if (auto cq = read_checkpoint_quant(read_json_file(path + "/config.json"), *ar, path + "/config.json"))
+    src.tensors = quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
+                                                           quant_format_name(cq->params.format) + ")");
   std::shared_ptr<const Tokenizer> tok;
   if (fs::exists(path + "/tokenizer.json"))
     tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path + "/tokenizer.json"));

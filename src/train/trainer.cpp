@@ -54,6 +54,7 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   po.seq_len = seq_len;
   po.checkpointing = cfg.gradient_checkpointing;
   po.ce_chunk = cfg.ce_chunk_size;
+  adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
   LoadedModel lm;
   lm.model = std::make_unique<LlamaModel>(src.config, be, po, lora);
   lm.model->load_base(src.tensors);

@@ -50,3 +50,51 @@ TEST(PlanAllocation, CheckpointingShrinksActivations) {
   plan_model_buffers(full, c, o);
   EXPECT_LT(full.bytes_by_category().at(MemCategory::Activations), none.bytes_by_category().at(MemCategory::Activations));
 }
+
+// A quantized base: each projection's buffer holds exactly quant_storage_bytes (packed codes and
+// scales together), and the arena still allocates exactly the plan, category by category.
+TEST(PlanAllocation, QuantizedBaseAllocatesThePlan) {
+  struct Case { std::string precision; bool dq; int64_t bs; std::string ckpt; };
+  const std::vector<Case> cases = {{"nf4", true, 64, "none"}, {"nf4", false, 32, "full"}, {"fp4", true, 4096, "none"},
+                                   {"nvfp4", false, 64, "none"}, {"mxfp4", false, 64, "full"}, {"fp8", false, 64, "none"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.precision + " dq=" + std::to_string(c.dq) + " bs=" + std::to_string(c.bs));
+    auto be = make_cpu_backend();
+    ModelSource src = open_model_source(fixtures() + "/models/qwen2");  // with q/k/v biases
+    ModelPlanOptions po;
+    po.method = "qlora";
+    po.base_precision = c.precision;
+    po.double_quant = c.dq;
+    po.quant_blocksize = c.bs;
+    po.micro_batch = 2;
+    po.seq_len = 9;
+    po.checkpointing = c.ckpt;
+    LlamaModel m(src.config, *be, po, fixture_lora());
+    m.load_base(src.tensors);
+    const auto planned = m.plan().bytes_by_category();
+    const auto& alloc = m.arena().allocated();
+    EXPECT_EQ(planned.size(), alloc.size());
+    for (const auto& [cat, bytes] : planned) {
+      ASSERT_TRUE(alloc.count(cat)) << mem_category_name(cat);
+      EXPECT_EQ(alloc.at(cat), bytes) << mem_category_name(cat);
+    }
+    // Weights by hand: floats for embeddings, head, norms and biases; quantized projections.
+    const LlamaConfig& cfg = m.config();
+    QuantParams qp;
+    qp.format = c.precision == "fp8" ? QuantFormat::FP8_E4M3 : *quant_format_from_name(c.precision);
+    const bool bnb = c.precision == "nf4" || c.precision == "fp4";
+    qp.blocksize = bnb ? int(c.bs) : 0;
+    qp.double_quant = bnb && c.dq;
+    const int64_t C = cfg.hidden_size;
+    int64_t weights = 2 * MemoryPlan::aligned(cfg.vocab_size * C * 4) + MemoryPlan::aligned(C * 4);
+    for (int64_t l = 0; l < cfg.n_layer; l++) {
+      weights += 2 * MemoryPlan::aligned(C * 4);
+      weights += MemoryPlan::aligned(cfg.q_dim() * 4) + 2 * MemoryPlan::aligned(cfg.kv_dim() * 4);  // biases
+      for (const auto& t : all_linear_targets()) {
+        const auto [out, in] = projection_shape(cfg, t);
+        weights += MemoryPlan::aligned(quant_storage_bytes(qp, out, in));
+      }
+    }
+    EXPECT_EQ(planned.at(MemCategory::Weights), weights);
+  }
+}
