@@ -32,8 +32,11 @@ class BpeModel {
   BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
            BpeOptions opt, const std::string& where);
 
-  // Appends the ids for one pre-tokenized word. Thread-safe; results are cached per word.
+  // Appends the ids for one pre-tokenized word. Thread-safe; results are cached per word (words
+  // shorter than kCacheMaxWord bytes, as HF caches only those).
   void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  // Empties the word cache (benchmarks measure cold-cache throughput with it).
+  void clear_cache() const;
 
   int32_t token_to_id(std::string_view token) const;  // -1 when absent
   const std::string* id_to_token(int32_t id) const;   // nullptr when absent
@@ -48,16 +51,73 @@ class BpeModel {
     uint32_t rank;
     int32_t new_id;
   };
+  // Open-addressing table of the merges, key (left id << 32) | right id (ids are >= 0, so the
+  // all-ones key marks an empty slot). One probe sequence in a flat array per lookup.
+  class MergeTable {
+   public:
+    void reserve(size_t n);
+    void set(uint64_t key, MergeInfo info);  // overwrites: a later duplicate merge wins
+    const MergeInfo* find(uint64_t key) const {
+      if (slots_.empty()) return nullptr;
+      for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if (s.key == key) return &s.info;
+        if (s.key == kEmpty) return nullptr;
+      }
+    }
+
+   private:
+    static constexpr uint64_t kEmpty = ~uint64_t{0};
+    struct Slot {
+      uint64_t key;
+      MergeInfo info;
+    };
+    static size_t hash(uint64_t k) {
+      k ^= k >> 29;
+      k *= 0xbf58476d1ce4e5b9ULL;
+      k ^= k >> 32;
+      return static_cast<size_t>(k);
+    }
+    std::vector<Slot> slots_;
+    size_t mask_ = 0, size_ = 0;
+  };
+
   Vocab vocab_;
   std::vector<const std::string*> id_to_token_;  // points into vocab_ keys
-  std::unordered_map<uint64_t, MergeInfo> merges_;  // key: (left id << 32) | right id
+  MergeTable merges_;
+  // Id of the token that is exactly code point cp (cp < kCpTable), -1 when the vocab has none.
+  // Used for the initial symbols of a word when there is no subword prefix/suffix to attach.
+  static constexpr uint32_t kCpTable = 0x3000;
+  std::vector<int32_t> cp_ids_;
   BpeOptions opt_;
   int32_t unk_id_ = -1;
   int32_t byte_ids_[256];  // <0xNN> token ids for byte fallback, -1 when absent
 
+  // Word -> ids cache: open addressing over 8-byte slots (hash tag, arena offset); each entry
+  // keeps its key bytes and ids side by side in one arena, so a hit touches two cache lines
+  // instead of a node-based map's four. Emptied whole when full (bounded memory).
+  class WordCache {
+   public:
+    explicit WordCache(size_t capacity);
+    // Appends the cached ids of `w` (hash h) to out; false when absent.
+    bool get(std::string_view w, uint64_t h, std::vector<int32_t>& out) const;
+    void put(std::string_view w, uint64_t h, const int32_t* ids, size_t n);
+    void clear();
+
+   private:
+    struct Slot {
+      uint32_t tag;  // high hash bits | 1; 0 = empty
+      uint32_t off;  // arena index of the entry: [key len | id count << 16][key, padded][ids]
+    };
+    size_t capacity_, size_ = 0, mask_;
+    std::vector<Slot> slots_;
+    std::vector<uint32_t> arena_;
+  };
   static constexpr size_t kCacheCap = 50000;
+  static constexpr size_t kCacheMaxWord = 256;
+  static constexpr size_t kCacheArenaWords = size_t{8} << 20;  // 32 MiB of keys and ids at most
   mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  mutable WordCache cache_{kCacheCap};
 };
 
 }  // namespace qlora

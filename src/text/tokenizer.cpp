@@ -211,6 +211,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
+void Tokenizer::clear_cache() const {
+  if (impl_->bpe) impl_->bpe->clear_cache();
+}
+
 // ---- lookups -------------------------------------------------------------------------------
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {

@@ -36,6 +36,10 @@ class Tokenizer {
   // Ids -> text as HF `Tokenizer.decode(ids, skip_special_tokens)`. Unknown ids are skipped.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 
+  // Empties the model's per-word encode cache. Results never depend on it; benchmarks use this
+  // to time a cold cache.
+  void clear_cache() const;
+
   // Added tokens first, then the model vocab (HF order). nullopt when the id/token is unknown.
   std::optional<std::string> id_to_token(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;

@@ -129,6 +129,8 @@ namespace {
 struct ByteMap {
   std::array<uint32_t, 256> to_cp{};
   std::array<std::string, 256> to_str{};
+  std::array<std::array<char, 2>, 256> enc{};  // to_str as 1 or 2 bytes (all code points < 0x800)
+  std::array<uint8_t, 256> enc_len{};
   std::array<int, 324> from_cp{};  // alphabet code points are all < 0x144
   ByteMap() {
     from_cp.fill(-1);
@@ -138,6 +140,8 @@ struct ByteMap {
       to_cp[b] = printable ? b : extra++;
       from_cp[to_cp[b]] = b;
       append_utf8(to_str[b], to_cp[b]);
+      enc_len[b] = static_cast<uint8_t>(to_str[b].size());
+      for (size_t k = 0; k < to_str[b].size(); ++k) enc[b][k] = to_str[b][k];
     }
   }
 };
@@ -152,9 +156,14 @@ int cp_to_byte(uint32_t cp) { return cp < 324 ? byte_map().from_cp[cp] : -1; }
 
 std::string bytes_to_alphabet(std::string_view s) {
   const ByteMap& m = byte_map();
-  std::string out;
-  out.reserve(s.size() * 2);
-  for (unsigned char b : s) out += m.to_str[b];
+  std::string out(s.size() * 2, '\0');
+  char* p = out.data();
+  for (unsigned char b : s) {
+    p[0] = m.enc[b][0];
+    p[1] = m.enc[b][1];
+    p += m.enc_len[b];
+  }
+  out.resize(static_cast<size_t>(p - out.data()));
   return out;
 }
 

@@ -171,6 +171,31 @@ TEST(Tokenizer, ConcurrentEncodeMatchesSerial) {
   EXPECT_EQ(bad[0] + bad[1], 0u);
 }
 
+TEST(Tokenizer, WordCacheDoesNotChangeIds) {
+  // More distinct words than the per-word cache holds (50,000): it fills, empties and refills;
+  // hits, misses and a cleared cache must all give the same ids.
+  std::vector<std::string> lines;
+  for (int i = 0; i < 60000; ++i) {
+    std::string w;
+    for (int k = i;; k /= 26) {
+      w += static_cast<char>('a' + k % 26);
+      if (k < 26) break;
+    }
+    lines.push_back(w + " the " + w + (i % 3 ? "" : " ▁é☃"));
+  }
+  for (const char* name : {"smollm2", "bytelevel_llama3", "spm_llama2"}) {
+    Tokenizer t = fixture(name);
+    std::vector<std::vector<int32_t>> first;
+    for (const std::string& l : lines) first.push_back(t.encode(l, false));
+    size_t bad = 0;
+    for (size_t i = 0; i < lines.size(); ++i) bad += t.encode(lines[i], false) != first[i];
+    t.clear_cache();
+    for (size_t i = lines.size(); i-- > 0;) bad += t.encode(lines[i], false) != first[i];
+    EXPECT_EQ(bad, 0u) << name;
+    EXPECT_EQ(t.decode(first[7]), lines[7]) << name;
+  }
+}
+
 // ---- byte-level fallback --------------------------------------------------------------------
 
 TEST(Tokenizer, ByteLevelFallback) {
