@@ -143,6 +143,43 @@ QuantizedTensor LlamaModel::base_quantized(int64_t l, const std::string& proj) {
   return q;
 }
 
+std::vector<float> LlamaModel::weight_f32(const std::string& name) {
+  const Tensor t = arena_->get(name);
+  if (t.dtype == DType::U8) fail(ErrorKind::Internal, "weight_f32", "'" + name + "' is stored quantized");
+  std::vector<float> out(size_t(t.numel()));
+  if (t.dtype == DType::F32) {
+    be_.copy_to_host(out.data(), t.data, out.size() * 4);
+  } else {
+    std::vector<uint8_t> raw(size_t(t.nbytes()));
+    be_.copy_to_host(raw.data(), t.data, raw.size());
+    convert_to_f32(t.dtype, raw.data(), out.data(), t.numel());
+  }
+  return out;
+}
+
+std::vector<float> LlamaModel::effective_weight(int64_t l, const std::string& proj) {
+  const auto [out, in] = projection_shape(cfg_, proj);
+  std::vector<float> w;
+  if (quantized_base_) {
+    w.resize(size_t(out * in));
+    dequantize_ref(base_quantized(l, proj), w.data());
+  } else {
+    w = weight_f32("layers." + std::to_string(l) + "." + proj);
+  }
+  int p = 0;
+  while (p < 7 && proj != kProj[p]) p++;
+  const int li = p < 7 ? lora_index(l, p) : -1;
+  if (li < 0) return w;
+  const int64_t r = lora_.r;
+  std::vector<float> a(size_t(r * in)), b(size_t(out * r));  // A (r,in), B (out,r)
+  be_.copy_to_host(a.data(), lora_params_[size_t(li)].w.data, a.size() * 4);
+  be_.copy_to_host(b.data(), lora_params_[size_t(li) + 1].w.data, b.size() * 4);
+  // W (out,in) += s B A, on the host whatever backend trains.
+  make_cpu_backend()->matmul({f32_view(w.data(), {out, in}), f32_view(b.data(), {out, r}), f32_view(a.data(), {r, in}),
+                              out, in, r, false, false, lora_.scale(), 1.0f});
+  return w;
+}
+
 void LlamaModel::init_lora(uint64_t seed) {
   Rng rng(seed);
   std::vector<float> host;

@@ -63,6 +63,12 @@ class LlamaModel {
   const QuantParams& base_quant() const { return base_quant_; }
   // Host copy of a quantized projection as stored in the arena (proj: "q_proj" ... "down_proj").
   QuantizedTensor base_quantized(int64_t layer, const std::string& proj);
+  // Host f32 copy of a frozen float tensor by its planned name ("embed_tokens", "norm", "lm_head",
+  // "layers.3.input_layernorm", "layers.3.q_proj.bias", ...), converted from the arena's dtype.
+  std::vector<float> weight_f32(const std::string& name);
+  // The (out, in) f32 weight a projection applies at inference: the base, dequantized when stored
+  // quantized, plus the merged LoRA delta scale * B @ A (proj: "q_proj" ... "down_proj").
+  std::vector<float> effective_weight(int64_t layer, const std::string& proj);
   // PEFT init: A Kaiming-uniform (a=sqrt(5)), B zeros.
   void init_lora(uint64_t seed);
   std::vector<LoraParam>& lora_params() { return lora_params_; }

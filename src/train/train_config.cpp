@@ -42,6 +42,7 @@ struct KeyRow {
   std::vector<std::pair<std::string, std::string>> value_aliases = {};
   const char* null_as = nullptr;    // what YAML null means (strings: always "")
   const char* bad_value_hint = "";  // replaces the generic "allowed: ..." hint
+  bool list_of_text = false;  // lists: a scalar is one item, never split at commas
 };
 
 const std::vector<std::string> kLinear = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -150,6 +151,12 @@ const std::vector<KeyRow>& key_table() {
       {.name = "resume_from_checkpoint", .field = &T::resume_from_checkpoint, .def = "",
        .help = "Checkpoint directory to resume from; latest (or true) = newest checkpoint-N in output_dir.",
        .value_aliases = {{"true", "latest"}, {"false", ""}}},
+      {.name = "sample_prompts", .field = &T::sample_prompts, .def = "",
+       .help = "Prompts (each a user message, rendered with the chat template) the model answers greedily before "
+               "training and after it; printed and written to output_dir/samples.json. Empty = none.",
+       .list_of_text = true},
+      {.name = "sample_max_new_tokens", .field = &T::sample_max_new_tokens, .def = "64", .range = {.lo = 1},
+       .help = "Most tokens of each sample answer (generation also stops at EOS / the end-of-turn token)."},
       {.name = "seed", .field = &T::seed, .def = "42", .range = {.lo = 0}, .help = "Seed for LoRA init, shuffling and dropout."},
       {.name = "r", .field = &T::r, .def = "16", .range = {.lo = 1}, .help = "LoRA rank."},
       {.name = "lora_alpha", .field = &T::lora_alpha, .def = "32", .range = {.lo = 0, .lo_open = true},
@@ -591,7 +598,9 @@ struct Setter {
   void operator()(std::vector<std::string> TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
     std::vector<std::string> items;
     if (n.IsSequence()) {
-      for (const YAML::Node& e : n) items.push_back(scalar(e, "a list of names"));
+      for (const YAML::Node& e : n) items.push_back(scalar(e, row.list_of_text ? "a list of texts" : "a list of names"));
+    } else if (n.IsScalar() && row.list_of_text) {
+      if (!trim(n.Scalar()).empty()) items.push_back(trim(n.Scalar()));
     } else if (n.IsScalar()) {
       // LLaMA-Factory style "q_proj,v_proj"
       std::stringstream ss(n.Scalar());
@@ -793,6 +802,10 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
   if (c.val_set_size > 0 && !c.eval_file.empty())
     fail(ErrorKind::Config, where("val_set_size"), "both eval_file and val_set_size are set",
          "use eval_file for a separate file, or val_set_size to split train_file, not both");
+  for (size_t i = 0; i < c.sample_prompts.size(); i++)
+    if (c.sample_prompts[i].empty())
+      fail(ErrorKind::Config, where("sample_prompts"), "sample_prompts entry " + std::to_string(i + 1) + " is empty",
+           "remove it, or write the question the model should answer");
   if (c.max_steps == 0)
     fail(ErrorKind::Config, where("max_steps"), "max_steps 0 would train nothing",
          "use -1 to derive steps from num_train_epochs, or a positive count");

@@ -53,6 +53,8 @@ struct TrainConfig {
   int64_t eval_steps;         // 0 = only at the end
   int64_t save_steps;         // 0 = only at the end
   int64_t save_total_limit;   // 0 = keep all
+  std::vector<std::string> sample_prompts;  // user messages answered greedily before and after training
+  int64_t sample_max_new_tokens;
   std::string resume_from_checkpoint;  // "" none | "latest" | path
   int64_t seed;
   // LoRA

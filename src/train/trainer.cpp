@@ -19,6 +19,7 @@
 #include "train/metrics.h"
 #include "train/model_source.h"
 #include "train/progress.h"
+#include "train/sample_answers.h"
 #include "train/schedule.h"
 #include "train/step.h"
 #include "train/train_data.h"
@@ -119,6 +120,39 @@ static std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::
   return v;
 }
 
+// Prints the model's greedy answers to cfg.sample_prompts under `when` ("before training", ...)
+// and returns them as JSON for samples.json.
+nlohmann::ordered_json Trainer::print_sample_answers(const ChatRenderFn& render, const std::string& when) {
+  const auto answers = sample_answers(*lm_.model, *tokenizer_, render, cfg_.sample_prompts, cfg_.sample_max_new_tokens);
+  log("sample answers " + when + ":");
+  std::string text = format_sample_answers(answers);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  log(text);
+  log("  (" + sample_answers_speed(answers) + ")");
+  return sample_answers_json(answers);
+}
+
+// samples.json: {"before": [...], "after": [...]}; a key is left out when that block did not run.
+static void write_samples_json(const std::string& out_dir, const nlohmann::ordered_json& before,
+                               const nlohmann::ordered_json& after) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (!before.is_null()) j["before"] = before;
+  if (!after.is_null()) j["after"] = after;
+  // A byte-level model can emit bytes that are not UTF-8; the answers are already lossy-decoded,
+  // and `replace` keeps the writer from throwing on anything that slipped through.
+  write_file_atomic(out_dir + "/samples.json", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+// The "before" answers a resumed run keeps from the samples.json of the run it continues.
+static nlohmann::ordered_json earlier_before_samples(const std::string& out_dir) {
+  try {
+    const auto j = nlohmann::ordered_json::parse(read_text_file(out_dir + "/samples.json"));
+    if (j.contains("before")) return j["before"];
+  } catch (const std::exception&) {  // missing or unreadable: the resumed run has no "before"
+  }
+  return nlohmann::ordered_json();
+}
+
 void Trainer::rotate_checkpoints() {
   if (cfg_.save_total_limit <= 0) return;
   auto v = list_checkpoints(cfg_.output_dir);
@@ -138,6 +172,15 @@ TrainSummary Trainer::run() {
   const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
   const int64_t ebs = cfg_.per_device_eval_batch_size;
   const int64_t seq = std::min(cfg_.max_length, longest);
+  // Sample prompts are rendered as the data pipeline renders chat rows (raw text without a template).
+  ChatRenderFn sample_render;
+  if (!cfg_.sample_prompts.empty()) {
+    tokenizer_ = probe.tokenizer;
+    if (!tokenizer_)
+      fail(ErrorKind::Config, "sample_prompts", "the model has no tokenizer to encode the prompts with",
+           "add the model's tokenizer.json, or remove sample_prompts");
+    sample_render = resolve_chat_template(cfg_.chat_template, tokenizer_.get());
+  }
 
   // ---- model
   lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq);
@@ -179,6 +222,16 @@ TrainSummary Trainer::run() {
     const double el = evaluate(eval_batches);
     metrics.write({{"step", 0}, {"eval_loss", el}});
     log("eval_loss " + std::to_string(el) + " before training");
+  }
+  // Sample answers before training (a resumed run keeps the first run's from samples.json).
+  nlohmann::ordered_json samples_before;
+  if (!cfg_.sample_prompts.empty()) {
+    if (start == 0) {
+      samples_before = print_sample_answers(sample_render, "before training");
+      write_samples_json(cfg_.output_dir, samples_before, nullptr);
+    } else {
+      samples_before = earlier_before_samples(cfg_.output_dir);
+    }
   }
   install_stop_signal_handlers();
   int64_t step = start;
@@ -240,6 +293,8 @@ TrainSummary Trainer::run() {
   // PEFT also accepts the adapter at the top of output_dir.
   write_peft_adapter(cfg_.output_dir, model, cfg_.model_name_or_path);
   sum.adapter_dir = cfg_.output_dir;
+  if (!cfg_.sample_prompts.empty())
+    write_samples_json(cfg_.output_dir, samples_before, print_sample_answers(sample_render, "after training"));
   log("done: " + std::to_string(step) + " steps, loss " + std::to_string(sum.last_loss) +
       (sum.eval_loss >= 0 ? ", eval_loss " + std::to_string(sum.eval_loss) : "") + "; adapter in " + cfg_.output_dir);
   return sum;

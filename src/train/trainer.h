@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/backend.h"
 #include "model/llama_model.h"
 #include "train/data.h"
@@ -45,10 +47,12 @@ class Trainer {
   int64_t restore_checkpoint(const std::string& dir, DataStream& stream);
   void rotate_checkpoints();
   void log(const std::string& line);
+  nlohmann::ordered_json print_sample_answers(const ChatRenderFn& render, const std::string& when);
 
   TrainConfig cfg_;
   Backend& be_;
   LoadedModel lm_;
+  std::shared_ptr<const Tokenizer> tokenizer_;  // set when sample_prompts is
 };
 
 }  // namespace qlora

@@ -356,6 +356,7 @@ TEST(TrainConfig, DumpLoadRoundTrip) {
       "per_device_train_batch_size: 2\n"
       "max_steps: 250\n"
       "use_rslora: true\n"
+      "sample_prompts: [\"Hello, world: what's up?\", 'Say \"hi\" [twice]', '# not a comment']\n"
       "seed: 1234\n");
   std::string yaml = dump_train_config(c);
   for (const ConfigKeyDoc& d : config_key_docs()) EXPECT_NE(yaml.find("\n" + d.name + ":"), std::string::npos) << d.name;
@@ -364,5 +365,23 @@ TEST(TrainConfig, DumpLoadRoundTrip) {
   EXPECT_TRUE(back == c) << yaml;
   EXPECT_TRUE(notes.empty()) << notes.front();  // the dump is already canonical
   EXPECT_EQ(back.chat_template, "{% for m in messages %}\n{{ m['content'] }}{% endfor %}");
+  EXPECT_EQ(back.sample_prompts, (std::vector<std::string>{"Hello, world: what's up?", "Say \"hi\" [twice]", "# not a comment"}));
   EXPECT_TRUE(parse(dump_train_config(TrainConfig())) == parse(""));
+}
+
+TEST(TrainConfig, SamplePromptsAreTextsNotNameLists) {
+  TrainConfig d;
+  EXPECT_TRUE(d.sample_prompts.empty());
+  EXPECT_EQ(d.sample_max_new_tokens, 64);
+  // A single prompt is one text even with commas (target_modules would split it).
+  TrainConfig c = parse("sample_prompts: What is a fjord, and where are they?\nsample_max_new_tokens: 16\n");
+  EXPECT_EQ(c.sample_prompts, std::vector<std::string>{"What is a fjord, and where are they?"});
+  EXPECT_EQ(c.sample_max_new_tokens, 16);
+  c = parse("", nullptr, {"sample_prompts=[Name a color., Count to three.]"});
+  EXPECT_EQ(c.sample_prompts, (std::vector<std::string>{"Name a color.", "Count to three."}));
+  c = parse("", nullptr, {"sample_prompts=Hi, who are you?"});
+  EXPECT_EQ(c.sample_prompts, std::vector<std::string>{"Hi, who are you?"});
+  Error e = expect_error([] { parse("sample_prompts: [ok, '  ']\n"); }, ErrorKind::Config);
+  EXPECT_NE(std::string(e.what()).find("entry 2 is empty"), std::string::npos) << e.what();
+  expect_error([] { parse("sample_max_new_tokens: 0\n"); }, ErrorKind::Config);
 }

@@ -32,6 +32,10 @@ void check_f32(const char* op, const char* tensor, const Tensor& t, int64_t nume
 void check_dim(const char* op, const char* dim, int64_t value);  // value >= 0
 void check_ptr(const char* op, const char* what, const void* p);  // int32 side inputs
 
+// y (rows) "=" W x, W (rows, cols) row-major f32: the matrix-vector product of token-by-token
+// decoding (OpenBLAS sgemv; matmul with m = 1 is not guaranteed to take the gemv path).
+void gemv(const float* w, int64_t rows, int64_t cols, const float* x, float* y);
+
 // Below this many elements an OpenMP region costs more than it saves.
 inline constexpr int64_t kParallelMin = 1 << 14;
 

@@ -45,6 +45,18 @@ void CpuBackend::matmul(const MatmulArgs& a) {
               int(a.m), int(a.n), int(a.k), a.alpha, a.a.f32(), lda, a.b.f32(), ldb, a.beta, c, int(a.n));
 }
 
+void cpu::gemv(const float* w, int64_t rows, int64_t cols, const float* x, float* y) {
+  check_dim("gemv", "rows", rows);
+  check_dim("gemv", "cols", cols);
+  if (std::max(rows, cols) > INT32_MAX)
+    fail(ErrorKind::Unsupported, "cpu gemv", "a dimension exceeds the 32-bit BLAS interface");
+  if (rows == 0) return;
+  // "=": clear y first so NaN garbage cannot survive as 0*NaN (as matmul does for beta 0).
+  std::memset(y, 0, size_t(rows) * sizeof(float));
+  if (cols == 0) return;
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(cols), 1.0f, w, int(cols), x, 1, 0.0f, y, 1);
+}
+
 void CpuBackend::add(const AddArgs& a) {
   cpu::check_dim("add", "n", a.n);
   cpu::check_f32("add", "y", a.y, a.n);

@@ -1,0 +1,132 @@
+// `qlora generate --model M [--adapter DIR] --prompt TEXT`: greedy answers from a model, optionally
+// with a trained PEFT adapter merged, on the CPU (fp32, KV cache).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/backend_select.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/json_util.h"
+#include "model/generate.h"
+#include "model/peft_io.h"
+#include "train/model_source.h"
+#include "train/sample_answers.h"
+#include "train/train_data.h"
+
+namespace fs = std::filesystem;
+
+namespace qlora {
+
+namespace {
+
+struct Options {
+  std::string model, adapter, file, chat_template, base_precision;
+  std::vector<std::string> prompts;
+  bool chat = false, raw = false;
+  int64_t max_new_tokens = 128;
+  int threads = 0;
+};
+
+bool is_float(const std::string& p) { return p.empty() || p == "fp32" || p == "bf16"; }
+
+// The model (base + adapter) loaded on the CPU; the generator copies its weights out.
+std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src, Backend& be) {
+  LoraSpec lora;  // no adapter: the base alone
+  if (!o.adapter.empty()) {
+    if (!fs::is_directory(o.adapter))
+      fail(ErrorKind::Io, o.adapter, "adapter directory does not exist",
+           "pass a directory with adapter_config.json and adapter_model.safetensors (a run's output_dir)");
+    lora = read_peft_adapter_config(o.adapter + "/adapter_config.json");
+  }
+  ModelPlanOptions po;
+  po.micro_batch = 1;
+  po.seq_len = 1;  // the model only holds weights here: generation runs in the Generator
+  po.base_precision = o.base_precision;
+  if (!is_float(o.base_precision)) po.method = "qlora";
+  adopt_stored_quantization(po, src.tensors);
+  auto m = std::make_unique<LlamaModel>(src.config, be, po, lora);
+  m->load_base(src.tensors);
+  if (!o.adapter.empty()) {
+    try {
+      load_peft_adapter(o.adapter, *m);
+    } catch (const Error& e) {
+      // A tensor of the wrong shape or a missing layer: an adapter trained on another model.
+      if (e.kind() != ErrorKind::Shape && e.message().rfind("not found", 0) != 0) throw;
+      fail(e.kind(), e.where(), e.message() + ": the adapter does not fit model " + o.model,
+           "use the adapter with the base model it was trained on");
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  CLI::App app{"Answer prompts greedily with a model and, optionally, a trained LoRA adapter (CPU, fp32).\n"
+               "Prompts are user messages rendered with the model's chat template when it has one.\n"
+               "Example: qlora generate --model M.gguf --adapter runs/my-run --prompt \"What is a fjord?\"",
+               "qlora generate"};
+  Options o;
+  app.add_option("--model", o.model, "Hugging Face model directory or .gguf file")->required();
+  app.add_option("--adapter", o.adapter, "PEFT adapter directory (adapter_config.json + adapter_model.safetensors)");
+  auto* prompt = app.add_option("--prompt", o.prompts, "prompt text (repeat for several prompts)");
+  auto* file = app.add_option("--file", o.file, "read one prompt from a file (its whole text)");
+  prompt->excludes(file);
+  auto* chat = app.add_flag("--chat", o.chat, "render the prompt as a user turn with the chat template (default when there is one)");
+  auto* raw = app.add_flag("--raw", o.raw, "feed the prompt text as it is, without a chat template");
+  chat->excludes(raw);
+  app.add_option("--chat-template", o.chat_template,
+                 "chat template when the model has none: chatml, llama3, mistral, alpaca, a .jinja file or Jinja text");
+  app.add_option("--max-new-tokens", o.max_new_tokens, "most tokens per answer (stops earlier at EOS / end of turn)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--base-precision", o.base_precision, "store the base as fp32 | bf16 | nf4 | fp4 | nvfp4 | mxfp4 | fp8 "
+                                                       "(default: as the checkpoint stores it)")
+      ->check(CLI::IsMember({"fp32", "bf16", "nf4", "fp4", "nvfp4", "mxfp4", "fp8"}));
+  app.add_option("--threads", o.threads, "CPU threads (0 = all)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!o.file.empty()) o.prompts = {read_text_file(o.file)};
+  if (o.prompts.empty()) fail(ErrorKind::Config, "--prompt", "no prompt given", "pass --prompt TEXT or --file F");
+  for (const std::string& p : o.prompts)
+    if (p.empty()) fail(ErrorKind::Config, o.file.empty() ? "--prompt" : o.file, "the prompt is empty");
+
+  const auto t0 = std::chrono::steady_clock::now();
+  ModelSource src = open_model_source(o.model);
+  if (!src.tokenizer)
+    fail(ErrorKind::Config, o.model, "the model has no tokenizer to encode the prompt with", "add its tokenizer.json");
+  ChatRenderFn render;
+  if (!o.raw) {
+    render = resolve_chat_template(o.chat_template, src.tokenizer.get());
+    if (!render && o.chat)
+      fail(ErrorKind::Config, "--chat", "the model has no chat template", "pass --chat-template chatml (or another), or --raw");
+  }
+  auto be = select_backend("cpu", o.threads);
+  std::unique_ptr<Generator> gen;
+  {
+    std::unique_ptr<LlamaModel> model = load_model(o, src, *be);
+    gen = std::make_unique<Generator>(*model);
+  }  // the generator holds its own f32 copy: the model's arena goes now
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "model: %s%s | %s | loaded in %.1f s\n", src.tensors.description.c_str(),
+               o.adapter.empty() ? "" : (" + adapter " + o.adapter).c_str(),
+               render ? ("chat template: " + chat_template_label(o.chat_template, src.tokenizer.get())).c_str()
+                      : "raw prompt (no chat template)",
+               load_s);
+
+  const auto answers = sample_answers(*gen, *src.tokenizer, render, o.prompts, o.max_new_tokens);
+  std::printf("%s", format_sample_answers(answers).c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", sample_answers_speed(answers).c_str());
+  return 0;
+}
+
+}  // namespace qlora
