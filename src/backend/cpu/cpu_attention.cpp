@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -35,6 +36,27 @@ inline bool visible(const int32_t* seg_b, int64_t s, int64_t t) {
   return s <= t && (seg_b == nullptr || seg_b[s] == seg_b[t]);
 }
 
+// For each query t of a row: the first key position that can be visible to it (the first token of
+// t's document), so loops skip earlier documents of a packed row instead of testing every key.
+// Exact for any seg layout: keys between first[t] and t are still tested with visible().
+std::vector<int64_t> first_keys(const int32_t* seg_b, int64_t t_len) {
+  std::vector<int64_t> first(size_t(t_len), 0);
+  if (!seg_b) return first;
+  std::unordered_map<int32_t, int64_t> seen;
+  for (int64_t t = 0; t < t_len; t++) first[size_t(t)] = seen.try_emplace(seg_b[t], t).first->second;
+  return first;
+}
+
+// first_keys for every row of a (B,T) batch, flattened.
+std::vector<int64_t> first_keys_all(const int32_t* seg, int64_t b, int64_t t_len) {
+  std::vector<int64_t> all(size_t(b * t_len), 0);
+  for (int64_t bi = 0; bi < b && seg; bi++) {
+    const std::vector<int64_t> f = first_keys(seg + bi * t_len, t_len);
+    std::copy(f.begin(), f.end(), all.begin() + bi * t_len);
+  }
+  return all;
+}
+
 inline double dot(const float* x, const float* y, int64_t n) {
   double acc = 0.0;
   for (int64_t i = 0; i < n; i++) acc += double(x[i]) * double(y[i]);
@@ -58,6 +80,7 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   const float* k = a.k.f32();  // (B,T,Hkv,D)
   const float* v = a.v.f32();  // (B,T,Hkv,D)
   const double ninf = -std::numeric_limits<double>::infinity();
+  const std::vector<int64_t> first = first_keys_all(a.seg, g.b, g.t);
 
 #pragma omp parallel if (g.b * g.hq * g.t * g.t * g.d > cpu::kParallelMin)
   {
@@ -68,17 +91,18 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
       for (int64_t h = 0; h < g.hq; h++)
         for (int64_t t = 0; t < g.t; t++) {
           const int32_t* seg_b = a.seg ? a.seg + bi * g.t : nullptr;
+          const int64_t s0 = first[size_t(bi * g.t + t)];
           const int64_t hk = h / g.group;
           const float* qt = q + ((bi * g.t + t) * g.hq + h) * g.d;
           double mx = ninf;
-          for (int64_t s = 0; s <= t; s++) {
+          for (int64_t s = s0; s <= t; s++) {
             if (!visible(seg_b, s, t)) continue;
             p[size_t(s)] = dot(qt, k + ((bi * g.t + s) * g.hkv + hk) * g.d, g.d) * double(a.scale);
             mx = std::max(mx, p[size_t(s)]);
           }
           double sum = 0.0;
           std::fill(acc.begin(), acc.end(), 0.0);
-          for (int64_t s = 0; s <= t; s++) {
+          for (int64_t s = s0; s <= t; s++) {
             if (!visible(seg_b, s, t)) continue;
             const double e = std::exp(p[size_t(s)] - mx);
             sum += e;
@@ -117,6 +141,7 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
   const float* out = a.out.f32();    // (B,T,Hq,D)
   const float* lse = a.lse.f32();    // (B,Hq,T)
   const double scale = a.scale;
+  const std::vector<int64_t> first = first_keys_all(a.seg, g.b, g.t);
 
 #pragma omp parallel if (g.b * g.hq * g.t * g.t * g.d > cpu::kParallelMin)
   {
@@ -136,7 +161,7 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
             const double lse_t = lse[(bi * g.hq + h) * g.t + t];
             const double d_t = dot(do_t, out + qi, g.d);  // sum(dout*out) = sum_s p_s dp_s
             std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-            for (int64_t s = 0; s <= t; s++) {
+            for (int64_t s = first[size_t(bi * g.t + t)]; s <= t; s++) {
               if (!visible(seg_b, s, t)) continue;
               const int64_t ki = ((bi * g.t + s) * g.hkv + hk) * g.d;
               const double p = std::exp(dot(qt, k + ki, g.d) * scale - lse_t);
