@@ -9,5 +9,6 @@ int cmd_quantize(int argc, char** argv);
 int cmd_data(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace qlora

@@ -24,6 +24,7 @@ const Command kCommands[] = {
     {"quantize", qlora::cmd_quantize, "pre-quantize a model: qlora quantize --model M --quant nf4 --out DIR"},
     {"data", qlora::cmd_data, "dataset stats and token/label preview: qlora data CONFIG.yaml [--show N] [--json]"},
     {"generate", qlora::cmd_generate, "greedy answers, with an adapter if given: qlora generate --model M --prompt \"...\""},
+    {"bench", qlora::cmd_bench, "synthetic training benchmark of a real model shape: qlora bench --model M [--json]"},
     {"tokenize", qlora::cmd_tokenize, "ids and tokens of a text: qlora tokenize --model M --text \"...\""},
 };
 

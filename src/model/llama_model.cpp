@@ -2,6 +2,7 @@
 // Backward comments mark each output as "=" (overwritten) or "+=" (accumulated).
 #include "model/llama_model.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
@@ -400,16 +401,23 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
     l.data = static_cast<float*>(losses.data) + c0;
     be_.cross_entropy_fwd_bwd({logits, logits, l, d_targets_ + c0, m, Vv, grad_scale});
     if (backward) {
+      // The head's dgrad is interleaved with its forward chunk by chunk: timed apart, as backward.
+      const double t0 = times_ ? synced_now() : 0.0;
       Tensor d = as_matrix(dln, m, C);
       d.data = static_cast<char*>(dln.data) + c0 * C * es;
       be_.matmul({d, logits, head, m, C, Vv, false, false, 1.0f, 0.0f});  // dln[chunk] = dlogits W
+      if (times_) head_bwd_s_ += synced_now() - t0;
     }
   }
   std::vector<float> row_loss(static_cast<size_t>(n));
   be_.copy_to_host(row_loss.data(), losses.data, size_t(n) * 4);
   double sum = 0;
   for (float v : row_loss) sum += v;
-  if (backward) be_.rmsnorm_bwd({rows("ws.dres", n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
+  if (backward) {
+    const double t0 = times_ ? synced_now() : 0.0;
+    be_.rmsnorm_bwd({rows("ws.dres", n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
+    if (times_) head_bwd_s_ += synced_now() - t0;
+  }
   return sum;
 }
 
@@ -420,11 +428,24 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   for (int64_t l = 0; l < cfg_.n_layer; l++) layer_fwd(l, n, train, seed);
 }
 
+double LlamaModel::synced_now() {
+  be_.synchronize();  // kernels run asynchronously on CUDA: wait for them before reading the clock
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64_t seed) {
+  const double t0 = times_ ? synced_now() : 0.0;
+  head_bwd_s_ = 0;
   forward(batch, true, seed);
   const int64_t n = batch.n();
   const double loss = head_and_loss(n, true, grad_scale);
+  const double t1 = times_ ? synced_now() : 0.0;
   for (int64_t l = cfg_.n_layer - 1; l >= 0; l--) layer_bwd(l, n, seed);
+  if (times_) {
+    const double t2 = synced_now();
+    times_->forward_s += t1 - t0 - head_bwd_s_;
+    times_->backward_s += t2 - t1 + head_bwd_s_;
+  }
   return loss;
 }
 

@@ -37,6 +37,12 @@ struct TensorSource {
 // so a pre-quantized checkpoint is trained as QLoRA on its own bytes instead of being dequantized.
 void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src);
 
+// Wall time of forward_backward split at the forward/backward boundary (see set_step_times).
+struct StepTimes {
+  double forward_s = 0;   // embedding, decoder layers, final norm, LM head and loss
+  double backward_s = 0;  // LM-head dgrad, final-norm and decoder-layer backward (incl. recompute)
+};
+
 struct LoraParam {
   std::string name;   // "layers.3.q_proj.lora_A"
   std::string peft_key;  // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"
@@ -78,6 +84,9 @@ class LlamaModel {
   // Forward + backward of one micro-batch. LoRA grads "+=" d(loss_sum * grad_scale).
   // Returns the summed token loss of the micro-batch (not scaled). dropout_seed selects the mask.
   double forward_backward(const Batch& batch, float grad_scale, uint64_t dropout_seed);
+  // Timing for benchmarks: while set, each forward_backward adds its forward and backward wall
+  // times to *t, synchronizing the backend at each boundary. Null (the default) turns it off.
+  void set_step_times(StepTimes* t) { times_ = t; }
   // Forward only (no dropout): summed token loss.
   double forward_loss(const Batch& batch);
   // Full logits (N,V) copied to host, for tests and generation on small inputs.
@@ -116,6 +125,9 @@ class LlamaModel {
   QuantParams base_quant_;          // blocksize resolved
   QuantizedWeightIo quant_io_;
   int64_t dequant_slot_ = -1;       // (layer*7 + proj) whose weights ws.dequant holds, -1 = none
+  StepTimes* times_ = nullptr;      // set_step_times
+  double head_bwd_s_ = 0;           // LM-head backward time inside head_and_loss (timing on)
+  double synced_now();              // seconds on a steady clock, after backend().synchronize()
 };
 
 }  // namespace qlora

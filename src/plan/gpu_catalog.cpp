@@ -264,6 +264,32 @@ GpuSpec parse_custom_gpu(const std::string& spec) {
   return g;
 }
 
+const GpuSpec* gpu_for_device_name(const std::string& device_name, int64_t mem_bytes) {
+  const std::string n = normalize(device_name);
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  auto entry = [](const std::string& key) -> const GpuSpec* {
+    for (const auto& g : gpu_catalog())
+      if (g.name == key) return &g;
+    return nullptr;
+  };
+  const int64_t gib = int64_t(1) << 30;
+  // Order matters: "gb200" contains "b200", "h100nvl" contains "h100".
+  if (has("gb300")) return entry("gb300");
+  if (has("gb200")) return entry("gb200");
+  if (has("b300")) return entry("b300");
+  if (has("b200")) return entry(mem_bytes > 185 * gib ? "b200" : "b200-180gb");
+  if (has("h200")) return has("nvl") ? nullptr : entry("h200");  // H200 NVL has lower clocks
+  if (has("h100")) {
+    if (has("nvl")) return entry("h100-nvl");
+    if (has("pcie")) return nullptr;  // H100 PCIe: 756 TFLOP/s bf16, not catalogued
+    return entry("h100-sxm");         // "NVIDIA H100 80GB HBM3" is the SXM part
+  }
+  if (has("a100")) return entry(mem_bytes > 48 * gib ? "a100-80gb" : "a100-40gb");
+  if (has("rtx4090")) return entry("rtx4090");
+  if (has("rtx5090")) return entry("rtx5090");
+  return nullptr;
+}
+
 GpuSpec resolve_gpu(const std::string& name) {
   if (name.rfind("custom:", 0) == 0 || name == "custom") return parse_custom_gpu(name);
   const std::string key = normalize(name);

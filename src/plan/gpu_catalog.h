@@ -35,6 +35,12 @@ std::vector<std::string> gpu_names();
 // Unknown names: Error(Config) listing the catalog and suggesting the closest name.
 GpuSpec resolve_gpu(const std::string& name);
 
+// The catalog entry for a device as the CUDA driver names it (cudaDeviceProp::name, e.g. "NVIDIA
+// H100 80GB HBM3") with `mem_bytes` of device memory to tell memory variants apart; nullptr when
+// no entry matches for sure (H100 PCIe, H200 NVL and other unlisted parts): callers then report no
+// peak rather than a wrong one.
+const GpuSpec* gpu_for_device_name(const std::string& device_name, int64_t mem_bytes);
+
 // "custom:mem=80GB,bw=3.35TB/s,bf16=989[,fp8=1979][,fp4=0][,link=450GB/s][,net=50GB/s][,host=64GB/s]
 //  [,gpus_per_node=8][,name=my-gpu]". Memory units GB|GiB|TB (binary, as in the catalog) or bare bytes;
 // bandwidth units GB/s|TB/s (decimal); TFLOP/s as bare numbers. mem, bw and bf16 are required.

@@ -13,9 +13,7 @@ static uint64_t mix(uint64_t a, uint64_t b) {
   return x ^ (x >> 29);
 }
 
-StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const OptimHyper& h, double lr, int64_t step,
-                      uint64_t dropout_seed) {
-  Backend& be = model.backend();
+StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed) {
   StepResult r;
   for (const auto& b : mbs) {
     r.tokens += b.n();
@@ -27,11 +25,15 @@ StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const Op
   const float scale = float(1.0 / double(r.trained_tokens));
   for (size_t j = 0; j < mbs.size(); j++) loss_sum += model.forward_backward(mbs[j], scale, mix(dropout_seed, uint64_t(step) * 1000 + j));
   r.loss = loss_sum / double(r.trained_tokens);
+  return r;
+}
 
+void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r) {
+  Backend& be = model.backend();
   double sq = 0;
   for (auto& p : model.lora_params()) be.sumsq({p.g, p.g.numel(), &sq});
   r.grad_norm = std::sqrt(sq);
-  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) return r;
+  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) return;
   if (h.max_grad_norm > 0) {  // torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1
     const double coef = h.max_grad_norm / (r.grad_norm + 1e-6);
     if (coef < 1.0)
@@ -41,6 +43,12 @@ StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const Op
     be.adamw({p.w, p.g, p.m, p.v, p.w.numel(), float(lr), float(h.beta1), float(h.beta2), float(h.eps),
               float(h.weight_decay), step + 1});
   be.synchronize();
+}
+
+StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const OptimHyper& h, double lr, int64_t step,
+                      uint64_t dropout_seed) {
+  StepResult r = accumulate_grads(model, mbs, step, dropout_seed);
+  apply_optimizer(model, h, lr, step, r);
   return r;
 }
 

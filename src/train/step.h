@@ -24,4 +24,13 @@ struct StepResult {
 StepResult train_step(LlamaModel& model, const std::vector<Batch>& micro_batches, const OptimHyper& h, double lr,
                       int64_t step, uint64_t dropout_seed);
 
+// train_step's two halves, for callers that time them apart (qlora bench); train_step is exactly
+// accumulate_grads followed by apply_optimizer.
+// Zeroes the LoRA grads and runs forward + backward over every micro-batch: fills loss and tokens.
+StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& micro_batches, int64_t step,
+                            uint64_t dropout_seed);
+// Global grad norm (into r.grad_norm), clipping and AdamW; leaves the weights untouched when the
+// loss or the norm is not finite.
+void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r);
+
 }  // namespace qlora

@@ -1,5 +1,6 @@
 // CUDA backend factory and device facts.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -28,5 +29,10 @@ void* cuda_stream_of(Backend& be);
 // Device bytes the CUDA backend holds beyond the caller's allocations (cuBLASLt workspace and
 // op scratch grown so far): the "library overhead" the planner estimates. 0 for other backends.
 size_t cuda_scratch_bytes(const Backend& be);
+
+// Device memory in use on the current device now: total - free from cudaMemGetInfo, so the CUDA
+// context and every process on the device count. Sampled by `qlora bench` as its measured peak
+// (our allocations only grow during a run). -1 when the query fails.
+int64_t cuda_device_used_bytes();
 
 }  // namespace qlora

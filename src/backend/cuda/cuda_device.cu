@@ -98,6 +98,15 @@ size_t cuda_scratch_bytes(const Backend& be) {
   return c ? c->scratch_bytes() : 0;
 }
 
+int64_t cuda_device_used_bytes() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return int64_t(total_b - free_b);
+}
+
 namespace cuda {
 
 void fail_cuda(cudaError_t e, const char* expr, const char* file, int line) {

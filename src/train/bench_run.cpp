@@ -1,0 +1,385 @@
+// The synthetic training benchmark: random weights of a real shape, random tokens, the trainer's
+// own step (train/step.h), timed; FLOPs, MFU and planned memory come from src/plan.
+#include "train/bench_run.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/json_util.h"
+#include "model/lora.h"
+#include "plan/model_source.h"
+#include "plan/plan_request.h"
+#include "plan/planner.h"
+#include "train/step.h"
+
+namespace qlora {
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t c = s.find(',', pos);
+    std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    if (!item.empty()) out.push_back(item);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+[[noreturn]] void bad_choice(const std::string& option, const std::string& value, const std::vector<std::string>& choices) {
+  const std::string close = closest_name(choices, value, 3);
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  fail(ErrorKind::Config, option + " " + value, "unknown value '" + value + "'",
+       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + list);
+}
+
+void require(bool ok, const std::string& option, int64_t v, const char* what) {
+  if (!ok) fail(ErrorKind::Config, option + " " + std::to_string(v), what);
+}
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull);
+  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+
+uint64_t name_hash(const std::string& s) {  // FNV-1a: a tensor's values depend on its name, not on load order
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// n values of std `std` with an approximately normal shape: the sum of four 16-bit uniforms
+// (Irwin-Hall, variance 4/12) from one 64-bit draw, rescaled. Blocks are seeded by their index so
+// the values do not depend on the thread count; one draw per value keeps a 1B model at seconds.
+void fill_normalish(float* dst, int64_t n, float std, uint64_t seed) {
+  constexpr int64_t kBlock = 1 << 14;
+  const float k = std * std::sqrt(3.0f) / 65536.0f;  // sqrt(12/4) * std, per 16-bit unit
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; b++) {
+    Rng rng(mix(seed, uint64_t(b)));
+    const int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; i++) {
+      const uint64_t u = rng.next_u64();
+      // Each 16-bit part is uniform on 0..65535 (mean 32767.5, std 65536/sqrt(12)): the sum of
+      // four has mean 131070 and std 65536/sqrt(3).
+      const int64_t sum = int64_t(u & 0xffff) + int64_t((u >> 16) & 0xffff) + int64_t((u >> 32) & 0xffff) + int64_t(u >> 48);
+      dst[i] = float(sum - 131070) * k;
+    }
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// Rows of uniform random token ids; every position is trained on the next id (one document per row).
+Batch random_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  Batch x;
+  x.b = b;
+  x.t = t;
+  x.tokens.resize(size_t(b * t));
+  x.targets.resize(size_t(b * t));
+  x.positions.resize(size_t(b * t));
+  std::vector<int32_t> row(size_t(t + 1));
+  for (int64_t i = 0; i < b; i++) {
+    for (auto& id : row) id = int32_t(rng.below(uint64_t(vocab)));
+    for (int64_t j = 0; j < t; j++) {
+      x.tokens[size_t(i * t + j)] = row[size_t(j)];
+      x.targets[size_t(i * t + j)] = row[size_t(j + 1)];
+      x.positions[size_t(i * t + j)] = int32_t(j);
+    }
+  }
+  return x;
+}
+
+// PEFT starts B at zero, which would leave the LoRA path's output (and dA) zero: give B small
+// random values so every LoRA matmul does real work.
+void randomize_lora_b(LlamaModel& m, uint64_t seed) {
+  std::vector<float> host;
+  for (auto& p : m.lora_params()) {
+    if (!ends_with(p.name, "lora_B")) continue;
+    host.resize(size_t(p.w.numel()));
+    fill_normalish(host.data(), p.w.numel(), 0.02f, mix(seed, name_hash(p.name)));
+    m.backend().copy_to_device(p.w.data, host.data(), host.size() * 4);
+  }
+}
+
+int64_t host_peak_rss() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+BenchOptions normalize_bench_options(const BenchOptions& in, const std::string& compute_dtype) {
+  BenchOptions o = in;
+  if (o.model.empty())
+    fail(ErrorKind::Config, "--model", "no model given", "add --model smollm2-135m (a preset), a model directory or a .gguf file");
+  if (!o.method.empty() && o.method != "lora" && o.method != "qlora") {
+    if (o.method == "full")
+      fail(ErrorKind::Unsupported, "--method full", "full fine-tuning is planned but not implemented by the engine",
+           "bench lora or qlora");
+    bad_choice("--method", o.method, {"lora", "qlora"});
+  }
+  static const std::vector<std::string> precs = {"bf16", "fp32", "nf4", "fp4", "nvfp4", "mxfp4", "fp8"};
+  if (o.base_precision.empty()) o.base_precision = o.method == "qlora" ? "nf4" : compute_dtype;
+  if (std::find(precs.begin(), precs.end(), o.base_precision) == precs.end())
+    bad_choice("--base-precision", o.base_precision, precs);
+  if (o.base_precision == "bf16" && compute_dtype == "fp32")
+    fail(ErrorKind::Unsupported, "--base-precision bf16", "the CPU backend computes in fp32 and keeps a float base in fp32",
+         "use --base-precision fp32 (or a quantized format) on the CPU, or --device cuda");
+  const bool quant = is_quantized_precision(o.base_precision);
+  if (o.method.empty()) o.method = quant ? "qlora" : "lora";
+  const std::string combo = "--method " + o.method + " --base-precision " + o.base_precision;
+  if (o.method == "qlora" && !quant)
+    fail(ErrorKind::Config, combo, "QLoRA needs a quantized frozen base, not " + o.base_precision,
+         "use --base-precision nf4 (or fp4, nvfp4, mxfp4, fp8), or --method lora");
+  if (o.method == "lora" && quant)
+    fail(ErrorKind::Config, combo, "a " + o.base_precision + " base is QLoRA, not LoRA",
+         "use --method qlora, or --base-precision bf16 for LoRA");
+  if (o.double_quant.value_or(false) && !is_bnb_4bit(o.base_precision))
+    fail(ErrorKind::Config, "--double-quant", "double quantization applies to nf4 and fp4 only",
+         o.base_precision + " stores its own block scales; drop --double-quant");
+  if (!is_bnb_4bit(o.base_precision)) o.double_quant = false;
+  else if (!o.double_quant) o.double_quant = true;
+  require(o.r >= 1, "--r", o.r, "the LoRA rank must be at least 1");
+  if (!(o.lora_alpha > 0)) fail(ErrorKind::Config, "--lora-alpha", "must be positive");
+  require(o.seq_len >= 1, "--seq-len", o.seq_len, "must be at least 1");
+  require(o.micro_batch >= 1, "--micro-batch", o.micro_batch, "must be at least 1");
+  require(o.steps >= 1, "--steps", o.steps, "must be at least 1 (timed steps)");
+  require(o.warmup_steps >= 0, "--warmup-steps", o.warmup_steps, "must not be negative");
+  const std::vector<std::string> ckpt = {"none", "full", "offload"};
+  if (std::find(ckpt.begin(), ckpt.end(), o.gradient_checkpointing) == ckpt.end())
+    bad_choice("--gradient-checkpointing", o.gradient_checkpointing, ckpt);
+  LoraSpec::resolve_targets(split_list(o.target_modules));  // throws on a name that is no projection
+  return o;
+}
+
+FlopCounts bench_flop_counts(const LlamaConfig& c, const BenchOptions& o) {
+  FlopOptions f;
+  f.method = o.method;
+  f.lora_r = o.r;
+  f.targets = LoraSpec::resolve_targets(split_list(o.target_modules));
+  f.attn_len = o.seq_len;  // one random document fills each row
+  f.recompute = o.gradient_checkpointing != "none";
+  return flops_per_token(c, f);
+}
+
+TensorSource random_tensor_source(uint64_t seed) {
+  TensorSource s;
+  s.description = "random weights (seed " + std::to_string(seed) + ")";
+  s.has = [](const std::string&) { return true; };
+  s.read_f32 = [seed](const std::string& name, const std::vector<int64_t>& shape, float* dst) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (ends_with(name, "norm.weight")) {  // RMSNorm gains start at 1, as in transformers
+      std::fill(dst, dst + n, 1.0f);
+    } else if (ends_with(name, ".bias")) {
+      std::fill(dst, dst + n, 0.0f);
+    } else {
+      fill_normalish(dst, n, 0.02f, mix(seed, name_hash(name)));
+    }
+  };
+  return s;
+}
+
+BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& dev,
+                      const std::function<void(const std::string&)>& progress) {
+  auto say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  const bool cuda = be.device() == DeviceKind::Cuda;
+  BenchResult res;
+  res.opts = normalize_bench_options(in, be.compute_dtype() == DType::BF16 ? "bf16" : "fp32");
+  const BenchOptions& o = res.opts;
+  res.device = dev.name;
+  if (const char* sha = std::getenv("QLORA_GIT_SHA"); sha && *sha) res.git_sha = sha;
+
+  const LlamaConfig cfg = resolve_model(o.model);  // a path contributes its config only
+  LoraSpec lora;
+  lora.r = o.r;
+  lora.alpha = o.lora_alpha;
+  lora.targets = LoraSpec::resolve_targets(split_list(o.target_modules));
+  ModelPlanOptions po;
+  po.method = o.method;
+  po.base_precision = o.base_precision;
+  po.double_quant = o.double_quant.value_or(false);
+  po.micro_batch = o.micro_batch;
+  po.seq_len = o.seq_len;
+  po.checkpointing = o.gradient_checkpointing;
+
+  const double t_load = now_s();
+  LlamaModel model(cfg, be, po, lora);
+  model.load_base(random_tensor_source(o.seed));  // quantized on load for a quantized base
+  model.init_lora(o.seed);
+  randomize_lora_b(model, o.seed);
+  be.synchronize();
+  res.load_s = now_s() - t_load;
+  res.base_params = cfg.n_params();
+  for (const auto& p : model.lora_params()) res.trainable_params += p.w.numel();
+  say("bench: " + o.model + " (" + std::to_string(cfg.n_layer) + " layers, " + std::to_string(res.base_params) +
+      " base params, " + std::to_string(res.trainable_params) + " LoRA params, " + o.base_precision + " base) on " +
+      dev.name + ": random weights ready in " + fmt("%.2f", res.load_s) + " s");
+
+  int64_t peak_used = dev.used_bytes ? dev.used_bytes() : 0;
+  OptimHyper h;  // the trainer's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay, clip at 1.0
+  StepTimes times;
+  model.set_step_times(&times);
+  double sum_step = 0, sum_fwd = 0, sum_bwd = 0, sum_opt = 0;
+  const int64_t total = o.warmup_steps + o.steps;
+  for (int64_t s = 0; s < total; s++) {
+    const std::vector<Batch> mbs = {random_batch(o.micro_batch, o.seq_len, cfg.vocab_size, mix(o.seed, uint64_t(s)))};
+    times = {};
+    be.synchronize();
+    const double t0 = now_s();
+    StepResult r = accumulate_grads(model, mbs, s, o.seed);
+    be.synchronize();
+    const double t1 = now_s();
+    apply_optimizer(model, h, o.learning_rate, s, r);  // exactly the trainer's clip + AdamW
+    be.synchronize();
+    const double t2 = now_s();
+    if (dev.used_bytes) peak_used = std::max(peak_used, dev.used_bytes());
+    if (s == 0) res.loss_first = r.loss;
+    res.loss_last = r.loss;
+    const bool warm = s < o.warmup_steps;
+    if (!warm) {
+      sum_step += t2 - t0;
+      sum_fwd += times.forward_s;
+      sum_bwd += times.backward_s;
+      sum_opt += t2 - t1;
+    }
+    say("step " + std::to_string(s + 1) + "/" + std::to_string(total) + (warm ? " (warmup)" : "") + " | loss " +
+        fmt("%.4f", r.loss) + " | " + fmt("%.3f", t2 - t0) + " s (fwd " + fmt("%.3f", times.forward_s) + ", bwd " +
+        fmt("%.3f", times.backward_s) + ", opt " + fmt("%.3f", t2 - t1) + ")");
+  }
+  model.set_step_times(nullptr);
+
+  const double n = double(o.steps);
+  res.step_mean_s = sum_step / n;
+  res.forward_s = sum_fwd / n;
+  res.backward_s = sum_bwd / n;
+  res.optimizer_s = sum_opt / n;
+  res.tokens_per_second = double(o.micro_batch * o.seq_len) / res.step_mean_s;
+  // As the planner's speed model: the step's counted FLOPs include recompute, MFU counts model
+  // FLOPs only (forward + backward), so checkpointing lowers MFU but not achieved_flops.
+  const FlopCounts fc = bench_flop_counts(cfg, o);
+  res.flops_per_token = fc.total();
+  res.achieved_flops = res.tokens_per_second * res.flops_per_token;
+  if (!cuda) {
+    res.peak_flops_note = "no catalogued peak for CPU";
+  } else if (!dev.gpu) {
+    res.peak_flops_note = "no catalog entry for '" + dev.name + "' (see qlora plan --list-gpus)";
+  } else {
+    // All GEMMs run in bf16 (a quantized base is dequantized to bf16 first): the bf16 dense peak.
+    res.peak_flops = dev.gpu->peak_tflops("bf16") * 1e12;
+    res.mfu = res.tokens_per_second * fc.model() / *res.peak_flops;
+  }
+
+  if (dev.used_bytes) {
+    res.peak_memory_bytes = peak_used;
+    res.peak_memory_kind = "device";
+  } else {
+    res.peak_memory_bytes = host_peak_rss();
+    res.peak_memory_kind = "host_rss";
+  }
+  res.planned_arena_bytes = model.plan().total_bytes();
+  res.planned_peak_memory_bytes = res.planned_arena_bytes;
+  if (cuda) {  // the planner's estimated library overhead (CUDA context, cuBLASLt, fragmentation, reserve)
+    PlanRequest req;
+    req.model = cfg;
+    if (dev.gpu) req.gpu = *dev.gpu;
+    if (!dev.gpu && dev.mem_bytes > 0) req.gpu.mem_bytes = dev.mem_bytes;
+    for (const auto& [name, bytes] : overhead_lines(req, res.planned_arena_bytes)) res.planned_peak_memory_bytes += bytes;
+  }
+  return res;
+}
+
+nlohmann::ordered_json bench_json(const BenchResult& r) {
+  using J = nlohmann::ordered_json;
+  auto opt = [](const std::optional<double>& v) { return v ? J(*v) : J(nullptr); };
+  const BenchOptions& o = r.opts;
+  J j;
+  j["tool"] = "qlora.cpp";
+  j["git_sha"] = r.git_sha ? J(*r.git_sha) : J(nullptr);
+  j["device"] = r.device;
+  j["model"] = o.model;
+  j["config"] = {{"method", o.method},
+                 {"base_precision", o.base_precision},
+                 {"double_quant", o.double_quant.value_or(false)},
+                 {"r", o.r},
+                 {"lora_alpha", o.lora_alpha},
+                 {"target_modules", o.target_modules},
+                 {"seq_len", o.seq_len},
+                 {"micro_batch", o.micro_batch},
+                 {"gradient_checkpointing", o.gradient_checkpointing},
+                 {"steps", o.steps},
+                 {"warmup_steps", o.warmup_steps},
+                 {"seed", o.seed}};
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["step_time_s"] = {{"mean", r.step_mean_s}, {"forward", r.forward_s}, {"backward", r.backward_s}, {"optimizer", r.optimizer_s}};
+  j["flops_per_token"] = r.flops_per_token;
+  j["achieved_flops"] = r.achieved_flops;
+  j["peak_flops"] = opt(r.peak_flops);
+  j["mfu"] = opt(r.mfu);
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["peak_memory_kind"] = r.peak_memory_kind;
+  j["planned_peak_memory_bytes"] = r.planned_peak_memory_bytes;
+  j["planned_arena_bytes"] = r.planned_arena_bytes;
+  j["loss_first"] = r.loss_first;
+  j["loss_last"] = r.loss_last;
+  j["trainable_params"] = r.trainable_params;
+  j["base_params"] = r.base_params;
+  return j;
+}
+
+std::string bench_text(const BenchResult& r) {
+  const BenchOptions& o = r.opts;
+  const double gib = double(int64_t(1) << 30);
+  std::string s;
+  s += "model      " + o.model + " | " + o.method + ", " + o.base_precision + " base" +
+       (o.double_quant.value_or(false) ? " (double quant)" : "") + ", r " + std::to_string(o.r) + ", alpha " +
+       fmt("%g", o.lora_alpha) + ", targets " + o.target_modules + "\n";
+  s += "shape      micro-batch " + std::to_string(o.micro_batch) + " x seq " + std::to_string(o.seq_len) +
+       ", checkpointing " + o.gradient_checkpointing + ", " + std::to_string(o.steps) + " timed steps after " +
+       std::to_string(o.warmup_steps) + " warmup\n";
+  s += "device     " + r.device + "\n";
+  s += "speed      " + fmt("%.1f", r.tokens_per_second) + " tokens/s, step " + fmt("%.4f", r.step_mean_s) +
+       " s = forward " + fmt("%.4f", r.forward_s) + " + backward " + fmt("%.4f", r.backward_s) + " + optimizer " +
+       fmt("%.4f", r.optimizer_s) + " (+ rest)\n";
+  s += "flops      " + fmt("%.4g", r.flops_per_token) + " per token (fwd + bwd" +
+       (o.gradient_checkpointing != "none" ? " + recompute" : "") + "), achieved " +
+       fmt("%.4g", r.achieved_flops / 1e12) + " TFLOP/s";
+  if (r.mfu) s += ", peak " + fmt("%.1f", *r.peak_flops / 1e12) + " TFLOP/s, MFU " + fmt("%.1f", 100 * *r.mfu) + "%\n";
+  else s += ", MFU n/a (" + r.peak_flops_note + ")\n";
+  s += "memory     peak " + fmt("%.3f", double(r.peak_memory_bytes) / gib) + " GiB (" + r.peak_memory_kind +
+       "), planned " + fmt("%.3f", double(r.planned_peak_memory_bytes) / gib) + " GiB (arena " +
+       fmt("%.3f", double(r.planned_arena_bytes) / gib) + " GiB)\n";
+  s += "loss       first " + fmt("%.4f", r.loss_first) + ", last " + fmt("%.4f", r.loss_last) + "\n";
+  s += "params     " + std::to_string(r.base_params) + " base, " + std::to_string(r.trainable_params) + " trainable\n";
+  return s;
+}
+
+}  // namespace qlora
