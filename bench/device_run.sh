@@ -4,17 +4,24 @@
 # PyTorch peers, and write the results as JSON to $OUT. Aims to finish in about 6 minutes.
 #
 #   bench/device_run.sh                 on the GPU machine, from the repository root
-#   bench/device_run.sh --pack-deps     here: bundle OpenBLAS + GoogleTest into build-devdeps/
-#                                       (carried to the GPU machine, used only if it lacks them)
+#   bench/device_run.sh --pack-deps     here: bundle OpenBLAS + GoogleTest (and, for the `qlora`
+#                                       binary of the end-to-end run, nlohmann-json, CLI11,
+#                                       yaml-cpp, PCRE2, utf8proc) into build-devdeps/ (carried to
+#                                       the GPU machine, used only if it lacks them)
 #
 # Environment: OUT (results folder, default build-device/out), QLORA_GIT_SHA (when .git is absent),
 # CUDA_ARCH (default 90a), JOBS, QLORA_SKIP_SANITIZER=1, QLORA_BENCH_QUICK=1,
-# QLORA_FORCE_DEPS_BUNDLE=1 (use the carried bundle even where the system has the libraries).
+# QLORA_FORCE_DEPS_BUNDLE=1 (use the carried bundle even where the system has the libraries),
+# QLORA_DEVICE_BUILD (build folder, default build-device).
+# End-to-end fine-tuning benchmark (bench/device_e2e.sh, docs/bench_e2e.md): QLORA_E2E=1 also
+# builds build-device/qlora and runs device_e2e.sh with the time left; QLORA_E2E_ONLY=1 (implies
+# QLORA_E2E=1) builds only qlora and skips the tests, sanitizers and kernel benchmarks;
+# QLORA_E2E_NORUN=1 builds it without running the cases.
 # Outputs in $OUT: cuda_results.json ({device, driver, git_sha, command, steps, cases: [{name,
 # config, ours, peer}]}), test_cuda.json (gtest), and build/test/sanitizer/bench logs.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 
 # ---- --pack-deps: runs on the development machine (Debian), needs no GPU --------------------
 if [ "${1:-}" = "--pack-deps" ]; then
@@ -30,10 +37,15 @@ if [ "${1:-}" = "--pack-deps" ]; then
   cp "$(readlink -f $lib/libgfortran.so.5)" "$stage/lib/libgfortran.so.5" || exit 1
   cp "$(readlink -f $lib/libquadmath.so.0)" "$stage/lib/libquadmath.so.0" || exit 1
   cp $lib/libgtest.a $lib/libgtest_main.a "$stage/lib/" || exit 1
+  # The qlora CLI (end-to-end benchmark): header-only nlohmann-json and CLI11, static yaml-cpp,
+  # PCRE2 and utf8proc (static: nothing to find at run time).
+  cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/yaml-cpp "$stage/include/" || exit 1
+  cp /usr/include/pcre2.h /usr/include/utf8proc.h "$stage/include/" || exit 1
+  cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a "$stage/lib/" || exit 1
   tar -cJf "$dest/qlora_devdeps.tar.xz" -C "$stage" include lib
   rm -rf "$stage"
   ls -l "$dest/qlora_devdeps.tar.xz"
-  echo "carry 'build-devdeps' in the device call; device_run.sh unpacks it only if cblas.h or gtest is missing"
+  echo "carry 'build-devdeps' in the device call; device_run.sh unpacks it only if cblas.h or gtest (or, with QLORA_E2E=1, a qlora CLI library) is missing"
   exit 0
 fi
 
@@ -41,7 +53,10 @@ OUT="${OUT:-$ROOT/build-device/out}"
 mkdir -p "$OUT"
 ARCH="${CUDA_ARCH:-90a}"
 JOBS="${JOBS:-$(nproc)}"
-BUILD="$ROOT/build-device"
+BUILD="${QLORA_DEVICE_BUILD:-$ROOT/build-device}"
+E2E="${QLORA_E2E:-0}"
+E2E_ONLY="${QLORA_E2E_ONLY:-0}"
+[ "$E2E_ONLY" = 1 ] && E2E=1
 STEPS="$OUT/.steps"
 : >"$STEPS"
 DEADLINE=540  # seconds; later steps are skipped past this, so the call ends inside 10 minutes
@@ -101,6 +116,24 @@ if [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_deps; then
   fi
 fi
 
+# The qlora CLI's libraries (only for QLORA_E2E=1): from the system, else from the carried bundle.
+have_cli_deps() {
+  printf '#include <nlohmann/json.hpp>\n#include <CLI/CLI.hpp>\n#include <yaml-cpp/yaml.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n#include <utf8proc.h>\nint main(){YAML::Load("a: 1"); pcre2_code_free(nullptr); return utf8proc_version() ? 0 : 1;}\n' |
+    g++ -std=c++20 -x c++ - -o /dev/null -lyaml-cpp -lpcre2-8 -lutf8proc >/dev/null 2>&1
+}
+CLI_INC="" CLI_LIBS="yaml-cpp;pcre2-8;utf8proc"
+if [ "$E2E" = 1 ] && { [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_cli_deps; }; then
+  bundle="${QLORA_DEVICE_DEPS:-$ROOT/build-devdeps}/qlora_devdeps.tar.xz"
+  [ -f /tmp/qdeps/lib/libyaml-cpp.a ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
+  if [ -f /tmp/qdeps/lib/libyaml-cpp.a ]; then
+    log "qlora CLI libraries missing here: using the bundle's (nlohmann-json, CLI11, yaml-cpp, PCRE2, utf8proc)"
+    CLI_INC=/tmp/qdeps/include
+    CLI_LIBS="/tmp/qdeps/lib/libyaml-cpp.a;/tmp/qdeps/lib/libpcre2-8.a;/tmp/qdeps/lib/libutf8proc.a"
+  else
+    log "warning: the qlora CLI's libraries are missing and $bundle lacks them (remake it with --pack-deps)"
+  fi
+fi
+
 # ---- build: a small CMake project over the repository's sources (only what test_cuda and the
 # benchmark need: core, quant, cpu and cuda backends), so the GPU image needs no yaml-cpp, CLI11,
 # PCRE2 or nlohmann-json. Flags follow the main CMakeLists.txt.
@@ -157,15 +190,49 @@ endif()
 add_executable(bench_cuda_kernels \${R}/bench/kernels/bench_cuda_kernels.cpp)
 target_link_libraries(bench_cuda_kernels PRIVATE qlora_backend_cuda qlora_quant CUDA::cudart)
 EOF
+if [ "$E2E" = 1 ]; then
+  # The qlora binary for the end-to-end benchmark: every source area, linked as the main
+  # CMakeLists.txt links them, with the CLI's libraries named directly (no find_package/pkg-config).
+  cat >>"$BUILD/src/CMakeLists.txt" <<EOF
+set(CLI_INC "$CLI_INC")
+set(CLI_LIBS "$CLI_LIBS")
+if(CLI_INC)
+  target_include_directories(qlora_core PUBLIC \${CLI_INC})
+endif()
+list(GET CLI_LIBS 0 YAML_LIB)
+list(GET CLI_LIBS 1 PCRE2_LIB)
+list(GET CLI_LIBS 2 UTF8PROC_LIB)
+foreach(area io text model plan train)
+  file(GLOB srcs_\${area} \${R}/src/\${area}/*.cpp)
+endforeach()
+add_library(qlora_io STATIC \${srcs_io})
+target_link_libraries(qlora_io PUBLIC qlora_core \${YAML_LIB})
+add_library(qlora_text STATIC \${srcs_text})
+target_link_libraries(qlora_text PUBLIC qlora_io \${PCRE2_LIB} \${UTF8PROC_LIB})
+target_compile_definitions(qlora_text PRIVATE QLORA_HAVE_UTF8PROC=1)
+add_library(qlora_model STATIC \${srcs_model})
+target_link_libraries(qlora_model PUBLIC qlora_io qlora_quant qlora_backend_cpu)
+add_library(qlora_plan STATIC \${srcs_plan})
+target_link_libraries(qlora_plan PUBLIC qlora_model)
+add_library(qlora_train STATIC \${srcs_train})
+target_link_libraries(qlora_train PUBLIC qlora_model qlora_text qlora_plan)
+file(GLOB cli \${R}/src/cli/*.cpp)
+add_executable(qlora \${cli})
+target_link_libraries(qlora PRIVATE qlora_train qlora_backend_cuda)
+EOF
+fi
 GEN=""
 command -v ninja >/dev/null && GEN="-G Ninja"
 step configure 120 "$OUT/build.log" cmake -S "$BUILD/src" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC"
-step build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$JOBS" --target test_cuda bench_cuda_kernels
+targets=(test_cuda bench_cuda_kernels)
+[ "$E2E" = 1 ] && targets+=(qlora)
+[ "$E2E_ONLY" = 1 ] && targets=(qlora)
+step build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 BUILT=$?
 
 # ---- tests -------------------------------------------------------------------------------------
-if [ $BUILT -eq 0 ]; then
+if [ $BUILT -eq 0 ] && [ "$E2E_ONLY" != 1 ]; then
   step test_cuda 180 "$OUT/test_cuda.log" "$BUILD/test_cuda" --gtest_output="json:$OUT/test_cuda.json"
   if [ "${QLORA_SKIP_SANITIZER:-0}" != 1 ]; then
     export QLORA_CUDA_TEST_SMALL=1
@@ -185,6 +252,15 @@ if [ $BUILT -eq 0 ]; then
   for p in attention_peer gemm_peer ce_peer pointwise_peer; do
     step "$p" 60 "$OUT/bench.log" bash -c "cd '$ROOT/tools/peers' && PYTHONUNBUFFERED=1 python3 $p.py '$OUT/bench_ours.jsonl' >>'$OUT/bench_peers.jsonl'"
   done
+fi
+
+# ---- end-to-end fine-tuning benchmark (bench/device_e2e.sh writes $OUT/e2e_results.json) -------
+if [ "$E2E" = 1 ] && [ "${QLORA_E2E_NORUN:-0}" != 1 ]; then
+  left=$((570 - SECONDS))
+  log "end-to-end cases with ${left}s left"
+  t0=$SECONDS
+  QLORA_BIN="$BUILD/qlora" QLORA_E2E_DEADLINE=$left QLORA_GIT_SHA="$GIT_SHA" OUT="$OUT" bash "$ROOT/bench/device_e2e.sh"
+  echo "e2e $? $((SECONDS - t0))" >>"$STEPS"
 fi
 
 # ---- one JSON with everything ------------------------------------------------------------------
