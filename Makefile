@@ -38,10 +38,12 @@ test: build real-models
 
 # QLoRA NF4 fine-tune of SmolLM2-135M-Instruct on WordNet definitions, with sample answers before
 # and after (examples/smollm2/). `make demo-tiny` trains the 2-layer fixture model in seconds.
-demo: build demo-deps
+demo: configure demo-deps
+	cmake --build $(BUILD) -j $(JOBS) --target qlora
 	QLORA=./$(BUILD)/qlora ./examples/smollm2/run_demo.sh
 
-demo-tiny: build
+demo-tiny: configure
+	cmake --build $(BUILD) -j $(JOBS) --target qlora
 	./$(BUILD)/qlora train examples/tiny.yaml output_dir=runs/tiny
 
 clean:
