@@ -8,34 +8,12 @@
 #include "io/json_util.h"
 #include "text/jinja.h"
 #include "text/jinja_pystr.h"
+#include "chat_template_test_util.h"
 
 namespace qlora {
 namespace {
 
-using ojson = nlohmann::ordered_json;
-
-const std::string kDir = std::string(QLORA_FIXTURES) + "/text/chat_templates";
-
-ojson load(const std::string& file) { return ojson::parse(read_text_file(kDir + "/" + file)); }
-
-// "2024-09-05T14:30:00" -> struct tm with weekday/yearday filled in.
-std::tm parse_now(const std::string& iso) {
-  std::tm tm{};
-  std::sscanf(iso.c_str(), "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-              &tm.tm_sec);
-  tm.tm_year -= 1900;
-  tm.tm_mon -= 1;
-  time_t t = timegm(&tm);
-  gmtime_r(&t, &tm);
-  return tm;
-}
-
-// transformers reports generation ranges in Python character offsets; we report bytes.
-size_t byte_offset(const std::string& s, size_t chars) {
-  size_t i = 0;
-  for (size_t c = 0; c < chars && i < s.size(); ++c) i += (s[i] & 0x80) == 0 ? 1 : (s[i] & 0xE0) == 0xC0 ? 2 : (s[i] & 0xF0) == 0xE0 ? 3 : 4;
-  return i;
-}
+using namespace chat_test;
 
 TEST(JinjaCases, MatchJinja2) {
   // QLORA_JINJA_CASES names another case file of the same shape (e.g. a large generated one).
