@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/strings.h"
 #include "plan/fit.h"
 #include "plan/model_source.h"
 #include "plan/report.h"
@@ -15,18 +16,6 @@
 
 namespace {
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t c = s.find(',', pos);
-    std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-    if (!item.empty()) out.push_back(item);
-    if (c == std::string::npos) break;
-    pos = c + 1;
-  }
-  return out;
-}
 
 // Training-config values become plan options unless the command line sets them explicitly.
 void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std::string& model, const CLI::App& app) {
@@ -135,7 +124,7 @@ int cmd_plan(int argc, char** argv) {
   if (no_dq) r.double_quant = false;
   if (no_packing) r.packing = false;
   if (packing) r.packing = true;
-  if (!targets.empty()) r.targets = split_list(targets);
+  if (!targets.empty()) r.targets = split_commas(targets);
   r.sharding = qlora::parse_sharding(sharding);
   if (model.empty())
     qlora::fail(qlora::ErrorKind::Config, "--model", "no model given",
@@ -144,7 +133,7 @@ int cmd_plan(int argc, char** argv) {
   r.model_label = model;
 
   if (!compare.empty()) {
-    std::vector<std::string> names = compare == "all" ? qlora::gpu_names() : split_list(compare);
+    std::vector<std::string> names = compare == "all" ? qlora::gpu_names() : split_commas(compare);
     std::vector<qlora::PlanResult> plans;
     for (const auto& n : names) {
       qlora::PlanRequest q = r;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/json_util.h"
 
 namespace qlora {
@@ -168,10 +169,6 @@ std::string normalize(const std::string& s) {
   return out;
 }
 
-std::string trim(const std::string& s) {
-  size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
 
 // Parses "<number><unit>" where unit is one of `units` (lower case, with its multiplier).
 double parse_quantity(const std::string& key, const std::string& text,

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/strings.h"
 #include "io/json_util.h"
 #include "model/lora.h"
 #include "plan/model_source.h"
@@ -25,18 +26,6 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t c = s.find(',', pos);
-    std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
-    if (!item.empty()) out.push_back(item);
-    if (c == std::string::npos) break;
-    pos = c + 1;
-  }
-  return out;
-}
 
 [[noreturn]] void bad_choice(const std::string& option, const std::string& value, const std::vector<std::string>& choices) {
   const std::string close = closest_name(choices, value, 3);
@@ -174,7 +163,7 @@ BenchOptions normalize_bench_options(const BenchOptions& in, const std::string& 
   const std::vector<std::string> ckpt = {"none", "full", "offload"};
   if (std::find(ckpt.begin(), ckpt.end(), o.gradient_checkpointing) == ckpt.end())
     bad_choice("--gradient-checkpointing", o.gradient_checkpointing, ckpt);
-  LoraSpec::resolve_targets(split_list(o.target_modules));  // throws on a name that is no projection
+  LoraSpec::resolve_targets(split_commas(o.target_modules));  // throws on a name that is no projection
   return o;
 }
 
@@ -182,7 +171,7 @@ FlopCounts bench_flop_counts(const LlamaConfig& c, const BenchOptions& o) {
   FlopOptions f;
   f.method = o.method;
   f.lora_r = o.r;
-  f.targets = LoraSpec::resolve_targets(split_list(o.target_modules));
+  f.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
   f.attn_len = o.seq_len;  // one random document fills each row
   f.recompute = o.gradient_checkpointing != "none";
   return flops_per_token(c, f);
@@ -222,7 +211,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   LoraSpec lora;
   lora.r = o.r;
   lora.alpha = o.lora_alpha;
-  lora.targets = LoraSpec::resolve_targets(split_list(o.target_modules));
+  lora.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
   ModelPlanOptions po;
   po.method = o.method;
   po.base_precision = o.base_precision;

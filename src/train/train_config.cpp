@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace qlora {
 namespace {
@@ -500,10 +501,6 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return s;
 }
 
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
 
 std::string range_text(const Range& r) {
   std::string lo = std::isinf(r.lo) ? "" : (r.lo_open ? "> " : ">= ") + fmt_double(r.lo);
@@ -603,9 +600,7 @@ struct Setter {
       if (!trim(n.Scalar()).empty()) items.push_back(trim(n.Scalar()));
     } else if (n.IsScalar()) {
       // LLaMA-Factory style "q_proj,v_proj"
-      std::stringstream ss(n.Scalar());
-      for (std::string part; std::getline(ss, part, ',');)
-        if (!trim(part).empty()) items.push_back(trim(part));
+      items = split_commas(n.Scalar());
     } else if (!n.IsNull()) {
       bad("expected a list, got a map", "write [a, b] or a, b");
     }

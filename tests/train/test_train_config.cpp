@@ -307,6 +307,8 @@ TEST(TrainConfig, Overrides) {
   EXPECT_EQ(c.output_dir, "runs/a=b");
   EXPECT_EQ(parse("", nullptr, {"target_modules=[q_proj, v_proj]"}).target_modules,
             (std::vector<std::string>{"q_proj", "v_proj"}));
+  // A comma string (LLaMA-Factory style): items trimmed, empty ones dropped.
+  EXPECT_EQ(parse("lora_target: ' q_proj ,, v_proj,'\n").target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(parse("", nullptr, {"datasets=[{path: x.jsonl, type: sharegpt}]"}).dataset_format, "sharegpt");
   Error e = expect_error([] { parse("", nullptr, {"learning_rate"}); }, ErrorKind::Config);
   EXPECT_EQ(e.where(), "override 'learning_rate'");

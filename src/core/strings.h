@@ -1,0 +1,28 @@
+// Small string helpers shared by the config parser, the CLI and the planner.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qlora {
+
+// Without leading/trailing spaces, tabs, CR and LF.
+inline std::string trim(std::string_view s) {
+  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string_view::npos ? std::string() : std::string(s.substr(b, e - b + 1));
+}
+
+// "q_proj, v_proj,,o_proj" -> {"q_proj", "v_proj", "o_proj"}: items trimmed, empty ones dropped.
+inline std::vector<std::string> split_commas(std::string_view s) {
+  std::vector<std::string> out;
+  while (true) {
+    const size_t c = s.find(',');
+    std::string item = trim(s.substr(0, c));
+    if (!item.empty()) out.push_back(std::move(item));
+    if (c == std::string_view::npos) break;
+    s.remove_prefix(c + 1);
+  }
+  return out;
+}
+
+}  // namespace qlora
