@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PKGS := cmake g++ make pkg-config libomp-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev \
-            libopenblas-dev libpcre2-dev libutf8proc-dev libgtest-dev
+            libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libgtest-dev
 # The demo's model download and dataset source.
 DEMO_PKGS := curl unzip ca-certificates wordnet-base
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

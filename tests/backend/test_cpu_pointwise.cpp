@@ -123,7 +123,7 @@ TEST(CpuOps, cross_entropy_fwd_bwd_IgnoredRowsAndTorchParity) {
   std::vector<double> want_dl;
   auto want = ce_ref(logits, labels, v, want_dl, 0.5);
   expect_close(losses, want, 1e-6, 1e-6, "ce losses");
-  expect_close(dl, want_dl, 1e-7, 1e-6, "ce dlogits");
+  expect_close(dl, want_dl, 1e-6 * 0.5, 1e-5, "ce dlogits");
   EXPECT_EQ(losses[1], 0.0f);
   for (int64_t j = 0; j < v; j++) EXPECT_EQ(dl[size_t(v + j)], 0.0f);
 
@@ -135,7 +135,9 @@ TEST(CpuOps, cross_entropy_fwd_bwd_IgnoredRowsAndTorchParity) {
   be->cross_entropy_fwd_bwd(ce_args(big_logits, big_dl, big_losses, big_labels, v, 0.01f));
   std::vector<double> big_want_dl;
   expect_close(big_losses, ce_ref(big_logits, big_labels, v, big_want_dl, 0.01), 1e-6, 1e-6, "ce parallel losses");
-  expect_close(big_dl, big_want_dl, 1e-9, 1e-6, "ce parallel dlogits");
+  // dlogits = gs (p - onehot) with p in [0,1] computed in f32 (as torch does): at the label, p near 1
+  // loses its low bits to the subtraction, so the bound is a few f32 ulps of 1, times gs.
+  expect_close(big_dl, big_want_dl, 1e-6 * 0.01, 1e-5, "ce parallel dlogits");
 
   // dlogits may overwrite logits.
   Vec inplace = logits;

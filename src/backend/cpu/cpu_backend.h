@@ -1,6 +1,7 @@
 // CpuBackend: the fp32 reference backend (plain loops + OpenMP, GEMM through OpenBLAS).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -35,6 +36,9 @@ void check_ptr(const char* op, const char* what, const void* p);  // int32 side 
 // y (rows) "=" W x, W (rows, cols) row-major f32: the matrix-vector product of token-by-token
 // decoding (OpenBLAS sgemv; matmul with m = 1 is not guaranteed to take the gemv path).
 void gemv(const float* w, int64_t rows, int64_t cols, const float* x, float* y);
+
+// The BLAS this backend runs on, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... (openmp threads, core Haswell)".
+std::string blas_info();
 
 // Below this many elements an OpenMP region costs more than it saves.
 inline constexpr int64_t kParallelMin = 1 << 14;

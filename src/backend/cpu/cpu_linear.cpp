@@ -57,6 +57,14 @@ void cpu::gemv(const float* w, int64_t rows, int64_t cols, const float* x, float
   cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(cols), 1.0f, w, int(cols), x, 1, 0.0f, y, 1);
 }
 
+std::string cpu::blas_info() {
+  const int par = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
+  std::string cfg = openblas_get_config();
+  while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
+  return cfg + " (" + (par == 2 ? "openmp" : par == 1 ? "pthreads" : "sequential") + " threads, core " +
+         openblas_get_corename() + ")";
+}
+
 void CpuBackend::add(const AddArgs& a) {
   cpu::check_dim("add", "n", a.n);
   cpu::check_f32("add", "y", a.y, a.n);

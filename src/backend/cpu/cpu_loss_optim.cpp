@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_simd.h"
 #include "core/error.h"
 
 namespace qlora {
@@ -40,18 +41,7 @@ void CpuBackend::cross_entropy_fwd_bwd(const CrossEntropyArgs& a) {
       std::fill_n(di, V, 0.0f);
       continue;
     }
-    // Row statistics (and the label's logit) are read before any write, for the aliased case.
-    float mx = li[0];
-    for (int64_t j = 1; j < V; j++) mx = std::max(mx, li[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; j++) sum += std::exp(double(li[j]) - double(mx));
-    const double lse = double(mx) + std::log(sum);
-    losses[i] = float(lse - double(li[y]));
-    const double gs = a.grad_scale;
-    for (int64_t j = 0; j < V; j++) {
-      const double p = std::exp(double(li[j]) - lse);
-      di[j] = float((p - (j == y ? 1.0 : 0.0)) * gs);
-    }
+    losses[i] = cpu::cross_entropy_row(li, di, V, y, a.grad_scale);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_simd.h"
 #include "core/error.h"
 
 namespace qlora {
@@ -71,16 +72,7 @@ void CpuBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
   const float* x = a.x.f32();  // (N,C)
   const float* w = a.w.f32();  // (C)
 #pragma omp parallel for schedule(static) if (a.n * a.c > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i++) {
-    const float* xi = x + i * a.c;
-    double ss = 0.0;
-    for (int64_t j = 0; j < a.c; j++) ss += double(xi[j]) * double(xi[j]);
-    // Like HF LlamaRMSNorm in fp32: the mean and mean+eps are f32 values, then rsqrt.
-    const float var_eps = float(ss / double(a.c)) + a.eps;
-    const float r = float(1.0 / std::sqrt(double(var_eps)));
-    rstd[i] = r;
-    for (int64_t j = 0; j < a.c; j++) out[i * a.c + j] = w[j] * (xi[j] * r);
-  }
+  for (int64_t i = 0; i < a.n; i++) rstd[i] = cpu::rmsnorm_fwd_row(out + i * a.c, x + i * a.c, w, a.c, a.eps);
 }
 
 void CpuBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
@@ -116,19 +108,9 @@ void CpuBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
     }
   }
 
-  // y_j = w_j x_j r with r = (mean(x^2)+eps)^-1/2, so
-  // dx_j = r w_j dout_j - (r^3 / C) x_j sum_k(w_k dout_k x_k).
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t i = 0; i < a.n; i++) {
-    const float* di = dout + i * a.c;
-    const float* xi = x + i * a.c;
-    double dot = 0.0;
-    for (int64_t j = 0; j < a.c; j++) dot += double(w[j]) * double(di[j]) * double(xi[j]);
-    const double r = rstd[i];
-    const double coef = r * r * r * dot / double(a.c);
-    for (int64_t j = 0; j < a.c; j++)
-      dx[i * a.c + j] = float(r * double(w[j]) * double(di[j]) - coef * double(xi[j]));
-  }
+  for (int64_t i = 0; i < a.n; i++)
+    cpu::rmsnorm_bwd_row(dx + i * a.c, dout + i * a.c, x + i * a.c, w, rstd[i], a.c);
 }
 
 // Rotates each (j, j+D/2) pair of x by sign*angle. The angle is float(pos)*inv_freq[j] rounded

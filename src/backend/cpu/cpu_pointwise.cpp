@@ -4,14 +4,14 @@
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_simd.h"
 #include "core/error.h"
 #include "core/rng.h"
 
 namespace qlora {
 
-static inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
-// Written as torch's CPU silu is, g / (1 + e^-g), so fp32 results track HF's act_fn.
-static inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+// Elements per parallel work item of the elementwise ops.
+static constexpr int64_t kChunk = 4096;
 
 void CpuBackend::swiglu_fwd(const SwigluFwdArgs& a) {
   const char* op = "swiglu_fwd";
@@ -23,7 +23,7 @@ void CpuBackend::swiglu_fwd(const SwigluFwdArgs& a) {
   const float* gate = a.gate.f32();   // (N,F)
   const float* up = a.up.f32();       // (N,F)
 #pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i++) out[i] = silu(gate[i]) * up[i];
+  for (int64_t i = 0; i < a.n; i += kChunk) cpu::swiglu_fwd_row(out + i, gate + i, up + i, std::min(kChunk, a.n - i));
 }
 
 void CpuBackend::swiglu_bwd(const SwigluBwdArgs& a) {
@@ -39,14 +39,10 @@ void CpuBackend::swiglu_bwd(const SwigluBwdArgs& a) {
   const float* dout = a.dout.f32();  // (N,F)
   const float* gate = a.gate.f32();  // (N,F)
   const float* up = a.up.f32();      // (N,F)
-  // Everything is read into registers before either write, so dgate/dup may alias gate/up/dout.
+  // Each element is read before either write, so dgate/dup may alias gate/up/dout.
 #pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i++) {
-    const float g = gate[i], u = up[i], d = dout[i];
-    const float s = sigmoid(g);
-    dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
-    dup[i] = d * silu(g);
-  }
+  for (int64_t i = 0; i < a.n; i += kChunk)
+    cpu::swiglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, std::min(kChunk, a.n - i));
 }
 
 // out = x * keep(i) / (1-p); the same (seed, stream) gives the same mask in fwd and bwd.

@@ -1,0 +1,40 @@
+// Row kernels of the CPU backend that are not BLAS: written once on GCC generic vectors (16 f32
+// lanes) and compiled per instruction set with runtime dispatch (AVX-512, AVX2+FMA, baseline
+// x86-64; plain NEON-or-scalar lowering on other architectures).
+#pragma once
+#include <cstdint>
+
+namespace qlora::cpu {
+
+// max_j x[j]; -inf for n == 0.
+float row_max(const float* x, int64_t n);
+// x[j] = exp(x[j] - m) in place (exp of -inf or of anything below ~-87.3 is 0); returns sum_j x[j].
+float exp_sub_sum(float* x, int64_t n, float m);
+// x[j] *= s.
+void scale_row(float* x, int64_t n, float s);
+// sum_j x[j] * y[j].
+float dot_row(const float* x, const float* y, int64_t n);
+// x[j] = p[j] * (x[j] - d): the softmax-gradient row of attention (dS = P o (dP - D)).
+void softmax_grad_row(float* x, const float* p, int64_t n, float d);
+// x[j] = exp(x[j] - lse) for unmasked entries (the backward's recomputed probabilities).
+void exp_sub_row(float* x, int64_t n, float lse);
+
+// One cross-entropy row: returns -log softmax(logits)[label] and writes
+// d[j] = (softmax_j - [j == label]) * grad_scale. d may alias logits.
+float cross_entropy_row(const float* logits, float* d, int64_t vocab, int32_t label, float grad_scale);
+
+// out[j] = silu(g[j]) * u[j]; and its backward (dg, du may alias g, u, dout).
+void swiglu_fwd_row(float* out, const float* g, const float* u, int64_t n);
+void swiglu_bwd_row(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n);
+
+// RMSNorm of one row; returns rstd. And the dx row (dw handled by the caller).
+float rmsnorm_fwd_row(float* out, const float* x, const float* w, int64_t c, float eps);
+void rmsnorm_bwd_row(float* dx, const float* dout, const float* x, const float* w, float rstd, int64_t c);
+
+// y[j] += x[j].
+void add_row(float* y, const float* x, int64_t n);
+
+// The instruction set the dispatched kernels run with on this machine ("avx512", "avx2", "baseline").
+const char* simd_level();
+
+}  // namespace qlora::cpu
