@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/strings.h"
 #include "io/json_util.h"
+#include "plan/cpu_device.h"
 
 namespace qlora {
 
@@ -290,6 +291,7 @@ const GpuSpec* gpu_for_device_name(const std::string& device_name, int64_t mem_b
 GpuSpec resolve_gpu(const std::string& name) {
   if (name.rfind("custom:", 0) == 0 || name == "custom") return parse_custom_gpu(name);
   const std::string key = normalize(name);
+  if (key == "cpu" || key == "host") return cpu_device_spec(cpu_calibration());
   for (const auto& g : gpu_catalog()) {
     if (normalize(g.name) == key) return g;
     for (const auto& a : g.aliases)
@@ -307,7 +309,7 @@ GpuSpec resolve_gpu(const std::string& name) {
   std::string list;
   for (const auto& n : gpu_names()) list += (list.empty() ? "" : ", ") + n;
   fail(ErrorKind::Config, "--gpu " + name, "unknown GPU '" + name + "'",
-       hint + "known GPUs: " + list + "; or describe one with custom:mem=80GB,bw=3.35TB/s,bf16=989,...");
+       hint + "known GPUs: " + list + "; cpu (this machine, calibrated); or describe one with custom:mem=80GB,bw=3.35TB/s,bf16=989,...");
 }
 
 }  // namespace qlora

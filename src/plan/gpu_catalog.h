@@ -23,6 +23,15 @@ struct GpuSpec {
   bool has_backend = true;           // qlora has a backend for it (CUDA sm_80+); planning works either way
   std::string source;                // where the figures come from (short)
 
+  // The host CPU as a device (`--gpu cpu`): the rates below were measured on this machine by a
+  // calibration run (src/plan/cpu_device.h), so the speed model uses them as achieved rates
+  // (efficiency 1) and plans f32 compute. bf16_tflops then holds the f32 GEMM rate.
+  bool is_cpu = false;
+  double lora_tflops = 0;            // f32 GEMMs with one dimension = the LoRA rank
+  double attn_tflops = 0;            // our causal attention, forward + backward, counted FLOPs
+  double ce_elems_per_s = 0;         // fused cross-entropy (loss + dlogits), logits per second
+  double dequant_elems_per_s = 0;    // 4-bit (NF4) weights dequantized to f32 per second
+
   // Dense peak TFLOP/s for a GEMM dtype name ("bf16", "fp8", "fp4"); 0 when unsupported.
   double peak_tflops(const std::string& gemm_dtype) const;
 };

@@ -42,7 +42,8 @@ PlanRequest normalize_request(const PlanRequest& in) {
   const std::vector<std::string> methods = {"full", "lora", "qlora"};
   if (std::find(methods.begin(), methods.end(), r.method) == methods.end()) bad_choice("--method", r.method, methods);
 
-  if (r.base_precision.empty()) r.base_precision = r.method == "qlora" ? "nf4" : "bf16";
+  // The CPU computes in f32 (the reference precision), GPUs in bf16.
+  if (r.base_precision.empty()) r.base_precision = r.method == "qlora" ? "nf4" : r.gpu.is_cpu ? "fp32" : "bf16";
   const auto& precs = plan_base_precisions();
   if (std::find(precs.begin(), precs.end(), r.base_precision) == precs.end())
     bad_choice("--base-precision", r.base_precision, precs);

@@ -98,7 +98,8 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
 ModelPlanOptions model_plan_options(const PlanRequest& r) {
   ModelPlanOptions o;
   o.method = r.method;
-  o.compute_dtype = DType::BF16;  // GPU precision policy: bf16 weights/activations, fp32 accumulate
+  // GPU precision policy: bf16 weights/activations, fp32 accumulate; the CPU backend is all f32.
+  o.compute_dtype = r.gpu.is_cpu ? DType::F32 : DType::BF16;
   o.base_precision = r.base_precision;
   o.quant_blocksize = r.quant_blocksize;
   o.double_quant = r.double_quant.value_or(false);
@@ -127,6 +128,7 @@ void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {
 
 std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& r, int64_t planned, const PlanAssumptions& a) {
   std::vector<std::pair<std::string, int64_t>> o;
+  if (r.gpu.is_cpu) return o;  // host memory: no device context, library workspaces are small
   o.push_back({"runtime context (CUDA context + kernel modules)", a.cuda_context_bytes});
   o.push_back({"cuBLASLt workspace", a.blas_workspace_bytes});
   if (r.topo.world() > 1) o.push_back({"NCCL communicator buffers", a.nccl_bytes});

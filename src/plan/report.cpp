@@ -49,6 +49,10 @@ std::string topo_text(const PlanRequest& r) {
 }
 
 std::string gpu_text(const GpuSpec& g) {
+  if (g.is_cpu)
+    return fmt_gib(double(g.mem_bytes)) + " RAM, measured: " + fmt_fixed(g.mem_bw / 1e9, 1) + " GB/s, f32 GEMM " +
+           fmt_fixed(g.bf16_tflops * 1e3, 0) + " GFLOP/s, LoRA-rank GEMM " + fmt_fixed(g.lora_tflops * 1e3, 0) +
+           ", attention " + fmt_fixed(g.attn_tflops * 1e3, 0) + " GFLOP/s";
   std::string s = fmt_gib(double(g.mem_bytes)) + ", " + fmt_fixed(g.mem_bw / 1e12, 2) + " TB/s, dense bf16 " +
                   fmt_fixed(g.bf16_tflops, 0);
   if (g.fp8_tflops > 0) s += " / fp8 " + fmt_fixed(g.fp8_tflops, 0);
@@ -160,8 +164,12 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
   t += "  step time         " + seconds(s.step_time_s) + "\n";
   t += "  throughput        " + fmt_si(s.tokens_per_second, "tok/s") + " (" + fmt_si(s.tokens_per_second_per_gpu, "tok/s") +
        " per GPU), MFU " + fmt_fixed(100 * s.mfu, 1) + "% of bf16 peak\n";
-  t += "assumptions (speed and overhead; in src/plan/assumptions.h):\n";
-  for (const auto& a : describe_assumptions(plan_assumptions())) t += "  - " + a + "\n";
+  if (r.gpu.is_cpu) {
+    t += "rates: " + r.gpu.source + "\n";
+  } else {
+    t += "assumptions (speed and overhead; in src/plan/assumptions.h):\n";
+    for (const auto& a : describe_assumptions(plan_assumptions())) t += "  - " + a + "\n";
+  }
   if (!p.warnings.empty()) {
     t += "warnings:\n";
     for (const auto& w : p.warnings) t += "  - " + w + "\n";

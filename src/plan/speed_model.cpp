@@ -66,25 +66,39 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   const double bf16_peak = r.gpu.bf16_tflops * 1e12;
   const double base_peak = r.gpu.peak_tflops(r.gemm_dtype) * 1e12;
   const double base_eff = r.gemm_dtype == "bf16" ? a.gemm_efficiency : a.lowp_gemm_efficiency;
-  e.t_gemm = tok_gpu * (base_flops / (base_peak * base_eff) + bf16_flops / (bf16_peak * a.gemm_efficiency));
-  e.t_attn = tok_gpu * attn_flops / (bf16_peak * a.attention_efficiency);
+  if (r.gpu.is_cpu) {  // calibrated rates are achieved rates: no efficiency factor
+    const double lora_flops = f.fwd.lora + f.bwd.lora + f.recompute.lora;
+    e.t_gemm = tok_gpu * ((base_flops + bf16_flops - lora_flops) / bf16_peak + lora_flops / (r.gpu.lora_tflops * 1e12));
+    e.t_attn = tok_gpu * attn_flops / (r.gpu.attn_tflops * 1e12);
+  } else {
+    e.t_gemm = tok_gpu * (base_flops / (base_peak * base_eff) + bf16_flops / (bf16_peak * a.gemm_efficiency));
+    e.t_attn = tok_gpu * attn_flops / (bf16_peak * a.attention_efficiency);
+  }
 
   // Memory-bound traffic per GPU per step.
   const double passes = 2.0 + (recompute ? 1.0 : 0.0);  // forward, dgrad (+ recompute) read each base weight
-  const double operand = gemm_operand_bytes(r.base_precision, r.gemm_dtype);
-  double convert = 0;
-  if (operand > 0)
+  const double operand = r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, r.gemm_dtype);
+  double convert = 0, dequant_elems = 0;
+  if (operand > 0 || (r.gpu.is_cpu && is_quantized_precision(r.base_precision)))
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
       convert += (stored_bytes(r, out, in) + operand * double(out) * double(in)) * double(c.n_layer);
+      dequant_elems += double(out) * double(in) * double(c.n_layer);
     }
-  e.memory_bytes.push_back({"base weight dequant/cast", convert * passes * ga});
+  // The CPU dequantizes with its cores (a calibrated rate), a GPU is bandwidth-bound.
+  double t_cpu_work = 0;
+  if (r.gpu.is_cpu) t_cpu_work += dequant_elems * passes * ga / r.gpu.dequant_elems_per_s;
+  else e.memory_bytes.push_back({"base weight dequant/cast", convert * passes * ga});
   // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
-  // 2(q+kv), SwiGLU: 3F) per token per layer, bf16, once forward, twice backward, once recompute.
-  const double ew = 2.0 * double(10 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size);
+  // 2(q+kv), SwiGLU: 3F) per token per layer in the compute dtype, once forward, twice backward,
+  // once recompute.
+  const double act_bytes = r.gpu.is_cpu ? 4.0 : 2.0;
+  const double ew = act_bytes * double(10 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size);
   e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)", ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
-  // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM.
-  e.memory_bytes.push_back({"cross-entropy logits", 3.0 * 4.0 * double(c.vocab_size) * tok_gpu});
+  // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM. On the
+  // CPU the exponentials, not the bytes, bound it: a calibrated logits-per-second rate.
+  if (r.gpu.is_cpu) t_cpu_work += double(c.vocab_size) * tok_gpu / r.gpu.ce_elems_per_s;
+  else e.memory_bytes.push_back({"cross-entropy logits", 3.0 * 4.0 * double(c.vocab_size) * tok_gpu});
 
   int64_t trainable = 0, weight_bytes = 0;
   for (const auto& b : replica.buffers) {
@@ -101,7 +115,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
     e.memory_bytes.push_back({"gradient accumulation", 8.0 * double(trainable) * ga});
   double mem_total = 0;
   for (const auto& [k, v] : e.memory_bytes) mem_total += v;
-  e.t_memory = mem_total / (r.gpu.mem_bw * a.memory_bw_efficiency);
+  e.t_memory = mem_total / (r.gpu.mem_bw * (r.gpu.is_cpu ? 1.0 : a.memory_bw_efficiency)) + t_cpu_work;
 
   // Communication per step.
   if (world > 1) {

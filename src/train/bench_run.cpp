@@ -17,6 +17,7 @@
 #include "model/lora.h"
 #include "plan/model_source.h"
 #include "plan/plan_request.h"
+#include "plan/cpu_device.h"
 #include "plan/planner.h"
 #include "train/step.h"
 
@@ -303,6 +304,34 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     if (!dev.gpu && dev.mem_bytes > 0) req.gpu.mem_bytes = dev.mem_bytes;
     for (const auto& [name, bytes] : overhead_lines(req, res.planned_arena_bytes)) res.planned_peak_memory_bytes += bytes;
   }
+
+  // What `qlora plan` predicts for this very step.
+  if (!cuda || dev.gpu) {
+    PlanRequest req;
+    req.model = cfg;
+    req.gpu = cuda ? *dev.gpu : cpu_device_spec(cpu_calibration());
+    req.method = o.method;
+    req.base_precision = o.base_precision;
+    req.double_quant = o.double_quant;
+    req.lora_r = o.r;
+    req.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
+    req.micro_batch = o.micro_batch;
+    req.seq_len = o.seq_len;
+    req.checkpointing = o.gradient_checkpointing;
+    req.packing = true;
+    req.avg_doc_len = 0;
+    const PlanResult plan = make_plan(req);
+    res.planned_step_time_s = plan.speed.step_time_s;
+    res.planned_step_error = plan.speed.step_time_s / res.step_mean_s - 1.0;
+    res.planned_device = req.gpu.display;
+    res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
+                         {"memory_and_elementwise_s", plan.speed.t_memory}, {"source", req.gpu.source}};
+  }
+  if (!cuda) {
+    const CpuCalibration cal = cpu_calibration();
+    res.host = {{"cpu_model", cal.cpu_model}, {"threads", cal.threads}, {"simd", cal.simd}, {"blas", cal.blas},
+                {"calibrated_sgemm_flops", cal.gemm_flops}};
+  }
   return res;
 }
 
@@ -341,6 +370,14 @@ nlohmann::ordered_json bench_json(const BenchResult& r) {
   j["loss_last"] = r.loss_last;
   j["trainable_params"] = r.trainable_params;
   j["base_params"] = r.base_params;
+  j["planned_step_time_s"] = opt(r.planned_step_time_s);
+  j["planned_step_error"] = opt(r.planned_step_error);
+  j["planned_device"] = r.planned_device.empty() ? J(nullptr) : J(r.planned_device);
+  j["planned_parts"] = r.planned_parts.is_null() ? J(nullptr) : r.planned_parts;
+  if (!r.host.is_null()) {
+    j["host"] = r.host;
+    j["achieved_fraction_of_sgemm"] = r.achieved_flops / r.host["calibrated_sgemm_flops"].get<double>();
+  }
   return j;
 }
 

@@ -56,6 +56,12 @@ struct BenchResult {
   double loss_first = 0, loss_last = 0;   // mean token loss of the first step run (warmup included) and the last
   int64_t trainable_params = 0, base_params = 0;
   double load_s = 0;                      // building the model and its random weights (text output only)
+  // The planner's speed model for the same request: on the CPU with the calibrated `cpu` device,
+  // on a GPU with its catalog entry; null without one. planned_step_error = planned / measured - 1.
+  std::optional<double> planned_step_time_s, planned_step_error;
+  std::string planned_device;             // the device the prediction was made for
+  nlohmann::ordered_json planned_parts;   // the model's terms: gemm, attention, memory/elementwise seconds
+  nlohmann::ordered_json host;            // CPU backend: cpu model, threads, simd, blas
 };
 
 // Resolves defaults and rejects bad values (Error(Config) naming the option, with a hint).
