@@ -30,6 +30,7 @@ namespace qlora {
   X(dropout_bwd, DropoutArgs)           \
   X(cross_entropy_fwd_bwd, CrossEntropyArgs) \
   X(adamw, AdamwArgs)                   \
+  X(dequantize, DequantizeArgs)         \
   X(sumsq, SumsqArgs)
 
 enum class DeviceKind { Cpu, Cuda };

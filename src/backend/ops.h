@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "quant/format.h"
 
 namespace qlora {
 
@@ -131,6 +132,17 @@ struct AdamwArgs {
   int64_t n = 0;
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;
+};
+
+// out (rows, cols) "=" the quantized weight at src, in the backend's compute dtype. src is one packed
+// weight on the backend's device: the sections of quant/quant_layout.h back to back, as the arena
+// stores a quantized projection. Every element equals dequantize_ref's f32 value (rounded to
+// nearest even for a bf16 out).
+struct DequantizeArgs {
+  Tensor out;
+  const void* src = nullptr;
+  QuantParams params;  // as stored (blocksize 0 = the format's default)
+  int64_t rows = 0, cols = 0;
 };
 
 // *out = sum(x^2) in double (accumulated with "+=" into *out, which lives on the host).

@@ -96,7 +96,7 @@ void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
 static std::string projection_of(const std::string& buffer) { return buffer.substr(buffer.find('.', 7) + 1); }
 
 void LlamaModel::load_base(const TensorSource& src) {
-  dequant_slot_ = -1;
+  dequant_layer_.fill(-1);
   // A checkpoint stored in exactly the planned format is copied; any other source is quantized here.
   const bool stored_as_planned = quantized_base_ && src.stored_quant && src.read_quantized &&
                                  same_quant(*src.stored_quant, base_quant_);
@@ -227,16 +227,22 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
 }
 
 // The (out,in) weight of a projection in the compute dtype. A quantized projection is dequantized
-// into ws.dequant, which holds one projection at a time: each caller uses the view for one matmul.
+// into its part of ws.dequant, which holds one layer: the forward, the recompute and the backward
+// of a layer each find the projection there when the previous use was the same layer.
 Tensor LlamaModel::base_weight(int64_t l, int p) {
   const std::string name = "layers." + std::to_string(l) + "." + kProj[p];
   if (!quantized_base_) return arena_->get(name);
   const auto [out, in] = projection_shape(cfg_, kProj[p]);
-  Tensor w = arena_->get("ws.dequant");  // (largest out*in) compute dtype
-  const int64_t slot = l * 7 + p;
-  if (dequant_slot_ != slot) {
+  Tensor w = arena_->get("ws.dequant");  // (sum of the layer's out*in) compute dtype
+  int64_t at = 0;
+  for (int j = 0; j < p; j++) {
+    const auto [o2, i2] = projection_shape(cfg_, kProj[j]);
+    at += o2 * i2;
+  }
+  w.data = static_cast<char*>(w.data) + at * dtype_size(w.dtype);
+  if (dequant_layer_[size_t(p)] != l) {
     quant_io_.dequantize(arena_->raw(name), base_quant_, out, in, w.data, w.dtype);
-    dequant_slot_ = slot;
+    dequant_layer_[size_t(p)] = l;
   }
   return as_matrix(w, out, in);
 }

@@ -1,6 +1,7 @@
 // LlamaModel: the decoder with LoRA adapters, forward and hand-written backward over a Backend.
 // The whole training step reads top to bottom in llama_model.cpp.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -124,7 +125,7 @@ class LlamaModel {
   bool quantized_base_ = false;
   QuantParams base_quant_;          // blocksize resolved
   QuantizedWeightIo quant_io_;
-  int64_t dequant_slot_ = -1;       // (layer*7 + proj) whose weights ws.dequant holds, -1 = none
+  std::array<int64_t, 7> dequant_layer_{-1, -1, -1, -1, -1, -1, -1};  // per projection: the layer ws.dequant holds, -1 none
   StepTimes* times_ = nullptr;      // set_step_times
   double head_bwd_s_ = 0;           // LM-head backward time inside head_and_loss (timing on)
   double synced_now();              // seconds on a steady clock, after backend().synchronize()

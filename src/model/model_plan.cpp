@@ -136,13 +136,13 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
     if (o.lora_dropout) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
   }
-  if (quantized) {  // one projection dequantized at a time
-    int64_t biggest = 0;
+  if (quantized) {  // one layer's seven projections, dequantized once per layer per pass
+    int64_t layer = 0;
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
-      biggest = std::max(biggest, out * in);
+      layer += out * in;
     }
-    plan.add("ws.dequant", MC::Workspace, cd, {biggest}, Lifetime::Layer);
+    plan.add("ws.dequant", MC::Workspace, cd, {layer}, Lifetime::Layer);
   }
 }
 

@@ -1,4 +1,4 @@
-// Arena layout of quantized weights and their dequantization into the compute dtype.
+// Quantized weights in the arena: host <-> backend copies and dequantization through the backend op.
 #include "model/quantized_weights.h"
 
 #include <cstring>
@@ -7,116 +7,6 @@
 #include "core/error.h"
 
 namespace qlora {
-
-static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-QuantLayout quant_layout(const QuantParams& p, int64_t rows, int64_t cols) {
-  QuantLayout L;
-  const int64_t n = rows * cols, bs = quant_blocksize(p);
-  int64_t n_absmax = 0, n_nested = 0, n_code = 0, n_scales_f32 = 0, n_offset = 0;
-  int64_t n_data = 0, n_absmax_q = 0, n_scales = 0;
-  switch (p.format) {
-    case QuantFormat::NF4:
-    case QuantFormat::FP4: {
-      const int64_t nb = cdiv(n, bs);
-      n_data = (n + 1) / 2;
-      if (p.double_quant) {
-        n_absmax_q = nb;
-        n_nested = cdiv(nb, 256);
-        n_offset = 1;
-        n_code = 256;
-      } else {
-        n_absmax = nb;
-      }
-      break;
-    }
-    case QuantFormat::NVFP4:
-      n_data = rows * cdiv(cols, 2);
-      n_scales = rows * cdiv(cols, 16);
-      n_scales_f32 = 1;
-      break;
-    case QuantFormat::MXFP4:
-    case QuantFormat::MXFP8_E4M3:
-      n_data = p.format == QuantFormat::MXFP4 ? rows * cdiv(cols, 2) : n;
-      n_scales = rows * cdiv(cols, 32);
-      break;
-    case QuantFormat::FP8_E4M3:
-    case QuantFormat::FP8_E5M2:
-      n_data = n;
-      n_scales_f32 = p.fp8_scaling == Fp8Scaling::PerTensor    ? 1
-                     : p.fp8_scaling == Fp8Scaling::Block1x128 ? rows * cdiv(cols, 128)
-                                                               : cdiv(rows, 128) * cdiv(cols, 128);
-      break;
-  }
-  int64_t at = 0;
-  auto place = [&](QuantLayout::Section& s, int64_t count, int64_t elem) {
-    if (count == 0) return;
-    s.offset = at;
-    s.count = count;
-    at += count * elem;
-  };
-  place(L.absmax, n_absmax, 4);
-  place(L.nested_absmax, n_nested, 4);
-  place(L.offset, n_offset, 4);
-  place(L.nested_code, n_code, 4);
-  place(L.scales_f32, n_scales_f32, 4);
-  place(L.data, n_data, 1);
-  place(L.absmax_q, n_absmax_q, 1);
-  place(L.scales, n_scales, 1);
-  L.total = at;
-  if (L.total != quant_storage_bytes(p, rows, cols))
-    fail(ErrorKind::Internal, "quant_layout", std::string(quant_format_name(p.format)) + ": layout holds " +
-                                                  std::to_string(L.total) + " bytes, quant_storage_bytes says " +
-                                                  std::to_string(quant_storage_bytes(p, rows, cols)));
-  return L;
-}
-
-namespace {
-
-template <class T>
-void put(uint8_t* blob, const QuantLayout::Section& s, const std::vector<T>& v, const char* name) {
-  if (int64_t(v.size()) != s.count)
-    fail(ErrorKind::Format, std::string("quantized tensor buffer '") + name + "'",
-         "holds " + std::to_string(v.size()) + " elements, the storage layout expects " + std::to_string(s.count));
-  if (s.count) std::memcpy(blob + s.offset, v.data(), v.size() * sizeof(T));
-}
-
-template <class T>
-void take(const uint8_t* blob, const QuantLayout::Section& s, std::vector<T>& v) {
-  v.resize(size_t(s.count));
-  if (s.count) std::memcpy(v.data(), blob + s.offset, v.size() * sizeof(T));
-}
-
-}  // namespace
-
-void pack_quantized(const QuantizedTensor& q, uint8_t* blob) {
-  const QuantLayout L = quant_layout(q.params, q.rows, q.cols);
-  put(blob, L.absmax, q.absmax, "absmax");
-  put(blob, L.nested_absmax, q.nested_absmax, "nested_absmax");
-  put(blob, L.nested_code, q.nested_code, "nested_code");
-  put(blob, L.scales_f32, q.scales_f32, "scales_f32");
-  put(blob, L.data, q.data, "data");
-  put(blob, L.absmax_q, q.absmax_q, "absmax_q");
-  put(blob, L.scales, q.scales, "scales");
-  if (L.offset.count) std::memcpy(blob + L.offset.offset, &q.offset, 4);
-}
-
-void unpack_quantized(const uint8_t* blob, const QuantParams& p, int64_t rows, int64_t cols, QuantizedTensor& q) {
-  const QuantLayout L = quant_layout(p, rows, cols);
-  q.params = p;
-  q.params.blocksize = quant_blocksize(p);
-  q.rows = rows;
-  q.cols = cols;
-  take(blob, L.absmax, q.absmax);
-  take(blob, L.nested_absmax, q.nested_absmax);
-  take(blob, L.nested_code, q.nested_code);
-  take(blob, L.scales_f32, q.scales_f32);
-  take(blob, L.data, q.data);
-  take(blob, L.absmax_q, q.absmax_q);
-  take(blob, L.scales, q.scales);
-  q.offset = 0.0f;
-  if (L.offset.count) std::memcpy(&q.offset, blob + L.offset.offset, 4);
-}
 
 void QuantizedWeightIo::store(const QuantizedTensor& q, void* dst) {
   const QuantLayout L = quant_layout(q.params, q.rows, q.cols);
@@ -141,21 +31,7 @@ void QuantizedWeightIo::load(const void* src, const QuantParams& p, int64_t rows
 
 void QuantizedWeightIo::dequantize(const void* src, const QuantParams& p, int64_t rows, int64_t cols, void* dst,
                                    DType dst_t) {
-  load(src, p, rows, cols, q_);
-  const size_t n = size_t(rows * cols);
-  if (be_.device() == DeviceKind::Cpu && dst_t == DType::F32) {
-    dequantize_ref(q_, static_cast<float*>(dst));
-    return;
-  }
-  f32_.resize(n);
-  dequantize_ref(q_, f32_.data());
-  if (dst_t == DType::F32) {
-    be_.copy_to_device(dst, f32_.data(), n * 4);
-    return;
-  }
-  conv_.resize(n * size_t(dtype_size(dst_t)));
-  convert_from_f32(dst_t, f32_.data(), conv_.data(), int64_t(n));
-  be_.copy_to_device(dst, conv_.data(), conv_.size());
+  be_.dequantize({Tensor(dst, dst_t, {rows, cols}), src, p, rows, cols});
 }
 
 }  // namespace qlora

@@ -16,7 +16,7 @@ const std::vector<std::string> kTestedOps = {
     "matmul",    "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "rope_fwd",  "rope_bwd",      "attention_fwd", "attention_bwd", "swiglu_fwd",
     "swiglu_bwd", "add",          "bias_add",      "scale",        "dropout_fwd",
-    "dropout_bwd", "cross_entropy_fwd_bwd", "adamw", "sumsq",
+    "dropout_bwd", "cross_entropy_fwd_bwd", "adamw", "sumsq", "dequantize",
 };
 
 TEST(CpuBackendCoverage, EveryOpHasATest) {

@@ -10,6 +10,8 @@
 
 #include "cuda_test_util.h"
 #include "core/error.h"
+#include "quant/quant_layout.h"
+#include "quant/quantize.h"
 
 namespace qlora::test {
 namespace {
@@ -487,6 +489,31 @@ CUDA_OP_TEST(adamw, bit_identical_to_cpu_over_three_steps) {
     expect_equal("param", dp.download(), p);
     expect_equal("m", dm.download(), m);
     expect_equal("v", dv.download(), v);
+  }
+}
+
+// Every quantized format, packed as the arena stores it: the bf16 result is dequantize_ref's f32
+// value rounded to nearest even, the same bits as the CPU op's output rounded to bf16.
+CUDA_OP_TEST(dequantize, every_format_equals_reference) {
+  QLORA_REQUIRE_CUDA(cu);
+  const int64_t rows = 37, cols = 576;
+  uint64_t seed = 131;
+  for (const auto& t : quant_formats()) {
+    QuantParams p;
+    p.format = t.format;
+    p.double_quant = t.format == QuantFormat::NF4 || t.format == QuantFormat::FP4;
+    Vec w = randn(seed++, size_t(rows * cols), 0.05f);
+    const QuantizedTensor q = quantize_ref(w.data(), rows, cols, p);
+    std::vector<uint8_t> blob(size_t(quant_layout(q.params, rows, cols).total));
+    pack_quantized(q, blob.data());
+    Vec want(w.size());
+    cpu()->dequantize({f32_view(want.data(), {rows, cols}), blob.data(), p, rows, cols});
+    void* dblob = cu->alloc(blob.size());
+    cu->copy_to_device(dblob, blob.data(), blob.size());
+    DBuf out(*cu, BF, rows * cols);
+    cu->dequantize({out.t(), dblob, p, rows, cols});
+    expect_equal(quant_format_name(p.format), out.download(), round_bf16(want));
+    cu->free(dblob);
   }
 }
 

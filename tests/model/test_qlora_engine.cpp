@@ -225,7 +225,9 @@ TEST(QloraEngine, PlanHoldsTheQuantizedBytesOfEveryProjection) {
   EXPECT_EQ(checked, 14);
   const PlannedBuffer* ws = t.model->plan().find("ws.dequant");
   ASSERT_NE(ws, nullptr);
-  EXPECT_EQ(ws->shape, std::vector<int64_t>{160 * 64});  // the largest projection, in the compute dtype
+  int64_t layer = 0;  // one layer's seven projections, in the compute dtype
+  for (const auto& proj : all_linear_targets()) layer += projection_shape(c, proj).first * projection_shape(c, proj).second;
+  EXPECT_EQ(ws->shape, std::vector<int64_t>{layer});
   EXPECT_EQ(t.model->plan().find("embed_tokens")->dtype, DType::F32);
   EXPECT_EQ(t.model->plan().find("lm_head")->dtype, DType::F32);
 }
@@ -291,7 +293,8 @@ TEST(QloraEngine, DeviceBackendPathGivesTheSameNumbers) {
   m.init_lora(1);
   const int64_t downloads_before = be.downloads;
   EXPECT_EQ(m.logits(f.batch), cpu.model->logits(f.batch));
-  EXPECT_GE(be.downloads - downloads_before, 14) << "each projection's bytes should come back to the host";
+  // Dequantization is the backend's op: the packed bytes stay on the device (the logits come back).
+  EXPECT_LT(be.downloads - downloads_before, 14) << "projection bytes should not travel to the host";
   for (const auto& proj : all_linear_targets())
     EXPECT_EQ(m.base_quantized(1, proj).data, cpu.model->base_quantized(1, proj).data) << proj;
 }

@@ -132,8 +132,8 @@ TEST(PlanTotals, Llama3_70B_QLoRA_Nf4_FitsB200) {
   const int64_t acts = L * N * C * 2 + work + 2 * N * C * 2 + N * 4 + 4 * N * 4;
   EXPECT_EQ(p.categories.at(MemCategory::Activations), acts);
   EXPECT_EQ(p.categories.at(MemCategory::Logits), 1024 * V * 4 + N * 4);
-  // workspace as for 8B (C = q here) + one dequantized projection, bf16: the largest is F x C.
-  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + F * C * 2;
+  // workspace as for 8B (C = q here) + one dequantized layer (q, k, v, o, gate, up, down), bf16.
+  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + (2 * C * C + 2 * kv * C + 3 * F * C) * 2;
   EXPECT_EQ(p.categories.at(MemCategory::Workspace), ws);
   const int64_t planned = weights + 4 * lora + acts + 1024 * V * 4 + N * 4 + ws;
   EXPECT_EQ(p.total_bytes, planned + overhead(planned, 192 * GiB, false));

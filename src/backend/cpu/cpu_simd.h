@@ -31,6 +31,10 @@ void swiglu_bwd_row(float* dg, float* du, const float* dout, const float* g, con
 float rmsnorm_fwd_row(float* out, const float* x, const float* w, int64_t c, float eps);
 void rmsnorm_bwd_row(float* dx, const float* dout, const float* x, const float* w, float rstd, int64_t c);
 
+// 4-bit codes to f32, high nibble first (bitsandbytes order): out[2i] = code[bytes[i] >> 4] * scale,
+// out[2i+1] = code[bytes[i] & 15] * scale. One multiply per element, so equal to the scalar form.
+void decode_4bit(float* out, const uint8_t* bytes, int64_t n_bytes, const float* code, float scale);
+
 // y[j] += x[j].
 void add_row(float* y, const float* x, int64_t n);
 

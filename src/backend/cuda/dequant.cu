@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend_impl.cuh"
 #include "backend/cuda/dequant.h"
+#include "quant/quant_layout.h"
 #include "quant/quantize.h"
 
 namespace qlora::cuda {
@@ -333,6 +334,38 @@ const void* QuantDeviceBuffers::upload(const void* src, size_t bytes) {
   be_.copy_to_device(d, src, bytes);
   bytes_ += int64_t(bytes);
   return d;
+}
+
+}  // namespace qlora::cuda
+
+namespace qlora::cuda {
+
+// The table's dequantize op. For now the packed bytes travel to the host, are dequantized by the
+// reference there and come back (one projection at a time, as the model did before the op
+// existed); the device kernel above is not wired in until it has run on a device.
+void CudaBackend::dequantize(const DequantizeArgs& a) {
+  const char* op = "dequantize";
+  check_dim(op, "rows", a.rows);
+  check_dim(op, "cols", a.cols);
+  const int64_t n = a.rows * a.cols;
+  check_tensor(op, "out", a.out, n, true, true);
+  if (n == 0) return;
+  QuantParams p = a.params;
+  p.blocksize = quant_blocksize(p);
+  const QuantLayout L = quant_layout(p, a.rows, a.cols);
+  std::vector<uint8_t> blob(size_t(L.total));
+  copy_to_host(blob.data(), a.src, blob.size());
+  QuantizedTensor q;
+  unpack_quantized(blob.data(), p, a.rows, a.cols, q);
+  if (a.out.dtype == DType::F32) {
+    std::vector<float> f(static_cast<size_t>(n));
+    dequantize_ref(q, f.data());
+    copy_to_device(a.out.data, f.data(), f.size() * 4);
+  } else {
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    dequantize_ref_bf16(q, h.data());
+    copy_to_device(a.out.data, h.data(), h.size() * 2);
+  }
 }
 
 }  // namespace qlora::cuda
