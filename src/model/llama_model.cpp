@@ -320,6 +320,24 @@ void LlamaModel::upload_batch(const Batch& batch) {
   d_targets_ = up("batch.targets", batch.targets);
   d_positions_ = up("batch.positions", batch.positions);
   d_seg_ = up("batch.seg", batch.seg);
+  // The rows that carry a label: SFT batches train on the answers only, and the LM head, the
+  // loss and its gradient are computed for those rows alone.
+  std::vector<int32_t> rows_l, targets_l;
+  for (int64_t i = 0; i < int64_t(batch.targets.size()); i++)
+    if (batch.targets[size_t(i)] != -100) {
+      rows_l.push_back(int32_t(i));
+      targets_l.push_back(batch.targets[size_t(i)]);
+    }
+  n_labeled_ = batch.targets.empty() ? 0 : int64_t(rows_l.size());
+  d_label_rows_ = d_label_targets_ = nullptr;
+  if (n_labeled_ < n && n_labeled_ > 0) {
+    void* r = arena_->raw("batch.label_rows");
+    void* t = arena_->raw("batch.label_targets");
+    be_.copy_to_device(r, rows_l.data(), rows_l.size() * 4);
+    be_.copy_to_device(t, targets_l.data(), targets_l.size() * 4);
+    d_label_rows_ = static_cast<const int32_t*>(r);
+    d_label_targets_ = static_cast<const int32_t*>(t);
+  }
   cur_b_ = batch.b;
   cur_t_ = batch.t;
 }
@@ -384,7 +402,10 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
 }
 
 // Final norm, LM head and cross-entropy, one chunk of tokens at a time. Returns the summed loss.
-// With backward, leaves d(final_x) in ws.dres.
+// With backward, leaves d(final_x) in ws.dres. When some positions carry no label, their rows
+// are left out: the labeled rows of final_ln are gathered into ws.tmp (the embedding op on a
+// table of n rows), run through the head in chunks, and their gradient rows scattered back into
+// ws.dln (which is zero elsewhere, as the loss does not depend on those positions).
 double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
   const int64_t C = cfg_.hidden_size, Vv = cfg_.vocab_size;
   Tensor fx = rows("act.final_x", n), fln = rows("act.final_ln", n), frstd = rows("act.final_rstd", n);
@@ -394,33 +415,46 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
   Tensor chunk_buf = arena_->get("logits.chunk");
   Tensor losses = arena_->get("logits.losses");
   Tensor dln = rows("ws.dln", n);
+  const bool subset = d_label_rows_ != nullptr;
+  const int64_t m_rows = subset ? n_labeled_ : n;     // rows the head runs on
+  const int32_t* targets = subset ? d_label_targets_ : d_targets_;
+  Tensor xs = fln, ds = dln;                           // (m_rows, C) head input and its gradient
+  if (subset) {
+    xs = as_matrix(arena_->get("ws.tmp"), m_rows, C);  // free until the layers' backward
+    be_.embedding_fwd({xs, fln, d_label_rows_, m_rows, C, n});
+    ds = xs;  // each chunk's gradient overwrites the rows it has just read
+  }
   const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
-  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-    const int64_t m = std::min(chunk, n - c0);
-    Tensor x = as_matrix(fln, m, C);
-    x.data = static_cast<char*>(fln.data) + c0 * C * es;
+  for (int64_t c0 = 0; c0 < m_rows; c0 += chunk) {
+    const int64_t m = std::min(chunk, m_rows - c0);
+    Tensor x = as_matrix(xs, m, C);
+    x.data = static_cast<char*>(xs.data) + c0 * C * es;
     Tensor logits = as_matrix(chunk_buf, m, Vv);
     be_.matmul({logits, x, head, m, Vv, C, false, true, 1.0f, 0.0f});
     Tensor l = losses;
     l.ndim = 1;
     l.shape = {m, 0, 0, 0};
     l.data = static_cast<float*>(losses.data) + c0;
-    be_.cross_entropy_fwd_bwd({logits, logits, l, d_targets_ + c0, m, Vv, grad_scale});
+    be_.cross_entropy_fwd_bwd({logits, logits, l, targets + c0, m, Vv, grad_scale});
     if (backward) {
       // The head's dgrad is interleaved with its forward chunk by chunk: timed apart, as backward.
       const double t0 = times_ ? synced_now() : 0.0;
-      Tensor d = as_matrix(dln, m, C);
-      d.data = static_cast<char*>(dln.data) + c0 * C * es;
-      be_.matmul({d, logits, head, m, C, Vv, false, false, 1.0f, 0.0f});  // dln[chunk] = dlogits W
+      Tensor d = as_matrix(ds, m, C);
+      d.data = static_cast<char*>(ds.data) + c0 * C * es;
+      be_.matmul({d, logits, head, m, C, Vv, false, false, 1.0f, 0.0f});  // d[chunk] = dlogits W
       if (times_) head_bwd_s_ += synced_now() - t0;
     }
   }
-  std::vector<float> row_loss(static_cast<size_t>(n));
-  be_.copy_to_host(row_loss.data(), losses.data, size_t(n) * 4);
+  std::vector<float> row_loss(static_cast<size_t>(m_rows));
+  if (m_rows > 0) be_.copy_to_host(row_loss.data(), losses.data, size_t(m_rows) * 4);
   double sum = 0;
   for (float v : row_loss) sum += v;
   if (backward) {
     const double t0 = times_ ? synced_now() : 0.0;
+    if (subset) {
+      be_.memset0(dln.data, size_t(n * C * es));
+      be_.embedding_bwd({dln, ds, d_label_rows_, m_rows, C, n});  // dln[rows] += d
+    }
     be_.rmsnorm_bwd({rows("ws.dres", n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
     if (times_) head_bwd_s_ += synced_now() - t0;
   }

@@ -119,6 +119,9 @@ class LlamaModel {
   bool ckpt_ = false;
   const int32_t* d_tokens_ = nullptr;
   const int32_t* d_targets_ = nullptr;
+  const int32_t* d_label_rows_ = nullptr;     // positions with a label (null when every position has one)
+  const int32_t* d_label_targets_ = nullptr;  // their targets
+  int64_t n_labeled_ = 0;
   const int32_t* d_positions_ = nullptr;
   const int32_t* d_seg_ = nullptr;
   int64_t cur_b_ = 0, cur_t_ = 0;

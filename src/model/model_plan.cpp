@@ -112,7 +112,9 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   plan.add("act.final_x", MC::Activations, cd, {N, C}, Lifetime::Step);
   plan.add("act.final_ln", MC::Activations, cd, {N, C}, Lifetime::Step);
   plan.add("act.final_rstd", MC::Activations, DType::F32, {N}, Lifetime::Step);
-  for (const char* b : {"batch.tokens", "batch.targets", "batch.positions", "batch.seg"})
+  // label_rows / label_targets: the positions that carry a label and their targets, so the LM head
+  // and the loss run on those rows only.
+  for (const char* b : {"batch.tokens", "batch.targets", "batch.positions", "batch.seg", "batch.label_rows", "batch.label_targets"})
     plan.add(b, MC::Activations, DType::I32, {N}, Lifetime::Step);
   plan.add("rope.inv_freq", MC::Workspace, DType::F32, {c.head_dim / 2});
 

@@ -169,8 +169,13 @@ CpuCalibration cpu_calibration(bool refresh) {
   id.blas = cpu::blas_info();
   id.simd = cpu::simd_level();
   id.threads = omp_get_max_threads();
+  // The binary's modification time: a rebuilt qlora (whose kernels may have changed) measures again.
+  std::string build = "unknown";
+  std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time("/proc/self/exe", ec);
+  if (!ec) build = std::to_string(mtime.time_since_epoch().count());
   const nlohmann::json key = {{"version", kCalibrationVersion}, {"cpu_model", id.cpu_model}, {"blas", id.blas},
-                              {"simd", id.simd}, {"threads", id.threads}};
+                              {"simd", id.simd}, {"threads", id.threads}, {"build", build}};
   const std::filesystem::path dir = cache_dir();
   const std::filesystem::path file =
       dir.empty() ? std::filesystem::path() : dir / ("cpu-calibration-" + std::to_string(std::hash<std::string>{}(key.dump())) + ".json");
@@ -202,7 +207,9 @@ CpuCalibration cpu_calibration(bool refresh) {
   if (!file.empty()) {
     try {
       std::filesystem::create_directories(dir);
-      write_file_atomic(file.string(), to_json(c).dump(2) + "\n");
+      nlohmann::json j = to_json(c);
+      j["build"] = key["build"];
+      write_file_atomic(file.string(), j.dump(2) + "\n");
     } catch (const std::exception&) {
       // An unwritable cache only costs the next run another calibration.
     }
