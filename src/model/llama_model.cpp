@@ -19,6 +19,22 @@ struct LlamaModel::Acts {
   Tensor lora_h[7];
 };
 
+// Every buffer one layer's step touches, resolved from the plan once when the model is built
+// (full row count; each step narrows the views to its N rows), so the step does no lookups.
+struct LlamaModel::LayerViews {
+  Acts a;                        // saved activations (checkpointing: the shared act.cur.* set)
+  Tensor next;                   // the next layer's input, or act.final_x
+  Tensor ln1_w, ln2_w;           // (C)
+  Tensor w[7];                   // float base weights (out,in); empty when quantized
+  const void* packed[7] = {};    // quantized base: the packed projection
+  Tensor bias[3];                // q/k/v biases (attention_bias models)
+};
+struct LlamaModel::StepViews {
+  Tensor dres, dln, tmp, dgate, dup, datt, dq, dk, dv, lora_dh, lora_xd, dequant, inv_freq;
+  Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
+  int64_t dequant_offset[7] = {};  // element offset of each projection inside ws.dequant
+};
+
 static Tensor with_rows(Tensor t, int64_t n) {
   t.shape[0] = n;
   return t;
@@ -68,6 +84,73 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     }
   std::vector<float> inv = rope_inv_freq(cfg_);
   be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
+  resolve_views();
+}
+
+void LlamaModel::resolve_views() {
+  const Arena& ar = *arena_;
+  auto opt = [&](const std::string& name) { return ar.has(name) ? ar.get(name) : Tensor(); };
+  views_ = std::make_unique<StepViews>();
+  StepViews& v = *views_;
+  v.dres = ar.get("ws.dres");
+  v.dln = ar.get("ws.dln");
+  v.tmp = ar.get("ws.tmp");
+  v.dgate = ar.get("ws.dgate");
+  v.dup = ar.get("ws.dup");
+  v.datt = ar.get("ws.datt");
+  v.dq = ar.get("ws.dq");
+  v.dk = ar.get("ws.dk");
+  v.dv = ar.get("ws.dv");
+  v.lora_dh = opt("ws.lora_dh");
+  v.lora_xd = opt("ws.lora_xd");
+  v.dequant = opt("ws.dequant");
+  v.inv_freq = ar.get("rope.inv_freq");
+  v.embed = ar.get("embed_tokens");
+  v.final_x = ar.get("act.final_x");
+  v.final_ln = ar.get("act.final_ln");
+  v.final_rstd = ar.get("act.final_rstd");
+  v.norm = ar.get("norm");
+  v.head = ar.get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
+  v.chunk = ar.get("logits.chunk");
+  v.losses = ar.get("logits.losses");
+  int64_t at = 0;
+  for (int p = 0; p < 7; p++) {
+    v.dequant_offset[p] = at;
+    const auto [out, in] = projection_shape(cfg_, kProj[p]);
+    at += out * in;
+  }
+  layers_.assign(size_t(cfg_.n_layer), LayerViews{});
+  for (int64_t l = 0; l < cfg_.n_layer; l++) {
+    LayerViews& L = layers_[size_t(l)];
+    const std::string lp = "layers." + std::to_string(l) + ".";
+    const std::string ap = ckpt_ ? std::string("act.cur.") : "act." + lp;
+    Acts& a = L.a;
+    a.x = ar.get("act." + lp + "x");
+    a.ln1 = ar.get(ap + "ln1");
+    a.rstd1 = ar.get(ap + "rstd1");
+    a.q = ar.get(ap + "q");
+    a.k = ar.get(ap + "k");
+    a.v = ar.get(ap + "v");
+    a.att = ar.get(ap + "att");
+    a.lse = ar.get(ap + "lse");
+    a.xmid = ar.get(ap + "xmid");
+    a.ln2 = ar.get(ap + "ln2");
+    a.rstd2 = ar.get(ap + "rstd2");
+    a.gate = ar.get(ap + "gate");
+    a.up = ar.get(ap + "up");
+    a.h = ar.get(ap + "h");
+    for (int j = 0; j < 7; j++)
+      if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + kProj[j] + ".lora_h");
+    L.next = l + 1 < cfg_.n_layer ? ar.get("act.layers." + std::to_string(l + 1) + ".x") : v.final_x;
+    L.ln1_w = ar.get(lp + "input_layernorm");
+    L.ln2_w = ar.get(lp + "post_attention_layernorm");
+    for (int p = 0; p < 7; p++) {
+      if (quantized_base_) L.packed[p] = arena_->raw(lp + kProj[p]);
+      else L.w[p] = ar.get(lp + kProj[p]);
+    }
+    if (cfg_.attention_bias)
+      for (int p = 0; p <= V; p++) L.bias[p] = ar.get(lp + kProj[p] + ".bias");
+  }
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -202,27 +285,13 @@ void LlamaModel::zero_grads() {
   for (auto& p : lora_params_) be_.memset0(p.g.data, size_t(p.g.nbytes()));
 }
 
-Tensor LlamaModel::rows(const std::string& name, int64_t n) const { return with_rows(arena_->get(name), n); }
-
 LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
-  const std::string p = ckpt_ ? std::string("act.cur.") : "act.layers." + std::to_string(l) + ".";
-  Acts a;
-  a.x = rows("act.layers." + std::to_string(l) + ".x", n);
-  a.ln1 = rows(p + "ln1", n);
-  a.rstd1 = rows(p + "rstd1", n);
-  a.q = rows(p + "q", n);
-  a.k = rows(p + "k", n);
-  a.v = rows(p + "v", n);
-  a.att = rows(p + "att", n);
-  a.lse = as_matrix(arena_->get(p + "lse"), cfg_.n_head, n);  // (Hq, N) storage used as (B,Hq,T)
-  a.xmid = rows(p + "xmid", n);
-  a.ln2 = rows(p + "ln2", n);
-  a.rstd2 = rows(p + "rstd2", n);
-  a.gate = rows(p + "gate", n);
-  a.up = rows(p + "up", n);
-  a.h = rows(p + "h", n);
-  for (int j = 0; j < 7; j++)
-    if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = rows(p + kProj[j] + ".lora_h", n);
+  Acts a = layers_[size_t(l)].a;
+  for (Tensor* t : {&a.x, &a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.xmid, &a.ln2, &a.rstd2, &a.gate, &a.up, &a.h})
+    *t = with_rows(*t, n);
+  a.lse = as_matrix(a.lse, cfg_.n_head, n);  // (Hq, N) storage used as (B,Hq,T)
+  for (Tensor& t : a.lora_h)
+    if (t.data) t = with_rows(t, n);
   return a;
 }
 
@@ -230,18 +299,13 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
 // into its part of ws.dequant, which holds one layer: the forward, the recompute and the backward
 // of a layer each find the projection there when the previous use was the same layer.
 Tensor LlamaModel::base_weight(int64_t l, int p) {
-  const std::string name = "layers." + std::to_string(l) + "." + kProj[p];
-  if (!quantized_base_) return arena_->get(name);
+  const LayerViews& L = layers_[size_t(l)];
+  if (!quantized_base_) return L.w[p];
   const auto [out, in] = projection_shape(cfg_, kProj[p]);
-  Tensor w = arena_->get("ws.dequant");  // (sum of the layer's out*in) compute dtype
-  int64_t at = 0;
-  for (int j = 0; j < p; j++) {
-    const auto [o2, i2] = projection_shape(cfg_, kProj[j]);
-    at += o2 * i2;
-  }
-  w.data = static_cast<char*>(w.data) + at * dtype_size(w.dtype);
+  Tensor w = views_->dequant;  // (sum of the layer's out*in) compute dtype
+  w.data = static_cast<char*>(w.data) + views_->dequant_offset[p] * dtype_size(w.dtype);
   if (dequant_layer_[size_t(p)] != l) {
-    quant_io_.dequantize(arena_->raw(name), base_quant_, out, in, w.data, w.dtype);
+    be_.dequantize({Tensor(w.data, w.dtype, {out, in}), L.packed[p], base_quant_, out, in});
     dequant_layer_[size_t(p)] = l;
   }
   return as_matrix(w, out, in);
@@ -257,7 +321,7 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
   be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
   if (p <= V && cfg_.attention_bias)
-    be_.bias_add({y, arena_->get("layers." + std::to_string(l) + "." + kProj[p] + ".bias"), n, out});
+    be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
   const int li = lora_index(l, p);
   if (li < 0) return;
   const LoraParam& A = lora_params_[size_t(li)];
@@ -265,7 +329,7 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   const int64_t r = lora_.r;
   Tensor xin = x;
   if (train && lora_.dropout > 0) {
-    xin = as_matrix(arena_->get("ws.lora_xd"), n, in);
+    xin = as_matrix(views_->lora_xd, n, in);
     be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
   }
   be_.matmul({a.lora_h[p], xin, A.w, n, r, in, false, true, 1.0f, 0.0f});          // h = xd A^T  (N,r)
@@ -274,9 +338,9 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
 
 // dx (N,in) "=" or "+=" dy W (+ LoRA path); dA, dB "+=".
 void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const Tensor& x, int64_t l, int p,
-                            const Acts& a, uint64_t seed) {
+                            const Acts& a, uint64_t seed, bool need_dx) {
   const int64_t n = dy.dim(0), out = dy.dim(1), in = dx.dim(1);
-  be_.matmul({dx, dy, base_weight(l, p), n, in, out, false, false, 1.0f, acc ? 1.0f : 0.0f});
+  if (need_dx) be_.matmul({dx, dy, base_weight(l, p), n, in, out, false, false, 1.0f, acc ? 1.0f : 0.0f});
   const int li = lora_index(l, p);
   if (li < 0) return;
   const LoraParam& A = lora_params_[size_t(li)];
@@ -285,18 +349,19 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   const float s = lora_.scale();
   const bool drop = lora_.dropout > 0;
   be_.matmul({B.g, dy, a.lora_h[p], out, r, n, true, false, s, 1.0f});  // dB += s dy^T h   (out,r)
-  Tensor dh = as_matrix(arena_->get("ws.lora_dh"), n, r);
+  Tensor dh = as_matrix(views_->lora_dh, n, r);
   be_.matmul({dh, dy, B.w, n, r, out, false, false, s, 0.0f});  // dh = s dy B   (N,r)
   Tensor xin = x;
   if (drop) {
-    xin = as_matrix(arena_->get("ws.lora_xd"), n, in);
+    xin = as_matrix(views_->lora_xd, n, in);
     be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
   }
   be_.matmul({A.g, dh, xin, r, in, n, true, false, 1.0f, 1.0f});  // dA += dh^T xd   (r,in)
+  if (!need_dx) return;
   if (!drop) {
     be_.matmul({dx, dh, A.w, n, in, r, false, false, 1.0f, 1.0f});  // dx += dh A
   } else {
-    Tensor t = as_matrix(arena_->get("ws.lora_xd"), n, in);
+    Tensor t = as_matrix(views_->lora_xd, n, in);
     be_.matmul({t, dh, A.w, n, in, r, false, false, 1.0f, 0.0f});
     be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
     be_.add({dx, t, n * in});
@@ -344,12 +409,12 @@ void LlamaModel::upload_batch(const Batch& batch) {
 
 void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
   const Acts a = acts(l, n);
-  const std::string lp = "layers." + std::to_string(l) + ".";
+  const LayerViews& L = layers_[size_t(l)];
   const float eps = float(cfg_.rms_norm_eps);
-  const Tensor inv_freq = arena_->get("rope.inv_freq");
-  Tensor next = l + 1 < cfg_.n_layer ? rows("act.layers." + std::to_string(l + 1) + ".x", n) : rows("act.final_x", n);
+  const Tensor inv_freq = views_->inv_freq;
+  Tensor next = with_rows(L.next, n);
 
-  be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, arena_->get(lp + "input_layernorm"), n, cfg_.hidden_size, eps});
+  be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps});
   linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
   linear_fwd(a.k, a.ln1, l, K, a, train, seed);
   linear_fwd(a.v, a.ln1, l, V, a, train, seed);
@@ -359,7 +424,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
   be_.attention_fwd({a.att, a.lse, a.q, a.k, a.v, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim, scale});
   linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
   be_.add({a.xmid, a.x, a.xmid.numel()});            // ... + x
-  be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, arena_->get(lp + "post_attention_layernorm"), n, cfg_.hidden_size, eps});
+  be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps});
   linear_fwd(a.gate, a.ln2, l, G, a, train, seed);
   linear_fwd(a.up, a.ln2, l, U, a, train, seed);
   be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel()});
@@ -371,33 +436,38 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
 void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   if (ckpt_) layer_fwd(l, n, true, seed);  // recompute this layer's activations from its saved input
   const Acts a = acts(l, n);
-  const std::string lp = "layers." + std::to_string(l) + ".";
+  const LayerViews& L = layers_[size_t(l)];
+  const StepViews& w = *views_;
   const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size;
-  Tensor dres = rows("ws.dres", n), dln = rows("ws.dln", n);
-  Tensor tmp_f = as_matrix(arena_->get("ws.tmp"), n, F), tmp_c = as_matrix(arena_->get("ws.tmp"), n, C);
-  Tensor dgate = rows("ws.dgate", n), dup = rows("ws.dup", n);
-  const Tensor inv_freq = arena_->get("rope.inv_freq");
+  Tensor dres = with_rows(w.dres, n), dln = with_rows(w.dln, n);
+  Tensor tmp_f = as_matrix(w.tmp, n, F), tmp_c = as_matrix(w.tmp, n, C);
+  Tensor dgate = with_rows(w.dgate, n), dup = with_rows(w.dup, n);
+  const Tensor inv_freq = w.inv_freq;
 
   // MLP: out = xmid + down(swiglu(gate(ln2), up(ln2))), ln2 = rmsnorm(xmid)
   linear_bwd(tmp_f, false, dres, a.h, l, D, a, seed);                       // dh = ; dA,dB +=
   be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F});                 // dgate, dup =
   linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                      // dln =
   linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                         // dln +=
-  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, arena_->get(lp + "post_attention_layernorm"), a.rstd2, n, C});
+  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, L.ln2_w, a.rstd2, n, C});
   be_.add({dres, tmp_c, n * C});                                            // dres = d xmid
 
   // Attention: xmid = x + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))), ln1 = rmsnorm(x)
-  Tensor datt = rows("ws.datt", n), dq = rows("ws.dq", n), dk = rows("ws.dk", n), dv = rows("ws.dv", n);
+  Tensor datt = with_rows(w.datt, n), dq = with_rows(w.dq, n), dk = with_rows(w.dk, n), dv = with_rows(w.dv, n);
   linear_bwd(datt, false, dres, a.att, l, O, a, seed);                      // datt =
   const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
                      cfg_.n_head_kv, cfg_.head_dim, scale});                // dq, dk, dv =
   be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
-  linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed);                         // dln =
-  linear_bwd(dln, true, dk, a.ln1, l, K, a, seed);                          // dln +=
-  linear_bwd(dln, true, dv, a.ln1, l, V, a, seed);                          // dln +=
-  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, arena_->get(lp + "input_layernorm"), a.rstd1, n, C});
+  // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
+  // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward).
+  const bool dx = l > 0;
+  linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed, dx);                     // dln =
+  linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
+  linear_bwd(dln, true, dv, a.ln1, l, V, a, seed, dx);                      // dln +=
+  if (!dx) return;
+  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, L.ln1_w, a.rstd1, n, C});
   be_.add({dres, tmp_c, n * C});                                            // dres = d x
 }
 
@@ -408,19 +478,20 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
 // ws.dln (which is zero elsewhere, as the loss does not depend on those positions).
 double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
   const int64_t C = cfg_.hidden_size, Vv = cfg_.vocab_size;
-  Tensor fx = rows("act.final_x", n), fln = rows("act.final_ln", n), frstd = rows("act.final_rstd", n);
-  Tensor norm_w = arena_->get("norm");
+  const StepViews& w = *views_;
+  Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
+  Tensor norm_w = w.norm;
   be_.rmsnorm_fwd({fln, frstd, fx, norm_w, n, C, float(cfg_.rms_norm_eps)});
-  Tensor head = arena_->get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
-  Tensor chunk_buf = arena_->get("logits.chunk");
-  Tensor losses = arena_->get("logits.losses");
-  Tensor dln = rows("ws.dln", n);
+  Tensor head = w.head;
+  Tensor chunk_buf = w.chunk;
+  Tensor losses = w.losses;
+  Tensor dln = with_rows(w.dln, n);
   const bool subset = d_label_rows_ != nullptr;
   const int64_t m_rows = subset ? n_labeled_ : n;     // rows the head runs on
   const int32_t* targets = subset ? d_label_targets_ : d_targets_;
   Tensor xs = fln, ds = dln;                           // (m_rows, C) head input and its gradient
   if (subset) {
-    xs = as_matrix(arena_->get("ws.tmp"), m_rows, C);  // free until the layers' backward
+    xs = as_matrix(w.tmp, m_rows, C);  // free until the layers' backward
     be_.embedding_fwd({xs, fln, d_label_rows_, m_rows, C, n});
     ds = xs;  // each chunk's gradient overwrites the rows it has just read
   }
@@ -455,7 +526,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
       be_.memset0(dln.data, size_t(n * C * es));
       be_.embedding_bwd({dln, ds, d_label_rows_, m_rows, C, n});  // dln[rows] += d
     }
-    be_.rmsnorm_bwd({rows("ws.dres", n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
+    be_.rmsnorm_bwd({with_rows(w.dres, n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
     if (times_) head_bwd_s_ += synced_now() - t0;
   }
   return sum;
@@ -464,7 +535,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
 void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   upload_batch(batch);
   const int64_t n = batch.n();
-  be_.embedding_fwd({rows("act.layers.0.x", n), arena_->get("embed_tokens"), d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
+  be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
   for (int64_t l = 0; l < cfg_.n_layer; l++) layer_fwd(l, n, train, seed);
 }
 
@@ -497,10 +568,11 @@ double LlamaModel::forward_loss(const Batch& batch) {
 std::vector<float> LlamaModel::logits(const Batch& batch) {
   forward(batch, false, 0);
   const int64_t n = batch.n(), C = cfg_.hidden_size, Vv = cfg_.vocab_size;
-  Tensor fx = rows("act.final_x", n), fln = rows("act.final_ln", n), frstd = rows("act.final_rstd", n);
-  be_.rmsnorm_fwd({fln, frstd, fx, arena_->get("norm"), n, C, float(cfg_.rms_norm_eps)});
-  Tensor head = arena_->get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
-  Tensor chunk_buf = arena_->get("logits.chunk");
+  const StepViews& w = *views_;
+  Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
+  be_.rmsnorm_fwd({fln, frstd, fx, w.norm, n, C, float(cfg_.rms_norm_eps)});
+  Tensor head = w.head;
+  Tensor chunk_buf = w.chunk;
   const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
   std::vector<float> out(size_t(n * Vv));
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {

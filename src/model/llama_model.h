@@ -94,9 +94,11 @@ class LlamaModel {
   std::vector<float> logits(const Batch& batch);
 
  private:
-  struct Acts;  // views of one layer's saved activations
+  struct Acts;        // views of one layer's saved activations
+  struct LayerViews;  // everything one layer's step touches, resolved once
+  struct StepViews;   // workspaces, head and loss buffers, resolved once
+  void resolve_views();
   Acts acts(int64_t layer, int64_t n) const;
-  Tensor rows(const std::string& name, int64_t n) const;
   Tensor base_weight(int64_t layer, int proj);
   int lora_index(int64_t layer, int proj) const;
   void upload_batch(const Batch& batch);
@@ -104,7 +106,7 @@ class LlamaModel {
   void layer_bwd(int64_t layer, int64_t n, uint64_t seed);
   void linear_fwd(const Tensor& y, const Tensor& x, int64_t layer, int proj, const Acts& a, bool train, uint64_t seed);
   void linear_bwd(const Tensor& dx, bool accumulate, const Tensor& dy, const Tensor& x, int64_t layer, int proj,
-                  const Acts& a, uint64_t seed);
+                  const Acts& a, uint64_t seed, bool need_dx = true);
   double head_and_loss(int64_t n, bool backward, float grad_scale);
   void forward(const Batch& batch, bool train, uint64_t seed);
 
@@ -116,6 +118,8 @@ class LlamaModel {
   std::unique_ptr<Arena> arena_;
   std::vector<LoraParam> lora_params_;
   std::vector<int> lora_slot_;  // (layer*7 + proj) -> index into lora_params_ of lora_A, or -1
+  std::vector<LayerViews> layers_;
+  std::unique_ptr<StepViews> views_;
   bool ckpt_ = false;
   const int32_t* d_tokens_ = nullptr;
   const int32_t* d_targets_ = nullptr;
