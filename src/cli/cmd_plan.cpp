@@ -5,10 +5,12 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <omp.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "plan/cpu_device.h"
 #include "plan/fit.h"
 #include "plan/model_source.h"
 #include "plan/report.h"
@@ -71,7 +73,11 @@ int cmd_plan(int argc, char** argv) {
   bool list_gpus = false, list_models = false;
 
   app.add_option("--model,-m", model, "preset name, HF model directory, config.json or .gguf");
-  app.add_option("--gpu,-g", gpu, "catalog GPU (see --list-gpus) or custom:mem=80GB,bw=3.35TB/s,bf16=989,...");
+  app.add_option("--gpu,-g", gpu, "catalog GPU (see --list-gpus), cpu (this machine, calibrated) or custom:mem=80GB,bw=3.35TB/s,bf16=989,...");
+  bool recalibrate = false;
+  app.add_flag("--recalibrate", recalibrate, "--gpu cpu: measure this machine again instead of using the cached rates");
+  int threads = 0;
+  app.add_option("--threads", threads, "--gpu cpu: CPU threads to plan for (0 = all cores)");
   app.add_option("--config,-c", config, "training YAML: its model, LoRA, batch and memory options become the defaults");
   app.add_option("--set", overrides, "key=value override of the training YAML (repeatable)");
   app.add_option("--method", r.method, "full | lora | qlora")->capture_default_str();
@@ -146,6 +152,8 @@ int cmd_plan(int argc, char** argv) {
   }
   if (gpu.empty())
     qlora::fail(qlora::ErrorKind::Config, "--gpu", "no GPU given", "add --gpu h100 (see --list-gpus) or --gpu custom:mem=...,bw=...,bf16=...");
+  if (threads > 0) omp_set_num_threads(threads);
+  if (recalibrate) qlora::cpu_calibration(/*refresh=*/true);
   r.gpu = qlora::resolve_gpu(gpu);
 
   if (fit) {

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -28,23 +29,29 @@ namespace qlora {
 namespace {
 
 // Bump when what is measured changes, so older cache entries are not reused.
-constexpr int kCalibrationVersion = 1;
-constexpr double kMinSeconds = 0.25;
+constexpr int kCalibrationVersion = 2;
+constexpr double kMinSeconds = 0.1;
+constexpr int kRounds = 3;
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Calls f() (one unit of `work`) until kMinSeconds have passed, after one untimed call; returns work/s.
+// Calls f() (one unit of `work`) for kRounds rounds of at least kMinSeconds each, after one
+// untimed call; returns the best round's work/s (a round slowed by another process is dropped).
 double rate(double work, const std::function<void()>& f) {
   f();
-  const double t0 = now_s();
-  int64_t n = 0;
-  double t = 0;
-  do {
-    f();
-    n++;
-    t = now_s() - t0;
-  } while (t < kMinSeconds);
-  return work * double(n) / t;
+  double best = 0;
+  for (int r = 0; r < kRounds; r++) {
+    const double t0 = now_s();
+    int64_t n = 0;
+    double t = 0;
+    do {
+      f();
+      n++;
+      t = now_s() - t0;
+    } while (t < kMinSeconds);
+    best = std::max(best, work * double(n) / t);
+  }
+  return best;
 }
 
 std::vector<float> randn(int64_t n, uint64_t seed, float sd = 1.0f) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "model_test_util.h"
+#include "plan/planner.h"
 
 using namespace qlora;
 using namespace qlora::testing_util;
@@ -97,4 +98,35 @@ TEST(PlanAllocation, QuantizedBaseAllocatesThePlan) {
     }
     EXPECT_EQ(planned.at(MemCategory::Weights), weights);
   }
+}
+
+// `qlora plan --gpu cpu` plans the CPU engine exactly: f32 compute, the same buffers, no library
+// overhead lines, and the calibrated rates in the speed model.
+TEST(PlanAllocation, CpuDevicePlanEqualsTheCpuEngine) {
+  LoraSpec lora = fixture_lora();
+  TestModel t = make_model("llama_gqa", lora, 2, 12, "none", 1024);
+  PlanRequest r;
+  r.model = t.model->config();
+  r.gpu = resolve_gpu("cpu");
+  ASSERT_TRUE(r.gpu.is_cpu);
+  EXPECT_GT(r.gpu.bf16_tflops, 0);
+  EXPECT_GT(r.gpu.attn_tflops, 0);
+  EXPECT_GT(r.gpu.lora_tflops, 0);
+  EXPECT_GT(r.gpu.ce_elems_per_s, 0);
+  EXPECT_GT(r.gpu.dequant_elems_per_s, 0);
+  r.method = "lora";
+  r.lora_r = lora.r;
+  r.targets = lora.targets;
+  r.micro_batch = 2;
+  r.seq_len = 12;
+  r.ce_chunk = 1024;
+  const PlanResult p = make_plan(r);
+  EXPECT_EQ(p.req.base_precision, "fp32");
+  EXPECT_EQ(p.plan.total_bytes(), t.model->plan().total_bytes());
+  EXPECT_TRUE(p.plan.overhead.empty());
+  EXPECT_GT(p.speed.step_time_s, 0);
+  // The speed model prices each part with its own calibrated rate.
+  const double tok = 2.0 * 12.0;
+  const FlopCounts& f = p.speed.per_token;
+  EXPECT_NEAR(p.speed.t_attn, tok * (f.fwd.attn + f.bwd.attn) / (r.gpu.attn_tflops * 1e12), 1e-12);
 }
