@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -22,6 +23,15 @@ class CpuBackend final : public Backend {
 #define QLORA_CPU_DECLARE_OP(op, Args) void op(const Args& a) override;
   QLORA_BACKEND_OPS(QLORA_CPU_DECLARE_OP)
 #undef QLORA_CPU_DECLARE_OP
+
+ private:
+  void rope_apply(const char* op, const RopeArgs& a, float sign);
+  struct RopeTable {  // cos/sin of the last positions seen, (N, D/2) each
+    int64_t half = 0;
+    std::vector<int32_t> positions;
+    std::vector<float> inv_freq, cos, sin;
+  };
+  RopeTable rope_table_;
 };
 
 namespace cpu {

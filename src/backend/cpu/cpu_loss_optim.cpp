@@ -85,22 +85,15 @@ void CpuBackend::adamw(const AdamwArgs& a) {
   const float eps_f = float(eps);
   const bool small_w = std::fabs(w1) < 0.5f;  // torch's lerp picks its formula by |weight|
 
+  const cpu::AdamwScalars sc{decay, w1, b2f, c2, neg_step_size, bc2_sqrt, eps_f, small_w};
   float* p = a.param.f32();
   const float* g = a.grad.f32();
   float* m = a.m.f32();
   float* v = a.v.f32();
+  constexpr int64_t kChunk = 1 << 14;
 #pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i++) {
-    float pi = p[i] * decay;
-    const float gi = g[i];
-    const float mi = small_w ? std::fma(w1, gi - m[i], m[i]) : std::fma(w1 - 1.0f, gi - m[i], gi);
-    const float vi = std::fma(c2 * gi, gi, v[i] * b2f);
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps_f;
-    pi = pi + neg_step_size * mi / denom;
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (int64_t i = 0; i < a.n; i += kChunk)
+    cpu::adamw_row(p + i, g + i, m + i, v + i, std::min(kChunk, a.n - i), sc);
 }
 
 }  // namespace qlora

@@ -115,8 +115,9 @@ void CpuBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
 
 // Rotates each (j, j+D/2) pair of x by sign*angle. The angle is float(pos)*inv_freq[j] rounded
 // to f32 exactly as HF computes it (its cos/sin then differ from ours by at most an ulp);
-// a double angle would drift from HF by ~1e-4 at positions in the thousands.
-static void rope_apply(const char* op, const RopeArgs& a, float sign) {
+// a double angle would drift from HF by ~1e-4 at positions in the thousands. The cos/sin table of
+// a batch's positions is kept: every layer's q and k, forward and backward, use the same one.
+void CpuBackend::rope_apply(const char* op, const RopeArgs& a, float sign) {
   cpu::check_dim(op, "n", a.n);
   cpu::check_dim(op, "n_head", a.n_head);
   cpu::check_dim(op, "head_dim", a.head_dim);
@@ -129,28 +130,30 @@ static void rope_apply(const char* op, const RopeArgs& a, float sign) {
   cpu::check_ptr(op, "positions", a.positions);
   float* x = a.x.f32();                      // (N,H,D)
   const float* inv_freq = a.inv_freq.f32();  // (D/2)
-#pragma omp parallel if (a.n * a.n_head * a.head_dim > cpu::kParallelMin)
-  {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));  // (D/2) per token
-#pragma omp for schedule(static)
+  RopeTable& tb = rope_table_;
+  const bool same = tb.half == half && tb.positions.size() == size_t(a.n) &&
+                    std::equal(tb.inv_freq.begin(), tb.inv_freq.end(), inv_freq) &&
+                    std::equal(tb.positions.begin(), tb.positions.end(), a.positions);
+  if (!same) {
+    tb.half = half;
+    tb.positions.assign(a.positions, a.positions + a.n);
+    tb.inv_freq.assign(inv_freq, inv_freq + half);
+    tb.cos.resize(size_t(a.n * half));
+    tb.sin.resize(size_t(a.n * half));
+#pragma omp parallel for schedule(static) if (a.n * half > cpu::kParallelMin / 8)
     for (int64_t i = 0; i < a.n; i++) {
       const float pos = float(a.positions[i]);
       for (int64_t j = 0; j < half; j++) {
         const float ang = pos * inv_freq[j];
-        cs[size_t(j)] = float(std::cos(double(ang)));
-        sn[size_t(j)] = sign * float(std::sin(double(ang)));
-      }
-      for (int64_t h = 0; h < a.n_head; h++) {
-        float* xh = x + (i * a.n_head + h) * a.head_dim;
-        for (int64_t j = 0; j < half; j++) {
-          const float x1 = xh[j], x2 = xh[j + half];
-          const float c = cs[size_t(j)], s = sn[size_t(j)];
-          xh[j] = x1 * c - x2 * s;
-          xh[j + half] = x2 * c + x1 * s;
-        }
+        tb.cos[size_t(i * half + j)] = float(std::cos(double(ang)));
+        tb.sin[size_t(i * half + j)] = float(std::sin(double(ang)));
       }
     }
   }
+#pragma omp parallel for schedule(static) if (a.n * a.n_head * a.head_dim > cpu::kParallelMin)
+  for (int64_t i = 0; i < a.n; i++)
+    for (int64_t h = 0; h < a.n_head; h++)
+      cpu::rope_row(x + (i * a.n_head + h) * a.head_dim, tb.cos.data() + i * half, tb.sin.data() + i * half, half, sign);
 }
 
 void CpuBackend::rope_fwd(const RopeArgs& a) { rope_apply("rope_fwd", a, 1.0f); }

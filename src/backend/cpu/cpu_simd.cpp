@@ -7,11 +7,6 @@
 
 namespace qlora::cpu {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define QLORA_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define QLORA_SIMD_CLONES
-#endif
 
 namespace {
 
@@ -150,6 +145,22 @@ void decode_4bit(float* out, const uint8_t* bytes, int64_t n_bytes, const float*
   for (; i < n_bytes; i++) {
     out[2 * i] = code[bytes[i] >> 4] * scale;
     out[2 * i + 1] = code[bytes[i] & 15] * scale;
+  }
+}
+
+QLORA_SIMD_CLONES
+void rope_row(float* x, const float* cos, const float* sin, int64_t half, float sign) {
+  int64_t j = 0;
+  const vf sg = splat(sign);
+  for (; j + kW <= half; j += kW) {
+    const vf x1 = load(x + j), x2 = load(x + half + j), c = load(cos + j), s = load(sin + j) * sg;
+    store(x + j, x1 * c - x2 * s);
+    store(x + half + j, x2 * c + x1 * s);
+  }
+  for (; j < half; j++) {
+    const float x1 = x[j], x2 = x[half + j], c = cos[j], s = sign * sin[j];
+    x[j] = x1 * c - x2 * s;
+    x[half + j] = x2 * c + x1 * s;
   }
 }
 

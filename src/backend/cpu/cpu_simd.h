@@ -4,6 +4,13 @@
 #pragma once
 #include <cstdint>
 
+// One compiled clone per x86-64 level, picked when the program loads (GNU ifunc).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define QLORA_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define QLORA_SIMD_CLONES
+#endif
+
 namespace qlora::cpu {
 
 // max_j x[j]; -inf for n == 0.
@@ -34,6 +41,17 @@ void rmsnorm_bwd_row(float* dx, const float* dout, const float* x, const float* 
 // 4-bit codes to f32, high nibble first (bitsandbytes order): out[2i] = code[bytes[i] >> 4] * scale,
 // out[2i+1] = code[bytes[i] & 15] * scale. One multiply per element, so equal to the scalar form.
 void decode_4bit(float* out, const uint8_t* bytes, int64_t n_bytes, const float* code, float scale);
+
+// One rotary head in place, HF rotate_half pairs (j, j+half): x1' = x1 c - x2 s, x2' = x2 c + x1 s
+// with s = sign * sin (sign -1: the inverse rotation, the backward).
+void rope_row(float* x, const float* cos, const float* sin, int64_t half, float sign);
+
+// The PyTorch AdamW update of n elements (cpu_loss_optim.cpp derives the scalars).
+struct AdamwScalars {
+  float decay, w1, b2f, c2, neg_step_size, bc2_sqrt, eps;
+  bool small_w;
+};
+void adamw_row(float* p, const float* g, float* m, float* v, int64_t n, const AdamwScalars& s);
 
 // y[j] += x[j].
 void add_row(float* y, const float* x, int64_t n);
