@@ -15,6 +15,9 @@ OpenBLAS build predates the CPU). Ours runs twice per case: with the environment
 OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset (OpenBLAS picks its own kernels); the JSON names the core
 each run used (`host.blas`). torch does not use OpenBLAS, so the peer runs once.
 
+Each run of ours recalibrates the planner's CPU rates first (`--recalibrate`), so the planned step
+time it reports was predicted from the machine as it was during that run.
+
 Each side runs --repeat times per case (default 2) and the run with the highest tokens/s is kept,
 the same rule for both sides (the others' tokens/s are kept in `all_runs_tokens_per_second`): the
 benchmark machine is a shared VM whose speed drifts by 10-20% between minutes.
@@ -96,7 +99,7 @@ def main():
     for c in cases:
         common = ["--model", "smollm2-135m", "--seq-len", str(c["seq_len"]), "--micro-batch", str(c["micro_batch"])]
         ours_cmd = [a.qlora, "bench", *common, "--base-precision", c["precision"], "--device", "cpu",
-                    "--threads", str(a.threads), "--steps", str(steps), "--warmup-steps", "1", "--json"]
+                    "--threads", str(a.threads), "--steps", str(steps), "--warmup-steps", "1", "--recalibrate", "--json"]
         peer_cmd = [a.python, "tools/peers/hf_peft_bench.py", "--device", "cpu", *common,
                     "--method", "qlora" if c["precision"] == "nf4" else "lora", "--base-precision", c["precision"],
                     "--steps", str(peer_steps), "--warmup-steps", "1", "--json"]

@@ -8,6 +8,7 @@
 #include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "plan/cpu_device.h"
 #include "train/bench_run.h"
 #ifdef QLORA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -43,6 +44,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (0 = OpenMP default)")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the weights and tokens")->capture_default_str();
   app.add_flag("--json", json, "print one JSON object on stdout (progress stays on stderr)");
+  bool recalibrate = false;
+  app.add_flag("--recalibrate", recalibrate,
+               "CPU: measure the machine's rates now (for the planned step time) instead of using the cached ones");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -57,6 +61,8 @@ int cmd_bench(int argc, char** argv) {
   normalize_bench_options(o, "bf16");  // bad options fail before a backend is started (run_bench normalizes for real)
 
   auto be = select_backend(device, threads);
+  // Right before the run, so the prediction and the measurement see the same machine state.
+  if (recalibrate && be->device() == DeviceKind::Cpu) cpu_calibration(/*refresh=*/true);
   BenchDevice dev;
   dev.name = be->name();
 #ifdef QLORA_HAVE_CUDA
