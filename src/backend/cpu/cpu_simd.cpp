@@ -60,7 +60,9 @@ inline vf vexp(vf x) {
   p = p * r + splat(5.0000001201e-1f);
   p = p * r * r + r + splat(1.0f);
   const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  const vf res = p * reinterpret_cast<const vf&>(e);
+  vf scale;  // 2^n from its exponent bits
+  std::memcpy(&scale, &e, sizeof scale);
+  const vf res = p * scale;
   return under ? splat(0.0f) : res;
 }
 
