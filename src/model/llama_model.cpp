@@ -92,27 +92,19 @@ void LlamaModel::resolve_views() {
   auto opt = [&](const std::string& name) { return ar.has(name) ? ar.get(name) : Tensor(); };
   views_ = std::make_unique<StepViews>();
   StepViews& v = *views_;
-  v.dres = ar.get("ws.dres");
-  v.dln = ar.get("ws.dln");
-  v.tmp = ar.get("ws.tmp");
-  v.dgate = ar.get("ws.dgate");
-  v.dup = ar.get("ws.dup");
-  v.datt = ar.get("ws.datt");
-  v.dq = ar.get("ws.dq");
-  v.dk = ar.get("ws.dk");
-  v.dv = ar.get("ws.dv");
+  static const std::pair<Tensor StepViews::*, const char*> kStep[] = {
+      {&StepViews::dres, "ws.dres"},   {&StepViews::dln, "ws.dln"},     {&StepViews::tmp, "ws.tmp"},
+      {&StepViews::dgate, "ws.dgate"}, {&StepViews::dup, "ws.dup"},     {&StepViews::datt, "ws.datt"},
+      {&StepViews::dq, "ws.dq"},       {&StepViews::dk, "ws.dk"},       {&StepViews::dv, "ws.dv"},
+      {&StepViews::inv_freq, "rope.inv_freq"}, {&StepViews::embed, "embed_tokens"},
+      {&StepViews::final_x, "act.final_x"},    {&StepViews::final_ln, "act.final_ln"},
+      {&StepViews::final_rstd, "act.final_rstd"}, {&StepViews::norm, "norm"},
+      {&StepViews::chunk, "logits.chunk"},     {&StepViews::losses, "logits.losses"}};
+  for (const auto& [member, name] : kStep) v.*member = ar.get(name);
   v.lora_dh = opt("ws.lora_dh");
   v.lora_xd = opt("ws.lora_xd");
   v.dequant = opt("ws.dequant");
-  v.inv_freq = ar.get("rope.inv_freq");
-  v.embed = ar.get("embed_tokens");
-  v.final_x = ar.get("act.final_x");
-  v.final_ln = ar.get("act.final_ln");
-  v.final_rstd = ar.get("act.final_rstd");
-  v.norm = ar.get("norm");
   v.head = ar.get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
-  v.chunk = ar.get("logits.chunk");
-  v.losses = ar.get("logits.losses");
   int64_t at = 0;
   for (int p = 0; p < 7; p++) {
     v.dequant_offset[p] = at;
@@ -126,19 +118,12 @@ void LlamaModel::resolve_views() {
     const std::string ap = ckpt_ ? std::string("act.cur.") : "act." + lp;
     Acts& a = L.a;
     a.x = ar.get("act." + lp + "x");
-    a.ln1 = ar.get(ap + "ln1");
-    a.rstd1 = ar.get(ap + "rstd1");
-    a.q = ar.get(ap + "q");
-    a.k = ar.get(ap + "k");
-    a.v = ar.get(ap + "v");
-    a.att = ar.get(ap + "att");
-    a.lse = ar.get(ap + "lse");
-    a.xmid = ar.get(ap + "xmid");
-    a.ln2 = ar.get(ap + "ln2");
-    a.rstd2 = ar.get(ap + "rstd2");
-    a.gate = ar.get(ap + "gate");
-    a.up = ar.get(ap + "up");
-    a.h = ar.get(ap + "h");
+    static const std::pair<Tensor Acts::*, const char*> kActs[] = {
+        {&Acts::ln1, "ln1"}, {&Acts::rstd1, "rstd1"}, {&Acts::q, "q"},        {&Acts::k, "k"},
+        {&Acts::v, "v"},     {&Acts::att, "att"},     {&Acts::lse, "lse"},    {&Acts::xmid, "xmid"},
+        {&Acts::ln2, "ln2"}, {&Acts::rstd2, "rstd2"}, {&Acts::gate, "gate"}, {&Acts::up, "up"},
+        {&Acts::h, "h"}};
+    for (const auto& [member, name] : kActs) a.*member = ar.get(ap + name);
     for (int j = 0; j < 7; j++)
       if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + kProj[j] + ".lora_h");
     L.next = l + 1 < cfg_.n_layer ? ar.get("act.layers." + std::to_string(l + 1) + ".x") : v.final_x;

@@ -81,11 +81,18 @@ std::filesystem::path cache_dir() {
   return {};
 }
 
+// The measured rates, as stored in the cache file.
+const std::pair<double CpuCalibration::*, const char*> kRates[] = {
+    {&CpuCalibration::gemm_flops, "gemm_flops"},         {&CpuCalibration::lora_flops, "lora_flops"},
+    {&CpuCalibration::attn_flops, "attn_flops"},         {&CpuCalibration::ce_elems_per_s, "ce_elems_per_s"},
+    {&CpuCalibration::dequant_elems_per_s, "dequant_elems_per_s"}, {&CpuCalibration::mem_bw, "mem_bw"},
+    {&CpuCalibration::seconds, "seconds"}};
+
 nlohmann::json to_json(const CpuCalibration& c) {
-  return {{"version", kCalibrationVersion}, {"cpu_model", c.cpu_model}, {"blas", c.blas}, {"simd", c.simd},
-          {"threads", c.threads}, {"gemm_flops", c.gemm_flops}, {"lora_flops", c.lora_flops},
-          {"attn_flops", c.attn_flops}, {"ce_elems_per_s", c.ce_elems_per_s},
-          {"dequant_elems_per_s", c.dequant_elems_per_s}, {"mem_bw", c.mem_bw}, {"seconds", c.seconds}};
+  nlohmann::json j = {{"version", kCalibrationVersion}, {"cpu_model", c.cpu_model}, {"blas", c.blas},
+                      {"simd", c.simd}, {"threads", c.threads}};
+  for (const auto& [member, name] : kRates) j[name] = c.*member;
+  return j;
 }
 
 CpuCalibration measure(const CpuCalibration& id) {
@@ -195,13 +202,7 @@ CpuCalibration cpu_calibration(bool refresh) {
         for (const auto& [k, v] : key.items()) same = same && j.contains(k) && j[k] == v;
         if (same) {
           CpuCalibration c = id;
-          c.gemm_flops = j.at("gemm_flops");
-          c.lora_flops = j.at("lora_flops");
-          c.attn_flops = j.at("attn_flops");
-          c.ce_elems_per_s = j.at("ce_elems_per_s");
-          c.dequant_elems_per_s = j.at("dequant_elems_per_s");
-          c.mem_bw = j.at("mem_bw");
-          c.seconds = j.at("seconds");
+          for (const auto& [member, name] : kRates) c.*member = j.at(name).get<double>();
           c.from_cache = true;
           if (c.gemm_flops > 0 && c.lora_flops > 0 && c.attn_flops > 0 && c.mem_bw > 0) return c;
         }
