@@ -45,7 +45,9 @@ class Backend {
 
   // Memory on the backend's device. alloc returns zeroed, 256-byte aligned memory.
   virtual void* alloc(size_t bytes) = 0;
-  virtual void free(void* p) = 0;
+  // Never throws: it runs from destructors while another error may be unwinding the stack, and
+  // that first error is the one the user must see.
+  virtual void free(void* p) noexcept = 0;
   virtual void memset0(void* p, size_t bytes) = 0;
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;

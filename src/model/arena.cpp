@@ -9,18 +9,23 @@ Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
   std::map<MemCategory, int64_t> sizes;
   for (const auto& b : plan_.buffers) sizes[b.category] += MemoryPlan::aligned(b.bytes);
   std::map<MemCategory, char*> base, cursor;
-  for (const auto& [cat, bytes] : sizes) {
-    void* p = be_.alloc(size_t(bytes));
-    if (!p) fail(ErrorKind::Io, "memory", std::string("allocation of ") + std::to_string(bytes) +
-                                              " bytes for " + mem_category_name(cat) + " failed");
-    blocks_.push_back(p);
-    base[cat] = cursor[cat] = static_cast<char*>(p);
-    allocated_[cat] = bytes;
-  }
-  for (const auto& b : plan_.buffers) {
-    if (slots_.count(b.name)) fail(ErrorKind::Internal, "memory plan", "buffer '" + b.name + "' planned twice");
-    slots_[b.name] = Slot{cursor[b.category], &b};
-    cursor[b.category] += MemoryPlan::aligned(b.bytes);
+  try {
+    for (const auto& [cat, bytes] : sizes) {
+      void* p = be_.alloc(size_t(bytes));
+      if (!p) fail(ErrorKind::Io, "memory", std::string("allocation of ") + std::to_string(bytes) +
+                                                " bytes for " + mem_category_name(cat) + " failed");
+      blocks_.push_back(p);
+      base[cat] = cursor[cat] = static_cast<char*>(p);
+      allocated_[cat] = bytes;
+    }
+    for (const auto& b : plan_.buffers) {
+      if (slots_.count(b.name)) fail(ErrorKind::Internal, "memory plan", "buffer '" + b.name + "' planned twice");
+      slots_[b.name] = Slot{cursor[b.category], &b};
+      cursor[b.category] += MemoryPlan::aligned(b.bytes);
+    }
+  } catch (...) {  // a failure half-way: the blocks already taken go back before the error does
+    for (void* p : blocks_) be_.free(p);
+    throw;
   }
 }
 

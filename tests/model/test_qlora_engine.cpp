@@ -261,7 +261,7 @@ class RemoteCpu : public Backend {
   DeviceKind device() const override { return DeviceKind::Cuda; }
   DType compute_dtype() const override { return DType::F32; }
   void* alloc(size_t bytes) override { return cpu_->alloc(bytes); }
-  void free(void* p) override { cpu_->free(p); }
+  void free(void* p) noexcept override { cpu_->free(p); }
   void memset0(void* p, size_t bytes) override { cpu_->memset0(p, bytes); }
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
     uploads++;

@@ -25,7 +25,7 @@ void* CpuBackend::alloc(size_t bytes) {
   return p;
 }
 
-void CpuBackend::free(void* p) { std::free(p); }
+void CpuBackend::free(void* p) noexcept { std::free(p); }
 
 void CpuBackend::memset0(void* p, size_t bytes) {
   if (bytes) std::memset(p, 0, bytes);

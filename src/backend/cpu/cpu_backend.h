@@ -15,7 +15,7 @@ class CpuBackend final : public Backend {
   DType compute_dtype() const override { return DType::F32; }
 
   void* alloc(size_t bytes) override;
-  void free(void* p) override;
+  void free(void* p) noexcept override;
   void memset0(void* p, size_t bytes) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;

@@ -39,7 +39,7 @@ class CudaBackend final : public Backend {
   DType compute_dtype() const override { return DType::BF16; }
 
   void* alloc(size_t bytes) override;
-  void free(void* p) override;
+  void free(void* p) noexcept override;
   void memset0(void* p, size_t bytes) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
@@ -56,6 +56,8 @@ class CudaBackend final : public Backend {
   DeviceErrorRecord* device_errors() const { return d_err_; }
 
  private:
+  void init();              // the constructor's work; on a throw the constructor calls release()
+  void release() noexcept;  // frees every handle made so far
   void check_device_errors();
 
   int device_ = 0;

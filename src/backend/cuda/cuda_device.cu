@@ -152,6 +152,15 @@ void unsupported(const char* op, const std::string& what, const std::string& hin
 }
 
 CudaBackend::CudaBackend(int device) : device_(device) {
+  try {
+    init();
+  } catch (...) {  // a constructor that throws runs no destructor: give back what was made so far
+    release();
+    throw;
+  }
+}
+
+void CudaBackend::init() {
   QLORA_CUDA_CHECK(cudaSetDevice(device_));
   cudaDeviceProp p{};
   QLORA_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
@@ -172,15 +181,26 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   attention_set_smem_limits();
 }
 
-CudaBackend::~CudaBackend() {
-  // Destructors must not throw: errors here are ignored (the context is going away anyway).
-  cudaStreamSynchronize(stream_);
-  for (void* p : scratch_) cudaFree(p);
-  cudaFree(d_err_);
-  cudaFree(lt_workspace_);
+CudaBackend::~CudaBackend() { release(); }
+
+// Destructors must not throw: errors here are ignored (the context is going away anyway). Safe
+// on a half-built backend: every handle starts null.
+void CudaBackend::release() noexcept {
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (void*& p : scratch_) {
+    if (p) cudaFree(p);
+    p = nullptr;
+  }
+  if (d_err_) cudaFree(d_err_);
+  if (lt_workspace_) cudaFree(lt_workspace_);
   if (lt_) cublasLtDestroy(lt_);
   if (blas_) cublasDestroy(blas_);
-  cudaStreamDestroy(stream_);
+  if (stream_) cudaStreamDestroy(stream_);
+  d_err_ = nullptr;
+  lt_workspace_ = nullptr;
+  lt_ = nullptr;
+  blas_ = nullptr;
+  stream_ = nullptr;
 }
 
 void* CudaBackend::alloc(size_t bytes) {
@@ -202,10 +222,12 @@ void* CudaBackend::alloc(size_t bytes) {
   return p;
 }
 
-void CudaBackend::free(void* p) {
+// Errors are not raised here: after a sticky CUDA error every call fails, and the error that
+// matters has already been thrown by the op that met it (this runs while that one unwinds).
+void CudaBackend::free(void* p) noexcept {
   if (!p) return;
-  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  QLORA_CUDA_CHECK(cudaFree(p));
+  cudaStreamSynchronize(stream_);
+  cudaFree(p);
 }
 
 void CudaBackend::memset0(void* p, size_t bytes) {

@@ -1,5 +1,5 @@
 // GPU dequantization of the quantized weight formats (quant/format.h) to bf16, in one pass.
-// Not an op of the backend table yet (docs/cuda_backend.md says how it would become one).
+// The table's dequantize op does not call it yet (docs/cuda_backend.md, "Dequantization").
 #pragma once
 #include <cstdint>
 #include <vector>
