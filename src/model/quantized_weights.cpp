@@ -29,9 +29,4 @@ void QuantizedWeightIo::load(const void* src, const QuantParams& p, int64_t rows
   unpack_quantized(blob_.data(), p, rows, cols, q);
 }
 
-void QuantizedWeightIo::dequantize(const void* src, const QuantParams& p, int64_t rows, int64_t cols, void* dst,
-                                   DType dst_t) {
-  be_.dequantize({Tensor(dst, dst_t, {rows, cols}), src, p, rows, cols});
-}
-
 }  // namespace qlora

@@ -1,5 +1,5 @@
 // Quantized frozen weights in the arena: host QuantizedTensors stored into and read back from
-// planned buffers (quant/quant_layout.h), and dequantization through the backend's op.
+// planned buffers (quant/quant_layout.h).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,15 +11,12 @@
 namespace qlora {
 
 // Moves quantized weights between host QuantizedTensors and backend buffers (through host scratch
-// off the CPU), and dequantizes a backend buffer into a (rows, cols) buffer with the backend's
-// dequantize op.
+// off the CPU). Dequantizing a stored buffer is the backend's `dequantize` op.
 class QuantizedWeightIo {
  public:
   explicit QuantizedWeightIo(Backend& be) : be_(be) {}
   void store(const QuantizedTensor& q, void* dst);  // dst: quant_layout(q).total bytes on the device
   void load(const void* src, const QuantParams& p, int64_t rows, int64_t cols, QuantizedTensor& q);
-  // dst (rows, cols) of dtype dst_t (F32, BF16 or F16) on the device "=" dequantize(src).
-  void dequantize(const void* src, const QuantParams& p, int64_t rows, int64_t cols, void* dst, DType dst_t);
 
  private:
   Backend& be_;

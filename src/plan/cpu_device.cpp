@@ -21,7 +21,7 @@
 #include "core/rng.h"
 #include "io/atomic_file.h"
 #include "model/quant_bytes.h"
-#include "model/quantized_weights.h"
+#include "quant/quant_layout.h"
 #include "nlohmann/json.hpp"
 
 namespace qlora {
@@ -161,8 +161,8 @@ CpuCalibration measure(const CpuCalibration& id) {
     const QuantizedTensor qt = quantize_ref(w.data(), F, C, p);
     std::vector<uint8_t> blob(size_t(quant_layout(qt.params, F, C).total));
     pack_quantized(qt, blob.data());
-    QuantizedWeightIo io(*be);
-    c.dequant_elems_per_s = rate(double(F * C), [&] { io.dequantize(blob.data(), qt.params, F, C, y.data(), DType::F32); });
+    c.dequant_elems_per_s =
+        rate(double(F * C), [&] { be->dequantize({f32_view(y.data(), {F, C}), blob.data(), qt.params, F, C}); });
   }
 
   // Memory bandwidth: y += x over 2 x 64 MB (read x, read and write y).

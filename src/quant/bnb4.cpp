@@ -216,9 +216,9 @@ void bnb_quantize_blockwise_8bit(const float* x, int64_t n, int blocksize, const
 }
 
 float bnb_block_absmax(const QuantizedTensor& q, int64_t block) {
+  static_assert(kNestedBlock == 256);
   if (!q.params.double_quant) return q.absmax[size_t(block)];
-  const float scaled = q.nested_code[q.absmax_q[size_t(block)]] * q.nested_absmax[size_t(block / kNestedBlock)];
-  return scaled + q.offset;
+  return bnb_block_absmax(nullptr, q.absmax_q.data(), q.nested_absmax.data(), q.nested_code.data(), q.offset, block);
 }
 
 namespace detail {

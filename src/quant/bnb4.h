@@ -30,5 +30,12 @@ void bnb_quantize_blockwise_8bit(const float* x, int64_t n, int blocksize, const
 // Per-block f32 absmax of an NF4/FP4 tensor: absmax as stored, or with double quant
 // nested_code[absmax_q[b]] * nested_absmax[b/256] + offset (multiply, then add, in f32).
 float bnb_block_absmax(const QuantizedTensor& q, int64_t block);
+// The same from the raw sections (absmax null: double quant), for readers of packed buffers.
+inline float bnb_block_absmax(const float* absmax, const uint8_t* absmax_q, const float* nested_absmax,
+                              const float* nested_code, float offset, int64_t block) {
+  if (!absmax_q) return absmax[block];
+  const float scaled = nested_code[absmax_q[block]] * nested_absmax[block / 256];  // 256 blocks per nested scale
+  return scaled + offset;
+}
 
 }  // namespace qlora

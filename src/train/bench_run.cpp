@@ -306,10 +306,11 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   }
 
   // What `qlora plan` predicts for this very step.
+  const std::optional<CpuCalibration> cal = cuda ? std::nullopt : std::optional(cpu_calibration());
   if (!cuda || dev.gpu) {
     PlanRequest req;
     req.model = cfg;
-    req.gpu = cuda ? *dev.gpu : cpu_device_spec(cpu_calibration());
+    req.gpu = cuda ? *dev.gpu : cpu_device_spec(*cal);
     req.method = o.method;
     req.base_precision = o.base_precision;
     req.double_quant = o.double_quant;
@@ -327,11 +328,9 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
                          {"memory_and_elementwise_s", plan.speed.t_memory}, {"source", req.gpu.source}};
   }
-  if (!cuda) {
-    const CpuCalibration cal = cpu_calibration();
-    res.host = {{"cpu_model", cal.cpu_model}, {"threads", cal.threads}, {"simd", cal.simd}, {"blas", cal.blas},
-                {"calibrated_sgemm_flops", cal.gemm_flops}};
-  }
+  if (cal)
+    res.host = {{"cpu_model", cal->cpu_model}, {"threads", cal->threads}, {"simd", cal->simd}, {"blas", cal->blas},
+                {"calibrated_sgemm_flops", cal->gemm_flops}};
   return res;
 }
 

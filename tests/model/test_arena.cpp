@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "forwarding_backend.h"
 #include "model/arena.h"
 
 using namespace qlora;
@@ -12,12 +13,9 @@ using namespace qlora;
 namespace {
 
 // CPU memory that refuses the n-th allocation and counts what is live.
-class FailingBackend : public Backend {
+class FailingBackend : public testing_util::ForwardingCpu {
  public:
   explicit FailingBackend(int fail_at) : fail_at_(fail_at) {}
-  std::string name() const override { return "failing"; }
-  DeviceKind device() const override { return DeviceKind::Cpu; }
-  DType compute_dtype() const override { return DType::F32; }
   void* alloc(size_t bytes) override {
     if (++allocs == fail_at_) fail(ErrorKind::Config, "test alloc", "out of memory (simulated)");
     live++;
@@ -27,18 +25,10 @@ class FailingBackend : public Backend {
     live--;
     cpu_->free(p);
   }
-  void memset0(void* p, size_t bytes) override { cpu_->memset0(p, bytes); }
-  void copy_to_device(void* d, const void* s, size_t n) override { cpu_->copy_to_device(d, s, n); }
-  void copy_to_host(void* d, const void* s, size_t n) override { cpu_->copy_to_host(d, s, n); }
-#define QLORA_FORWARD_OP(op, Args) \
-  void op(const Args& a) override { cpu_->op(a); }
-  QLORA_BACKEND_OPS(QLORA_FORWARD_OP)
-#undef QLORA_FORWARD_OP
   int allocs = 0, live = 0;
 
  private:
   int fail_at_;
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
 MemoryPlan three_categories() {

@@ -3,6 +3,7 @@
 // formats bitsandbytes lacks, the same engine fed the dequantized weights as plain floats.
 #include <gtest/gtest.h>
 
+#include "forwarding_backend.h"
 #include "model/peft_io.h"
 #include "model/quant_bytes.h"
 #include "model_test_util.h"
@@ -255,14 +256,10 @@ namespace {
 
 // The CPU backend under another device's name: the engine then stages quantized bytes through host
 // copies (copy_to_device / copy_to_host) as it must for a GPU, instead of reading them in place.
-class RemoteCpu : public Backend {
+class RemoteCpu : public ForwardingCpu {
  public:
   std::string name() const override { return "remote-cpu"; }
   DeviceKind device() const override { return DeviceKind::Cuda; }
-  DType compute_dtype() const override { return DType::F32; }
-  void* alloc(size_t bytes) override { return cpu_->alloc(bytes); }
-  void free(void* p) noexcept override { cpu_->free(p); }
-  void memset0(void* p, size_t bytes) override { cpu_->memset0(p, bytes); }
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
     uploads++;
     cpu_->copy_to_device(dst, src, bytes);
@@ -271,14 +268,7 @@ class RemoteCpu : public Backend {
     downloads++;
     cpu_->copy_to_host(dst, src, bytes);
   }
-#define QLORA_FORWARD_OP(op, Args) \
-  void op(const Args& a) override { cpu_->op(a); }
-  QLORA_BACKEND_OPS(QLORA_FORWARD_OP)
-#undef QLORA_FORWARD_OP
   int64_t uploads = 0, downloads = 0;
-
- private:
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
 }  // namespace

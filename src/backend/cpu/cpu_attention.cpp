@@ -233,7 +233,7 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
               gemm(false, true, m, n, g.d, a.scale, q + qo, ldq, k + kvo, ldk, 0.0f, s.data(), kBwdK);
               if (!rv.all_visible(k0, k1, q0, q1)) rv.mask(s.data(), kBwdK, q0, m, k0, n);
               const float* lse_h = lse + (bi * g.hq + h) * g.t + q0;
-              for (int64_t i2 = 0; i2 < m; i2++) cpu::exp_sub_row(s.data() + i2 * kBwdK, n, lse_h[i2]);  // P
+              for (int64_t i2 = 0; i2 < m; i2++) cpu::exp_sub_sum(s.data() + i2 * kBwdK, n, lse_h[i2]);  // P
               gemm(true, false, n, g.d, m, 1.0f, s.data(), kBwdK, dout + qo, ldq, 1.0f, dv_acc.data(), g.d);  // dV += P^T dO
               gemm(false, true, m, n, g.d, 1.0f, dout + qo, ldq, v + kvo, ldk, 0.0f, dp.data(), kBwdK);   // dP = dO V^T
               const float* dl = delta.data() + (bi * g.hq + h) * g.t + q0;

@@ -16,14 +16,6 @@ namespace qlora {
 
 namespace {
 
-// Block b's absmax, written as bnb_block_absmax (quant/bnb4.cpp) writes it: the same two roundings.
-inline float block_absmax(const float* absmax, const uint8_t* absmax_q, const float* nested_absmax,
-                          const float* nested_code, float offset, int64_t b) {
-  if (!absmax_q) return absmax[b];
-  const float scaled = nested_code[absmax_q[b]] * nested_absmax[b / 256];
-  return scaled + offset;
-}
-
 void dequantize_bnb4(const uint8_t* blob, const QuantLayout& L, const QuantParams& p, int64_t n, float* out) {
   const float* code = p.format == QuantFormat::NF4 ? nf4_code() : fp4_code();
   auto f32_at = [&](const QuantLayout::Section& s) {
@@ -39,7 +31,7 @@ void dequantize_bnb4(const uint8_t* blob, const QuantLayout& L, const QuantParam
   // Blocks start at even elements (bnb block sizes are even), so each covers whole bytes but the last.
 #pragma omp parallel for schedule(static) if (n > cpu::kParallelMin)
   for (int64_t b = 0; b < nb; b++) {
-    const float am = block_absmax(absmax, absmax_q, nested_absmax, nested_code, offset, b);
+    const float am = bnb_block_absmax(absmax, absmax_q, nested_absmax, nested_code, offset, b);
     const int64_t e0 = b * bs, e1 = std::min(n, e0 + bs);
     cpu::decode_4bit(out + e0, data + e0 / 2, (e1 - e0) / 2, code, am);
     if ((e1 - e0) % 2) out[e1 - 1] = code[data[(e1 - 1) / 2] >> 4] * am;  // odd tail: high nibble only

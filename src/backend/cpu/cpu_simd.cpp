@@ -102,9 +102,6 @@ float exp_sub_sum(float* x, int64_t n, float mx) {
 }
 
 QLORA_SIMD_CLONES
-void exp_sub_row(float* x, int64_t n, float lse) { exp_sub_sum(x, n, lse); }
-
-QLORA_SIMD_CLONES
 void scale_row(float* x, int64_t n, float s) {
   const vf v = splat(s);
   int64_t j = 0;

@@ -23,8 +23,6 @@ void scale_row(float* x, int64_t n, float s);
 float dot_row(const float* x, const float* y, int64_t n);
 // x[j] = p[j] * (x[j] - d): the softmax-gradient row of attention (dS = P o (dP - D)).
 void softmax_grad_row(float* x, const float* p, int64_t n, float d);
-// x[j] = exp(x[j] - lse) for unmasked entries (the backward's recomputed probabilities).
-void exp_sub_row(float* x, int64_t n, float lse);
 
 // One cross-entropy row: returns -log softmax(logits)[label] and writes
 // d[j] = (softmax_j - [j == label]) * grad_scale. d may alias logits.
