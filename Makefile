@@ -2,7 +2,8 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PKGS := cmake g++ make pkg-config libomp-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev \
-            libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libgtest-dev
+            libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libgtest-dev \
+            libboost-context-dev
 # The demo's model download and dataset source.
 DEMO_PKGS := curl unzip ca-certificates wordnet-base
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -34,6 +35,8 @@ real-models: demo-deps
 	@./tests/fetch_real_models.sh || echo "warning: some real-model files were not fetched; their tests will skip"
 
 test: build real-models
+	@[ ! -e $(BUILD)/test_cuda_static ] || ./tests/fetch_cuobjdump.sh $(BUILD)/tools >/dev/null || \
+	  echo "error: cuobjdump not fetched; the cuda-static tests will fail" >&2
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 # QLoRA NF4 fine-tune of SmolLM2-135M-Instruct on WordNet definitions, with sample answers before

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the CUDA backend: build for sm_90a, run test_cuda, run it again under
-# compute-sanitizer (memcheck, racecheck) on reduced shapes, run the kernel benchmarks and their
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on reduced shapes, run the kernel benchmarks and their
 # PyTorch peers, and write the results as JSON to $OUT. Aims to finish in about 6 minutes.
 #
 #   bench/device_run.sh                 on the GPU machine, from the repository root
@@ -241,6 +241,11 @@ if [ $BUILT -eq 0 ] && [ "$E2E_ONLY" != 1 ]; then
     # racecheck watches shared memory: the kernels that use it (attention, the block reductions).
     step racecheck 150 "$OUT/sanitizer.log" "$SANITIZER" --tool racecheck --racecheck-report analysis --error-exitcode 9 \
       "$BUILD/test_cuda" --gtest_filter='CudaOps.attention*:CudaOps.cross_entropy*:CudaOps.rmsnorm*:CudaOps.sumsq*:CudaDequant.*'
+    # synccheck: barriers in divergent code; initcheck: reads of device memory never written.
+    step synccheck 150 "$OUT/sanitizer.log" "$SANITIZER" --tool synccheck --error-exitcode 9 \
+      "$BUILD/test_cuda" --gtest_filter='CudaOps.attention*:CudaOps.cross_entropy*:CudaOps.rmsnorm*:CudaOps.sumsq*:CudaOps.rope*'
+    step initcheck 150 "$OUT/sanitizer.log" "$SANITIZER" --tool initcheck --error-exitcode 9 \
+      "$BUILD/test_cuda" --gtest_filter='CudaOps.*:CudaDequant.*'
     unset QLORA_CUDA_TEST_SMALL
   fi
   # ---- benchmarks and peers ----------------------------------------------------------------------

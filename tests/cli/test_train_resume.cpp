@@ -16,9 +16,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// device=cpu: bit-identical resume is the CPU's guarantee (fixed reduction orders). On a GPU the
+// attention backward adds dq with atomics, so a resumed run equals an uninterrupted one to
+// rounding, not to the bit (docs/cuda_backend.md).
 std::string base_args(const std::string& out) {
   return std::string(QLORA_SOURCE_DIR) + "/examples/tiny.yaml output_dir=" + out +
-         " max_steps=48 save_steps=4 logging_steps=1 eval_steps=8 threads=1";
+         " max_steps=48 save_steps=4 logging_steps=1 eval_steps=8 threads=1 device=cpu";
 }
 
 std::vector<std::string> metric_lines(const std::string& out) {

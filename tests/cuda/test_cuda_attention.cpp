@@ -65,7 +65,9 @@ void cpu_fwd(const AttnData& a, Vec& out, Vec& lse) {
 
 std::vector<AttnCase> cases() {
   if (small_shapes())
-    return {{"small_d128", 1, 77, 4, 2, 128, 0}, {"small_d64_docs", 2, 65, 3, 1, 64, 3}};
+    // t 200: the forward's second query block walks 4 key tiles, so both K/V stages are refilled.
+    return {{"small_d128", 1, 77, 4, 2, 128, 0}, {"small_d64_docs", 2, 65, 3, 1, 64, 3}, {"small_d32_docs", 1, 70, 2, 1, 32, 2},
+            {"small_d80", 1, 40, 2, 2, 80, 0},   {"small_d64_t200_docs", 1, 200, 2, 1, 64, 2}};
   return {
       {"llama8b_t77", 1, 77, 32, 8, 128, 0},          // Llama-3-8B heads, odd length
       {"llama8b_t1024_docs", 1, 1024, 32, 8, 128, 4},  // packed documents
@@ -73,6 +75,10 @@ std::vector<AttnCase> cases() {
       {"d128_t129_mha", 2, 129, 4, 4, 128, 2},         // no GQA, one past a tile
       {"smollm_d64_docs", 2, 200, 9, 3, 64, 3},        // SmolLM2-135M heads
       {"d64_t256_gqa8", 1, 256, 16, 2, 64, 0},         // tiles exactly full
+      // Head dims below a tile width run zero-padded: the fixture model's 32, Phi-style 80, 96.
+      {"tiny_d32_docs", 2, 70, 4, 2, 32, 2},
+      {"d80_t130", 1, 130, 4, 4, 80, 0},
+      {"d96_t100_gqa_docs", 1, 100, 6, 2, 96, 3},
   };
 }
 
@@ -130,7 +136,10 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
     // With one visible key dS = P (dP - delta) is exactly 0; f32 dP and delta then differ by
     // ~1e-6 of sqrt(D) |dout| |v| (inputs are N(0,1)): the 1e-4 floor covers that cancellation.
     const Tol tol{4 * kBf16U, 8 * kBf16U, 4 * kBf16U, 1e-4};
-    expect_close(std::string(c.name) + " dq", dq.download(), rdq, tol);
+    // dq alone sums over every visible key after two bf16 roundings (P, then dS) and f32 atomics
+    // in no fixed order; its largest elementwise error over ~4M elements reaches ~8.5u x rms
+    // (seen under the host harness), so its rms term is 12u. The normwise bound stays 4u.
+    expect_close(std::string(c.name) + " dq", dq.download(), rdq, {4 * kBf16U, 12 * kBf16U, 4 * kBf16U, 1e-4});
     expect_close(std::string(c.name) + " dk", dk.download(), rdk, tol);
     expect_close(std::string(c.name) + " dv", dv.download(), rdv, tol);
   }
@@ -138,9 +147,16 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
 
 CUDA_OP_TEST(attention_fwd, unsupported_head_dim_is_an_error) {
   QLORA_REQUIRE_CUDA(cu);
-  DBuf buf(*cu, DType::BF16, 4 * 96), lse(*cu, DType::F32, 4);
-  const Tensor x = buf.t({1, 4, 1, 96});
-  EXPECT_THROW(cu->attention_fwd({x, lse.t({1, 1, 4}), x, x, x, nullptr, 1, 4, 1, 1, 96, 0.1f}), Error);
+  for (int64_t d : {100, 136}) {  // not a multiple of 8; wider than the widest tile
+    DBuf buf(*cu, DType::BF16, 4 * d), lse(*cu, DType::F32, 4);
+    const Tensor x = buf.t({1, 4, 1, d});
+    try {
+      cu->attention_fwd({x, lse.t({1, 1, 4}), x, x, x, nullptr, 1, 4, 1, 1, d, 0.1f});
+      ADD_FAILURE() << "head_dim " << d << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE((std::string(e.what()) + e.hint()).find("device=cpu"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -12,15 +12,18 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace qlora::cuda::attn {
 
 using bf16 = __nv_bfloat16;
 
-// Tile traits: the two head dims with kernels, and the block shapes chosen for them.
+// Tile traits: the two tile widths with kernels, and the block shapes chosen for them. A head dim
+// d (a multiple of 8, at most 128) runs on the smallest tile width D >= d: the columns past d are
+// loaded as zeros (they add nothing to Q K^T) and never stored.
 template <int D>
 struct FwdTraits {
-  static_assert(D == 64 || D == 128, "attention kernels exist for head_dim 64 and 128");
+  static_assert(D == 64 || D == 128, "attention kernels exist for tile widths 64 and 128");
   static constexpr int kHeadDim = D;
   static constexpr int kBr = 128;            // queries per block (8 warps x 16 rows)
   static constexpr int kBc = 64;             // keys per main-loop step
@@ -34,7 +37,7 @@ struct FwdTraits {
 
 template <int D>
 struct BwdTraits {
-  static_assert(D == 64 || D == 128, "attention kernels exist for head_dim 64 and 128");
+  static_assert(D == 64 || D == 128, "attention kernels exist for tile widths 64 and 128");
   static constexpr int kHeadDim = D;
   static constexpr int kBc = 64;             // keys per block (4 warps x 16 rows of S^T)
   static constexpr int kBq = 32;             // queries per main-loop step
@@ -53,6 +56,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The PTX below runs as inline assembly on the device; the host harness executes the same
+// instructions from their PTX ISA definitions (src/backend/cuda/emu/emu_block.cpp).
+
 // Byte offset of 16-byte chunk `c` of row `r` in a tile with `chunks` chunks per row. The XOR
 // spreads the 8 rows an ldmatrix reads over all 32 banks (rows are 128 or 256 bytes apart, which
 // would otherwise put the same chunk of every row in the same banks).
@@ -60,36 +66,60 @@ __device__ __forceinline__ uint32_t swz(int r, int c, int chunks) { return uint3
 
 // 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (rows past the sequence end).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+#ifdef QLORA_CUDA_EMU
+  ::qlora::emu::cp_async16(dst, src, src_bytes);
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef QLORA_CUDA_EMU
+  ::qlora::emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
+#ifdef QLORA_CUDA_EMU
+  ::qlora::emu::cp_async_wait(N);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 // Rows [row0, row0+R) of a matrix with row stride `ld` elements into a swizzled (R, D) tile;
-// rows at or past `rows_valid` become zeros.
+// rows at or past `rows_valid` and 16-byte chunks at or past `chunks_valid` (head dims below the
+// tile's D) become zeros.
 template <int R, int D, int NT>
-__device__ __forceinline__ void load_tile(uint32_t tile, const bf16* g, int64_t ld, int64_t row0, int64_t rows_valid) {
+__device__ __forceinline__ void load_tile(uint32_t tile, const bf16* g, int64_t ld, int64_t row0, int64_t rows_valid,
+                                          int chunks_valid) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < R * kChunks; i += NT) {
     const int r = i / kChunks, c = i % kChunks;
-    const bool ok = row0 + r < rows_valid;
+    const bool ok = row0 + r < rows_valid && c < chunks_valid;
     const bf16* src = ok ? g + (row0 + r) * ld + c * 8 : g;
     cp_async16(tile + swz(r, c, kChunks), src, ok ? 16 : 0);
   }
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+#ifdef QLORA_CUDA_EMU
+  ::qlora::emu::ldmatrix_x4(r, addr, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+#endif
 }
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+#ifdef QLORA_CUDA_EMU
+  ::qlora::emu::ldmatrix_x4(r, addr, true);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+#endif
 }
 
 // The two lane->address patterns of ldmatrix.x4 over a 16x16 region at (row0, chunk0):
@@ -110,17 +140,23 @@ __device__ __forceinline__ void lane_rows8x2(int lane, int& r, int& c) {
 
 // d += a * b for one m16n8k16 tile, bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef QLORA_CUDA_EMU
+  ::qlora::emu::mma_m16n8k16_bf16(d, a, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Two floats -> one register of two bf16, the first in the low half (the lower column).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  uint32_t r;
+  memcpy(&r, &v, 4);
+  return r;
 }
 
 // The A fragment of k-slice kk built from the f32 C fragments of n-tiles 2kk and 2kk+1.
@@ -141,6 +177,7 @@ struct AttnParams {
   const bf16* v;       // (B,T,Hkv,D)
   const int32_t* seg;  // (B,T) or null
   int64_t t;
+  int d;               // head dim: a multiple of 8, at most the kernel's tile width D
   int n_head, n_head_kv, group;
   float scale_log2;    // scale * log2(e): scores go through exp2
   // forward
@@ -150,7 +187,7 @@ struct AttnParams {
   const bf16* dout;    // (B,T,Hq,D)
   const float* lse_in; // (B,Hq,T)
   const float* delta;  // (B,Hq,T) rowsum(dout*out)
-  float* dq_acc;       // (B,T,Hq,D) f32, zeroed, unscaled
+  float* dq_acc;       // (B,T,Hq,D) f32 with D the tile width, zeroed, unscaled
   bf16* dk;            // (B,T,Hkv,D)
   bf16* dv;            // (B,T,Hkv,D)
   float scale;
@@ -159,9 +196,11 @@ struct AttnParams {
 }  // namespace qlora::cuda::attn
 
 namespace qlora::cuda {
-// Kernel launchers (cuda_attention_fwd.cu / cuda_attention_bwd.cu); head_dim is 64 or 128.
-void attention_fwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s);
-void attention_bwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s);
+// Kernel launchers (cuda_attention_fwd.cu / cuda_attention_bwd.cu); p.d is a multiple of 8 in [8, 128].
+// The tile width a head dim runs on.
+inline int attention_tile_width(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+void attention_fwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
+void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
 void attention_fwd_set_smem_limits();
 void attention_bwd_set_smem_limits();
 }  // namespace qlora::cuda

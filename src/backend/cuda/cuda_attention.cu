@@ -10,9 +10,13 @@ namespace qlora::cuda {
 
 namespace {
 
+constexpr int kDeltaThreads = 256;  // attn_delta_kernel's block: 8 rows, one warp each
+constexpr int kDqThreads = 256;     // attn_dq_kernel's block
+
 // delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]; one warp per (b,t,h) row.
-__global__ void attn_delta_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ out,
-                                  float* __restrict__ delta, int64_t rows, int64_t t_len, int n_head, int head_dim) {
+__global__ void __launch_bounds__(kDeltaThreads)
+    attn_delta_kernel(const __nv_bfloat16* __restrict__ dout, const __nv_bfloat16* __restrict__ out,
+                      float* __restrict__ delta, int64_t rows, int64_t t_len, int n_head, int head_dim) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -26,10 +30,14 @@ __global__ void attn_delta_kernel(const __nv_bfloat16* __restrict__ dout, const 
   }
 }
 
-// dq = bf16(scale * dq_acc).
-__global__ void attn_dq_kernel(const float* __restrict__ acc, __nv_bfloat16* __restrict__ dq, int64_t n, float scale) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 2; i += int64_t(gridDim.x) * blockDim.x) {
-    const float2 v = reinterpret_cast<const float2*>(acc)[i];
+// dq = bf16(scale * dq_acc): `rows` rows of d columns; dq_acc rows are the kernel's tile width
+// `dp` >= d wide (the padded columns are never read).
+__global__ void __launch_bounds__(kDqThreads) attn_dq_kernel(const float* __restrict__ acc, __nv_bfloat16* __restrict__ dq,
+                                                             int64_t rows, int d, int dp, float scale) {
+  const int64_t half = d / 2, n = rows * half;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / half, c = i % half;
+    const float2 v = reinterpret_cast<const float2*>(acc + r * dp)[c];
     reinterpret_cast<__nv_bfloat162*>(dq)[i] = __floats2bfloat162_rn(v.x * scale, v.y * scale);
   }
 }
@@ -48,9 +56,9 @@ AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv
   if (!(scale > 0.0f) || !std::isfinite(scale))
     fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'scale'",
          "scale must be positive and finite, got " + std::to_string(scale), "normally 1/sqrt(head_dim)");
-  if (d != 64 && d != 128)
-    unsupported(op, "head_dim " + std::to_string(d) + " has no flash-attention kernel (built for 64 and 128)",
-                "use a model with head_dim 64 or 128, or device=cpu");
+  if (d % 8 != 0 || d > 128)
+    unsupported(op, "head_dim " + std::to_string(d) + " has no flash-attention kernel (head dims that are multiples of 8 up to 128 do)",
+                "use device=cpu for this model");
   if (hq > 65535 || b > 65535) unsupported(op, "more than 65535 heads or sequences in one call");
   return {b, t, hq, hkv, d};
 }
@@ -69,6 +77,7 @@ attn::AttnParams base_params(const AttnDims& g, const Tensor& q, const Tensor& k
   p.v = static_cast<const attn::bf16*>(v.data);
   p.seg = seg;
   p.t = g.t;
+  p.d = int(g.d);
   p.n_head = int(g.hq);
   p.n_head_kv = int(g.hkv);
   p.group = int(g.hq / g.hkv);
@@ -98,7 +107,7 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
   p.out = static_cast<attn::bf16*>(a.out.data);
   p.lse = a.lse.f32();
-  attention_fwd_launch(p, g.b, g.d, stream_);
+  attention_fwd_launch(p, g.b, stream_);
 }
 
 void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
@@ -119,13 +128,13 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
                          {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
     check_vec_aligned(op, name, *t);
 
-  auto* dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(nq) * 4));                // (B,T,Hq,D)
+  const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
+  auto* dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(rows * dp) * 4));          // (B,T,Hq,Dp)
   auto* delta = static_cast<float*>(scratch(Scratch::AttnDelta, size_t(g.b * g.hq * g.t) * 4));  // (B,Hq,T)
-  QLORA_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * 4, stream_));
-  const int64_t rows = g.b * g.t * g.hq;
-  attn_delta_kernel<<<unsigned(ceil_div64(rows * 32, 256)), 256, 0, stream_>>>(
-      static_cast<const __nv_bfloat16*>(a.dout.data), static_cast<const __nv_bfloat16*>(a.out.data), delta, rows, g.t,
-      int(g.hq), int(g.d));
+  QLORA_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(rows * dp) * 4, stream_));
+  launch(attn_delta_kernel, {unsigned(ceil_div64(rows * 32, kDeltaThreads)), kDeltaThreads, 0, stream_},
+         static_cast<const __nv_bfloat16*>(a.dout.data), static_cast<const __nv_bfloat16*>(a.out.data), delta, rows, g.t,
+         int(g.hq), int(g.d));
   QLORA_CUDA_LAUNCH_CHECK();
 
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
@@ -135,10 +144,11 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   p.dq_acc = dq_acc;
   p.dk = static_cast<attn::bf16*>(a.dk.data);
   p.dv = static_cast<attn::bf16*>(a.dv.data);
-  attention_bwd_launch(p, g.b, g.d, stream_);
+  attention_bwd_launch(p, g.b, stream_);
 
-  const int blocks = int(std::min<int64_t>(ceil_div64(nq / 2, 256), int64_t(sm_count_) * 16));
-  attn_dq_kernel<<<blocks, 256, 0, stream_>>>(dq_acc, static_cast<__nv_bfloat16*>(a.dq.data), nq, a.scale);
+  const int blocks = int(std::min<int64_t>(ceil_div64(nq / 2, kDqThreads), int64_t(sm_count_) * 16));
+  launch(attn_dq_kernel, {blocks, kDqThreads, 0, stream_}, dq_acc, static_cast<__nv_bfloat16*>(a.dq.data), rows,
+         int(g.d), int(dp), a.scale);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 

@@ -6,7 +6,8 @@
 // then dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q. Working on S^T (keys
 // as rows) puts P^T and dS^T in the A-fragment layout those two products need. dQ = dS K needs the
 // transpose, so dS^T goes through shared memory and the block adds its dQ part into an f32
-// accumulator with atomics (dq is reproducible to rounding only). Instantiated for D = 64, 128.
+// accumulator with atomics (dq is reproducible to rounding only). Instantiated for tile widths
+// D = 64, 128; smaller head dims run zero-padded (attention_mma.cuh).
 #include <cmath>
 
 #include "backend/cuda/attention_mma.cuh"
@@ -19,14 +20,15 @@ namespace attn {
 template <int D>
 __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(const AttnParams p) {
   using Tr = BwdTraits<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  QLORA_DYNAMIC_SMEM(smem, 128);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
   const int64_t T = p.t;
   const int hk = blockIdx.y, b = blockIdx.z;
   const int64_t k0 = int64_t(blockIdx.x) * Tr::kBc;
-  const int64_t ldq = int64_t(p.n_head) * D, ldk = int64_t(p.n_head_kv) * D;
-  const bf16* kg = p.k + (int64_t(b) * T * p.n_head_kv + hk) * D;  // row s at kg + s*ldk
-  const bf16* vg = p.v + (int64_t(b) * T * p.n_head_kv + hk) * D;
+  // The head dim p.d is read from the kernel parameters where it is used (no register held).
+  const int64_t ldq = int64_t(p.n_head) * p.d, ldk = int64_t(p.n_head_kv) * p.d;
+  const bf16* kg = p.k + (int64_t(b) * T * p.n_head_kv + hk) * p.d;  // row s at kg + s*ldk
+  const bf16* vg = p.v + (int64_t(b) * T * p.n_head_kv + hk) * p.d;
   const int32_t* seg = p.seg ? p.seg + int64_t(b) * T : nullptr;  // (T)
 
   const uint32_t sK = smem_addr(smem);            // (kBc, D)
@@ -39,8 +41,8 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
   float* sLse = reinterpret_cast<float*>(ds_ptr + Tr::kDsBytes);  // 2 x (kBq), times log2(e)
   float* sDelta = sLse + 2 * Tr::kBq;                               // 2 x (kBq)
 
-  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, k0, T);
-  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, k0, T);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, k0, T, p.d / 8);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, k0, T, p.d / 8);
   cp_async_commit();
 
   // Queries before k0 see none of these keys; iterations run over (head in group, query block).
@@ -51,9 +53,9 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
   auto prefetch = [&](int it, int stage) {
     const int h = hk * p.group + it / n_qb;
     const int64_t q0 = int64_t(q_start + it % n_qb) * Tr::kBq;
-    const int64_t off = (int64_t(b) * T * p.n_head + h) * D;
-    load_tile<Tr::kBq, D, Tr::kThreads>(sQ + stage * Tr::kQBytes, p.q + off, ldq, q0, T);
-    load_tile<Tr::kBq, D, Tr::kThreads>(sDO + stage * Tr::kQBytes, p.dout + off, ldq, q0, T);
+    const int64_t off = (int64_t(b) * T * p.n_head + h) * p.d;
+    load_tile<Tr::kBq, D, Tr::kThreads>(sQ + stage * Tr::kQBytes, p.q + off, ldq, q0, T, p.d / 8);
+    load_tile<Tr::kBq, D, Tr::kThreads>(sDO + stage * Tr::kQBytes, p.dout + off, ldq, q0, T, p.d / 8);
     if (threadIdx.x < Tr::kBq) {
       const int64_t t = q0 + threadIdx.x, i = (int64_t(b) * p.n_head + h) * T + t;
       // lse = +inf for rows past the end makes their P exactly 0.
@@ -220,6 +222,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
       for (int r = 0; r < 2; r++) {
         const int64_t t = q0 + mt * 16 + g + 8 * r;
         if (t >= T) continue;
+        // dq_acc rows are D wide (padded columns get zeros and are never read).
         float* dst = p.dq_acc + ((int64_t(b) * T + t) * p.n_head + h) * D + warp * (D / 4) + 2 * q4;
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++) {
@@ -235,9 +238,10 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
   for (int r = 0; r < 2; r++) {
     const int64_t key = key_r[r];
     if (key >= T) continue;
-    const int64_t off = ((int64_t(b) * T + key) * p.n_head_kv + hk) * D + 2 * q4;
+    const int64_t off = ((int64_t(b) * T + key) * p.n_head_kv + hk) * p.d + 2 * q4;
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++) {
+      if (dt * 8 >= p.d) continue;
       *reinterpret_cast<uint32_t*>(p.dk + off + dt * 8) =
           pack_bf16(dk_acc[dt][2 * r] * p.scale, dk_acc[dt][2 * r + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(p.dv + off + dt * 8) = pack_bf16(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
@@ -248,19 +252,19 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
 }  // namespace attn
 
 size_t attention_bwd_smem_bytes(int64_t head_dim) {
-  return head_dim == 64 ? attn::BwdTraits<64>::kSmemBytes : attn::BwdTraits<128>::kSmemBytes;
+  return attention_tile_width(head_dim) == 64 ? attn::BwdTraits<64>::kSmemBytes : attn::BwdTraits<128>::kSmemBytes;
 }
 
-void attention_bwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s) {
-  const dim3 block(head_dim == 64 ? attn::BwdTraits<64>::kThreads : attn::BwdTraits<128>::kThreads);
+void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
+  const bool narrow = attention_tile_width(p.d) == 64;
+  const dim3 block(narrow ? attn::BwdTraits<64>::kThreads : attn::BwdTraits<128>::kThreads);
   const dim3 grid(unsigned(ceil_div64(p.t, 64)), unsigned(p.n_head_kv), unsigned(b));
-  if (head_dim == 64)
-    attn::attn_bwd_kernel<64><<<grid, block, attention_bwd_smem_bytes(64), s>>>(p);
+  if (narrow)
+    launch(attn::attn_bwd_kernel<64>, {grid, block, attention_bwd_smem_bytes(64), s}, p);
   else
-    attn::attn_bwd_kernel<128><<<grid, block, attention_bwd_smem_bytes(128), s>>>(p);
+    launch(attn::attn_bwd_kernel<128>, {grid, block, attention_bwd_smem_bytes(128), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
-
 void attention_bwd_set_smem_limits() {
   QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(attention_bwd_smem_bytes(64))));

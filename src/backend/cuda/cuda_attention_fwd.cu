@@ -5,7 +5,7 @@
 // registers (Q fragments, O accumulators, running max and sum). K/V tiles of kBc=64 keys stream
 // through a two-stage cp.async pipeline. Scores never leave registers: S = Q K^T (mma), mask,
 // online softmax in the exp2 domain, P (bf16) V (mma). No (T,T) matrix exists anywhere.
-// Instantiated for head_dim 64 and 128 only.
+// Instantiated for tile widths 64 and 128; smaller head dims run zero-padded (attention_mma.cuh).
 #include <cmath>
 
 #include "backend/cuda/attention_mma.cuh"
@@ -18,16 +18,17 @@ namespace attn {
 template <int D>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(const AttnParams p) {
   using Tr = FwdTraits<D>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  QLORA_DYNAMIC_SMEM(smem, 128);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
   const int64_t T = p.t;
   const int qblock = int(gridDim.x) - 1 - int(blockIdx.x);  // latest (heaviest) query blocks first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
   const int64_t q0 = int64_t(qblock) * Tr::kBr;
-  const int64_t ldq = int64_t(p.n_head) * D, ldk = int64_t(p.n_head_kv) * D;
-  const bf16* qg = p.q + (int64_t(b) * T * p.n_head + h) * D;     // row t at qg + t*ldq
-  const bf16* kg = p.k + (int64_t(b) * T * p.n_head_kv + hk) * D;  // row s at kg + s*ldk
-  const bf16* vg = p.v + (int64_t(b) * T * p.n_head_kv + hk) * D;
+  const int hd = p.d, dchunks = hd / 8;
+  const int64_t ldq = int64_t(p.n_head) * hd, ldk = int64_t(p.n_head_kv) * hd;
+  const bf16* qg = p.q + (int64_t(b) * T * p.n_head + h) * hd;     // row t at qg + t*ldq
+  const bf16* kg = p.k + (int64_t(b) * T * p.n_head_kv + hk) * hd;  // row s at kg + s*ldk
+  const bf16* vg = p.v + (int64_t(b) * T * p.n_head_kv + hk) * hd;
   const int32_t* seg = p.seg ? p.seg + int64_t(b) * T : nullptr;  // (T)
 
   const uint32_t sQ = smem_addr(smem);       // (kBr, D)
@@ -38,10 +39,10 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   const int64_t kv_end = T < q0 + Tr::kBr ? T : q0 + Tr::kBr;
   const int n_kb = int((kv_end + Tr::kBc - 1) / Tr::kBc);
 
-  load_tile<Tr::kBr, D, Tr::kThreads>(sQ, qg, ldq, q0, T);
+  load_tile<Tr::kBr, D, Tr::kThreads>(sQ, qg, ldq, q0, T, dchunks);
   cp_async_commit();
-  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, 0, T);
-  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, 0, T);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, 0, T, dchunks);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, 0, T, dchunks);
   cp_async_commit();
   cp_async_wait<1>();  // Q landed (K/V stage 0 may still be in flight)
   __syncthreads();
@@ -63,8 +64,8 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   for (int j = 0; j < n_kb; j++) {
     const int stage = j & 1;
     if (j + 1 < n_kb) {  // prefetch the next K/V tile into the other stage
-      load_tile<Tr::kBc, D, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVBytes, kg, ldk, int64_t(j + 1) * Tr::kBc, T);
-      load_tile<Tr::kBc, D, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVBytes, vg, ldk, int64_t(j + 1) * Tr::kBc, T);
+      load_tile<Tr::kBc, D, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVBytes, kg, ldk, int64_t(j + 1) * Tr::kBc, T, dchunks);
+      load_tile<Tr::kBc, D, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVBytes, vg, ldk, int64_t(j + 1) * Tr::kBc, T, dchunks);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -160,10 +161,11 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
     const int64_t t = row_t[r];
     if (t >= T) continue;
     const float inv = 1.0f / l;
-    bf16* orow = p.out + ((int64_t(b) * T + t) * p.n_head + h) * D;
+    bf16* orow = p.out + ((int64_t(b) * T + t) * p.n_head + h) * hd;
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++)
-      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * q4) = pack_bf16(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      if (dt < dchunks)
+        *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * q4) = pack_bf16(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     if (q4 == 0) p.lse[(int64_t(b) * p.n_head + h) * T + t] = (m_run[r] + log2f(l)) * kLn2;
   }
 }
@@ -171,20 +173,20 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
 }  // namespace attn
 
 size_t attention_fwd_smem_bytes(int64_t head_dim) {
-  return head_dim == 64 ? attn::FwdTraits<64>::kSmemBytes : attn::FwdTraits<128>::kSmemBytes;
+  return attention_tile_width(head_dim) == 64 ? attn::FwdTraits<64>::kSmemBytes : attn::FwdTraits<128>::kSmemBytes;
 }
 
-void attention_fwd_launch(const attn::AttnParams& p, int64_t b, int64_t head_dim, cudaStream_t s) {
-  const dim3 block(head_dim == 64 ? attn::FwdTraits<64>::kThreads : attn::FwdTraits<128>::kThreads);
-  const int64_t br = head_dim == 64 ? attn::FwdTraits<64>::kBr : attn::FwdTraits<128>::kBr;
+void attention_fwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
+  const bool narrow = attention_tile_width(p.d) == 64;
+  const dim3 block(narrow ? attn::FwdTraits<64>::kThreads : attn::FwdTraits<128>::kThreads);
+  const int64_t br = narrow ? attn::FwdTraits<64>::kBr : attn::FwdTraits<128>::kBr;
   const dim3 grid(unsigned(ceil_div64(p.t, br)), unsigned(p.n_head), unsigned(b));
-  if (head_dim == 64)
-    attn::attn_fwd_kernel<64><<<grid, block, attention_fwd_smem_bytes(64), s>>>(p);
+  if (narrow)
+    launch(attn::attn_fwd_kernel<64>, {grid, block, attention_fwd_smem_bytes(64), s}, p);
   else
-    attn::attn_fwd_kernel<128><<<grid, block, attention_fwd_smem_bytes(128), s>>>(p);
+    launch(attn::attn_fwd_kernel<128>, {grid, block, attention_fwd_smem_bytes(128), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
-
 void attention_fwd_set_smem_limits() {
   QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_fwd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(attention_fwd_smem_bytes(64))));

@@ -4,7 +4,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
+#include <source_location>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -20,6 +25,34 @@ namespace qlora::cuda {
   } while (0)
 // After each launch: catches bad launch configurations at the op that caused them.
 #define QLORA_CUDA_LAUNCH_CHECK() QLORA_CUDA_CHECK(cudaGetLastError())
+
+// A kernel launch's configuration; `where` is the launch site, for the host harness's messages.
+struct Launch {
+  dim3 grid, block;
+  size_t smem = 0;
+  cudaStream_t stream = nullptr;
+  std::source_location where = std::source_location::current();
+};
+
+// kernel<<<grid, block, smem, stream>>>(args...). Under the host harness (src/backend/cuda/emu)
+// the same kernel function runs on the CPU, once per emulated CUDA thread.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), const Launch& cfg, A&&... args) {
+#ifdef QLORA_CUDA_EMU
+  const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+  ::qlora::emu::launch(reinterpret_cast<const void*>(kernel), cfg.grid, cfg.block, cfg.smem, cfg.stream,
+                       [&] { std::apply(kernel, params); }, cfg.where);
+#else
+  kernel<<<cfg.grid, cfg.block, cfg.smem, cfg.stream>>>(std::forward<A>(args)...);
+#endif
+}
+
+// The block's dynamic shared memory as `unsigned char* name`, aligned to `align` bytes.
+#ifdef QLORA_CUDA_EMU
+#define QLORA_DYNAMIC_SMEM(name, align) unsigned char* name = ::qlora::emu::dynamic_smem()
+#else
+#define QLORA_DYNAMIC_SMEM(name, align) extern __shared__ __align__(align) unsigned char name[]
+#endif
 
 inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -54,7 +87,8 @@ __device__ __forceinline__ void stf(FPtr a, int64_t i, float v) {
 __device__ __forceinline__ void ld8(FPtr a, int64_t i, float (&v)[8]) {
   if (a.bf16) {
     const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.p) + i);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+    __nv_bfloat162 h[4];
+    memcpy(static_cast<void*>(h), &u, 16);  // a defined type pun (a register move on the device)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       const float2 f = __bfloat1622float2(h[j]);
@@ -69,10 +103,11 @@ __device__ __forceinline__ void ld8(FPtr a, int64_t i, float (&v)[8]) {
 }
 __device__ __forceinline__ void st8(FPtr a, int64_t i, const float (&v)[8]) {
   if (a.bf16) {
-    uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+    __nv_bfloat162 h[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+    uint4 u;
+    memcpy(&u, h, 16);
     *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(a.p) + i) = u;
   } else {
     float4* p = reinterpret_cast<float4*>(static_cast<float*>(a.p) + i);

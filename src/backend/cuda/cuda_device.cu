@@ -10,9 +10,12 @@
 namespace qlora {
 
 // Compiled once per -gencode target; the host pass sees none, device passes record their arch.
-__global__ void arch_probe_kernel(int* out) {
+// One thread: it is only ever launched as <<<1, 1>>>.
+__global__ void __launch_bounds__(1) arch_probe_kernel(int* out) {
 #ifdef __CUDA_ARCH__
   *out = __CUDA_ARCH__;
+#elif defined(QLORA_CUDA_EMU)
+  *out = ::qlora::emu::arch() * 10;  // the host harness runs every architecture's code
 #endif
 }
 
@@ -65,7 +68,7 @@ std::unique_ptr<Backend> make_cuda_backend(std::string* why) {
     if (why) *why = dev + ": cannot allocate device memory";
     return nullptr;
   }
-  arch_probe_kernel<<<1, 1>>>(d);
+  cuda::launch(arch_probe_kernel, {1, 1}, d);
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e == cudaSuccess) e = cudaMemcpy(&arch, d, sizeof(int), cudaMemcpyDeviceToHost);

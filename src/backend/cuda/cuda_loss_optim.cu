@@ -11,7 +11,9 @@ namespace qlora::cuda {
 namespace {
 
 constexpr int32_t kIgnoreIndex = -100;
-constexpr int kCeThreads = 512;
+constexpr int kCeThreads = 512;      // cross_entropy_kernel's block
+constexpr int kAdamThreads = 256;    // adamw_kernel's block
+constexpr int kSumsqThreads = 256;   // both sumsq kernels' block
 
 // Running (max, sum of exp(x - max)) pairs merge exactly like the rows of a softmax. The start
 // value is -FLT_MAX rather than -inf so that merging two empty pairs gives 0, not NaN.
@@ -96,8 +98,9 @@ struct AdamScalars {
 // The CPU backend's operation order with explicit rounding intrinsics: nvcc would otherwise
 // contract a*b+c into fused multiply-adds where the CPU rounds twice, and the step would no
 // longer match the CPU (and torch) bit for bit. fmaf appears exactly where the CPU uses std::fma.
-__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, AdamScalars s) {
+__global__ void __launch_bounds__(kAdamThreads) adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
+                                                             float* __restrict__ m, float* __restrict__ v, int64_t n,
+                                                             AdamScalars s) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float pi = __fmul_rn(p[i], s.decay);
     const float gi = g[i], m0 = m[i];
@@ -113,7 +116,7 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
 }
 
 // Stage 1 of sumsq: per-block double partial sums (fixed grid, so the result is reproducible).
-__global__ void sumsq_partial_kernel(FPtr x, int64_t n, double* __restrict__ partial) {
+__global__ void __launch_bounds__(kSumsqThreads) sumsq_partial_kernel(FPtr x, int64_t n, double* __restrict__ partial) {
   __shared__ double red[32];
   double s = 0.0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -124,7 +127,8 @@ __global__ void sumsq_partial_kernel(FPtr x, int64_t n, double* __restrict__ par
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 // Stage 2: one block adds the partials in a fixed order.
-__global__ void sumsq_final_kernel(const double* __restrict__ partial, int n_partial, double* __restrict__ out) {
+__global__ void __launch_bounds__(kSumsqThreads)
+    sumsq_final_kernel(const double* __restrict__ partial, int n_partial, double* __restrict__ out) {
   __shared__ double red[32];
   double s = 0.0;
   for (int i = threadIdx.x; i < n_partial; i += blockDim.x) s += partial[i];
@@ -156,8 +160,8 @@ void CudaBackend::cross_entropy_fwd_bwd(const CrossEntropyArgs& a) {
   if (a.n == 0) return;
   check_ptr(op, "labels", a.labels);
   const int vec = a.vocab % 8 == 0 && aligned16(a.logits.data) && aligned16(a.dlogits.data);
-  cross_entropy_kernel<<<unsigned(a.n), kCeThreads, 0, stream_>>>(fptr(a.logits), fptr(a.dlogits), a.losses.f32(),
-                                                                   a.labels, a.vocab, a.grad_scale, vec, d_err_);
+  launch(cross_entropy_kernel, {unsigned(a.n), kCeThreads, 0, stream_}, fptr(a.logits), fptr(a.dlogits), a.losses.f32(),
+         a.labels, a.vocab, a.grad_scale, vec, d_err_);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -186,8 +190,8 @@ void CudaBackend::adamw(const AdamwArgs& a) {
   s.bc2_sqrt = float(std::pow(1.0 - std::pow(b2, step), 0.5));
   s.eps = float(eps);
   s.small_w = std::fabs(s.w1) < 0.5f;
-  const int blocks = int(std::min<int64_t>(ceil_div64(a.n, 256), int64_t(sm_count_) * 8));
-  adamw_kernel<<<blocks, 256, 0, stream_>>>(a.param.f32(), a.grad.f32(), a.m.f32(), a.v.f32(), a.n, s);
+  const int blocks = int(std::min<int64_t>(ceil_div64(a.n, kAdamThreads), int64_t(sm_count_) * 8));
+  launch(adamw_kernel, {blocks, kAdamThreads, 0, stream_}, a.param.f32(), a.grad.f32(), a.m.f32(), a.v.f32(), a.n, s);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -196,11 +200,11 @@ void CudaBackend::sumsq(const SumsqArgs& a) {
   check_tensor("sumsq", "x", a.x, a.n, true, true);
   check_ptr("sumsq", "out", a.out);
   if (a.n == 0) return;
-  const int blocks = int(std::clamp<int64_t>(ceil_div64(a.n, 256 * 8), 1, 1024));
+  const int blocks = int(std::clamp<int64_t>(ceil_div64(a.n, kSumsqThreads * 8), 1, 1024));
   auto* partial = static_cast<double*>(scratch(Scratch::Reduce, size_t(blocks + 1) * sizeof(double)));
-  sumsq_partial_kernel<<<blocks, 256, 0, stream_>>>(fptr(a.x), a.n, partial + 1);
+  launch(sumsq_partial_kernel, {blocks, kSumsqThreads, 0, stream_}, fptr(a.x), a.n, partial + 1);
   QLORA_CUDA_LAUNCH_CHECK();
-  sumsq_final_kernel<<<1, 256, 0, stream_>>>(partial + 1, blocks, partial);
+  launch(sumsq_final_kernel, {1, kSumsqThreads, 0, stream_}, partial + 1, blocks, partial);
   QLORA_CUDA_LAUNCH_CHECK();
   double total = 0.0;
   QLORA_CUDA_CHECK(cudaMemcpyAsync(&total, partial, sizeof(double), cudaMemcpyDeviceToHost, stream_));

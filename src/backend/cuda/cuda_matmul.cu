@@ -24,7 +24,10 @@ namespace qlora::cuda {
 
 namespace {
 
-__global__ void f32_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int64_t n, int vec) {
+constexpr int kCvtThreads = 256;  // f32_to_bf16_kernel's block
+
+__global__ void __launch_bounds__(kCvtThreads)
+    f32_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int64_t n, int vec) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
@@ -98,10 +101,9 @@ void gemm_ex_fallback(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, D
 void convert_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   const int vec = aligned16(src) && aligned16(dst);
-  const int threads = 256;
   const int64_t work = vec ? std::max<int64_t>(n / 8, 1) : n;
-  const int blocks = int(std::min<int64_t>(ceil_div64(work, threads), 65535));
-  f32_to_bf16_kernel<<<blocks, threads, 0, s>>>(src, dst, n, vec);
+  const int blocks = int(std::min<int64_t>(ceil_div64(work, kCvtThreads), 65535));
+  launch(f32_to_bf16_kernel, {blocks, kCvtThreads, 0, s}, src, dst, n, vec);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 

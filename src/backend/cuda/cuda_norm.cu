@@ -8,10 +8,18 @@ namespace qlora::cuda {
 
 namespace {
 
+// Block sizes, each the __launch_bounds__ of its kernels. The row kernels (one block per row:
+// embedding, rmsnorm fwd and dx) take row_threads(), which is at most kRowThreads.
+constexpr int kRowThreads = 256;
+constexpr int kDwCols = 32, kDwRowLanes = 8;  // rmsnorm_dw_partial_kernel: 32 columns x 8 row lanes
+constexpr int kDwFinalThreads = 256;
+constexpr int kRopeThreads = 128;
+
 // out[i,:] = table[tokens[i],:]; one block per token row. A bad id records a device error and
 // writes a zero row, so nothing downstream reads uninitialised memory before the error surfaces.
-__global__ void embedding_fwd_kernel(FPtr out, FPtr table, const int32_t* __restrict__ tokens, int64_t c,
-                                     int64_t vocab, int vec, DeviceErrorRecord* err) {
+__global__ void __launch_bounds__(kRowThreads)
+    embedding_fwd_kernel(FPtr out, FPtr table, const int32_t* __restrict__ tokens, int64_t c, int64_t vocab, int vec,
+                         DeviceErrorRecord* err) {
   const int64_t i = blockIdx.x;
   const int32_t tok = tokens[i];
   const bool ok = tok >= 0 && tok < vocab;
@@ -32,8 +40,9 @@ __global__ void embedding_fwd_kernel(FPtr out, FPtr table, const int32_t* __rest
 
 // dtable[tokens[i],:] += dout[i,:] with atomics (repeated tokens hit the same row). The f32 sum
 // order over repeated tokens is not fixed, so dtable is reproducible to rounding only.
-__global__ void embedding_bwd_kernel(FPtr dtable, FPtr dout, const int32_t* __restrict__ tokens, int64_t c,
-                                     int64_t vocab, DeviceErrorRecord* err) {
+__global__ void __launch_bounds__(kRowThreads)
+    embedding_bwd_kernel(FPtr dtable, FPtr dout, const int32_t* __restrict__ tokens, int64_t c, int64_t vocab,
+                         DeviceErrorRecord* err) {
   const int64_t i = blockIdx.x;
   const int32_t tok = tokens[i];
   if (tok < 0 || tok >= vocab) {
@@ -51,7 +60,8 @@ __global__ void embedding_bwd_kernel(FPtr dtable, FPtr dout, const int32_t* __re
 }
 
 // One block per row: sum of squares, then out = w * (x * rstd) as HF's LlamaRMSNorm computes it.
-__global__ void rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, FPtr w, int64_t c, float eps, int vec) {
+__global__ void __launch_bounds__(kRowThreads)
+    rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, FPtr w, int64_t c, float eps, int vec) {
   __shared__ float red[32];
   const int64_t row = int64_t(blockIdx.x) * c;
   float ss = 0.0f;
@@ -87,8 +97,10 @@ __global__ void rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, F
 
 // dx = r w dout - (r^3 / C) x sum_k(w_k dout_k x_k); one block per row. dx may alias dout: each
 // element is read by the thread that later writes it, and the row sum is complete before writes.
-__global__ void rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, const float* __restrict__ rstd, int64_t c,
-                                      int vec) {
+// The 4 blocks per SM (<= 64 registers) is there for ptxas: from the thread bound alone it aims at
+// 40 registers on sm_90a and spills 8 bytes; at 4 blocks it uses 46 and spills nothing.
+__global__ void __launch_bounds__(kRowThreads, 4)
+    rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, const float* __restrict__ rstd, int64_t c, int vec) {
   __shared__ float red[32];
   const int64_t row = int64_t(blockIdx.x) * c;
   float dot = 0.0f;
@@ -124,26 +136,28 @@ __global__ void rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, const 
 }
 
 // dw partial sums: block (32 columns x 8 row lanes), grid.y splits the rows. partial (gridDim.y, C).
-__global__ void rmsnorm_dw_partial_kernel(float* __restrict__ partial, FPtr dout, FPtr x, const float* __restrict__ rstd,
-                                          int64_t n, int64_t c) {
-  __shared__ float acc[8][33];
-  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+__global__ void __launch_bounds__(kDwCols * kDwRowLanes)
+    rmsnorm_dw_partial_kernel(float* __restrict__ partial, FPtr dout, FPtr x, const float* __restrict__ rstd, int64_t n,
+                              int64_t c) {
+  __shared__ float acc[kDwRowLanes][kDwCols + 1];
+  const int64_t col = int64_t(blockIdx.x) * kDwCols + threadIdx.x;
   float s = 0.0f;
   if (col < c)
-    for (int64_t i = int64_t(blockIdx.y) * 8 + threadIdx.y; i < n; i += int64_t(gridDim.y) * 8)
+    for (int64_t i = int64_t(blockIdx.y) * kDwRowLanes + threadIdx.y; i < n; i += int64_t(gridDim.y) * kDwRowLanes)
       s += ldf(dout, i * c + col) * ldf(x, i * c + col) * rstd[i];
   acc[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && col < c) {
     float t = 0.0f;
 #pragma unroll
-    for (int y = 0; y < 8; y++) t += acc[y][threadIdx.x];
+    for (int y = 0; y < kDwRowLanes; y++) t += acc[y][threadIdx.x];
     partial[int64_t(blockIdx.y) * c + col] = t;
   }
 }
 
 // dw[j] += sum over the row splits, in a fixed order (deterministic).
-__global__ void rmsnorm_dw_final_kernel(FPtr dw, const float* __restrict__ partial, int splits, int64_t c) {
+__global__ void __launch_bounds__(kDwFinalThreads)
+    rmsnorm_dw_final_kernel(FPtr dw, const float* __restrict__ partial, int splits, int64_t c) {
   const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= c) return;
   float s = 0.0f;
@@ -151,16 +165,40 @@ __global__ void rmsnorm_dw_final_kernel(FPtr dw, const float* __restrict__ parti
   stf(dw, j, ldf(dw, j) + s);
 }
 
+// cos and sin of the f32 angle a, to match the CPU backend, which rounds std::cos/std::sin of
+// double(a) to f32. sincosf itself cannot be used: its exact reduction for |a| > 105615 (Payne-
+// Hanek) keeps a table in a 32-byte stack frame, and the static gates forbid local memory (ptxas
+// keeps that path, and the frame, even for an argument already reduced as below). Instead:
+//  1. r = a - 2pi k, k = rint(a / 2pi), in double. a * (1/2pi) gives the k of a / 2pi except where
+//     that is within ~1e-16 of a half-integer, and there r is pi or -pi either way. The fma forms
+//     a - k * kTwoPi exactly and rounds once (<= 2^-52 pi); kTwoPi is 2pi to 2.5e-16, so r is off by
+//     at most 2.5e-16 |k|: < 1e-11 for |a| < 2.6e5 (positions below 262144 at inv_freq <= 1), and
+//     < 1e-7 for any f32 angle of an int32 position.
+//  2. float(r): |r| <= pi (+ one f32 ulp), rounding error <= 2^-23 = 1.2e-7.
+//  3. __sincosf (MUFU.SIN/COS): absolute error <= 2^-21.41 (sin) and 2^-21.19 (cos) on [-pi, pi].
+// So cos and sin are within ~5.5e-7 absolute of the CPU's (whose own f32 rounding is <= 3e-8),
+// for every angle; sincosf of the unreduced angle was within ~1.2e-7. (The host harness's
+// __sincosf is libm's correctly rounded sincosf: it proves the algorithm, not the ulps.)
+__device__ __forceinline__ void rope_cos_sin(float a, float* c, float* s) {
+  constexpr double kTwoPi = 6.283185307179586;       // 2pi rounded to double
+  constexpr double kInvTwoPi = 0.15915494309189535;  // 1/(2pi) rounded to double
+  const double ad = double(a);
+  const float r = float(fma(-rint(ad * kInvTwoPi), kTwoPi, ad));
+  __sincosf(r, s, c);
+}
+
 // Rotates each (j, j+D/2) pair of every head of one token by sign * pos * inv_freq[j]. The angle
 // is the f32 product, as in HF and the CPU backend; cos/sin are computed once per token.
-__global__ void rope_kernel(FPtr x, const float* __restrict__ inv_freq, const int32_t* __restrict__ positions,
-                            int64_t n_head, int64_t head_dim, float sign) {
-  extern __shared__ float cs[];  // (2, D/2): cos then sin
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_kernel(FPtr x, const float* __restrict__ inv_freq, const int32_t* __restrict__ positions, int64_t n_head,
+                int64_t head_dim, float sign) {
+  QLORA_DYNAMIC_SMEM(cs_bytes, 16);
+  float* cs = reinterpret_cast<float*>(cs_bytes);  // (2, D/2): cos then sin
   const int64_t half = head_dim / 2;
   const float pos = float(positions[blockIdx.x]);
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
     float s, c;
-    sincosf(pos * inv_freq[j], &s, &c);
+    rope_cos_sin(__fmul_rn(pos, inv_freq[j]), &c, &s);
     cs[j] = c;
     cs[half + j] = sign * s;
   }
@@ -175,9 +213,11 @@ __global__ void rope_kernel(FPtr x, const float* __restrict__ inv_freq, const in
   }
 }
 
+// Threads for a row kernel: 64, 128 or kRowThreads (its __launch_bounds__), by the row's work items.
+static_assert(kRowThreads >= 128 && kRowThreads % 32 == 0, "block_sum needs whole warps");
 int row_threads(int64_t c, bool vec) {
   const int64_t per = vec ? c / 8 : c;
-  if (per >= 512) return 256;
+  if (per >= 512) return kRowThreads;
   if (per >= 128) return 128;
   return 64;
 }
@@ -194,8 +234,8 @@ void CudaBackend::embedding_fwd(const EmbeddingFwdArgs& a) {
   if (a.n == 0 || a.c == 0) return;
   check_ptr(op, "tokens", a.tokens);
   const int vec = a.c % 8 == 0 && aligned16(a.out.data) && aligned16(a.table.data);
-  embedding_fwd_kernel<<<unsigned(a.n), row_threads(a.c, vec), 0, stream_>>>(fptr(a.out), fptr(a.table), a.tokens, a.c,
-                                                                              a.vocab, vec, d_err_);
+  launch(embedding_fwd_kernel, {unsigned(a.n), row_threads(a.c, vec), 0, stream_}, fptr(a.out), fptr(a.table), a.tokens,
+         a.c, a.vocab, vec, d_err_);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -208,8 +248,8 @@ void CudaBackend::embedding_bwd(const EmbeddingBwdArgs& a) {
   check_tensor(op, "dout", a.dout, a.n * a.c, true, true);
   if (a.n == 0 || a.c == 0) return;
   check_ptr(op, "tokens", a.tokens);
-  embedding_bwd_kernel<<<unsigned(a.n), row_threads(a.c, false), 0, stream_>>>(fptr(a.dtable), fptr(a.dout), a.tokens,
-                                                                                a.c, a.vocab, d_err_);
+  launch(embedding_bwd_kernel, {unsigned(a.n), row_threads(a.c, false), 0, stream_}, fptr(a.dtable), fptr(a.dout),
+         a.tokens, a.c, a.vocab, d_err_);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -223,8 +263,8 @@ void CudaBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
   check_tensor(op, "w", a.w, a.c, true, true);
   if (a.n == 0 || a.c == 0) return;
   const int vec = a.c % 8 == 0 && aligned16(a.out.data) && aligned16(a.x.data) && aligned16(a.w.data);
-  rmsnorm_fwd_kernel<<<unsigned(a.n), row_threads(a.c, vec), 0, stream_>>>(fptr(a.out), a.rstd.f32(), fptr(a.x),
-                                                                            fptr(a.w), a.c, a.eps, vec);
+  launch(rmsnorm_fwd_kernel, {unsigned(a.n), row_threads(a.c, vec), 0, stream_}, fptr(a.out), a.rstd.f32(), fptr(a.x),
+         fptr(a.w), a.c, a.eps, vec);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -243,16 +283,18 @@ void CudaBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
   if (!a.dw.empty()) {
     const int splits = int(std::clamp<int64_t>(ceil_div64(a.n, 64), 1, 128));
     auto* partial = static_cast<float*>(scratch(Scratch::Reduce, size_t(splits) * size_t(a.c) * 4));
-    rmsnorm_dw_partial_kernel<<<dim3(unsigned(ceil_div64(a.c, 32)), unsigned(splits)), dim3(32, 8), 0, stream_>>>(
-        partial, fptr(a.dout), fptr(a.x), a.rstd.f32(), a.n, a.c);
+    const dim3 grid(unsigned(ceil_div64(a.c, kDwCols)), unsigned(splits)), block(kDwCols, kDwRowLanes);
+    launch(rmsnorm_dw_partial_kernel, {grid, block, 0, stream_}, partial, fptr(a.dout), fptr(a.x), a.rstd.f32(), a.n,
+           a.c);
     QLORA_CUDA_LAUNCH_CHECK();
-    rmsnorm_dw_final_kernel<<<unsigned(ceil_div64(a.c, 256)), 256, 0, stream_>>>(fptr(a.dw), partial, splits, a.c);
+    launch(rmsnorm_dw_final_kernel, {unsigned(ceil_div64(a.c, kDwFinalThreads)), kDwFinalThreads, 0, stream_},
+           fptr(a.dw), partial, splits, a.c);
     QLORA_CUDA_LAUNCH_CHECK();
   }
   const int vec = a.c % 8 == 0 && aligned16(a.dx.data) && aligned16(a.dout.data) && aligned16(a.x.data) &&
                   aligned16(a.w.data);
-  rmsnorm_bwd_dx_kernel<<<unsigned(a.n), row_threads(a.c, vec), 0, stream_>>>(fptr(a.dx), fptr(a.dout), fptr(a.x),
-                                                                               fptr(a.w), a.rstd.f32(), a.c, vec);
+  launch(rmsnorm_bwd_dx_kernel, {unsigned(a.n), row_threads(a.c, vec), 0, stream_}, fptr(a.dx), fptr(a.dout), fptr(a.x),
+         fptr(a.w), a.rstd.f32(), a.c, vec);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -268,8 +310,8 @@ static void rope_apply(CudaBackend& be, const char* op, const RopeArgs& a, float
   if (a.n == 0 || a.n_head == 0 || a.head_dim == 0) return;
   check_ptr(op, "positions", a.positions);
   const size_t smem = size_t(a.head_dim) * sizeof(float);
-  rope_kernel<<<unsigned(a.n), 128, smem, be.stream()>>>(fptr(a.x), a.inv_freq.f32(), a.positions, a.n_head, a.head_dim,
-                                                          sign);
+  launch(rope_kernel, {unsigned(a.n), kRopeThreads, smem, be.stream()}, fptr(a.x), a.inv_freq.f32(), a.positions,
+         a.n_head, a.head_dim, sign);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 

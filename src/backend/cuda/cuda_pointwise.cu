@@ -10,6 +10,8 @@ namespace qlora::cuda {
 
 namespace {
 
+constexpr int kThreads = 256;  // every launch in this file; the kernels' __launch_bounds__
+
 template <int N>
 struct Ptrs {
   FPtr p[N];
@@ -18,7 +20,7 @@ struct Ptrs {
 // out_j[i] = f(in_0[i], ..., i). Outputs may alias inputs: each element is read into registers
 // by the thread that writes it. vec: every pointer 16-byte aligned, so 8 elements per load.
 template <int NIN, int NOUT, class F>
-__global__ void map_kernel(Ptrs<NIN> in, Ptrs<NOUT> out, int64_t n, int vec, F f) {
+__global__ void __launch_bounds__(kThreads) map_kernel(Ptrs<NIN> in, Ptrs<NOUT> out, int64_t n, int vec, F f) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_from = 0;
@@ -78,7 +80,7 @@ struct DropoutF {
   }
 };
 // y (N,M) += bias (M): the bias index is the column.
-__global__ void bias_add_kernel(FPtr y, FPtr bias, int64_t n_rows, int64_t m, int vec) {
+__global__ void __launch_bounds__(kThreads) bias_add_kernel(FPtr y, FPtr bias, int64_t n_rows, int64_t m, int vec) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {  // m % 8 == 0: a group of 8 never straddles a row
@@ -97,7 +99,7 @@ __global__ void bias_add_kernel(FPtr y, FPtr bias, int64_t n_rows, int64_t m, in
 }
 
 int grid_for(int64_t work, int sm_count) {
-  const int64_t blocks = ceil_div64(std::max<int64_t>(work, 1), 256);
+  const int64_t blocks = ceil_div64(std::max<int64_t>(work, 1), kThreads);
   return int(std::min<int64_t>(blocks, int64_t(sm_count) * 16));
 }
 
@@ -115,7 +117,8 @@ void launch_map(const CudaBackend& be, const Tensor* const (&in)[NIN], const Ten
     po.p[j] = fptr(*out[j]);
     vec = vec && aligned16(out[j]->data);
   }
-  map_kernel<NIN, NOUT, F><<<grid_for(vec ? n / 8 + 1 : n, be.sm_count()), 256, 0, be.stream()>>>(pi, po, n, vec, f);
+  const int blocks = grid_for(vec ? n / 8 + 1 : n, be.sm_count());
+  launch(map_kernel<NIN, NOUT, F>, {blocks, kThreads, 0, be.stream()}, pi, po, n, vec, f);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -136,7 +139,7 @@ void CudaBackend::bias_add(const BiasAddArgs& a) {
   if (a.n * a.m == 0) return;
   const int vec = a.m % 8 == 0 && aligned16(a.y.data) && aligned16(a.bias.data);
   const int64_t work = vec ? a.n * a.m / 8 : a.n * a.m;
-  bias_add_kernel<<<grid_for(work, sm_count()), 256, 0, stream()>>>(fptr(a.y), fptr(a.bias), a.n, a.m, vec);
+  launch(bias_add_kernel, {grid_for(work, sm_count()), kThreads, 0, stream()}, fptr(a.y), fptr(a.bias), a.n, a.m, vec);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 

@@ -16,7 +16,7 @@ namespace qlora::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // every launch in this file; the kernels' __launch_bounds__
 
 // E2M1 magnitudes by code, bit 3 the sign (code 8 is -0).
 __constant__ float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -50,20 +50,22 @@ __device__ __forceinline__ float e8m0_value(uint32_t e) {
 __device__ __forceinline__ void store32(__nv_bfloat16* out, const float (&v)[32]) {
 #pragma unroll
   for (int q = 0; q < 4; q++) {
-    uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+    __nv_bfloat162 h[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[q * 8 + 2 * j], v[q * 8 + 2 * j + 1]);
+    uint4 u;
+    memcpy(&u, h, 16);  // one 16-byte store; memcpy keeps the type pun defined
     reinterpret_cast<uint4*>(out)[q] = u;
   }
 }
 __device__ __forceinline__ void store16(__nv_bfloat16* out, const float (&v)[16]) {
 #pragma unroll
   for (int q = 0; q < 2; q++) {
-    uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+    __nv_bfloat162 h[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[q * 8 + 2 * j], v[q * 8 + 2 * j + 1]);
+    uint4 u;
+    memcpy(&u, h, 16);  // one 16-byte store; memcpy keeps the type pun defined
     reinterpret_cast<uint4*>(out)[q] = u;
   }
 }
@@ -76,7 +78,8 @@ __device__ __forceinline__ float bnb_absmax(const QuantDeviceView& q, const floa
   return __fadd_rn(__fmul_rn(nested_code[q.absmax_q[block]], q.nested_absmax[block / 256]), offset);
 }
 
-__global__ void bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int64_t n, int vec) {
+__global__ void __launch_bounds__(kThreads)
+    bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int64_t n, int vec) {
   __shared__ float code[16];
   __shared__ float nested[256];
   const float offset = q.offset_dev ? *q.offset_dev : q.offset;
@@ -110,7 +113,8 @@ __global__ void bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__
 
 // ---- NVFP4: rows of E2M1 (low nibble first), E4M3 scale per 16, f32 tensor scale ----
 
-__global__ void nvfp4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int vec) {
+__global__ void __launch_bounds__(kThreads)
+    nvfp4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int vec) {
   const int64_t rows = q.rows, cols = q.cols, row_bytes = (cols + 1) / 2, n_cb = (cols + 15) / 16;
   const float s_dec = q.scales_f32[0];
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -143,7 +147,8 @@ __global__ void nvfp4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict_
 
 // ---- OCP MX: MXFP4 (E2M1, low nibble first) or MXFP8 (E4M3), E8M0 scale per 32 of a row ----
 
-__global__ void mx_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int fp4, int vec) {
+__global__ void __launch_bounds__(kThreads)
+    mx_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int fp4, int vec) {
   const int64_t rows = q.rows, cols = q.cols, n_cb = (cols + 31) / 32;
   const int64_t row_bytes = fp4 ? (cols + 1) / 2 : cols;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -194,8 +199,9 @@ __global__ void mx_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ o
 
 // ---- FP8 E4M3/E5M2 with an f32 scale_inv per tensor, 1x128 block or 128x128 tile ----
 
-__global__ void fp8_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int e4m3, int64_t block_rows,
-                           int64_t block_cols, int64_t n_bc, int vec) {
+__global__ void __launch_bounds__(kThreads)
+    fp8_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int e4m3, int64_t block_rows, int64_t block_cols,
+               int64_t n_bc, int vec) {
   const int64_t rows = q.rows, cols = q.cols;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -269,14 +275,14 @@ void dequantize_bf16(Backend& backend, const QuantDeviceView& q, void* out_ptr) 
         need(q.absmax, "absmax", q.params.format);
       }
       const int vec = n % 32 == 0 && bs % 32 == 0 && out16 && aligned16(q.data);
-      bnb4_kernel<<<grid_for(vec ? n / 32 : n, sms), kThreads, 0, s>>>(q, out, n, vec);
+      launch(bnb4_kernel, {grid_for(vec ? n / 32 : n, sms), kThreads, 0, s}, q, out, n, vec);
       break;
     }
     case QuantFormat::NVFP4: {
       need(q.scales, "scales", q.params.format);
       need(q.scales_f32, "scales_f32", q.params.format);
       const int vec = q.cols % 32 == 0 && out16 && aligned16(q.data);
-      nvfp4_kernel<<<grid_for(vec ? n / 32 : n, sms), kThreads, 0, s>>>(q, out, vec);
+      launch(nvfp4_kernel, {grid_for(vec ? n / 32 : n, sms), kThreads, 0, s}, q, out, vec);
       break;
     }
     case QuantFormat::MXFP4:
@@ -284,7 +290,7 @@ void dequantize_bf16(Backend& backend, const QuantDeviceView& q, void* out_ptr) 
       need(q.scales, "scales", q.params.format);
       const int fp4 = q.params.format == QuantFormat::MXFP4;
       const int vec = q.cols % 32 == 0 && out16 && aligned16(q.data);
-      mx_kernel<<<grid_for(vec ? n / (fp4 ? 32 : 16) : n, sms), kThreads, 0, s>>>(q, out, fp4, vec);
+      launch(mx_kernel, {grid_for(vec ? n / (fp4 ? 32 : 16) : n, sms), kThreads, 0, s}, q, out, fp4, vec);
       break;
     }
     case QuantFormat::FP8_E4M3:
@@ -295,8 +301,8 @@ void dequantize_bf16(Backend& backend, const QuantDeviceView& q, void* out_ptr) 
       if (q.params.fp8_scaling == Fp8Scaling::Block128x128) br = 128, bc = 128;
       const int64_t n_bc = ceil_div64(q.cols, bc);
       const int vec = q.cols % 16 == 0 && out16 && aligned16(q.data);
-      fp8_kernel<<<grid_for(vec ? n / 16 : n, sms), kThreads, 0, s>>>(q, out, q.params.format == QuantFormat::FP8_E4M3,
-                                                                       br, bc, n_bc, vec);
+      launch(fp8_kernel, {grid_for(vec ? n / 16 : n, sms), kThreads, 0, s}, q, out,
+             q.params.format == QuantFormat::FP8_E4M3, br, bc, n_bc, vec);
       break;
     }
   }

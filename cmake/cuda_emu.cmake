@@ -1,0 +1,77 @@
+# The CUDA backend under the host harness (src/backend/cuda/emu): the backend's own .cu sources,
+# compiled by the host C++ compiler with the harness prelude force-included, linked against the
+# harness's implementations of the CUDA runtime, cuBLASLt and cuBLAS instead of the vendor
+# libraries. tests/cuda/*.cpp run on it as CTest label cuda-emu (and, with sanitizers, cuda-emu-sanitize).
+find_package(CUDAToolkit QUIET)
+find_package(Boost QUIET COMPONENTS context)
+if(NOT CUDAToolkit_FOUND OR NOT Boost_CONTEXT_FOUND)
+  message(STATUS "CUDA host harness: off (needs the CUDA toolkit headers and libboost-context-dev)")
+  return()
+endif()
+message(STATUS "CUDA host harness: on")
+
+file(GLOB _emu_kernel_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu)
+file(GLOB _emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/*.cpp)
+set(_emu_units)
+foreach(_cu ${_emu_kernel_srcs})
+  get_filename_component(_n ${_cu} NAME_WE)
+  set(_unit ${CMAKE_BINARY_DIR}/cuda_emu/${_n}.cpp)
+  # The real source, included: the harness compiles the same file nvcc compiles.
+  file(CONFIGURE OUTPUT ${_unit} CONTENT "#include \"backend/cuda/${_n}.cu\"\n")
+  list(APPEND _emu_units ${_unit})
+endforeach()
+# The harness's self-test kernels (tests/cuda_emu/*.cu), compiled the same way, for the tests only.
+file(GLOB _emu_test_kernels CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda_emu/*.cu)
+set(_emu_test_units)
+foreach(_cu ${_emu_test_kernels})
+  get_filename_component(_n ${_cu} NAME_WE)
+  set(_unit ${CMAKE_BINARY_DIR}/cuda_emu/test_${_n}.cpp)
+  file(CONFIGURE OUTPUT ${_unit} CONTENT "#include \"${_cu}\"\n")
+  list(APPEND _emu_test_units ${_unit})
+endforeach()
+set_source_files_properties(${_emu_units} ${_emu_test_units} PROPERTIES
+  COMPILE_OPTIONS "-include;${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/cuda_emu.h;-Wno-unknown-pragmas")
+
+# qlora_cuda_emu(SUFFIX FLAGS...): the harness library and test_cuda_emu${SUFFIX}, compiled with FLAGS.
+function(qlora_cuda_emu suffix)
+  set(lib qlora_backend_cuda_emu${suffix})
+  add_library(${lib} STATIC ${_emu_units} ${_emu_srcs})
+  target_include_directories(${lib} PUBLIC ${CMAKE_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS} PRIVATE ${CBLAS_INCLUDE_DIR})
+  target_compile_definitions(${lib} PUBLIC QLORA_HAVE_CUDA=1 PRIVATE QLORA_CUDA_ARCHS="host harness")
+  target_compile_options(${lib} PRIVATE ${ARGN})
+  target_link_options(${lib} PUBLIC ${ARGN})
+  target_link_libraries(${lib} PUBLIC qlora_quant Boost::context Threads::Threads ${BLAS_LIBRARIES})
+  if(QLORA_TESTS)
+    file(GLOB tsrcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/cuda/*.cpp ${CMAKE_SOURCE_DIR}/tests/cuda_emu/*.cpp)
+    set(t test_cuda_emu${suffix})
+    add_executable(${t} ${tsrcs} ${_emu_test_units})
+    target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
+    target_compile_options(${t} PRIVATE ${ARGN})
+    target_link_libraries(${t} PRIVATE ${lib} qlora_backend_cpu qlora_quant GTest::gtest GTest::gtest_main)
+    target_compile_definitions(${t} PRIVATE QLORA_FIXTURES="${CMAKE_SOURCE_DIR}/tests/fixtures"
+                                            QLORA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  endif()
+endfunction()
+
+find_package(Threads REQUIRED)
+qlora_cuda_emu("")
+if(QLORA_TESTS)
+  gtest_discover_tests(test_cuda_emu DISCOVERY_TIMEOUT 60 WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
+                       PROPERTIES LABELS cuda-emu)
+endif()
+
+# The kernels with shared memory, on small shapes, with each CUDA thread an OS thread: under
+# ThreadSanitizer (a race between warps that no barrier orders is a report) and AddressSanitizer
+# (shared and device buffers are exact-size allocations). OpenMP stays at one thread so the
+# uninstrumented CPU reference adds no threads of its own.
+if(QLORA_TESTS AND NOT QLORA_NO_SANITIZE_TESTS)
+  qlora_cuda_emu("_tsan" -fsanitize=thread -g)
+  qlora_cuda_emu("_asan" -fsanitize=address -fno-omit-frame-pointer -g)
+  set(_san_filter "CudaOps.attention*:CudaOps.cross_entropy*:CudaOps.rmsnorm*:CudaOps.rope*:CudaOps.sumsq*:CudaOps.embedding*:CudaDequant.*")
+  foreach(_s tsan asan)
+    add_test(NAME cuda_emu_${_s} COMMAND test_cuda_emu_${_s} --gtest_filter=${_san_filter}
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(cuda_emu_${_s} PROPERTIES LABELS cuda-emu-sanitize ENVIRONMENT
+      "QLORA_CUDA_TEST_SMALL=1;OMP_NUM_THREADS=1;TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1;ASAN_OPTIONS=detect_leaks=1:halt_on_error=1")
+  endforeach()
+endif()

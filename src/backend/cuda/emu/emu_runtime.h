@@ -1,0 +1,34 @@
+// The host harness's view of the emulated device: allocations, the emulated architecture and the
+// sticky error state. Used by the runtime, block executor and vendor-library implementations.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+namespace qlora::emu {
+
+// Compute capability of the emulated device times 10 (80, 90, 100); QLORA_CUDA_EMU_ARCH chooses.
+int arch();
+// Largest dynamic + static shared memory one block may opt in to on the emulated architecture.
+size_t smem_optin_bytes();
+
+// True when bytes [p, p + n) lie inside one live cudaMalloc allocation.
+bool is_device_range(const void* p, size_t n);
+
+// A fault found while running device code or a vendor call (out-of-bounds shared address,
+// deadlock, missing lanes): printed at once, then every later runtime call returns `e` with
+// `detail` (sticky, as after a device-side fault) until the process ends.
+void fault(cudaError_t e, const std::string& detail);
+// The last launch's configuration error (cleared by cudaGetLastError), not sticky.
+void set_launch_error(cudaError_t e, const std::string& detail);
+// The sticky error, cudaSuccess while none has happened.
+cudaError_t sticky_error();
+// Forgets the sticky and last-launch errors: for the harness's own tests, which fault on purpose.
+void clear_errors_for_tests();
+// The dynamic shared memory limit a kernel opted in to with cudaFuncSetAttribute (0 if none).
+int max_dynamic_smem(const void* fn);
+// "fibers" or "threads": how the block executor runs CUDA threads in this process.
+const char* mode_name();
+
+}  // namespace qlora::emu

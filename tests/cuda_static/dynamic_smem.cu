@@ -1,0 +1,15 @@
+// Host-only: the attention kernels' dynamic shared memory straight from their tile traits.
+#include "backend/cuda/attention_mma.cuh"
+#include "dynamic_smem.h"
+
+namespace qlora::cuda_static {
+
+std::vector<DynamicSmem> attention_dynamic_smem() {
+  using namespace qlora::cuda::attn;
+  return {{"qlora::cuda::attn::attn_fwd_kernel<64>(", FwdTraits<64>::kSmemBytes},
+          {"qlora::cuda::attn::attn_fwd_kernel<128>(", FwdTraits<128>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<64>(", BwdTraits<64>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<128>(", BwdTraits<128>::kSmemBytes}};
+}
+
+}  // namespace qlora::cuda_static

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Shows that the CUDA host harness catches the kernel bugs it exists for: each mutation below is
+# applied to a scratch copy of the tree, the harness tests are rebuilt and run there, and the
+# mutation must make them fail. The tree itself is never modified.
+#
+#   tools/cuda_emu_mutations.sh [SCRATCH_DIR]     (default /tmp/qlora-mutations; ~5 min on 2 cores)
+#
+# Prints one line per mutation (CAUGHT or MISSED, with the first failure message) and exits 1 if
+# any mutation was missed.
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+work="${1:-/tmp/qlora-mutations}"
+mkdir -p "$work"
+rm -rf "$work/tree"
+mkdir -p "$work/tree"
+# The tracked and untracked-but-not-ignored files: what a checkout of this change holds.
+(cd "$src" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/tree")
+cmake -S "$work/tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DQLORA_CUDA=OFF -DQLORA_NO_SANITIZE_TESTS=OFF >/dev/null
+fwd="src/backend/cuda/cuda_attention_fwd.cu"
+mma="src/backend/cuda/attention_mma.cuh"
+
+# name | file | sed expression   (each runs the attention tests in fast mode; "tsan:" also under
+# ThreadSanitizer, which must report the race)
+mutations=(
+  "tsan:missing __syncthreads before a stage is refilled|$fwd|s|^    __syncthreads();  // this stage is refilled.*|    // (barrier removed)|"
+  "cp.async wait skipped in the main loop|$fwd|s|^      cp_async_wait<1>();\$|      // (wait removed)|"
+  "shared buffer one K/V stage too small|$mma|s|kSmemBytes = kQBytes + 4 \\* kKVBytes;|kSmemBytes = kQBytes + 3 * kKVBytes;|"
+)
+
+missed=0
+for m in "${mutations[@]}"; do
+  IFS='|' read -r name file expr <<<"$m"
+  tsan=0
+  if [[ "$name" == tsan:* ]]; then tsan=1; name="${name#tsan:}"; fi
+  cp "$src/$file" "$work/tree/$file"
+  sed -i "$expr" "$work/tree/$file"
+  if cmp -s "$src/$file" "$work/tree/$file"; then
+    echo "ERROR: mutation '$name' did not apply to $file (the source changed; update this script)" >&2
+    exit 2
+  fi
+  cmake --build "$work/build" -j "$(nproc)" --target test_cuda_emu >/dev/null
+  log="$work/$(echo "$name" | tr -c 'a-zA-Z0-9' '_').log"
+  if QLORA_CUDA_TEST_SMALL=1 "$work/build/test_cuda_emu" --gtest_filter='CudaOps.attention_fwd*' >"$log" 2>&1; then
+    echo "MISSED  $name"
+    missed=1
+  else
+    first=$(grep -m1 -E "qlora CUDA harness|Failure|out of tolerance|non-finite|= nan" "$log" || true)
+    echo "CAUGHT  $name: ${first}"
+  fi
+  if [ "$tsan" = 1 ]; then
+    cmake --build "$work/build" -j "$(nproc)" --target test_cuda_emu_tsan >/dev/null
+    if QLORA_CUDA_TEST_SMALL=1 OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+        "$work/build/test_cuda_emu_tsan" --gtest_filter='CudaOps.attention_fwd*' >"$log.tsan" 2>&1; then
+      echo "MISSED  $name (ThreadSanitizer)"
+      missed=1
+    else
+      echo "CAUGHT  $name (ThreadSanitizer): $(grep -m1 -E "ThreadSanitizer: " "$log.tsan" || tail -1 "$log.tsan")"
+    fi
+  fi
+  cp "$src/$file" "$work/tree/$file"
+done
+exit "$missed"
