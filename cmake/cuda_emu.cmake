@@ -47,7 +47,7 @@ function(qlora_cuda_emu suffix)
     add_executable(${t} ${tsrcs} ${_emu_test_units})
     target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
     target_compile_options(${t} PRIVATE ${ARGN})
-    target_link_libraries(${t} PRIVATE ${lib} qlora_backend_cpu qlora_quant GTest::gtest GTest::gtest_main)
+    target_link_libraries(${t} PRIVATE ${lib} qlora_train qlora_backend_cpu qlora_quant GTest::gtest GTest::gtest_main)
     target_compile_definitions(${t} PRIVATE QLORA_FIXTURES="${CMAKE_SOURCE_DIR}/tests/fixtures"
                                             QLORA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   endif()

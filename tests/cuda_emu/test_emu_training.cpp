@@ -1,0 +1,177 @@
+// Whole training steps on the CUDA backend (the model code, every CUDA op, cuBLASLt) against the
+// same steps on the CPU backend. On a GPU this binary's twin (test_cuda) runs them on the device;
+// here the host harness executes the CUDA backend. The CUDA run computes in bf16, the CPU run in
+// f32, so the comparison is at bf16 tolerance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "io/safetensors.h"
+#include "model/llama_model.h"
+#include "train/model_source.h"
+#include "model/peft_io.h"
+#include "train/step.h"
+
+namespace qlora {
+namespace {
+
+std::string fixtures() { return QLORA_FIXTURES; }
+
+struct TrainRun {
+  std::unique_ptr<Backend> be;
+  ModelSource src;
+  std::unique_ptr<LlamaModel> model;
+};
+
+TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt) {
+  TrainRun r;
+  r.be = std::move(be);
+  r.src = open_model_source(fixtures() + "/models/llama_gqa");
+  ModelPlanOptions po;
+  po.method = method;
+  po.base_precision = precision;
+  po.double_quant = true;
+  po.quant_blocksize = 64;
+  po.micro_batch = 2;
+  po.seq_len = 12;
+  po.checkpointing = ckpt;
+  LoraSpec lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.targets = LoraSpec::resolve_targets({"all-linear"});
+  r.model = std::make_unique<LlamaModel>(r.src.config, *r.be, po, lora);
+  r.model->load_base(r.src.tensors);
+  r.model->init_lora(1);
+  // A trained adapter (B != 0), so the LoRA path contributes from the first step.
+  load_peft_adapter(fixtures() + "/parity/llama_gqa_adapter", *r.model);
+  return r;
+}
+
+std::vector<int32_t> ints(const SafetensorsArchive& ar, const std::string& name) {
+  const TensorInfo& ti = ar.get(name);
+  std::vector<int32_t> v(size_t(ti.nbytes / 4));
+  std::memcpy(v.data(), ti.data, size_t(ti.nbytes));
+  return v;
+}
+
+std::vector<float> weights_of(LlamaModel& m, LoraParam& p) {
+  std::vector<float> w(size_t(p.w.numel()));
+  if (p.w.dtype == DType::F32) {
+    m.backend().copy_to_host(w.data(), p.w.data, w.size() * 4);
+  } else {
+    std::vector<uint16_t> h(w.size());
+    m.backend().copy_to_host(h.data(), p.w.data, h.size() * 2);
+    for (size_t i = 0; i < h.size(); i++) {
+      const uint32_t u = uint32_t(h[i]) << 16;
+      std::memcpy(&w[i], &u, 4);
+    }
+  }
+  return w;
+}
+
+double norm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s);
+}
+
+// `steps` AdamW steps of the same batch on a CPU and a CUDA model; losses and the adapters'
+// updates must agree at bf16 precision.
+void compare_training(const std::string& method, const std::string& precision, const std::string& ckpt) {
+  std::string why;
+  std::unique_ptr<Backend> cu = make_cuda_backend(&why);
+  ASSERT_TRUE(cu) << "the host harness always provides a CUDA device: " << why;
+  TrainRun gpu = make_run(std::move(cu), method, precision, ckpt);
+  TrainRun cpu = make_run(make_cpu_backend(), method, precision, ckpt);
+  ASSERT_EQ(gpu.model->backend().device(), DeviceKind::Cuda);
+
+  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
+  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  std::vector<std::vector<float>> w0;
+  for (auto& p : cpu.model->lora_params()) w0.push_back(weights_of(*cpu.model, p));
+
+  OptimHyper h;
+  const int steps = 4;
+  double first = 0, last = 0;
+  for (int s = 0; s < steps; s++) {
+    const StepResult rg = train_step(*gpu.model, {batch}, h, 5e-3, s, 0);
+    const StepResult rc = train_step(*cpu.model, {batch}, h, 5e-3, s, 0);
+    ASSERT_TRUE(std::isfinite(rg.loss)) << "step " << s;
+    // bf16 activations and weights: a few units of 2^-8 relative on a loss of ~4.6.
+    EXPECT_NEAR(rg.loss, rc.loss, 8.0 / 256 * std::fabs(rc.loss)) << "step " << s;
+    EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 0.1 * rc.grad_norm) << "step " << s;
+    (s == 0 ? first : last) = rc.loss;
+  }
+  EXPECT_LT(last, first) << "the steps train";
+  // Each adapter's update (w - w0) after the steps: normwise within 20% of the CPU's. AdamW moves
+  // every element by ~lr per step whatever the gradient's size, so an element whose gradient is
+  // near the bf16 noise floor can move either way; the 28 updates differ by 4-12.5% here (a wrong
+  // or missing gradient term differs by ~100%).
+  auto& gp = gpu.model->lora_params();
+  auto& cp = cpu.model->lora_params();
+  ASSERT_EQ(gp.size(), cp.size());
+  for (size_t i = 0; i < cp.size(); i++) {
+    const auto wg = weights_of(*gpu.model, gp[i]), wc = weights_of(*cpu.model, cp[i]);
+    std::vector<float> dg(wg.size()), dc(wc.size()), diff(wc.size());
+    for (size_t j = 0; j < wc.size(); j++) {
+      dg[j] = wg[j] - w0[i][j];
+      dc[j] = wc[j] - w0[i][j];
+      diff[j] = dg[j] - dc[j];
+    }
+    EXPECT_GT(norm(dc), 0.0) << cp[i].peft_key;
+    EXPECT_LE(norm(diff), 0.2 * norm(dc)) << cp[i].peft_key << ": update differs by " << norm(diff) / norm(dc);
+  }
+}
+
+// The GPU's resume guarantee: 2 steps, the adapter and optimizer state written and read into a
+// fresh CUDA backend and model, 2 more steps, equals 4 uninterrupted steps to rounding (the
+// attention backward's f32 atomics add dq in no fixed order on a device; the harness runs them in
+// one order, so here the two runs agree to the bit).
+TEST(CudaEmuTraining, ResumeFromSavedStateContinuesTheRun) {
+  namespace fs = std::filesystem;
+  std::string why;
+  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
+  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  OptimHyper h;
+  TrainRun straight = make_run(make_cuda_backend(&why), "qlora", "nf4", "full");
+  for (int s = 0; s < 4; s++) train_step(*straight.model, {batch}, h, 5e-3, s, 0);
+
+  const fs::path dir = fs::temp_directory_path() / ("qlora_emu_resume_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    TrainRun first = make_run(make_cuda_backend(&why), "qlora", "nf4", "full");
+    for (int s = 0; s < 2; s++) train_step(*first.model, {batch}, h, 5e-3, s, 0);
+    write_peft_adapter(dir.string(), *first.model, "llama_gqa");
+    write_optimizer_state((dir / "optimizer.safetensors").string(), *first.model);
+  }
+  TrainRun resumed = make_run(make_cuda_backend(&why), "qlora", "nf4", "full");
+  load_peft_adapter(dir.string(), *resumed.model);
+  load_optimizer_state((dir / "optimizer.safetensors").string(), *resumed.model);
+  for (int s = 2; s < 4; s++) train_step(*resumed.model, {batch}, h, 5e-3, s, 0);
+  fs::remove_all(dir);
+
+  auto& a = straight.model->lora_params();
+  auto& b = resumed.model->lora_params();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); i++) {
+    const auto wa = weights_of(*straight.model, a[i]), wb = weights_of(*resumed.model, b[i]);
+    std::vector<float> d(wa.size());
+    for (size_t j = 0; j < wa.size(); j++) d[j] = wa[j] - wb[j];
+    EXPECT_LE(norm(d), 1e-5 * norm(wa)) << a[i].peft_key;
+  }
+}
+
+TEST(CudaEmuTraining, LoraBf16StepsMatchTheCpu) { compare_training("lora", "", "none"); }
+
+TEST(CudaEmuTraining, QloraNf4StepsWithCheckpointingMatchTheCpu) { compare_training("qlora", "nf4", "full"); }
+
+}  // namespace
+}  // namespace qlora
