@@ -58,6 +58,15 @@ qlora_cuda_emu("")
 if(QLORA_TESTS)
   gtest_discover_tests(test_cuda_emu DISCOVERY_TIMEOUT 60 WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                        PROPERTIES LABELS cuda-emu)
+  # The other architectures' limits (sm_80: 163 KiB of shared memory, no FP8 GEMMs; sm_100) on the
+  # kernels they constrain, small shapes. The default run above emulates sm_90.
+  foreach(_arch 80 100)
+    add_test(NAME cuda_emu_sm${_arch} COMMAND test_cuda_emu
+             --gtest_filter=CudaOps.attention*:CudaOps.matmul*:CudaOps.rope*:CudaEmuTraining.*:Harness.LaunchLimits*
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(cuda_emu_sm${_arch} PROPERTIES LABELS cuda-emu
+                         ENVIRONMENT "QLORA_CUDA_EMU_ARCH=${_arch};QLORA_CUDA_TEST_SMALL=1")
+  endforeach()
 endif()
 
 # The kernels with shared memory, on small shapes, with each CUDA thread an OS thread: under
