@@ -44,7 +44,7 @@ for m in "${mutations[@]}"; do
     echo "MISSED  $name"
     missed=1
   else
-    first=$(grep -m1 -E "qlora CUDA harness|Failure|out of tolerance|non-finite|= nan" "$log" || true)
+    first=$(grep -m1 -E "qlora CUDA harness|= nan|out of tolerance|non-finite" "$log" || grep -m1 Failure "$log" || true)
     echo "CAUGHT  $name: ${first}"
   fi
   if [ "$tsan" = 1 ]; then

@@ -496,12 +496,16 @@ CUDA_OP_TEST(adamw, bit_identical_to_cpu_over_three_steps) {
 // value rounded to nearest even, the same bits as the CPU op's output rounded to bf16.
 CUDA_OP_TEST(dequantize, every_format_equals_reference) {
   QLORA_REQUIRE_CUDA(cu);
-  const int64_t rows = 37, cols = 576;
   uint64_t seed = 131;
+  struct Shape { int64_t rows, cols; bool dq; };
+  // 37 x 576: the 16-byte vector path; 5 x 100: an element-wise tail, bnb without double quant.
+  for (const Shape sh : {Shape{37, 576, true}, Shape{5, 100, false}})
   for (const auto& t : quant_formats()) {
+    const int64_t rows = sh.rows, cols = sh.cols;
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     QuantParams p;
     p.format = t.format;
-    p.double_quant = t.format == QuantFormat::NF4 || t.format == QuantFormat::FP4;
+    p.double_quant = sh.dq && (t.format == QuantFormat::NF4 || t.format == QuantFormat::FP4);
     Vec w = randn(seed++, size_t(rows * cols), 0.05f);
     const QuantizedTensor q = quantize_ref(w.data(), rows, cols, p);
     std::vector<uint8_t> blob(size_t(quant_layout(q.params, rows, cols).total));

@@ -5,10 +5,12 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/cuda_backend_impl.cuh"
 #include "backend/cuda/dequant.h"
+#include "quant/bnb4.h"
 #include "quant/quant_layout.h"
 #include "quant/quantize.h"
 
@@ -346,9 +348,39 @@ const void* QuantDeviceBuffers::upload(const void* src, size_t bytes) {
 
 namespace qlora::cuda {
 
-// The table's dequantize op. For now the packed bytes travel to the host, are dequantized by the
-// reference there and come back (one projection at a time, as the model did before the op
-// existed); the device kernel above is not wired in until it has run on a device.
+namespace {
+
+// A view of one packed blob (quant/quant_layout.h) already on the device: no copy.
+QuantDeviceView view_of_blob(const void* src, const QuantParams& p, int64_t rows, int64_t cols) {
+  const QuantLayout L = quant_layout(p, rows, cols);
+  const auto* base = static_cast<const uint8_t*>(src);
+  auto f32 = [&](const QuantLayout::Section& s) {
+    return s.offset < 0 ? nullptr : reinterpret_cast<const float*>(base + s.offset);
+  };
+  auto u8 = [&](const QuantLayout::Section& s) { return s.offset < 0 ? nullptr : base + s.offset; };
+  QuantDeviceView v;
+  v.params = p;
+  v.rows = rows;
+  v.cols = cols;
+  v.data = u8(L.data);
+  v.absmax = f32(L.absmax);
+  v.absmax_q = u8(L.absmax_q);
+  v.nested_absmax = f32(L.nested_absmax);
+  v.nested_code = f32(L.nested_code);
+  v.offset_dev = f32(L.offset);
+  v.scales = u8(L.scales);
+  v.scales_f32 = f32(L.scales_f32);
+  if (p.format == QuantFormat::NF4) std::memcpy(v.code4, nf4_code(), sizeof(v.code4));
+  if (p.format == QuantFormat::FP4) std::memcpy(v.code4, fp4_code(), sizeof(v.code4));
+  return v;
+}
+
+}  // namespace
+
+// The table's dequantize op. A bf16 output (the CUDA engine's compute dtype, so every use in
+// training and generation) is decoded on the device straight from the packed blob in the arena:
+// the quantized base never leaves the GPU. An f32 output has no device kernel; it takes the host
+// reference (packed bytes to the host and back), which only tests use.
 void CudaBackend::dequantize(const DequantizeArgs& a) {
   const char* op = "dequantize";
   check_dim(op, "rows", a.rows);
@@ -356,22 +388,21 @@ void CudaBackend::dequantize(const DequantizeArgs& a) {
   const int64_t n = a.rows * a.cols;
   check_tensor(op, "out", a.out, n, true, true);
   if (n == 0) return;
+  check_ptr(op, "src", a.src);
   QuantParams p = a.params;
   p.blocksize = quant_blocksize(p);
+  if (a.out.dtype == DType::BF16) {
+    dequantize_bf16(*this, view_of_blob(a.src, p, a.rows, a.cols), a.out.data);
+    return;
+  }
   const QuantLayout L = quant_layout(p, a.rows, a.cols);
   std::vector<uint8_t> blob(size_t(L.total));
   copy_to_host(blob.data(), a.src, blob.size());
   QuantizedTensor q;
   unpack_quantized(blob.data(), p, a.rows, a.cols, q);
-  if (a.out.dtype == DType::F32) {
-    std::vector<float> f(static_cast<size_t>(n));
-    dequantize_ref(q, f.data());
-    copy_to_device(a.out.data, f.data(), f.size() * 4);
-  } else {
-    std::vector<uint16_t> h(static_cast<size_t>(n));
-    dequantize_ref_bf16(q, h.data());
-    copy_to_device(a.out.data, h.data(), h.size() * 2);
-  }
+  std::vector<float> f(static_cast<size_t>(n));
+  dequantize_ref(q, f.data());
+  copy_to_device(a.out.data, f.data(), f.size() * 4);
 }
 
 }  // namespace qlora::cuda

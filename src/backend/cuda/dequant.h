@@ -1,5 +1,5 @@
 // GPU dequantization of the quantized weight formats (quant/format.h) to bf16, in one pass.
-// The table's dequantize op does not call it yet (docs/cuda_backend.md, "Dequantization").
+// The table's dequantize op calls it for every bf16 output (straight from the packed blob).
 #pragma once
 #include <cstdint>
 #include <vector>
