@@ -17,7 +17,7 @@ namespace {
 
 // fp32 both ways; only the summation order differs (merged W + sBA vs. separate LoRA GEMMs, GEMV
 // vs. GEMM, the cached attention). rel_err = max|a-b| / max(1, max|ref|).
-constexpr double kTol = 1e-4;
+constexpr double kTol = 2e-5;  // rel_err per logit row; ~1e-6 seen (decode vs full forward, both f32)
 constexpr int64_t kPrompt = 9, kSteps = 6, kSeq = kPrompt + kSteps;
 
 struct Case {

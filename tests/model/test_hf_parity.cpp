@@ -12,9 +12,11 @@ using namespace qlora::testing_util;
 class HfParity : public ::testing::TestWithParam<std::string> {};
 
 // fp32 everywhere; bounds leave room for summation-order differences only.
-constexpr double kLogitTol = 1e-4;
-constexpr double kGradTol = 1e-4;
-constexpr double kTrainTol = 1e-4;
+// rel_err (max error over max |ref| of each tensor). fp32 against PyTorch's fp32 differs only in
+// summation order: the largest seen is 2.3e-6 (AVX-512 and AVX2 OpenBLAS kernels), so 2e-5.
+constexpr double kLogitTol = 2e-5;
+constexpr double kGradTol = 2e-5;
+constexpr double kTrainTol = 2e-5;
 
 TEST_P(HfParity, BaseLogitsAndLoss) {
   const std::string v = GetParam();

@@ -17,7 +17,7 @@ namespace {
 // bitsandbytes dequantizes to exactly the f32 weights the engine does, so only the summation order
 // of the f32 matmuls differs (logits are O(1), |logit| <= ~4).
 constexpr double kBnbTol = 1e-5;
-constexpr double kGradTol = 1e-4;  // rel_err, as the fp32 parity tests
+constexpr double kGradTol = 2e-5;  // rel_err, as the fp32 parity tests (2.3e-6 seen)
 
 struct QModel {
   std::unique_ptr<Backend> be;
