@@ -9,6 +9,7 @@
 //    pointers living on the same device as the tensors.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "quant/format.h"
@@ -145,11 +146,12 @@ struct DequantizeArgs {
   int64_t rows = 0, cols = 0;
 };
 
-// *out = sum(x^2) in double (accumulated with "+=" into *out, which lives on the host).
+// *out += the sum of x^2 over every element of every tensor in xs (F32 or BF16), in double. One
+// call for many tensors: the global gradient norm is one reduction and, on a GPU, one
+// synchronization per step instead of one per tensor.
 struct SumsqArgs {
-  Tensor x;
-  int64_t n = 0;
-  double* out = nullptr;
+  std::vector<Tensor> xs;
+  double* out = nullptr;  // on the host
 };
 
 }  // namespace qlora

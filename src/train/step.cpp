@@ -31,7 +31,9 @@ StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, in
 void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r) {
   Backend& be = model.backend();
   double sq = 0;
-  for (auto& p : model.lora_params()) be.sumsq({p.g, p.g.numel(), &sq});
+  SumsqArgs norm{{}, &sq};
+  for (auto& p : model.lora_params()) norm.xs.push_back(p.g);
+  be.sumsq(norm);  // one reduction over every gradient
   r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) return;
   if (h.max_grad_norm > 0) {  // torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1

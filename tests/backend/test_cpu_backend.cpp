@@ -112,8 +112,8 @@ TEST(CpuBackend, ShapeMismatchAndNullBuffersAreErrors) {
   EXPECT_THROW(be->scale({Tensor(), 5, 2.0f}), Error);           // null buffer
   EXPECT_THROW(be->scale({view(a, {6}), -1, 2.0f}), Error);      // negative size
   double out = 0;
-  EXPECT_THROW(be->sumsq({view(a, {6}), 6, nullptr}), Error);    // no result slot
-  be->sumsq({view(a, {6}), 6, &out});
+  EXPECT_THROW(be->sumsq({{view(a, {6})}, nullptr}), Error);    // no result slot
+  be->sumsq({{view(a, {6})}, &out});
   EXPECT_EQ(out, 6.0);
 }
 

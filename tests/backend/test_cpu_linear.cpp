@@ -123,7 +123,7 @@ TEST(CpuOps, sumsq_AccumulatesInDouble) {
   long double want = 1.25L;  // "+=" into a prior value
   for (float v : x) want += (long double)v * (long double)v;
   double out = 1.25;
-  be->sumsq({view(x, {n}), n, &out});
+  be->sumsq({{f32_view(x.data(), {n / 2}), f32_view(x.data() + n / 2, {n - n / 2})}, &out});  // two tensors, one sum
   // An f32 accumulator would be off by ~1e-5 relative at this n.
   EXPECT_NEAR(out, double(want), 1e-12 * double(want));
 }

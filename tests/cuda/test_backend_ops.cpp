@@ -528,13 +528,39 @@ CUDA_OP_TEST(sumsq, f32_and_bf16_accumulate) {
     Vec x = randn(121, size_t(n));
     if (dt == BF) x = round_bf16(std::move(x));
     double ref = 5.0, got = 5.0;  // "+=" into the host double
-    cpu()->sumsq({f32_view(x.data(), {n}), n, &ref});
+    cpu()->sumsq({{f32_view(x.data(), {n})}, &ref});
     DBuf dx(*cu, dt, x);
-    cu->sumsq({dx.t(), n, &got});
+    cu->sumsq({{dx.t()}, &got});
     // Each square is exact in double; only the summation order differs (<= n 2^-53 relative).
     EXPECT_NEAR(got, ref, 1e-10 * ref) << dtype_name(dt);
     EXPECT_GT(got, 5.0 + 0.5 * double(n));
   }
+}
+
+// Many tensors of both dtypes and odd sizes (an empty one too) in one call: one sum, as the
+// global gradient norm takes it.
+CUDA_OP_TEST(sumsq, many_tensors_one_reduction) {
+  QLORA_REQUIRE_CUDA(cu);
+  std::vector<int64_t> sizes = {1, 0, 4097, 33, 700001, 16};
+  std::vector<std::unique_ptr<DBuf>> bufs;
+  std::vector<Vec> host;
+  SumsqArgs ca{{}, nullptr}, ga{{}, nullptr};
+  for (size_t i = 0; i < sizes.size(); i++) {
+    Vec x = round_bf16(randn(300 + i, size_t(sizes[i])));
+    host.push_back(x);
+    bufs.push_back(std::make_unique<DBuf>(*cu, i % 2 ? BF : F32, x));
+  }
+  for (size_t i = 0; i < sizes.size(); i++) {
+    ca.xs.push_back(f32_view(host[i].data(), {sizes[i]}));
+    ga.xs.push_back(bufs[i]->t());
+  }
+  double ref = 0, got = 0;
+  ca.out = &ref;
+  ga.out = &got;
+  cpu()->sumsq(ca);
+  cu->sumsq(ga);
+  EXPECT_NEAR(got, ref, 1e-12 * ref);
+  EXPECT_GT(ref, 0.5 * 705000);
 }
 
 }  // namespace

@@ -96,13 +96,17 @@ void CpuBackend::scale(const ScaleArgs& a) {
 }
 
 void CpuBackend::sumsq(const SumsqArgs& a) {
-  cpu::check_dim("sumsq", "n", a.n);
-  cpu::check_f32("sumsq", "x", a.x, a.n);
   cpu::check_ptr("sumsq", "out", a.out);
-  const float* x = a.x.f32();
+  for (const Tensor& t : a.xs) cpu::check_f32("sumsq", "x", t, t.numel());
   double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (a.n > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i++) total += double(x[i]) * double(x[i]);
+  for (const Tensor& t : a.xs) {  // tensor by tensor, each summed in a fixed order
+    const float* x = t.f32();
+    const int64_t n = t.numel();
+    double s = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : s) if (n > cpu::kParallelMin)
+    for (int64_t i = 0; i < n; i++) s += double(x[i]) * double(x[i]);
+    total += s;
+  }
   *a.out += total;
 }
 

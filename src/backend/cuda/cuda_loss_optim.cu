@@ -195,16 +195,26 @@ void CudaBackend::adamw(const AdamwArgs& a) {
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
+// Every tensor's partial sums go to its own slots of one array (a fixed grid per tensor, so the
+// result is reproducible); one final kernel adds them all; one copy and one synchronization.
 void CudaBackend::sumsq(const SumsqArgs& a) {
-  check_dim("sumsq", "n", a.n);
-  check_tensor("sumsq", "x", a.x, a.n, true, true);
   check_ptr("sumsq", "out", a.out);
-  if (a.n == 0) return;
-  const int blocks = int(std::clamp<int64_t>(ceil_div64(a.n, kSumsqThreads * 8), 1, 1024));
-  auto* partial = static_cast<double*>(scratch(Scratch::Reduce, size_t(blocks + 1) * sizeof(double)));
-  launch(sumsq_partial_kernel, {blocks, kSumsqThreads, 0, stream_}, fptr(a.x), a.n, partial + 1);
-  QLORA_CUDA_LAUNCH_CHECK();
-  launch(sumsq_final_kernel, {1, kSumsqThreads, 0, stream_}, partial + 1, blocks, partial);
+  std::vector<int> blocks(a.xs.size());
+  int total_blocks = 0;
+  for (size_t i = 0; i < a.xs.size(); i++) {
+    const int64_t n = a.xs[i].numel();
+    check_tensor("sumsq", "x", a.xs[i], n, true, true);
+    blocks[i] = n == 0 ? 0 : int(std::clamp<int64_t>(ceil_div64(n, kSumsqThreads * 8), 1, 1024));
+    total_blocks += blocks[i];
+  }
+  if (total_blocks == 0) return;
+  auto* partial = static_cast<double*>(scratch(Scratch::Reduce, size_t(total_blocks + 1) * sizeof(double)));
+  for (size_t i = 0, at = 1; i < a.xs.size(); at += size_t(blocks[i]), i++) {
+    if (blocks[i] == 0) continue;
+    launch(sumsq_partial_kernel, {blocks[i], kSumsqThreads, 0, stream_}, fptr(a.xs[i]), a.xs[i].numel(), partial + at);
+    QLORA_CUDA_LAUNCH_CHECK();
+  }
+  launch(sumsq_final_kernel, {1, kSumsqThreads, 0, stream_}, partial + 1, total_blocks, partial);
   QLORA_CUDA_LAUNCH_CHECK();
   double total = 0.0;
   QLORA_CUDA_CHECK(cudaMemcpyAsync(&total, partial, sizeof(double), cudaMemcpyDeviceToHost, stream_));
