@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/emu/emu_runtime.h"
 #include "io/safetensors.h"
 #include "model/llama_model.h"
 #include "train/model_source.h"
@@ -167,6 +168,28 @@ TEST(CudaEmuTraining, ResumeFromSavedStateContinuesTheRun) {
     for (size_t j = 0; j < wa.size(); j++) d[j] = wa[j] - wb[j];
     EXPECT_LE(norm(d), 1e-5 * norm(wa)) << a[i].peft_key;
   }
+}
+
+// What a step costs the device beyond its kernels: the gradient norm is one reduction with one
+// synchronization (not one per LoRA tensor), plus the one at the step's end, and a repeated step creates no cuBLASLt descriptors
+// (each GEMM shape's descriptors, layouts and algorithm are made once).
+TEST(CudaEmuTraining, AStepSynchronizesOnceForTheNormAndReusesGemmPlans) {
+  std::string why;
+  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
+  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  TrainRun r = make_run(make_cuda_backend(&why), "qlora", "nf4", "none");
+  OptimHyper h;
+  train_step(*r.model, {batch}, h, 5e-3, 0, 0);
+  const long descs = emu::lt_descriptors_created();
+  StepResult res = accumulate_grads(*r.model, {batch}, 1, 0);
+  const long syncs = emu::synchronizations();
+  apply_optimizer(*r.model, h, 5e-3, 1, res);
+  // The norm's reduction and the step's end: 2, whatever the number of tensors (one sync per
+  // tensor would be 29 here).
+  EXPECT_EQ(emu::synchronizations() - syncs, 2) << "grad norm over " << r.model->lora_params().size() << " tensors";
+  EXPECT_GT(r.model->lora_params().size(), 1u);
+  EXPECT_EQ(emu::lt_descriptors_created(), descs) << "the second step made new cuBLASLt descriptors";
+  EXPECT_TRUE(std::isfinite(res.grad_norm) && res.grad_norm > 0);
 }
 
 TEST(CudaEmuTraining, LoraBf16StepsMatchTheCpu) { compare_training("lora", "", "none"); }

@@ -78,7 +78,14 @@ class CudaBackend final : public Backend {
     auto tie() const { return std::tie(m, n, k, ta, tb, a_t, b_t, c_t, align_a, align_b, align_c, beta_zero); }
     bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
   };
-  std::map<GemmKey, cublasLtMatmulAlgo_t> algo_cache_;
+  // Everything cuBLASLt needs for one problem, made once (descriptors, layouts, the heuristic's
+  // algorithm) and kept until release(): a repeated shape costs only the cublasLtMatmul call.
+  struct LtPlan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<GemmKey, LtPlan> lt_plans_;
   std::set<GemmKey> no_lt_algo_;     // problems cuBLASLt has no kernel for: cublasGemmEx instead
   cublasHandle_t blas_ = nullptr;    // created on first use of that fallback
   friend void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr,

@@ -195,6 +195,13 @@ void CudaBackend::release() noexcept {
     p = nullptr;
   }
   if (d_err_) cudaFree(d_err_);
+  for (auto& [key, plan] : lt_plans_) {
+    if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.op) cublasLtMatmulDescDestroy(plan.op);
+  }
+  lt_plans_.clear();
   if (lt_workspace_) cudaFree(lt_workspace_);
   if (lt_) cublasLtDestroy(lt_);
   if (blas_) cublasDestroy(blas_);

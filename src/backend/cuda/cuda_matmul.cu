@@ -111,27 +111,26 @@ void convert_to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream
 // "A" is our B and its "B" is our A; a row-major (r,c) buffer is a column-major (c,r) one.
 void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr, DType b_t) {
   QLORA_ASSERT(a_t == b_t);
-  LtDescs d;
-  lt_check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t op_lt_a = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to our B
-  const cublasOperation_t op_lt_b = a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to our A
-  lt_check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)), "set TRANSA");
-  lt_check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)), "set TRANSB");
-  // Stored shapes (column-major rows, cols, ld) of cuBLASLt's A (= our B) and B (= our A).
-  const uint64_t la_rows = a.trans_b ? a.k : a.n, la_cols = a.trans_b ? a.n : a.k;
-  const uint64_t lb_rows = a.trans_a ? a.m : a.k, lb_cols = a.trans_a ? a.k : a.m;
-  lt_check(cublasLtMatrixLayoutCreate(&d.a, cuda_type(b_t), la_rows, la_cols, int64_t(la_rows)), "layout A");
-  lt_check(cublasLtMatrixLayoutCreate(&d.b, cuda_type(a_t), lb_rows, lb_cols, int64_t(lb_rows)), "layout B");
-  lt_check(cublasLtMatrixLayoutCreate(&d.c, cuda_type(a.c.dtype), uint64_t(a.n), uint64_t(a.m), a.n), "layout C");
-
   CudaBackend::GemmKey key{a.m, a.n, a.k, int(a.trans_a), int(a.trans_b), int(a_t), int(b_t), int(a.c.dtype),
                            alignment_of(a_ptr), alignment_of(b_ptr), alignment_of(a.c.data), a.beta == 0.0f};
   if (be.no_lt_algo_.count(key)) {
     gemm_ex_fallback(be, a, a_ptr, a_t, b_ptr, b_t);
     return;
   }
-  auto it = be.algo_cache_.find(key);
-  if (it == be.algo_cache_.end()) {
+  auto it = be.lt_plans_.find(key);
+  if (it == be.lt_plans_.end()) {  // first time this problem is seen: descriptors and heuristic
+    LtDescs d;
+    lt_check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t op_lt_a = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to our B
+    const cublasOperation_t op_lt_b = a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // applies to our A
+    lt_check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof(op_lt_a)), "set TRANSA");
+    lt_check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b)), "set TRANSB");
+    // Stored shapes (column-major rows, cols, ld) of cuBLASLt's A (= our B) and B (= our A).
+    const uint64_t la_rows = a.trans_b ? a.k : a.n, la_cols = a.trans_b ? a.n : a.k;
+    const uint64_t lb_rows = a.trans_a ? a.m : a.k, lb_cols = a.trans_a ? a.k : a.m;
+    lt_check(cublasLtMatrixLayoutCreate(&d.a, cuda_type(b_t), la_rows, la_cols, int64_t(la_rows)), "layout A");
+    lt_check(cublasLtMatrixLayoutCreate(&d.b, cuda_type(a_t), lb_rows, lb_cols, int64_t(lb_rows)), "layout B");
+    lt_check(cublasLtMatrixLayoutCreate(&d.c, cuda_type(a.c.dtype), uint64_t(a.n), uint64_t(a.m), a.n), "layout C");
     lt_check(cublasLtMatmulPreferenceCreate(&d.pref), "preference create");
     const uint64_t ws = be.lt_workspace_bytes_;
     lt_check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
@@ -153,11 +152,14 @@ void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_
       gemm_ex_fallback(be, a, a_ptr, a_t, b_ptr, b_t);
       return;
     }
-    it = be.algo_cache_.emplace(key, res.algo).first;
+    CudaBackend::LtPlan plan{d.op, d.a, d.b, d.c, res.algo};
+    d.op = nullptr, d.a = d.b = d.c = nullptr;  // the plan owns them now (released in release())
+    it = be.lt_plans_.emplace(key, plan).first;
   }
+  const CudaBackend::LtPlan& p = it->second;
   const float alpha = a.alpha, beta = a.beta;
-  lt_check(cublasLtMatmul(be.lt_, d.op, &alpha, b_ptr, d.a, a_ptr, d.b, &beta, a.c.data, d.c, a.c.data, d.c,
-                          &it->second, be.lt_workspace_, be.lt_workspace_bytes_, be.stream_),
+  lt_check(cublasLtMatmul(be.lt_, p.op, &alpha, b_ptr, p.a, a_ptr, p.b, &beta, a.c.data, p.c, a.c.data, p.c, &p.algo,
+                          be.lt_workspace_, be.lt_workspace_bytes_, be.stream_),
            "cublasLtMatmul");
 }
 

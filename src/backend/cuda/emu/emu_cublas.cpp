@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -449,6 +450,13 @@ bool read_scalar(const void* p, bool device, float& out) {
 
 using namespace qlora::emu;
 
+namespace {
+std::atomic<long> g_desc_created{0};
+}  // namespace
+namespace qlora::emu {
+long lt_descriptors_created() { return g_desc_created.load(std::memory_order_relaxed); }
+}  // namespace qlora::emu
+
 extern "C" {
 
 // ---------------------------------------------------------------------------------------------
@@ -469,6 +477,7 @@ size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
   if (!desc) return CUBLAS_STATUS_INVALID_VALUE;
   auto* d = new Desc;
+  g_desc_created.fetch_add(1, std::memory_order_relaxed);
   d->a.put(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, compute);
   d->a.put(CUBLASLT_MATMUL_DESC_SCALE_TYPE, scale);
   track(d, Kind::Desc);

@@ -5,6 +5,7 @@
 // returned once by cudaGetLastError; a fault inside a kernel is sticky).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -310,10 +311,18 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<Stream*>(s);
   return ret(cudaSuccess);
 }
-// Work runs when it is enqueued, so every stream is always idle.
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return ret(cudaSuccess); }
+// Work runs when it is enqueued, so every stream is always idle; synchronizations are counted.
+std::atomic<long> g_syncs{0};
+long qlora::emu::synchronizations() { return g_syncs.load(std::memory_order_relaxed); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  g_syncs.fetch_add(1, std::memory_order_relaxed);
+  return ret(cudaSuccess);
+}
 cudaError_t cudaStreamQuery(cudaStream_t) { return ret(cudaSuccess); }
-cudaError_t cudaDeviceSynchronize(void) { return ret(cudaSuccess); }
+cudaError_t cudaDeviceSynchronize(void) {
+  g_syncs.fetch_add(1, std::memory_order_relaxed);
+  return ret(cudaSuccess);
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return ret(cudaSuccess); }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {

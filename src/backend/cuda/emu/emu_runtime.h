@@ -28,6 +28,10 @@ cudaError_t sticky_error();
 void clear_errors_for_tests();
 // The dynamic shared memory limit a kernel opted in to with cudaFuncSetAttribute (0 if none).
 int max_dynamic_smem(const void* fn);
+// Counters of calls whose number matters for speed on a device (tests of the backend's behaviour):
+// stream/device synchronizations and cuBLASLt matmul descriptors created so far.
+long synchronizations();
+long lt_descriptors_created();
 // "fibers" or "threads": how the block executor runs CUDA threads in this process.
 const char* mode_name();
 
