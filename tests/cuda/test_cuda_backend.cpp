@@ -76,6 +76,29 @@ TEST(CudaBackend, alloc_is_zeroed_and_copies_round_trip) {
   cu->synchronize();
 }
 
+// Uploads larger than the staging buffers, with the host buffer overwritten right after each
+// copy returns (the staged upload must not read it later), land whole and in order.
+TEST(CudaBackend, staged_uploads_are_whole_and_free_the_host_buffer_at_once) {
+  QLORA_REQUIRE_CUDA(cu);
+  const size_t n = small_shapes() ? (size_t(9) << 20) + 5 : (size_t(37) << 20) / 4 * 4 + 5;  // > 2 staging buffers
+  float* a = static_cast<float*>(cu->alloc(n * 4));
+  float* b = static_cast<float*>(cu->alloc(n * 4));
+  Vec src = randn(11, n);
+  const Vec first = src;
+  cu->copy_to_device(a, src.data(), n * 4);
+  for (float& v : src) v = -v + 1.0f;  // reused at once
+  const Vec second = src;
+  cu->copy_to_device(b, src.data(), n * 4);
+  std::fill(src.begin(), src.end(), 0.0f);
+  Vec back(n);
+  cu->copy_to_host(back.data(), a, n * 4);
+  expect_equal("first upload", back, first);
+  cu->copy_to_host(back.data(), b, n * 4);
+  expect_equal("second upload", back, second);
+  cu->free(a);
+  cu->free(b);
+}
+
 TEST(CudaBackend, huge_alloc_is_a_config_error) {
   QLORA_REQUIRE_CUDA(cu);
   try {

@@ -68,6 +68,13 @@ class CudaBackend final : public Backend {
   void* lt_workspace_ = nullptr;
   size_t lt_workspace_bytes_ = 0;
   DeviceErrorRecord* d_err_ = nullptr;
+  // Uploads go through two pinned host buffers in turn (made on first use): the host copy into
+  // one overlaps the DMA out of the other, the DMA runs at pinned-memory speed, and the caller's
+  // buffer is free as soon as copy_to_device returns.
+  static constexpr size_t kStagingBytes = size_t(16) << 20;
+  std::array<void*, 2> staging_{};
+  std::array<cudaEvent_t, 2> staging_done_{};
+  int staging_next_ = 0;
   std::array<void*, size_t(Scratch::kCount)> scratch_{};
   std::array<size_t, size_t(Scratch::kCount)> scratch_size_{};
 

@@ -1,7 +1,9 @@
 // CUDA device discovery, the factory, and CudaBackend's memory, copies, scratch and error plumbing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -195,6 +197,12 @@ void CudaBackend::release() noexcept {
     p = nullptr;
   }
   if (d_err_) cudaFree(d_err_);
+  for (size_t i = 0; i < staging_.size(); i++) {
+    if (staging_done_[i]) cudaEventDestroy(staging_done_[i]);
+    if (staging_[i]) cudaFreeHost(staging_[i]);
+    staging_done_[i] = nullptr;
+    staging_[i] = nullptr;
+  }
   for (auto& [key, plan] : lt_plans_) {
     if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
     if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
@@ -244,11 +252,29 @@ void CudaBackend::memset0(void* p, size_t bytes) {
   if (bytes) QLORA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
 }
 
-// Both copies wait for completion: callers reuse or free their host buffers right after.
+// Through the pinned staging buffers, 16 MiB at a time: before a buffer is refilled its previous
+// DMA must be done (its event); the caller's buffer is read only by the memcpy here, so it can be
+// reused or freed at once, and the upload itself stays ordered on the stream.
 void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) {
   if (!bytes) return;
-  QLORA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, stream_));
-  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!staging_[0]) {
+    for (size_t i = 0; i < staging_.size(); i++) {
+      QLORA_CUDA_CHECK(cudaMallocHost(&staging_[i], kStagingBytes));
+      QLORA_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_[i], cudaEventDisableTiming));
+    }
+  }
+  const auto* src = static_cast<const unsigned char*>(host_src);
+  auto* d = static_cast<unsigned char*>(dst);
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(kStagingBytes, bytes - done);
+    const int slot = staging_next_;
+    staging_next_ ^= 1;
+    QLORA_CUDA_CHECK(cudaEventSynchronize(staging_done_[size_t(slot)]));  // its last DMA has finished
+    std::memcpy(staging_[size_t(slot)], src + done, n);
+    QLORA_CUDA_CHECK(cudaMemcpyAsync(d + done, staging_[size_t(slot)], n, cudaMemcpyHostToDevice, stream_));
+    QLORA_CUDA_CHECK(cudaEventRecord(staging_done_[size_t(slot)], stream_));
+    done += n;
+  }
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
