@@ -2,6 +2,7 @@
 #include "train/step.h"
 
 #include <cmath>
+#include <string>
 
 #include "core/error.h"
 
@@ -52,6 +53,49 @@ StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const Op
   StepResult r = accumulate_grads(model, mbs, step, dropout_seed);
   apply_optimizer(model, h, lr, step, r);
   return r;
+}
+
+std::string first_non_finite(LlamaModel& model, double loss) {
+  if (!std::isfinite(loss)) return "the loss";
+  Backend& be = model.backend();
+  for (auto& p : model.lora_params()) {
+    double sq = 0;
+    be.sumsq({{p.g}, &sq});
+    if (!std::isfinite(sq)) {
+      // A finite sum of squares can still overflow to inf; look at the elements to be sure.
+      std::vector<float> g(size_t(p.g.numel()));
+      if (p.g.dtype == DType::F32) {
+        be.copy_to_host(g.data(), p.g.data, g.size() * 4);
+        for (float v : g)
+          if (!std::isfinite(v)) return "the gradient of " + p.name;
+      } else {
+        return "the gradient of " + p.name;
+      }
+    }
+  }
+  return "";
+}
+
+bool optimizer_state_finite(LlamaModel& model) {
+  Backend& be = model.backend();
+  SumsqArgs all{{}, nullptr};
+  for (auto& p : model.lora_params()) {
+    all.xs.push_back(p.w);
+    all.xs.push_back(p.m);
+    all.xs.push_back(p.v);
+  }
+  double sq = 0;
+  all.out = &sq;
+  be.sumsq(all);
+  if (std::isfinite(sq)) return true;
+  for (auto& p : model.lora_params())
+    for (const Tensor* t : {&p.w, &p.m, &p.v}) {
+      std::vector<float> h(size_t(t->numel()));
+      be.copy_to_host(h.data(), t->data, h.size() * 4);
+      for (float v : h)
+        if (!std::isfinite(v)) return false;
+    }
+  return true;  // finite elements whose squares overflowed
 }
 
 }  // namespace qlora

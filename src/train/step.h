@@ -1,6 +1,7 @@
 // One optimizer step over a list of micro-batches: accumulate, clip, AdamW.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/llama_model.h"
@@ -32,5 +33,13 @@ StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& micro_b
 // Global grad norm (into r.grad_norm), clipping and AdamW; leaves the weights untouched when the
 // loss or the norm is not finite.
 void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r);
+
+// After a step whose loss or norm is not finite: "the loss" when it is the loss, else the name of
+// the first LoRA gradient (in parameter order) holding a NaN or infinity, else "" (the norm
+// overflowed while every element is finite).
+std::string first_non_finite(LlamaModel& model, double loss);
+
+// Whether every LoRA weight and AdamW moment is finite (a checkpoint is only written from such a state).
+bool optimizer_state_finite(LlamaModel& model);
 
 }  // namespace qlora

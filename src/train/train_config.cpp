@@ -139,6 +139,10 @@ const std::vector<KeyRow>& key_table() {
        .help = "AdamW epsilon."},
       {.name = "max_grad_norm", .field = &T::max_grad_norm, .def = "1.0", .range = {.lo = 0},
        .help = "Clip the global gradient norm to this; 0 = no clipping.", .null_as = "0"},
+      {.name = "nan_policy", .field = &T::nan_policy, .def = "stop", .choices = {"stop", "skip"},
+       .help = "A step whose loss or gradient norm is not finite: stop (name the step and the first "
+               "non-finite tensor; the last good state is checkpointed) or skip it (weights untouched, "
+               "counted; 10 in a row stop the run)."},
       {.name = "logging_steps", .field = &T::logging_steps, .def = "1", .range = {.lo = 1},
        .help = "Log a line every N optimizer steps (metrics.jsonl gets every step)."},
       {.name = "eval_strategy", .field = &T::eval_strategy, .def = "steps", .choices = {"no", "steps", "epoch"},

@@ -47,6 +47,7 @@ struct TrainConfig {
   double weight_decay;
   double adam_beta1, adam_beta2, adam_epsilon;
   double max_grad_norm;  // 0 = no clipping
+  std::string nan_policy;  // stop|skip: what a step with a non-finite loss or gradient norm does
   // logging / eval / checkpoints
   int64_t logging_steps;
   std::string eval_strategy;  // no|steps|epoch

@@ -80,6 +80,9 @@ double Trainer::evaluate(const std::vector<Batch>& batches) {
 }
 
 void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream) {
+  if (!optimizer_state_finite(*lm_.model))  // never a checkpoint of a broken state
+    fail(ErrorKind::Data, dir, "not written: a LoRA weight or optimizer moment is not finite",
+         "lower learning_rate; resume from an earlier checkpoint");
   AtomicDir d(dir);
   write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
   write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
@@ -234,6 +237,8 @@ TrainSummary Trainer::run() {
     }
   }
   install_stop_signal_handlers();
+  constexpr int64_t kMaxConsecutiveSkips = 10;  // nan_policy: skip gives up after this many in a row
+  int64_t consecutive_skips = 0;
   int64_t step = start;
   for (; step < total; step++) {
     if (g_stop_requested.load()) break;
@@ -244,11 +249,26 @@ TrainSummary Trainer::run() {
     const StepResult r = train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
     const double loss = r.loss, gnorm = r.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
-      save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
-      fail(ErrorKind::Data, "step " + std::to_string(step + 1),
-           "loss or gradient is not finite (loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) + ")",
-           "lower learning_rate; the last good state was saved as checkpoint-" + std::to_string(step));
+      // train_step left the weights and moments untouched: the state is the last good one.
+      const std::string culprit = first_non_finite(model, loss);
+      const std::string what = "loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) +
+                               (culprit.empty() ? std::string() : "; first non-finite: " + culprit);
+      if (cfg_.nan_policy == "skip" && ++consecutive_skips <= kMaxConsecutiveSkips) {
+        sum.skipped_steps++;
+        progress.message("step " + std::to_string(step + 1) + " skipped (" + what + ")");
+        metrics.write({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
+                       {"reason", culprit.empty() ? "grad norm overflow" : culprit}});
+        continue;
+      }
+      std::string hint = "lower learning_rate or set max_grad_norm";
+      if (step > start && optimizer_state_finite(model)) {
+        save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
+        hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
+      }
+      if (cfg_.nan_policy == "skip") hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
+      fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
     }
+    consecutive_skips = 0;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const int64_t done = step + 1;
     sum.last_loss = loss;
@@ -295,7 +315,9 @@ TrainSummary Trainer::run() {
   sum.adapter_dir = cfg_.output_dir;
   if (!cfg_.sample_prompts.empty())
     write_samples_json(cfg_.output_dir, samples_before, print_sample_answers(sample_render, "after training"));
-  log("done: " + std::to_string(step) + " steps, loss " + std::to_string(sum.last_loss) +
+  log("done: " + std::to_string(step) + " steps" +
+      (sum.skipped_steps ? " (" + std::to_string(sum.skipped_steps) + " skipped: not finite)" : "") + ", loss " +
+      std::to_string(sum.last_loss) +
       (sum.eval_loss >= 0 ? ", eval_loss " + std::to_string(sum.eval_loss) : "") + "; adapter in " + cfg_.output_dir);
   return sum;
 }

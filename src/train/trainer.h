@@ -19,6 +19,7 @@ struct TrainSummary {
   int64_t steps_done = 0, total_steps = 0;
   double last_loss = 0, eval_loss = -1;
   bool interrupted = false;
+  int64_t skipped_steps = 0;  // nan_policy: skip
   std::string adapter_dir;
 };
 
