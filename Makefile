@@ -8,7 +8,7 @@ DEB_PKGS := cmake g++ make pkg-config libomp-dev nlohmann-json3-dev libyaml-cpp-
 DEMO_PKGS := curl unzip ca-certificates wordnet-base
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps demo-deps configure build test demo demo-tiny real-models clean
+.PHONY: all deps demo-deps configure build test test-sanitize demo demo-tiny real-models clean
 
 all: build
 
@@ -38,6 +38,18 @@ test: build real-models
 	@[ ! -e $(BUILD)/test_cuda_static ] || ./tests/fetch_cuobjdump.sh $(BUILD)/tools >/dev/null || \
 	  echo "error: cuobjdump not fetched; the cuda-static tests will fail" >&2
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# The whole suite built with AddressSanitizer + UndefinedBehaviorSanitizer (leaks included) in
+# build-asan/: every test that runs in `make test` except the cuda-static gates (they read the
+# nvcc library, which this build does not make). The CUDA harness tests run with each CUDA thread
+# an OS thread, as AddressSanitizer needs, on the small shapes (QLORA_CUDA_TEST_SMALL).
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+test-sanitize: deps real-models
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQLORA_CUDA=OFF -DQLORA_NO_SANITIZE_TESTS=ON \
+	  -DCMAKE_CXX_FLAGS="$(SAN_FLAGS)" -DCMAKE_EXE_LINKER_FLAGS="$(SAN_FLAGS)"
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && QLORA_CUDA_TEST_SMALL=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 1200
 
 # QLoRA NF4 fine-tune of SmolLM2-135M-Instruct on WordNet definitions, with sample answers before
 # and after (examples/smollm2/). `make demo-tiny` trains the 2-layer fixture model in seconds.

@@ -77,7 +77,9 @@ uint16_t f32_to_f16(float f) {
 
 void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
   switch (t) {
-    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::F32:
+      if (n > 0) std::memcpy(dst, src, size_t(n) * 4);  // an empty tensor may have no data pointer
+      return;
     case DType::F16: {
       auto* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
@@ -110,7 +112,9 @@ void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
 
 void convert_from_f32(DType t, const float* src, void* dst, int64_t n) {
   switch (t) {
-    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::F32:
+      if (n > 0) std::memcpy(dst, src, size_t(n) * 4);  // an empty tensor may have no data pointer
+      return;
     case DType::F16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);

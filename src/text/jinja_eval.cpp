@@ -299,10 +299,15 @@ class Evaluator {
 
   Value make_macro(const Node& n, const ScopePtr& scope) {
     const Node* node = &n;
-    ScopePtr def_scope = scope;
+    // The macro lives in its defining scope's variables: holding that scope strongly would make a
+    // cycle that leaks every scope that defines a macro. The scope outlives every call made while
+    // the template runs.
+    std::weak_ptr<Scope> def_scope = scope;
     return Value::function(make_fn(n.text, [this, node, def_scope](CallArgs& a) {
+      ScopePtr parent = def_scope.lock();
+      if (!parent) throw TemplateError("macro '" + node->text + "' called after the scope that defined it ended");
       if (++call_depth_ > 200) throw TemplateError("macro recursion is too deep");
-      auto s = std::make_shared<Scope>(def_scope);
+      auto s = std::make_shared<Scope>(parent);
       ValueList extra;
       for (size_t i = 0; i < a.args.size(); ++i) {
         if (i < node->params.size())

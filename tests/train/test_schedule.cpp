@@ -47,7 +47,8 @@ TEST(Schedule, MatchesTransformersStepByStep) {
 }
 
 TEST(Schedule, TotalStepsMatchTransformersTrainer) {
-  for (const auto& t : fixture()["total_steps"]) {
+  const nlohmann::json fx = fixture();  // the loop must not range over a destroyed temporary
+  for (const auto& t : fx["total_steps"]) {
     TrainConfig cfg;
     cfg.gradient_accumulation_steps = t["gradient_accumulation_steps"];
     cfg.num_train_epochs = t["num_train_epochs"];
