@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -111,7 +112,6 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) { ::qlora::emu::syncwarp(mas
 // they already order the plain accesses around them; a fence adds nothing (and ThreadSanitizer
 // does not model fences).
 inline void __threadfence() {}
-inline void __threadfence_block() {}
 
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
@@ -140,11 +140,6 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 inline float atomicAdd(float* p, float v) { return ::qlora::emu::atomic_add_float(p, v); }
 inline double atomicAdd(double* p, double v) { return ::qlora::emu::atomic_add_float(p, v); }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) { return ::qlora::emu::atomic_add_float(p, v); }
-inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
-}
 inline int atomicCAS(int* p, int compare, int val) {
   __atomic_compare_exchange_n(p, &compare, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return compare;
@@ -158,47 +153,15 @@ cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
 }
 
 inline size_t __cvta_generic_to_shared(const void* p) { return ::qlora::emu::cvta_shared(p); }
-template <class T>
-T __ldg(const T* p) {
-  return *p;
-}
 
-// Math intrinsics the host library lacks (the device's fast versions are approximations; the
-// harness uses the correctly rounded ones, so it proves the algorithm, not the ulps).
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline float __expf(float x) { return std::exp(x); }
-inline float __logf(float x) { return std::log(x); }
-inline float __fdividef(float a, float b) { return a / b; }
+// Math intrinsics the kernels use that the host library lacks (the device's fast versions are
+// approximations; the harness uses the correctly rounded ones, so it proves the algorithm, not the
+// ulps). Add one here when a kernel starts using it.
 inline void __sincosf(float x, float* s, float* c) { ::sincosf(x, s, c); }
-inline float __sinf(float x) { return std::sin(x); }
-inline float __cosf(float x) { return std::cos(x); }
-inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
-inline float __int_as_float(int x) {
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-inline int __float_as_int(float x) {
-  int i;
-  std::memcpy(&i, &x, 4);
-  return i;
-}
-inline unsigned __float_as_uint(float x) {
-  unsigned i;
-  std::memcpy(&i, &x, 4);
-  return i;
-}
-inline float __uint_as_float(unsigned x) {
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
 // Round-to-nearest operations that the device never contracts into an FMA.
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
-inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }

@@ -643,7 +643,6 @@ void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t, co
                                           "MaxDynamicSharedMemorySize)");
   if (sticky_error() != cudaSuccess) return;
 
-  std::string kernel = site;
   for (unsigned bz = 0; bz < grid.z; bz++)
     for (unsigned by = 0; by < grid.y; by++)
       for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -651,7 +650,7 @@ void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t, co
         b.dim = block;
         b.grid = grid;
         b.idx = uint3{bx, by, bz};
-        b.kernel = kernel.c_str();
+        b.kernel = site.c_str();
         b.n = int(nthreads);
         b.live.store(b.n, kRelaxed);
         b.smem_bytes = smem;
@@ -683,6 +682,5 @@ void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t, co
       }
 }
 
-const char* mode_name() { return use_os_threads() ? "threads" : "fibers"; }
 
 }  // namespace qlora::emu

@@ -32,7 +32,5 @@ int max_dynamic_smem(const void* fn);
 // stream/device synchronizations and cuBLASLt matmul descriptors created so far.
 long synchronizations();
 long lt_descriptors_created();
-// "fibers" or "threads": how the block executor runs CUDA threads in this process.
-const char* mode_name();
 
 }  // namespace qlora::emu
