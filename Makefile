@@ -1,9 +1,12 @@
 # Thin wrapper over CMake. `make demo` and `make test` do all set-up on a fresh Debian machine.
+SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PKGS := cmake g++ make pkg-config libomp-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev \
             libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libgtest-dev \
             libboost-context-dev
+# The fuzzers: clang with libFuzzer.
+FUZZ_PKGS := clang libclang-rt-dev libomp-dev
 # The demo's model download and dataset source.
 DEMO_PKGS := curl unzip ca-certificates wordnet-base
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -20,6 +23,9 @@ deps:
 
 demo-deps:
 	@$(MAKE) --no-print-directory deps DEB_PKGS="$(DEMO_PKGS)"
+
+fuzz-deps:
+	@$(MAKE) --no-print-directory deps DEB_PKGS="$(FUZZ_PKGS)"
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -38,6 +44,7 @@ test: build real-models
 	@[ ! -e $(BUILD)/test_cuda_static ] || ./tests/fetch_cuobjdump.sh $(BUILD)/tools >/dev/null || \
 	  echo "error: cuobjdump not fetched; the cuda-static tests will fail" >&2
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	@$(MAKE) --no-print-directory fuzz-smoke
 
 # The whole suite built with AddressSanitizer + UndefinedBehaviorSanitizer (leaks included) in
 # build-asan/: every test that runs in `make test` except the cuda-static gates (they read the
@@ -50,6 +57,51 @@ test-sanitize: deps real-models
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && QLORA_CUDA_TEST_SMALL=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 1200
+
+# SIGKILL trials against checkpoint saves (tests/crash/kill9_trials.sh, docs/crash_safety.md): every
+# checkpoint whole after each kill, every resume completes. `make test` runs 8 trials (label crash).
+CRASH_TRIALS ?= 60
+crash-test: configure
+	cmake --build $(BUILD) -j $(JOBS) --target qlora
+	bash tests/crash/kill9_trials.sh $(BUILD)/qlora $(CRASH_TRIALS) $(CRASH_SEED)
+
+# libFuzzer targets (fuzz/), one per reader, built by clang in build-fuzz/ with AddressSanitizer and
+# UndefinedBehaviorSanitizer. `make fuzz` runs each for FUZZ_RUNS executions (default one million)
+# from its seeds (fuzz/seeds/) and the findings kept as regressions (fuzz/regressions/); the corpus
+# grows in build-fuzz/corpus/. A crash, sanitizer report, leak, timeout or out-of-memory stops it
+# and leaves the input in build-fuzz/findings/<target>/. `make fuzz-smoke` (part of `make test`)
+# runs every target for FUZZ_SMOKE_SECONDS.
+FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+              -gline-tables-only
+FUZZ_TARGETS := safetensors gguf tokenizer jinja dataset config hf_config bnb
+FUZZ_RUNS ?= 1000000
+FUZZ_SMOKE_SECONDS ?= 20
+FUZZ_OPTS := -rss_limit_mb=2048 -timeout=10 -max_len=65536
+fuzz-build: fuzz-deps
+	@[ -e build-fuzz/CMakeCache.txt ] || CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release \
+	  -DQLORA_CUDA=OFF -DQLORA_TESTS=OFF -DQLORA_FUZZ=ON -DCMAKE_CXX_FLAGS="$(FUZZ_FLAGS)" -DCMAKE_C_FLAGS="$(FUZZ_FLAGS)"
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t build-fuzz/findings/$$t; \
+	  echo "fuzz_$$t: $(FUZZ_RUNS) executions"; \
+	  ./build-fuzz/fuzz/fuzz_$$t $(FUZZ_OPTS) -runs=$(FUZZ_RUNS) -print_final_stats=1 \
+	    -artifact_prefix=build-fuzz/findings/$$t/ build-fuzz/corpus/$$t fuzz/seeds/$$t \
+	    $$( [ -d fuzz/regressions/$$t ] && echo fuzz/regressions/$$t ) 2>&1 | tee build-fuzz/fuzz_$$t.log | \
+	    grep -E "^#[0-9]+ +DONE|stat::number_of_executed_units|ERROR|SUMMARY" ; \
+	  [ $${PIPESTATUS[0]} -eq 0 ] || { echo "fuzz_$$t found a problem: see build-fuzz/fuzz_$$t.log"; exit 1; }; \
+	done
+
+fuzz-smoke: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/smoke/$$t build-fuzz/findings/$$t; \
+	  ./build-fuzz/fuzz/fuzz_$$t $(FUZZ_OPTS) -max_total_time=$(FUZZ_SMOKE_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=build-fuzz/findings/$$t/ build-fuzz/smoke/$$t fuzz/seeds/$$t \
+	    $$( [ -d fuzz/regressions/$$t ] && echo fuzz/regressions/$$t ) > build-fuzz/smoke_$$t.log 2>&1 || \
+	    { tail -40 build-fuzz/smoke_$$t.log; echo "fuzz_$$t found a problem: see build-fuzz/smoke_$$t.log"; exit 1; }; \
+	  echo "fuzz_$$t: $$(grep -o 'number_of_executed_units: [0-9]*' build-fuzz/smoke_$$t.log | grep -o '[0-9]*') executions in $(FUZZ_SMOKE_SECONDS) s, no finding"; \
+	done
 
 # QLoRA NF4 fine-tune of SmolLM2-135M-Instruct on WordNet definitions, with sample answers before
 # and after (examples/smollm2/). `make demo-tiny` trains the 2-layer fixture model in seconds.

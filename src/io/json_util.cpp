@@ -43,6 +43,10 @@ json parse_json(std::string_view text, const std::string& where) {
     // the location is already in `where`.
     if (auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
     fail(ErrorKind::Format, where + ":" + locate(text, e.byte), "invalid JSON: " + what);
+  } catch (const json::exception& e) {  // out_of_range: a number too large for a double
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    fail(ErrorKind::Format, where, "invalid JSON: " + what);
   }
 }
 

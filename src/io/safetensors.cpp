@@ -271,6 +271,7 @@ std::vector<float> SafetensorsArchive::read_f32(const std::string& name,
   return out;
 }
 
+  if (t.nbytes == 0) return;  // an empty tensor may point nowhere
 // ---------------------------------------------------------------------------------------------------
 // SafetensorsWriter
 

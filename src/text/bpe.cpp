@@ -204,8 +204,8 @@ void BpeModel::WordCache::put(std::string_view w, uint64_t h, const int32_t* ids
   arena_.resize(off + words, 0);
   uint32_t* e = arena_.data() + off;
   e[0] = static_cast<uint32_t>(w.size() | (n << 16));
-  std::memcpy(e + 1, w.data(), w.size());
-  std::memcpy(e + 1 + (w.size() + 3) / 4, ids, n * sizeof(int32_t));
+  if (!w.empty()) std::memcpy(e + 1, w.data(), w.size());
+  if (n) std::memcpy(e + 1 + (w.size() + 3) / 4, ids, n * sizeof(int32_t));  // a word may encode to no ids
   slots_[i] = {tag, static_cast<uint32_t>(off)};
   ++size_;
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "text/unicode.h"
 
 namespace qlora {
 namespace {
@@ -674,6 +676,15 @@ void resolve(const std::string& key, const YAML::Node& value, const Loc& loc, No
 }
 
 YAML::Node parse_yaml_text(const std::string& text, const std::string& origin) {
+  // YAML is UTF-8 text; yaml-cpp would pass other bytes through into paths and names.
+  if (size_t bad = 0; !unicode::is_valid_utf8(text, &bad)) {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < bad; i++) text[i] == '\n' ? (line++, col = 1) : col++;
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(text[bad]));
+    fail(ErrorKind::Config, origin + ":" + std::to_string(line) + ":" + std::to_string(col),
+         std::string("invalid UTF-8 (byte ") + byte + ")", "save the file as UTF-8");
+  }
   try {
     return YAML::Load(text);
   } catch (const YAML::ParserException& e) {

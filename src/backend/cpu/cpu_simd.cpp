@@ -128,11 +128,12 @@ void softmax_grad_row(float* x, const float* p, int64_t n, float d) {
 
 QLORA_SIMD_CLONES
 void decode_4bit(float* out, const uint8_t* bytes, int64_t n_bytes, const float* code, float scale) {
+  int64_t i = 0;
+#if !defined(__clang__)  // GCC's variable-index __builtin_shuffle; clang builds (the fuzzers) take the scalar loop
   typedef uint8_t vb __attribute__((vector_size(16)));
   const vf table = load(code), s = splat(scale);
   const vi lo_first = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
   const vi hi_first = lo_first + 8;
-  int64_t i = 0;
   for (; i + 16 <= n_bytes; i += 16) {
     vb raw;
     std::memcpy(&raw, bytes + i, sizeof raw);
@@ -141,6 +142,7 @@ void decode_4bit(float* out, const uint8_t* bytes, int64_t n_bytes, const float*
     store(out + 2 * i, __builtin_shuffle(table, __builtin_shuffle(hi, lo, lo_first)) * s);
     store(out + 2 * i + kW, __builtin_shuffle(table, __builtin_shuffle(hi, lo, hi_first)) * s);
   }
+#endif
   for (; i < n_bytes; i++) {
     out[2 * i] = code[bytes[i] >> 4] * scale;
     out[2 * i + 1] = code[bytes[i] & 15] * scale;
