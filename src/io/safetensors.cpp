@@ -125,6 +125,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
     }
     tensors_.emplace(key, parse_entry(path, key, value, data_begin, data_size));
   }
+  // No two tensors may share bytes (a lying data_offsets would alias another tensor's data).
+  std::vector<const TensorInfo*> by_offset;
+  for (const auto& kv : tensors_)
+    if (kv.second.nbytes > 0) by_offset.push_back(&kv.second);
+  auto offset = [&](const TensorInfo& t) { return uint64_t(static_cast<const uint8_t*>(t.data) - data_begin); };
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](const TensorInfo* a, const TensorInfo* b) { return offset(*a) < offset(*b); });
+  for (size_t i = 1; i < by_offset.size(); i++) {
+    const TensorInfo& prev = *by_offset[i - 1];
+    const TensorInfo& cur = *by_offset[i];
+    if (offset(cur) < offset(prev) + uint64_t(prev.nbytes)) {
+      auto span = [&](const TensorInfo& t) {
+        const uint64_t b = offset(t);
+        return "[" + std::to_string(b) + "," + std::to_string(b + uint64_t(t.nbytes)) + "]";
+      };
+      fail(ErrorKind::Format, tensor_where(path, cur.name),
+           "data_offsets " + span(cur) + " overlap tensor '" + prev.name + "' at " + span(prev),
+           "the file is corrupt or was not written by a safetensors writer");
+    }
+  }
 }
 
 std::vector<std::string> SafetensorsFile::names() const {

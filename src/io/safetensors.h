@@ -24,7 +24,7 @@ struct TensorInfo {
 std::string shape_str(const std::vector<int64_t>& shape);  // "[4096, 128]"
 
 // One .safetensors file, mapped read-only and fully validated on open (header length, JSON, dtypes,
-// shapes, data_offsets vs the data section). Errors: Error(Io|Format, "<path>[: tensor '<name>']").
+// shapes, data_offsets vs the data section and vs each other). Errors: Error(Io|Format, "<path>[: tensor '<name>']").
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);

@@ -73,9 +73,20 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
   const json* t = json_find(j, "target_modules");
   if (!t) fail(ErrorKind::Config, path + ": key 'target_modules'", "missing");
   std::vector<std::string> names;
-  if (t->is_string()) names.push_back(t->get<std::string>());
-  else
-    for (const auto& x : *t) names.push_back(x.get<std::string>());
+  if (t->is_string()) {
+    names.push_back(t->get<std::string>());
+  } else if (t->is_array()) {
+    for (size_t i = 0; i < t->size(); i++) {
+      const json& x = (*t)[i];
+      if (!x.is_string())
+        fail(ErrorKind::Config, path + ": key 'target_modules[" + std::to_string(i) + "]'",
+             std::string("expected a module name string, got ") + json_type_name(x) + " " + x.dump());
+      names.push_back(x.get<std::string>());
+    }
+  } else {
+    fail(ErrorKind::Config, path + ": key 'target_modules'",
+         std::string("expected a list of module names, got ") + json_type_name(*t));
+  }
   s.targets = LoraSpec::resolve_targets(names);
   if (json_bool_or(j, "use_dora", false, path)) fail(ErrorKind::Unsupported, path, "DoRA adapters are not supported");
   return s;

@@ -114,6 +114,8 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     return ex;
   };
 
+  int64_t shortest_dropped = 0;  // tokens of the shortest row dropped as too long, and where it is
+  std::string shortest_dropped_at;
   auto keep = [&](Example ex, const std::string& where) {
     const int64_t n = int64_t(ex.ids.size());
     if (n > opt.max_length) {
@@ -123,6 +125,10 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
              "raise max_length, or set truncation: drop | truncate_left | truncate_right");
       if (opt.truncation == "drop") {
         st.dropped++;
+        if (shortest_dropped == 0 || n < shortest_dropped) {
+          shortest_dropped = n;
+          shortest_dropped_at = where;
+        }
         return;
       }
       st.truncated++;
@@ -201,6 +207,13 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     std::string why = std::to_string(st.rows) + " rows read: " + std::to_string(st.no_loss) +
                       " without a trained token, " + std::to_string(st.dropped) + " dropped as too long, " +
                       std::to_string(st.bad_rows) + " bad";
+    if (st.dropped == st.rows)  // every row is longer than max_length: say by how much, and where
+      fail(ErrorKind::Data, path,
+           "no usable example: all " + std::to_string(st.rows) + " rows are longer than max_length " +
+               std::to_string(opt.max_length) + " and truncation is 'drop' (the shortest, " +
+               std::to_string(shortest_dropped) + " tokens, is " + shortest_dropped_at + ")",
+           "raise max_length to at least " + std::to_string(shortest_dropped) +
+               ", or set truncation: truncate_right | truncate_left");
     fail(ErrorKind::Data, path, "no usable example (" + why + ")",
          st.no_loss ? "check roles_to_train / train_on_inputs, that rows have responses, and max_length with truncation"
                     : "check the rows and max_length");

@@ -137,7 +137,9 @@ TEST(Gguf, MalformedFixturesAreRejected) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.file);
-    expect_error([&] { GgufFile f(kDir + "bad/" + c.file); }, c.kind, c.fragments);
+    std::vector<std::string> fragments = c.fragments;
+    fragments.push_back(kDir + "bad/" + c.file);  // every error names the file
+    expect_error([&] { GgufFile f(kDir + "bad/" + c.file); }, c.kind, fragments);
   }
   expect_error([&] { GgufFile f(kDir + "bad/no_such_file.gguf"); }, ErrorKind::Io, {"no_such_file.gguf"});
 }

@@ -200,7 +200,8 @@ TEST(SafetensorsErrors, TooSmallAndHeaderBeyondEof) {
   TmpDir tmp;
   write_bytes(tmp / "tiny.safetensors", "abc");
   Error e = catch_error([&] { SafetensorsFile f(tmp / "tiny.safetensors"); }, ErrorKind::Format);
-  EXPECT_NE(e.message().find("too small"), std::string::npos);
+  EXPECT_EQ(e.where(), tmp / "tiny.safetensors");
+  EXPECT_EQ(e.message(), "file is 3 bytes, too small for a safetensors header");
 
   std::string bytes = st_bytes(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f32_bytes({1}));
   bytes[0] = char(200);  // header length 200 > file
@@ -208,6 +209,14 @@ TEST(SafetensorsErrors, TooSmallAndHeaderBeyondEof) {
   e = catch_error([&] { SafetensorsFile f(tmp / "len.safetensors"); }, ErrorKind::Format);
   EXPECT_NE(e.message().find("header length 200 exceeds the file size"), std::string::npos) << e.what();
   EXPECT_EQ(e.where(), tmp / "len.safetensors");
+
+  // A lying header length near 2^63: no overflow, no allocation, the same clear error.
+  for (int i = 0; i < 7; i++) bytes[i] = char(0xff);
+  bytes[7] = char(0x7f);
+  write_bytes(tmp / "huge.safetensors", bytes);
+  e = catch_error([&] { SafetensorsFile f(tmp / "huge.safetensors"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), tmp / "huge.safetensors");
+  EXPECT_EQ(e.message(), "header length 9223372036854775807 exceeds the file size of " + std::to_string(bytes.size()) + " bytes");
 }
 
 TEST(SafetensorsErrors, TruncatedFile) {
@@ -230,7 +239,8 @@ TEST(SafetensorsErrors, InvalidJsonHeader) {
   TmpDir tmp;
   write_bytes(tmp / "bad.safetensors", st_bytes(R"({"x":{"dtype":"F32",)", f32_bytes({1})));
   Error e = catch_error([&] { SafetensorsFile f(tmp / "bad.safetensors"); }, ErrorKind::Format);
-  EXPECT_NE(e.message().find("invalid JSON"), std::string::npos);
+  EXPECT_EQ(e.where(), tmp / "bad.safetensors" + ": header");
+  EXPECT_NE(e.message().find("invalid JSON at byte"), std::string::npos) << e.what();
   write_bytes(tmp / "arr.safetensors", st_bytes("[1,2]", ""));
   catch_error([&] { SafetensorsFile f(tmp / "arr.safetensors"); }, ErrorKind::Format);
 }
@@ -257,9 +267,27 @@ TEST(SafetensorsErrors, BadEntries) {
     Error e = catch_error([&] { SafetensorsFile f(tmp / "w.safetensors"); }, ErrorKind::Format);
     EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
     if (std::string(c.header).find("\"w\"") != std::string::npos) {
-      EXPECT_NE(e.where().find("tensor 'w'"), std::string::npos);
+      EXPECT_EQ(e.where(), tmp / "w.safetensors" + ": tensor 'w'");
+    } else {
+      EXPECT_EQ(e.where().rfind(tmp / "w.safetensors", 0), 0u) << e.where();
     }
   }
+}
+
+// Lying data_offsets that make two tensors share bytes.
+TEST(SafetensorsErrors, OverlappingDataOffsets) {
+  TmpDir tmp;
+  write_bytes(tmp / "o.safetensors",
+              st_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                       f32_bytes({1, 2, 3})));
+  Error e = catch_error([&] { SafetensorsFile f(tmp / "o.safetensors"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), tmp / "o.safetensors" + ": tensor 'b'");
+  EXPECT_EQ(e.message(), "data_offsets [4,12] overlap tensor 'a' at [0,8]");
+  // Touching spans and empty tensors anywhere are fine.
+  write_bytes(tmp / "ok.safetensors",
+              st_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                       f32_bytes({1, 2, 3})));
+  EXPECT_NO_THROW({ SafetensorsFile f(tmp / "ok.safetensors"); });
 }
 
 TEST(SafetensorsErrors, MissingTensorSuggestsClosest) {
@@ -281,7 +309,10 @@ TEST(SafetensorsErrors, ShapeMismatchNamesBothShapes) {
 
 TEST(SafetensorsErrors, IntegerTensorIsNotReadAsFloat) {
   SafetensorsArchive a(kFix + "/py_single.safetensors");
-  catch_error([&] { a.read_f32("d.i64", {5}); }, ErrorKind::Unsupported);
+  Error e = catch_error([&] { a.read_f32("d.i64", {5}); }, ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), kFix + "/py_single.safetensors: tensor 'd.i64'");
+  EXPECT_EQ(e.message(), "dtype I64 cannot be read as floats here");
+  EXPECT_EQ(e.hint(), "expected F32, F16 or BF16");
 }
 
 TEST(SafetensorsErrors, MissingShard) {
@@ -302,9 +333,13 @@ TEST(SafetensorsErrors, IndexPointsAtWrongShard) {
   write_bytes(tmp / "m/model.safetensors.index.json", idx.dump());
   Error e = catch_error([&] { SafetensorsArchive a(tmp / "m"); }, ErrorKind::Format);
   EXPECT_EQ(e.where(), "tensor 'lm_head.weight'");
+  EXPECT_EQ(e.message(), tmp / "m/model.safetensors.index.json" + " places it in " +
+                             (tmp / "m/model-00001-of-00002.safetensors") + ", which lacks it");
   // An index without weight_map.
   write_bytes(tmp / "m/model.safetensors.index.json", R"({"metadata":{}})");
-  catch_error([&] { SafetensorsArchive a(tmp / "m"); }, ErrorKind::Format);
+  e = catch_error([&] { SafetensorsArchive a(tmp / "m"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), tmp / "m/model.safetensors.index.json");
+  EXPECT_EQ(e.message(), "has no 'weight_map' object");
 }
 
 TEST(SafetensorsErrors, DirectoryCases) {

@@ -35,6 +35,35 @@ TEST(DatasetErrors, MalformedJsonArrayFileNamesLineAndColumn) {
   EXPECT_EQ(e.where(), path + ":3:12");
 }
 
+TEST(DatasetErrors, InvalidUtf8InARowNamesLineAndColumn) {
+  const std::string path = temp_file("utf8.jsonl", std::string(kGoodAlpaca) + "\n" +
+                                                       "{\"instruction\": \"caf\xe9\", \"output\": \"y\"}\n");
+  Error e = expect_error([&] { load_dataset({path}, &smollm2(), chat_options(), nullptr); }, ErrorKind::Data);
+  EXPECT_EQ(e.where(), path + ":2:22");  // 0xE9 is column 21; the byte after it shows the sequence is broken
+  EXPECT_NE(e.message().find("malformed JSON"), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find("ill-formed UTF-8 byte"), std::string::npos) << e.message();
+}
+
+TEST(DatasetErrors, WrongJsonTypesNameTheFieldAndTheFormat) {
+  struct Case {
+    std::string row, where_suffix, needle;
+  } cases[] = {
+      {R"({"instruction": "y", "output": 5})", ":1", "row has 'output' that is not a string (format alpaca"},
+      {R"({"messages": "hello"})", ":1", "'messages'"},
+      {R"({"messages": [{"role": "user", "content": 3}]})", ":1", "content"},
+      {R"({"text": ["a", "b"]})", ":1", "'text'"},
+      {std::string(kGoodAlpaca) + "\n\"just a string\"", ":2", "not a JSON object"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.row);
+    const std::string path = temp_file("types" + std::to_string(i++) + ".jsonl", c.row + "\n");
+    Error e = expect_error([&] { load_dataset({path}, &smollm2(), chat_options(), nullptr); }, ErrorKind::Data);
+    EXPECT_EQ(e.where(), path + c.where_suffix);
+    EXPECT_NE(e.message().find(c.needle), std::string::npos) << e.message();
+  }
+}
+
 TEST(DatasetErrors, MissingFieldNamesTheDetectedFormatAndFields) {
   const std::string path =
       temp_file("missing.jsonl", std::string(kGoodAlpaca) + "\n" + R"({"instruction": "No output here."})" + "\n");
@@ -166,6 +195,25 @@ TEST(DatasetErrors, TruncationPoliciesAreCountedAndExact) {
   EXPECT_NE(e.message().find("15 tokens, above max_length 10"), std::string::npos) << e.message();
 }
 
+// truncation: drop and every row is too long: the error says so, with the shortest row and its length.
+TEST(DatasetErrors, AllRowsLongerThanMaxLengthIsAnError) {
+  std::string rows;
+  for (int n : {30, 12, 20}) {
+    std::string t;
+    for (int i = 0; i < n; i++) t += " a";
+    rows += R"({"text": ")" + t + "\"}\n";
+  }
+  const std::string path = temp_file("all_long.jsonl", rows);
+  DatasetOptions o;
+  o.max_length = 10;
+  o.truncation = "drop";
+  Error e = expect_error([&] { load_dataset({path}, &smollm2(), o, nullptr); }, ErrorKind::Data);
+  EXPECT_EQ(e.where(), path);
+  EXPECT_EQ(e.message(), "no usable example: all 3 rows are longer than max_length 10 and truncation is 'drop' "
+                         "(the shortest, 13 tokens, is " + path + ":2)");
+  EXPECT_EQ(e.hint(), "raise max_length to at least 13, or set truncation: truncate_right | truncate_left");
+}
+
 TEST(DatasetErrors, PretokenizedIdsAreChecked) {
   const std::string path = temp_file("ids.jsonl", R"({"input_ids": [1, 2, 3], "labels": [1, 2]})" "\n");
   Error e = expect_error([&] { load_dataset({path}, nullptr, DatasetOptions{}, nullptr); }, ErrorKind::Data);
@@ -182,9 +230,12 @@ TEST(DatasetErrors, PretokenizedIdsAreChecked) {
 }
 
 TEST(DatasetErrors, EmptyAndMissingFiles) {
-  expect_error([&] { load_dataset({temp_file("empty.jsonl", "\n\n")}, &smollm2(), DatasetOptions{}, nullptr); },
-               ErrorKind::Data);
-  expect_error([&] { load_dataset({"/nonexistent/x.jsonl"}, &smollm2(), DatasetOptions{}, nullptr); }, ErrorKind::Io);
+  const std::string empty = temp_file("empty.jsonl", "\n\n");
+  Error e = expect_error([&] { load_dataset({empty}, &smollm2(), DatasetOptions{}, nullptr); }, ErrorKind::Data);
+  EXPECT_EQ(e.where(), empty);
+  EXPECT_EQ(e.message(), "dataset is empty");
+  Error m = expect_error([&] { load_dataset({"/nonexistent/x.jsonl"}, &smollm2(), DatasetOptions{}, nullptr); }, ErrorKind::Io);
+  EXPECT_EQ(m.where(), "/nonexistent/x.jsonl");
   Error c = expect_error([] { parse_format("alpacca", "config key 'dataset_format'"); }, ErrorKind::Config);
   EXPECT_NE(c.hint().find("alpaca"), std::string::npos);
 }

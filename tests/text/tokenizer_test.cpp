@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <thread>
 
 #include "core/error.h"
@@ -233,6 +236,20 @@ TEST(TokenizerErrors, BadJsonNamesLineAndColumn) {
   Error e = error_of([] { Tokenizer::from_json("{\n  \"model\": {,\n}", "tok.json"); });
   EXPECT_EQ(e.kind(), ErrorKind::Format);
   EXPECT_NE(e.where().find("tok.json:2:"), std::string::npos) << e.what();
+}
+
+TEST(TokenizerErrors, InvalidUtf8InTheFileNamesLineAndColumn) {
+  std::string text = tiny_json();
+  const size_t at = text.find("\"ab\":2");
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + 2, "\xc3");  // "a\xc3b": a lead byte followed by an ASCII byte
+  const std::string path = (std::filesystem::temp_directory_path() / ("qlora_bad_utf8_tokenizer_" + std::to_string(::getpid()) + ".json")).string();
+  std::ofstream(path, std::ios::binary) << text;
+  Error e = error_of([&] { Tokenizer::from_file(path); });
+  std::filesystem::remove(path);
+  EXPECT_EQ(e.kind(), ErrorKind::Format) << e.what();
+  EXPECT_EQ(e.where().rfind(path + ":", 0), 0u) << e.what();  // path:line:column
+  EXPECT_NE(e.message().find("ill-formed UTF-8 byte"), std::string::npos) << e.what();
 }
 
 TEST(TokenizerErrors, UnknownComponentsNameTheirPath) {
