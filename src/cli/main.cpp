@@ -1,4 +1,5 @@
 // qlora entry point: dispatches subcommands; the only place that turns errors into exit codes.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
     setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/1);
     execv("/proc/self/exe", argv);  // returns only on failure: carry on with spinning workers
   }
+  // A write past the file size limit (ulimit -f) kills the process with SIGXFSZ by default, halfway
+  // through a file; ignored, write() fails with EFBIG and the error path names the file and removes
+  // the temporary output, as for a full disk.
+  std::signal(SIGXFSZ, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -22,7 +22,9 @@ namespace qlora {
   fail(ErrorKind::Io, path, what + ": " + std::strerror(err),
        err == ENOENT ? "does the parent directory exist?" :
        err == EACCES || err == EPERM ? "check permissions" :
-       err == ENOSPC ? "the disk is full" : "");
+       err == ENOSPC ? "the disk is full" :
+       err == EDQUOT ? "the disk quota is used up" :
+       err == EFBIG ? "the file size limit is reached (ulimit -f) or the filesystem's largest file" : "");
 }
 
 static std::string parent_of(const std::string& path) {
@@ -38,14 +40,16 @@ static void fsync_dir(const std::string& dir) {
   ::close(fd);
 }
 
-static void write_all(int fd, std::string_view bytes, const std::string& path) {
+// Errors name `path`, and `temp` when the bytes go to a temporary file that becomes `path` on commit.
+static void write_all(int fd, std::string_view bytes, const std::string& path, const std::string* temp = nullptr) {
   const char* p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      io_fail(path, "write failed", errno);
+      const int e = errno;
+      io_fail(path, temp ? "write failed (to its temporary file " + fs::path(*temp).filename().string() + ")" : "write failed", e);
     }
     p += n;
     left -= size_t(n);
@@ -83,7 +87,7 @@ AtomicFile::~AtomicFile() {
 
 void AtomicFile::append(std::string_view bytes) {
   if (fd_ < 0) fail(ErrorKind::Internal, path_, "append() after commit()");
-  write_all(fd_, bytes, temp_);
+  write_all(fd_, bytes, path_, &temp_);
 }
 
 void AtomicFile::commit() {

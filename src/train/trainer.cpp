@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -83,17 +86,23 @@ void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataSt
   if (!optimizer_state_finite(*lm_.model))  // never a checkpoint of a broken state
     fail(ErrorKind::Data, dir, "not written: a LoRA weight or optimizer moment is not finite",
          "lower learning_rate; resume from an earlier checkpoint");
-  AtomicDir d(dir);
-  write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
-  write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
-  nlohmann::json st;
-  st["global_step"] = step;
-  st["data_epoch"] = stream.epoch();
-  st["data_index"] = stream.index();
-  st["seed"] = cfg_.seed;
-  st["config"] = dump_train_config(cfg_);
-  d.write("trainer_state.json", st.dump(2));
-  d.commit();
+  try {
+    AtomicDir d(dir);  // built under a temporary name; deleted again if anything below fails
+    write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
+    write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
+    nlohmann::json st;
+    st["global_step"] = step;
+    st["data_epoch"] = stream.epoch();
+    st["data_index"] = stream.index();
+    st["seed"] = cfg_.seed;
+    st["config"] = dump_train_config(cfg_);
+    d.write("trainer_state.json", st.dump(2));
+    d.commit();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Io) throw;
+    fail(ErrorKind::Io, e.where(), e.message() + "; " + fs::path(dir).filename().string() + " was not saved",
+         (e.hint().empty() ? "" : e.hint() + "; ") + "the checkpoints saved before it are intact");
+  }
 }
 
 int64_t Trainer::restore_checkpoint(const std::string& dir, DataStream& stream) {
@@ -113,14 +122,47 @@ static std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::
   if (!fs::is_directory(out)) return v;
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string n = e.path().filename().string();
-    if (!e.is_directory() || n.rfind("checkpoint-", 0) != 0 || n.find(".tmp") != std::string::npos) continue;
-    try {
-      v.emplace_back(std::stoll(n.substr(11)), e.path().string());
-    } catch (...) {
-    }
+    // Exactly "checkpoint-<digits>": never a temporary "checkpoint-N.tmp-XXXXXX" of an unfinished save.
+    if (!e.is_directory() || n.rfind("checkpoint-", 0) != 0 || n.size() == 11 || n.size() > 29 ||
+        n.find_first_not_of("0123456789", 11) != std::string::npos)
+      continue;
+    v.emplace_back(std::stoll(n.substr(11)), e.path().string());
   }
   std::sort(v.begin(), v.end());
   return v;
+}
+
+// A run killed in the middle of a save leaves its temporary "checkpoint-N.tmp-XXXXXX" directory
+// (or "<output file>.tmp-XXXXXX"); never a checkpoint, removed when the next run starts here.
+static void remove_unfinished_outputs(const std::string& out, const std::function<void(const std::string&)>& log) {
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return;
+  static const char* const kOutputs[] = {"checkpoint-", "adapter", "train_config.yaml", "samples.json", "metrics.jsonl"};
+  std::vector<std::string> removed;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    bool ours = false;
+    for (const char* o : kOutputs) ours = ours || n.rfind(o, 0) == 0;
+    if (!ours || n.find(".tmp-") == std::string::npos) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm) removed.push_back(n);
+  }
+  if (removed.empty()) return;
+  std::sort(removed.begin(), removed.end());
+  std::string list;
+  for (const auto& n : removed) list += (list.empty() ? "" : ", ") + n;
+  log("removed " + std::to_string(removed.size()) + " unfinished output(s) of an interrupted run in " + out + ": " + list);
+}
+
+// Deletes a checkpoint so that a kill part-way never leaves a checkpoint-N with some files gone:
+// renamed to a temporary name first (one atomic step), then deleted.
+static void remove_checkpoint(const std::string& dir) {
+  const std::string doomed = dir + ".tmp-rm" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(doomed, ec);
+  fs::rename(dir, doomed, ec);
+  fs::remove_all(ec ? dir : doomed, ec);
 }
 
 // Prints the model's greedy answers to cfg.sample_prompts under `when` ("before training", ...)
@@ -160,7 +202,7 @@ void Trainer::rotate_checkpoints() {
   if (cfg_.save_total_limit <= 0) return;
   auto v = list_checkpoints(cfg_.output_dir);
   while (int64_t(v.size()) > cfg_.save_total_limit) {
-    fs::remove_all(v.front().second);
+    remove_checkpoint(v.front().second);
     v.erase(v.begin());
   }
 }
@@ -200,6 +242,7 @@ TrainSummary Trainer::run() {
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
 
   // ---- resume
+  remove_unfinished_outputs(cfg_.output_dir, [this](const std::string& l) { log(l); });
   int64_t start = 0;
   std::string resume = cfg_.resume_from_checkpoint;
   if (resume == "latest" || resume == "true") {
