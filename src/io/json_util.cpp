@@ -44,10 +44,14 @@ json parse_json(std::string_view text, const std::string& where) {
     if (auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
     fail(ErrorKind::Format, where + ":" + locate(text, e.byte), "invalid JSON: " + what);
   } catch (const json::exception& e) {  // out_of_range: a number too large for a double
-    std::string what = e.what();
-    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    fail(ErrorKind::Format, where, "invalid JSON: " + what);
+    fail(ErrorKind::Format, where, std::string("invalid JSON: ").append(json_error_reason(e)));
   }
+}
+
+std::string json_error_reason(const json::exception& e) {
+  std::string_view what = e.what();
+  if (auto p = what.find("] "); p != std::string_view::npos) what.remove_prefix(p + 2);
+  return std::string(what);
 }
 
 json read_json_file(const std::string& path) { return parse_json(read_text_file(path), path); }
@@ -73,7 +77,7 @@ static std::string key_where(const std::string& where, std::string_view key) {
 [[noreturn]] static void wrong_type(const json& v, std::string_view key, const char* expected,
                                     const std::string& where) {
   std::string got = json_type_name(v);
-  if (v.is_primitive()) got += " " + v.dump();
+  if (v.is_primitive()) got.append(" ").append(v.dump());
   fail(ErrorKind::Config, key_where(where, key), std::string("expected ") + expected + ", got " + got);
 }
 

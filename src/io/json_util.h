@@ -15,6 +15,8 @@ using json = nlohmann::json;
 std::string read_text_file(const std::string& path);
 // Parses JSON text; syntax errors -> Error(Format, "<where>:<line>:<col>").
 json parse_json(std::string_view text, const std::string& where);
+// An nlohmann exception's text without its "[json.exception.x.N] " prefix ("number overflow parsing '1e999'").
+std::string json_error_reason(const json::exception& e);
 json read_json_file(const std::string& path);
 
 // "integer", "number", "string", "boolean", "null", "array", "object".

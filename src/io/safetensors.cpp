@@ -106,6 +106,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   } catch (const json::parse_error& e) {
     fail(ErrorKind::Format, path + ": header", std::string("invalid JSON at byte ") + std::to_string(e.byte),
          "the file is corrupt or not a safetensors file");
+  } catch (const json::exception& e) {  // out_of_range: a number too large for a double
+    fail(ErrorKind::Format, path + ": header", std::string("invalid JSON: ") + json_error_reason(e),
+         "the file is corrupt or not a safetensors file");
   }
   if (!header.is_object())
     fail(ErrorKind::Format, path + ": header", std::string("is a JSON ") + json_type_name(header) + ", expected an object");
@@ -138,7 +141,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
     if (offset(cur) < offset(prev) + uint64_t(prev.nbytes)) {
       auto span = [&](const TensorInfo& t) {
         const uint64_t b = offset(t);
-        return "[" + std::to_string(b) + "," + std::to_string(b + uint64_t(t.nbytes)) + "]";
+        return std::string("[").append(std::to_string(b)).append(",").append(std::to_string(b + uint64_t(t.nbytes))).append("]");
       };
       fail(ErrorKind::Format, tensor_where(path, cur.name),
            "data_offsets " + span(cur) + " overlap tensor '" + prev.name + "' at " + span(prev),
@@ -271,6 +274,7 @@ void SafetensorsArchive::read_f32(const std::string& name, float* dst,
     fail(ErrorKind::Unsupported, tensor_where(t.file, name),
          std::string("dtype ") + dtype_traits(t.dtype).safetensors + " cannot be read as floats here",
          "expected F32, F16 or BF16");
+  if (t.nbytes == 0) return;  // an empty tensor may point nowhere
   // Files from other writers may place a 16-bit tensor at an odd offset; read through an aligned copy.
   if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
     std::vector<uint64_t> tmp((size_t(t.nbytes) + 7) / 8);
@@ -291,7 +295,6 @@ std::vector<float> SafetensorsArchive::read_f32(const std::string& name,
   return out;
 }
 
-  if (t.nbytes == 0) return;  // an empty tensor may point nowhere
 // ---------------------------------------------------------------------------------------------------
 // SafetensorsWriter
 

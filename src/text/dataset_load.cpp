@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/json_util.h"
 #include "text/dataset.h"
 #include "text/tokenizer.h"
 
@@ -166,6 +167,9 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
         } catch (const json::parse_error& e) {
           fail(ErrorKind::Data, raw.where + ":" + std::to_string(e.byte), "malformed JSON: " + parse_reason(e),
                "each line must be one complete JSON object (JSON Lines)");
+        } catch (const json::exception& e) {  // out_of_range: a number too large for a double
+          fail(ErrorKind::Data, raw.where, "malformed JSON: " + json_error_reason(e),
+               "each line must be one complete JSON object (JSON Lines)");
         }
       }
       ex = process(row, raw.where);
@@ -187,6 +191,9 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
       arr = json::parse(text);
     } catch (const json::parse_error& e) {
       fail(ErrorKind::Data, path + ":" + line_col(text, e.byte), "malformed JSON: " + parse_reason(e),
+           "a .json dataset must be one JSON array of row objects (or use JSON Lines)");
+    } catch (const json::exception& e) {
+      fail(ErrorKind::Data, path, "malformed JSON: " + json_error_reason(e),
            "a .json dataset must be one JSON array of row objects (or use JSON Lines)");
     }
     for (size_t i = 0; i < arr.size() && !(limited && st.examples >= opt.limit_rows); i++)

@@ -242,7 +242,7 @@ TEST(TokenizerErrors, InvalidUtf8InTheFileNamesLineAndColumn) {
   std::string text = tiny_json();
   const size_t at = text.find("\"ab\":2");
   ASSERT_NE(at, std::string::npos);
-  text.insert(at + 2, "\xc3");  // "a\xc3b": a lead byte followed by an ASCII byte
+  text.insert(at + 2, 1, '\xc3');  // "a\xc3b": a lead byte followed by an ASCII byte
   const std::string path = (std::filesystem::temp_directory_path() / ("qlora_bad_utf8_tokenizer_" + std::to_string(::getpid()) + ".json")).string();
   std::ofstream(path, std::ios::binary) << text;
   Error e = error_of([&] { Tokenizer::from_file(path); });
@@ -269,7 +269,7 @@ TEST(TokenizerErrors, UnknownComponentsNameTheirPath) {
     // overrides first by building the JSON object and patching it.
     json j = json::parse(tiny_json(c.pre));
     if (!c.extra.empty()) {
-      json patch = json::parse("{" + c.extra.substr(0, c.extra.size() - 1) + "}");
+      json patch = json::parse(std::string("{").append(c.extra, 0, c.extra.size() - 1).append("}"));
       for (auto it = patch.begin(); it != patch.end(); ++it) j[it.key()] = it.value();
     }
     Error e = error_of([&] { Tokenizer::from_json(j.dump()); });

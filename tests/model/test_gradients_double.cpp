@@ -1,0 +1,233 @@
+// LoRA gradients of the whole model against finite differences of an independent double-precision
+// forward (written here from the Hugging Face modeling code: RMSNorm, rotate-half RoPE, grouped-query
+// causal attention, SwiGLU MLP, LoRA B·A·x·alpha/r on every linear, shifted cross-entropy summed
+// over tokens). The FD step is 1e-5 in double, so the FD value is exact to ~1e-9 relative and
+// the check measures the engine's fp32 gradients themselves: every LoRA parameter of the model is
+// checked, each tensor against the largest |gradient| of that tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/rng.h"
+#include "model/llama_config.h"
+#include "model_test_util.h"
+
+using namespace qlora;
+using namespace qlora::testing_util;
+
+namespace {
+
+using Mat = std::vector<double>;  // row-major
+
+Mat to_double(const std::vector<float>& v) { return Mat(v.begin(), v.end()); }
+
+// y[n, out] = x[n, in] · W[out, in]^T
+Mat linear(const Mat& x, const Mat& w, int64_t n, int64_t in, int64_t out) {
+  Mat y(size_t(n * out), 0.0);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t o = 0; o < out; o++) {
+      double s = 0;
+      for (int64_t k = 0; k < in; k++) s += x[size_t(i * in + k)] * w[size_t(o * in + k)];
+      y[size_t(i * out + o)] = s;
+    }
+  return y;
+}
+
+// The model in double: base weights from the fixture's safetensors, LoRA weights by engine name.
+struct RefModel {
+  LlamaConfig c;
+  std::map<std::string, Mat> base;  // HF names
+  std::map<std::string, Mat> lora;  // "layers.L.q_proj.lora_A" ...
+  double lora_scale = 0;
+  std::vector<double> inv_freq;
+
+  const Mat& w(const std::string& name) const { return base.at(name); }
+
+  // x (n, in) through projection `proj` of layer l: base (+ bias) + scale · B·A·x.
+  Mat proj(const Mat& x, int64_t n, int l, const std::string& module, const std::string& proj, int64_t in,
+           int64_t out) const {
+    const std::string hf = "model.layers." + std::to_string(l) + "." + module + "." + proj;
+    Mat y = linear(x, w(hf + ".weight"), n, in, out);
+    if (auto b = base.find(hf + ".bias"); b != base.end())
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t o = 0; o < out; o++) y[size_t(i * out + o)] += b->second[size_t(o)];
+    const std::string key = "layers." + std::to_string(l) + "." + proj;
+    if (auto a = lora.find(key + ".lora_A"); a != lora.end()) {
+      const int64_t r = int64_t(a->second.size()) / in;
+      const Mat ax = linear(x, a->second, n, in, r);
+      const Mat bax = linear(ax, lora.at(key + ".lora_B"), n, r, out);
+      for (size_t i = 0; i < y.size(); i++) y[i] += lora_scale * bax[i];
+    }
+    return y;
+  }
+
+  Mat rms_norm(const Mat& x, int64_t n, const Mat& g) const {
+    const int64_t d = c.hidden_size;
+    Mat y(x.size());
+    for (int64_t i = 0; i < n; i++) {
+      double ss = 0;
+      for (int64_t k = 0; k < d; k++) ss += x[size_t(i * d + k)] * x[size_t(i * d + k)];
+      const double inv = 1.0 / std::sqrt(ss / double(d) + c.rms_norm_eps);
+      for (int64_t k = 0; k < d; k++) y[size_t(i * d + k)] = x[size_t(i * d + k)] * inv * g[size_t(k)];
+    }
+    return y;
+  }
+
+  // Rotate-half RoPE over each head of q (n, heads*hd), position p of row i.
+  void rope(Mat& q, int64_t n, int64_t heads, const std::vector<int32_t>& pos) const {
+    const int64_t hd = c.head_dim, half = hd / 2;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t h = 0; h < heads; h++) {
+        double* v = q.data() + (i * heads + h) * hd;
+        for (int64_t k = 0; k < half; k++) {
+          const double a = double(pos[size_t(i)]) * inv_freq[size_t(k)];
+          const double x1 = v[k], x2 = v[k + half];
+          v[k] = x1 * std::cos(a) - x2 * std::sin(a);
+          v[k + half] = x2 * std::cos(a) + x1 * std::sin(a);
+        }
+      }
+  }
+
+  // Summed cross-entropy of `batch` (rows of t tokens, one document each).
+  double loss(const Batch& batch) const {
+    const int64_t T = batch.t, C = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+    const int64_t H = c.n_head, KV = c.n_head_kv, V = c.vocab_size;
+    double total = 0;
+    for (int64_t b = 0; b < batch.b; b++) {
+      std::vector<int32_t> pos(batch.positions.begin() + b * T, batch.positions.begin() + (b + 1) * T);
+      Mat x(size_t(T * C));
+      const Mat& emb = w("model.embed_tokens.weight");
+      for (int64_t t = 0; t < T; t++)
+        for (int64_t k = 0; k < C; k++) x[size_t(t * C + k)] = emb[size_t(batch.tokens[size_t(b * T + t)] * C + k)];
+      for (int l = 0; l < int(c.n_layer); l++) {
+        const std::string L = "model.layers." + std::to_string(l) + ".";
+        Mat h = rms_norm(x, T, w(L + "input_layernorm.weight"));
+        Mat q = proj(h, T, l, "self_attn", "q_proj", C, H * hd);
+        Mat k = proj(h, T, l, "self_attn", "k_proj", C, KV * hd);
+        Mat v = proj(h, T, l, "self_attn", "v_proj", C, KV * hd);
+        rope(q, T, H, pos);
+        rope(k, T, KV, pos);
+        Mat att(size_t(T * H * hd), 0.0);
+        for (int64_t head = 0; head < H; head++) {
+          const int64_t kvh = head / (H / KV);
+          for (int64_t i = 0; i < T; i++) {
+            std::vector<double> s(size_t(i + 1));
+            double mx = -INFINITY;
+            for (int64_t j = 0; j <= i; j++) {
+              double d = 0;
+              for (int64_t e = 0; e < hd; e++) d += q[size_t((i * H + head) * hd + e)] * k[size_t((j * KV + kvh) * hd + e)];
+              s[size_t(j)] = d / std::sqrt(double(hd));
+              mx = std::max(mx, s[size_t(j)]);
+            }
+            double z = 0;
+            for (auto& e : s) z += (e = std::exp(e - mx));
+            for (int64_t j = 0; j <= i; j++)
+              for (int64_t e = 0; e < hd; e++)
+                att[size_t((i * H + head) * hd + e)] += s[size_t(j)] / z * v[size_t((j * KV + kvh) * hd + e)];
+          }
+        }
+        Mat o = proj(att, T, l, "self_attn", "o_proj", H * hd, C);
+        for (size_t i = 0; i < x.size(); i++) x[i] += o[i];
+        h = rms_norm(x, T, w(L + "post_attention_layernorm.weight"));
+        Mat g = proj(h, T, l, "mlp", "gate_proj", C, F);
+        Mat u = proj(h, T, l, "mlp", "up_proj", C, F);
+        for (size_t i = 0; i < g.size(); i++) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        Mat d = proj(g, T, l, "mlp", "down_proj", F, C);
+        for (size_t i = 0; i < x.size(); i++) x[i] += d[i];
+      }
+      const Mat h = rms_norm(x, T, w("model.norm.weight"));
+      const Mat logits =
+          linear(h, w(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), T, C, V);
+      for (int64_t t = 0; t < T; t++) {
+        const int32_t y = batch.targets[size_t(b * T + t)];
+        if (y == kIgnoreIndex) continue;
+        double mx = -INFINITY, z = 0;
+        for (int64_t e = 0; e < V; e++) mx = std::max(mx, logits[size_t(t * V + e)]);
+        for (int64_t e = 0; e < V; e++) z += std::exp(logits[size_t(t * V + e)] - mx);
+        total += std::log(z) + mx - logits[size_t(t * V + y)];
+      }
+    }
+    return total;
+  }
+};
+
+std::vector<float> host(Backend& be, const Tensor& t) {
+  std::vector<float> h(size_t(t.numel()));
+  be.copy_to_host(h.data(), t.data, h.size() * 4);
+  return h;
+}
+
+// Checks every `stride`-th element of every LoRA tensor; prints the worst relative error seen.
+void check_model(const std::string& variant, size_t stride) {
+  LoraSpec spec = fixture_lora();
+  TestModel t = make_model(variant, spec, 2, 9);
+  // Non-zero B everywhere, so every LoRA parameter has a gradient.
+  Rng rng(17);
+  for (auto& p : t.model->lora_params()) {
+    std::vector<float> h(size_t(p.w.numel()));
+    for (auto& x : h) x = rng.uniform(-0.2f, 0.2f);
+    t.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
+  }
+  const auto& cfg = t.model->config();
+  std::vector<int32_t> ids(18), labels(18);
+  for (size_t i = 0; i < ids.size(); i++) {
+    ids[i] = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+    labels[i] = (i % 4 == 1) ? kIgnoreIndex : ids[i];
+  }
+  const Batch batch = Batch::from_hf(2, 9, ids, labels);
+  t.model->zero_grads();
+  const double engine_loss = t.model->forward_backward(batch, 1.0f, 0);
+
+  RefModel ref;
+  ref.c = cfg;
+  ref.lora_scale = double(spec.scale());
+  for (float f : rope_inv_freq(cfg)) ref.inv_freq.push_back(double(f));
+  SafetensorsArchive ar(fixtures() + "/models/" + variant);
+  for (const auto& name : ar.names()) ref.base[name] = to_double(floats(ar, name));
+  for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
+
+  const double ref_loss = ref.loss(batch);
+  EXPECT_NEAR(engine_loss, ref_loss, 2e-6 * std::fabs(ref_loss)) << variant << ": summed loss";
+
+  int64_t checked = 0, expected = 0;
+  double worst_rel = 0;
+  for (auto& p : t.model->lora_params()) {
+    const std::vector<float> g = host(*t.be, p.g);
+    Mat& wv = ref.lora.at(p.name);
+    std::vector<double> fd(wv.size(), 0.0);
+    const double h = 1e-5;
+    for (size_t i = 0; i < wv.size(); i += stride) {
+      const double orig = wv[i];
+      wv[i] = orig + h;
+      const double up = ref.loss(batch);
+      wv[i] = orig - h;
+      const double down = ref.loss(batch);
+      wv[i] = orig;
+      fd[i] = (up - down) / (2 * h);
+    }
+    double scale = 0, err = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < fd.size(); i += stride) {
+      scale = std::max(scale, std::fabs(fd[i]));
+      if (std::fabs(double(g[i]) - fd[i]) > err) err = std::fabs(double(g[i]) - fd[i]), worst = i;
+    }
+    ASSERT_GT(scale, 0) << p.name << ": no gradient to check";
+    EXPECT_LT(err / scale, 2e-5) << variant << " " << p.name << "[" << worst << "]: engine " << g[worst]
+                                 << ", finite difference " << fd[worst] << ", tensor max " << scale;
+    worst_rel = std::max(worst_rel, err / scale);
+    checked += int64_t((fd.size() + stride - 1) / stride);
+    expected += (p.w.numel() + int64_t(stride) - 1) / int64_t(stride);
+  }
+  EXPECT_EQ(checked, expected);
+  EXPECT_GT(checked, 2000);
+  std::printf("%s: %lld LoRA parameters checked, worst error %.2e of its tensor's largest gradient\n",
+              variant.c_str(), (long long)checked, worst_rel);
+}
+
+}  // namespace
+
+// Llama 3 layout: GQA, llama3 rope scaling, untied head.
+TEST(LoraGradientsDouble, LlamaGqaEveryParameter) { check_model("llama_gqa", 1); }
+// Qwen2 layout: q/k/v biases; every third parameter.
+TEST(LoraGradientsDouble, Qwen2) { check_model("qwen2", 3); }
