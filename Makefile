@@ -11,7 +11,8 @@ FUZZ_PKGS := clang libclang-rt-dev libomp-dev
 DEMO_PKGS := curl unzip ca-certificates wordnet-base
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps demo-deps configure build test test-sanitize crash-test demo demo-tiny real-models clean
+.PHONY: all deps demo-deps fuzz-deps configure build test test-sanitize crash-test fuzz fuzz-build fuzz-smoke demo \
+        demo-tiny real-models clean
 
 all: build
 

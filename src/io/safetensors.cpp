@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -101,8 +102,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
          "the file is truncated or not a safetensors file");
   std::string_view text(reinterpret_cast<const char*>(map_.data()) + 8, size_t(n));
   json header;
+  std::string duplicate;  // a tensor named twice: JSON parsers keep one entry silently
+  std::set<std::string> keys_seen;
+  const json::parser_callback_t seen = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !keys_seen.insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    header = json::parse(text.begin(), text.end());
+    header = json::parse(text.begin(), text.end(), seen);
   } catch (const json::parse_error& e) {
     fail(ErrorKind::Format, path + ": header", std::string("invalid JSON at byte ") + std::to_string(e.byte),
          "the file is corrupt or not a safetensors file");
@@ -112,6 +121,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : map_(path) {
   }
   if (!header.is_object())
     fail(ErrorKind::Format, path + ": header", std::string("is a JSON ") + json_type_name(header) + ", expected an object");
+  if (!duplicate.empty())
+    fail(ErrorKind::Format, tensor_where(path, duplicate), "is listed twice in the header",
+         "the file is corrupt or was not written by a safetensors writer");
 
   const uint8_t* data_begin = map_.data() + 8 + n;
   const uint64_t data_size = file_size - 8 - n;

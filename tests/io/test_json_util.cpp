@@ -19,6 +19,12 @@ TEST(JsonUtil, ParseErrorHasLineAndColumn) {
   EXPECT_EQ(e.where().rfind("x.json:1:", 0), 0u);
 }
 
+TEST(JsonUtil, NumberTooLargeForADoubleIsAFormatError) {
+  Error e = catch_error([] { parse_json("{\"rope_theta\": -4e44444}", "m/config.json"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), "m/config.json");
+  EXPECT_EQ(e.message(), "invalid JSON: number overflow parsing '-4e44444'");
+}
+
 TEST(JsonUtil, ReadFile) {
   TmpDir tmp;
   write_bytes(tmp / "a.json", R"({"n": 3})");

@@ -290,6 +290,29 @@ TEST(SafetensorsErrors, OverlappingDataOffsets) {
   EXPECT_NO_THROW({ SafetensorsFile f(tmp / "ok.safetensors"); });
 }
 
+TEST(SafetensorsErrors, TensorListedTwice) {
+  TmpDir tmp;
+  write_bytes(tmp / "d.safetensors",
+              st_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                       f32_bytes({1, 2})));
+  Error e = catch_error([&] { SafetensorsFile f(tmp / "d.safetensors"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), tmp / "d.safetensors" + ": tensor 'a'");
+  EXPECT_EQ(e.message(), "is listed twice in the header");
+  // The same name inside an entry's own object or in __metadata__ is not a tensor name.
+  write_bytes(tmp / "ok.safetensors",
+              st_bytes(R"({"__metadata__":{"a":"x"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                       f32_bytes({1, 2})));
+  EXPECT_NO_THROW({ SafetensorsFile f(tmp / "ok.safetensors"); });
+}
+
+TEST(SafetensorsErrors, NumberTooLargeForADouble) {
+  TmpDir tmp;
+  write_bytes(tmp / "n.safetensors", st_bytes(R"({"a":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})", f32_bytes({1})));
+  Error e = catch_error([&] { SafetensorsFile f(tmp / "n.safetensors"); }, ErrorKind::Format);
+  EXPECT_EQ(e.where(), tmp / "n.safetensors" + ": header");
+  EXPECT_EQ(e.message(), "invalid JSON: number overflow parsing '1e999'");
+}
+
 TEST(SafetensorsErrors, MissingTensorSuggestsClosest) {
   SafetensorsArchive a(kFix + "/sharded");
   Error e = catch_error([&] { a.get("model.layers.0.self_attn.q_proj.weights"); }, ErrorKind::Format);

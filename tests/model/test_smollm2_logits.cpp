@@ -27,9 +27,10 @@ json fixture() {
 
 // Tolerance: transformers sums in a different order (fp32 GEMMs with other blocking), so logits
 // differ by float rounding accumulated over 30 layers; the observed max |diff| over the top-20 of
-// every position is 6e-5 (logits span about -10..25). The top-1 token must agree wherever its
-// margin over the runner-up exceeds twice the bound.
-constexpr double kAbsTol = 5e-4;
+// every position is 6e-5 (logits span about -10..25) with both the AVX-512 and the AVX2 OpenBLAS
+// kernels; the bound is twice that. The top-1 token must agree wherever its margin over the
+// runner-up exceeds twice the bound.
+constexpr double kAbsTol = 1.2e-4;
 
 TEST(SmolLM2Real, TemplateTokensAndLogitsMatchTransformers) {
   const std::string path = testing_paths::smollm2_gguf();

@@ -29,6 +29,20 @@ TEST(DatasetErrors, MalformedJsonNamesLineColumnAndReason) {
   EXPECT_NE(e.message().find("object key"), std::string::npos) << e.message();
 }
 
+TEST(DatasetErrors, NumberTooLargeForADoubleNamesTheRow) {
+  const std::string path = temp_file("overflow.jsonl", std::string(kGoodAlpaca) + "\n" +
+                                                           R"({"instruction": "x", "output": "y", "score": 1e999})" + "\n");
+  Error e = expect_error([&] { load_dataset({path}, &smollm2(), chat_options(), nullptr); }, ErrorKind::Data);
+  EXPECT_EQ(e.where(), path + ":2");
+  EXPECT_NE(e.message().find("malformed JSON: number overflow parsing '1e999'"), std::string::npos) << e.message();
+  // A bad row like any other: skip_bad_rows counts it and keeps the rest.
+  DatasetOptions o = chat_options();
+  o.skip_bad_rows = true;
+  DatasetStats st;
+  EXPECT_EQ(load_dataset({path}, &smollm2(), o, &st).size(), 1u);
+  EXPECT_EQ(st.bad_rows, 1);
+}
+
 TEST(DatasetErrors, MalformedJsonArrayFileNamesLineAndColumn) {
   const std::string path = temp_file("bad_array.json", "[\n  {\"text\": \"a\"},\n  {\"text\": b}\n]\n");
   Error e = expect_error([&] { load_dataset({path}, &smollm2(), DatasetOptions{}, nullptr); }, ErrorKind::Data);
