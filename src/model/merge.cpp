@@ -1,0 +1,132 @@
+#include "model/merge.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "model/gguf_model.h"
+#include "model/peft_io.h"
+#include "quant/format.h"
+
+namespace qlora {
+
+namespace {
+
+// (out, in) of projection `proj`.
+std::pair<int64_t, int64_t> proj_shape(const LlamaConfig& c, const std::string& proj) {
+  if (proj == "q_proj") return {c.q_dim(), c.hidden_size};
+  if (proj == "k_proj" || proj == "v_proj") return {c.kv_dim(), c.hidden_size};
+  if (proj == "o_proj") return {c.hidden_size, c.q_dim()};
+  if (proj == "gate_proj" || proj == "up_proj") return {c.intermediate_size, c.hidden_size};
+  if (proj == "down_proj") return {c.hidden_size, c.intermediate_size};
+  fail(ErrorKind::Internal, proj, "not a Llama projection");
+}
+
+}  // namespace
+
+std::string lora_module_of(const std::string& hf_name) {
+  static const std::string prefix = "model.layers.";
+  if (hf_name.rfind(prefix, 0) != 0 || !hf_name.ends_with("_proj.weight")) return "";
+  const size_t dot = hf_name.find('.', prefix.size());
+  const std::string layer = hf_name.substr(prefix.size(), dot - prefix.size());
+  const std::string rest = hf_name.substr(dot + 1);  // "self_attn.q_proj.weight"
+  const size_t p = rest.find('.');
+  return "layers." + layer + "." + rest.substr(p + 1, rest.size() - p - 1 - std::string(".weight").size());
+}
+
+std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& c, const std::string& name) {
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {c.vocab_size, c.hidden_size};
+  if (name == "model.norm.weight" || name.ends_with("layernorm.weight")) return {c.hidden_size};
+  if (name.ends_with(".bias")) {
+    const bool q = name.ends_with("q_proj.bias");
+    return {q ? c.q_dim() : c.kv_dim()};
+  }
+  const std::string m = lora_module_of(name);
+  if (m.empty()) fail(ErrorKind::Internal, name, "not a Llama tensor name");
+  const auto [out, in] = proj_shape(c, m.substr(m.rfind('.') + 1));
+  return {out, in};
+}
+
+PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
+  PeftAdapter a;
+  a.dir = dir;
+  a.spec = read_peft_adapter_config(dir + "/adapter_config.json");
+  auto ar = std::make_shared<SafetensorsArchive>(dir + "/adapter_model.safetensors");
+  std::set<std::string> expected;
+  for (int64_t l = 0; l < cfg.n_layer; l++)
+    for (const auto& proj : a.spec.targets) {
+      const auto [out, in] = proj_shape(cfg, proj);
+      const std::string key = peft_module_name(l, proj);
+      const std::vector<int64_t> shape_a{a.spec.r, in}, shape_b{out, a.spec.r};
+      for (const auto& [suffix, shape] : {std::pair{".lora_A.weight", shape_a}, std::pair{".lora_B.weight", shape_b}}) {
+        const TensorInfo& t = ar->get(key + suffix);  // missing: names the closest existing tensor
+        if (t.shape != shape)
+          fail(ErrorKind::Shape, ar->path() + ": tensor '" + key + suffix + "'",
+               "has shape " + shape_str(t.shape) + ", expected " + shape_str(shape),
+               "the adapter was trained on a different base model (r=" + std::to_string(a.spec.r) + ")");
+        expected.insert(key + suffix);
+      }
+    }
+  for (const auto& name : ar->names())
+    if (!expected.count(name))
+      fail(ErrorKind::Unsupported, ar->path() + ": tensor '" + name + "'",
+           "is not a LoRA A/B weight of the adapter's target_modules",
+           "only LoRA on the linear projections can be merged (no modules_to_save or embedding LoRA)");
+  a.weights = std::move(ar);
+  return a;
+}
+
+MergedModel::MergedModel(LlamaConfig cfg, TensorSource base, std::optional<PeftAdapter> adapter)
+    : cfg_(std::move(cfg)), base_(std::move(base)), adapter_(std::move(adapter)), names_(llama_hf_tensor_names(cfg_)) {
+  if (base_.stored_quant) {
+    base_precision_ = quant_format_name(base_.stored_quant->format);
+    if (base_.stored_quant->double_quant) base_precision_ += " (double quant)";
+  } else {
+    base_precision_ = cfg_.torch_dtype.empty() ? "float32" : cfg_.torch_dtype;
+  }
+}
+
+bool MergedModel::merged(const std::string& hf_name) const {
+  if (!adapter_) return false;
+  const std::string m = lora_module_of(hf_name);
+  if (m.empty()) return false;
+  const std::string proj = m.substr(m.rfind('.') + 1);
+  const auto& t = adapter_->spec.targets;
+  return std::find(t.begin(), t.end(), proj) != t.end();
+}
+
+void MergedModel::read(const std::string& hf_name, float* dst) const {
+  const std::vector<int64_t> shape = this->shape(hf_name);
+  base_.read_f32(hf_name, shape, dst);
+  if (!merged(hf_name)) return;
+  const std::string m = lora_module_of(hf_name);  // "layers.L.proj"
+  const int64_t layer = std::stoll(m.substr(7, m.find('.', 7) - 7));
+  const std::string key = peft_module_name(layer, m.substr(m.rfind('.') + 1));
+  const int64_t out = shape[0], in = shape[1], r = adapter_->spec.r;
+  const std::vector<float> a = adapter_->weights->read_f32(key + ".lora_A.weight", {r, in});
+  const std::vector<float> b = adapter_->weights->read_f32(key + ".lora_B.weight", {out, r});
+  const double scale = double(adapter_->spec.scale());
+  std::vector<double> row(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; o++) {
+    std::fill(row.begin(), row.end(), 0.0);
+    for (int64_t k = 0; k < r; k++) {
+      const double bk = double(b[size_t(o * r + k)]);
+      if (bk == 0.0) continue;
+      const float* ak = a.data() + k * in;
+      for (int64_t i = 0; i < in; i++) row[size_t(i)] += bk * double(ak[i]);
+    }
+    float* w = dst + o * in;
+    for (int64_t i = 0; i < in; i++) w[i] = float(double(w[i]) + scale * row[size_t(i)]);
+  }
+}
+
+std::vector<float> MergedModel::read(const std::string& hf_name) const {
+  const auto s = shape(hf_name);
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  read(hf_name, v.data());
+  return v;
+}
+
+}  // namespace qlora
