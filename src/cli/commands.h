@@ -10,5 +10,6 @@ int cmd_data(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 
 }  // namespace qlora

@@ -26,6 +26,7 @@ const Command kCommands[] = {
     {"data", qlora::cmd_data, "dataset stats and token/label preview: qlora data CONFIG.yaml [--show N] [--json]"},
     {"generate", qlora::cmd_generate, "greedy answers, with an adapter if given: qlora generate --model M --prompt \"...\""},
     {"bench", qlora::cmd_bench, "synthetic training benchmark of a real model shape: qlora bench --model M [--json]"},
+    {"export", qlora::cmd_export, "GGUF for llama.cpp, adapter merged or as a LoRA GGUF: qlora export --format gguf --model M --out F"},
     {"tokenize", qlora::cmd_tokenize, "ids and tokens of a text: qlora tokenize --model M --text \"...\""},
 };
 

@@ -1,0 +1,419 @@
+// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel, Qwen2Model)
+// and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
+#include "train/gguf_export.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/gguf_writer.h"
+#include "io/json_util.h"
+#include "model/gguf_model.h"
+#include "model/lora.h"
+#include "model/merge.h"
+#include "text/tokenizer.h"
+#include "train/model_source.h"
+
+namespace fs = std::filesystem;
+
+namespace qlora {
+
+namespace {
+
+struct OutType {
+  const char* name;
+  GgmlType type;
+  uint32_t file_type;  // general.file_type (llama_ftype)
+};
+const OutType kOutTypes[] = {{"f32", GgmlType::F32, 0},
+                             {"f16", GgmlType::F16, 1},
+                             {"bf16", GgmlType::BF16, 32},
+                             {"q8_0", GgmlType::Q8_0, 7},
+                             {"q4_0", GgmlType::Q4_0, 2}};
+
+const OutType& find_outtype(const std::string& name, const std::string& format) {
+  const bool lora = format == "gguf-lora";
+  std::string allowed;
+  for (const auto& o : kOutTypes) {
+    if (lora && std::string(o.name) == "q4_0") continue;  // convert_lora_to_gguf.py: f32 f16 bf16 q8_0
+    allowed += std::string(allowed.empty() ? "" : ", ") + o.name;
+    if (name == o.name) return o;
+  }
+  fail(ErrorKind::Config, "--outtype", "unsupported outtype '" + name + "' for --format " + format,
+       "allowed: " + allowed);
+}
+
+std::string gguf_arch(const LlamaConfig& c) { return c.model_type == "qwen2" ? "qwen2" : "llama"; }
+
+// ---- tokenizer from tokenizer.json -------------------------------------------------------------
+
+const char* const kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+bool is_byte_level(const json& p, bool use_regex) {
+  return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == use_regex &&
+         !p.value("add_prefix_space", false);
+}
+std::string split_regex(const json& p) {
+  if (!p.is_object() || p.value("type", "") != "Split" || !p.contains("pattern") || !p["pattern"].is_object()) return "";
+  return p["pattern"].value("Regex", "");
+}
+
+// llama.cpp names pre-tokenizers (convert_hf_to_gguf.py finds the name from a hash of test
+// encodings); each name below stands for exactly the pipeline it is matched against, the one
+// llama.cpp's llama-vocab.cpp implements under that name.
+std::string pre_tokenizer_name(const json& pre, const std::string& where) {
+  if (is_byte_level(pre, true)) return "gpt-2";
+  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers")) {
+    const json& s = pre["pretokenizers"];
+    if (s.size() == 2 && s[0].value("type", "") == "Digits" && s[0].value("individual_digits", false) &&
+        is_byte_level(s[1], true))
+      return "smollm";  // SmolLM/StarCoder: digits split one by one, then GPT-2's regex
+    if (s.size() == 2 && is_byte_level(s[1], false)) {
+      const std::string re = split_regex(s[0]);
+      if (re == kLlama3Regex) return "llama-bpe";
+      if (re == kQwen2Regex) return "qwen2";
+    }
+  }
+  fail(ErrorKind::Unsupported, where + ": pre_tokenizer", "this pre-tokenizer has no known llama.cpp name",
+       "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2); "
+       "export from a GGUF of the model instead, which names its pre-tokenizer");
+}
+
+bool looks_special(const std::string& t) {  // convert_hf_to_gguf.py does_token_look_special
+  auto wrap = [&](const std::string& a, const std::string& b) {
+    return t.size() >= a.size() + b.size() && t.rfind(a, 0) == 0 && t.compare(t.size() - b.size(), b.size(), b) == 0;
+  };
+  return t == "<pad>" || t == "<mask>" || t == "<2mass>" || t == "[@BOS@]" || wrap("<|", "|>") ||
+         wrap("<\xef\xbd\x9c", "\xef\xbd\x9c>") || wrap("<unused", ">");
+}
+
+// ---- llama3 rope factors (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors, in float32) --
+
+std::vector<float> llama3_rope_factors(const LlamaConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  const int64_t dim = c.head_dim;
+  const float base = float(c.rope_theta), factor = float(rs.factor);
+  const float lo = float(rs.low_freq_factor), hi = float(rs.high_freq_factor);
+  const float old_ctx = float(rs.original_max_position_embeddings);
+  const double low_wavelen = double(rs.original_max_position_embeddings) / rs.low_freq_factor;
+  const double high_wavelen = double(rs.original_max_position_embeddings) / rs.high_freq_factor;
+  std::vector<float> out;
+  for (int64_t i = 0; i < dim; i += 2) {
+    const float freq = 1.0f / std::pow(base, float(i) / float(dim));
+    const float wavelen = float(2.0 * M_PI) / freq;
+    if (double(wavelen) < high_wavelen) out.push_back(1.0f);
+    else if (double(wavelen) > low_wavelen) out.push_back(factor);
+    else {
+      const float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+      out.push_back(1.0f / ((1.0f - smooth) / factor + smooth));
+    }
+  }
+  return out;
+}
+
+// ---- progress-aware tensor writing -------------------------------------------------------------
+
+struct Planned {
+  std::string gguf_name;
+  std::function<void(std::vector<float>&)> values;  // fills the f32 values in GGUF row order
+};
+
+uint64_t write_all(GgufWriter& w, const std::vector<Planned>& plan, const std::string& out,
+                   const GgufExportProgress& progress) {
+  const uint64_t total = w.file_size();
+  w.begin(out);
+  std::vector<float> buf;
+  for (size_t i = 0; i < plan.size(); i++) {
+    plan[i].values(buf);
+    w.write_tensor_f32(buf.data(), int64_t(buf.size()));
+    if (progress) progress(i + 1, plan.size(), plan[i].gguf_name, w.bytes_written(), total);
+  }
+  w.commit();
+  return total;
+}
+
+// Storage type of a 2-D weight `gguf_name` with rows of ne0 values, and a note when it differs.
+GgmlType weight_type(const OutType& ot, const std::string& gguf_name, int64_t ne0, bool is_output,
+                     std::vector<std::string>& notes) {
+  GgmlType t = ot.type;
+  if (t == GgmlType::Q4_0 && is_output) {
+    t = GgmlType::Q8_0;  // llama-quantize keeps the output projection at higher precision (Q6_K there)
+    notes.push_back(gguf_name + ": Q8_0 (the output projection is kept at higher precision in q4_0 files)");
+  }
+  const int64_t bs = ggml_type_traits(t).block_size;
+  if (ne0 % bs != 0) {
+    notes.push_back(gguf_name + ": F16 instead of " + ggml_type_name(t) + " (row of " + std::to_string(ne0) +
+                    " values is not a multiple of the block size " + std::to_string(bs) +
+                    "; convert_hf_to_gguf.py falls back the same way)");
+    t = GgmlType::F16;
+  }
+  return t;
+}
+
+std::string default_name(const GgufExportOptions& o, const GgufFile* base) {
+  if (!o.name.empty()) return o.name;
+  if (base && base->has("general.name") && base->type_of("general.name") == GgufType::STRING)
+    return base->get_string("general.name");
+  fs::path p(o.model);
+  if (p.filename().empty()) p = p.parent_path();
+  return p.stem().string();
+}
+
+void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, const std::string& name,
+                        const GgufFile* base) {
+  const std::string a = gguf_arch(c);
+  w.set("general.architecture", gguf_str(a));
+  w.set("general.type", gguf_str("model"));
+  w.set("general.name", gguf_str(name));
+  w.set(a + ".block_count", gguf_u32(uint32_t(c.n_layer)));
+  w.set(a + ".context_length", gguf_u32(uint32_t(c.max_position_embeddings)));
+  w.set(a + ".embedding_length", gguf_u32(uint32_t(c.hidden_size)));
+  w.set(a + ".feed_forward_length", gguf_u32(uint32_t(c.intermediate_size)));
+  w.set(a + ".attention.head_count", gguf_u32(uint32_t(c.n_head)));
+  w.set(a + ".attention.head_count_kv", gguf_u32(uint32_t(c.n_head_kv)));
+  w.set(a + ".rope.freq_base", gguf_f32(float(c.rope_theta)));
+  w.set(a + ".attention.layer_norm_rms_epsilon", gguf_f32(float(c.rms_norm_eps)));
+  const bool explicit_hd = c.head_dim != c.hidden_size / c.n_head ||
+                           (base && base->has(a + ".attention.key_length"));
+  if (explicit_hd) {
+    w.set(a + ".attention.key_length", gguf_u32(uint32_t(c.head_dim)));
+    w.set(a + ".attention.value_length", gguf_u32(uint32_t(c.head_dim)));
+  }
+  if (c.rope_scaling.type == "linear") {
+    w.set(a + ".rope.scaling.type", gguf_str("linear"));
+    w.set(a + ".rope.scaling.factor", gguf_f32(float(c.rope_scaling.factor)));
+  }
+  w.set("general.file_type", gguf_u32(ot.file_type));
+  if (a == "llama") w.set(a + ".vocab_size", gguf_u32(uint32_t(c.vocab_size)));
+  w.set(a + ".rope.dimension_count", gguf_u32(uint32_t(c.head_dim)));
+  w.set("general.quantization_version", gguf_u32(2));
+}
+
+void check_out_path(const std::string& out) {
+  if (out.empty()) fail(ErrorKind::Config, "--out", "no output file given", "pass --out FILE.gguf");
+  if (fs::is_directory(out)) fail(ErrorKind::Config, out, "is a directory", "pass a file name such as " + out + "/model.gguf");
+  const fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent))
+    fail(ErrorKind::Io, out, "the output directory " + parent.string() + " does not exist");
+}
+
+PeftAdapter open_adapter(const std::string& dir, const LlamaConfig& cfg) {
+  if (!fs::is_directory(dir))
+    fail(ErrorKind::Io, dir, "adapter directory does not exist",
+         "pass a directory with adapter_config.json and adapter_model.safetensors (a run's output_dir)");
+  return open_peft_adapter(dir, cfg);
+}
+
+bool permuted_qk(const LlamaConfig& c, const std::string& hf_name, int64_t& n_head) {
+  n_head = 0;
+  if (!gguf_qk_permuted(c)) return false;
+  if (hf_name.find(".self_attn.q_proj.") != std::string::npos) n_head = c.n_head;
+  if (hf_name.find(".self_attn.k_proj.") != std::string::npos) n_head = c.n_head_kv;
+  return n_head != 0;
+}
+
+GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, const GgufExportProgress& progress) {
+  ModelSource src = open_model_source(o.model);
+  std::unique_ptr<GgufFile> base;
+  if (src.format == "gguf") base = std::make_unique<GgufFile>(o.model);
+  std::optional<PeftAdapter> ad;
+  if (!o.adapter.empty()) ad = open_adapter(o.adapter, src.config);
+  auto merged = std::make_shared<MergedModel>(src.config, src.tensors, std::move(ad));
+  const LlamaConfig& c = merged->config();
+
+  GgufWriter w;
+  GgufExportResult res;
+  if (base) {  // everything the base says, then ours on top (same keys replaced in place)
+    for (const auto& k : base->keys())
+      if (k != "general.alignment" && k != "general.file_type" && k != "general.quantization_version")
+        w.set(k, base->get(k));
+    if (w.has("tokenizer.ggml.model") && base->get_string("tokenizer.ggml.model") == "gpt2" &&
+        !w.has("tokenizer.ggml.merges")) {
+      // llama.cpp refuses a gpt2 vocabulary without a merges key; an empty list means "no merges".
+      w.set("tokenizer.ggml.merges", gguf_str_array({}));
+      res.notes.push_back("tokenizer.ggml.merges: the base has none; an empty list is written (llama.cpp needs the key)");
+    }
+  }
+  set_model_metadata(w, c, ot, default_name(o, base.get()), base.get());
+  if (!base) {
+    if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
+      fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
+           "add the base model's tokenizer.json (and tokenizer_config.json) to the directory");
+    hf_tokenizer_gguf_metadata(o.model, c.vocab_size, w);
+  }
+
+  std::vector<Planned> plan;
+  // llama3 rope factors: the base GGUF's tensor as it is, else computed as the converter does.
+  if (base && base->has_tensor("rope_freqs.weight")) {
+    w.add_tensor("rope_freqs.weight", base->tensor("rope_freqs.weight").ne, GgmlType::F32);
+    GgufFile* b = base.get();
+    plan.push_back({"rope_freqs.weight", [b](std::vector<float>& v) { v = b->read_tensor_f32("rope_freqs.weight"); }});
+  } else if (c.rope_scaling.type == "llama3") {
+    const std::vector<float> f = llama3_rope_factors(c);
+    w.add_tensor("rope_freqs.weight", {int64_t(f.size())}, GgmlType::F32);
+    plan.push_back({"rope_freqs.weight", [f](std::vector<float>& v) { v = f; }});
+  }
+  for (const std::string& hf : merged->names()) {
+    const std::string g = hf_to_gguf_name(hf);
+    if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
+    const std::vector<int64_t> shape = merged->shape(hf);
+    std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+    GgmlType t = GgmlType::F32;
+    const bool norm = g.size() > 12 && g.compare(g.size() - 12, 12, "_norm.weight") == 0;
+    const bool is_weight = g.size() > 7 && g.compare(g.size() - 7, 7, ".weight") == 0;
+    if (shape.size() >= 2 && !norm && is_weight) {
+      const bool is_output = g == "output.weight" || (g == "token_embd.weight" && c.tie_word_embeddings);
+      t = weight_type(ot, g, ne[0], is_output, res.notes);
+    }
+    w.add_tensor(g, ne, t);
+    auto m = merged;
+    plan.push_back({g, [m, hf, shape, c](std::vector<float>& v) {
+                      int64_t n = 1;
+                      for (int64_t d : shape) n *= d;
+                      v.resize(size_t(n));
+                      int64_t n_head = 0;
+                      if (!permuted_qk(c, hf, n_head)) return m->read(hf, v.data());
+                      std::vector<float> tmp(v.size());
+                      m->read(hf, tmp.data());
+                      const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
+                      gguf_permute_qk_rows(tmp.data(), v.data(), n_head, rows, cols);
+                    }});
+  }
+  res.bytes = write_all(w, plan, o.out, progress);
+  res.n_tensors = plan.size();
+  return res;
+}
+
+GgufExportResult export_lora(const GgufExportOptions& o, const OutType& ot, const GgufExportProgress& progress) {
+  const bool is_gguf = o.model.size() > 5 && o.model.compare(o.model.size() - 5, 5, ".gguf") == 0;
+  if (!is_gguf || fs::is_directory(o.model))
+    fail(ErrorKind::Config, o.model, "--format gguf-lora needs a GGUF base (llama.cpp applies the adapter to that file)",
+         "export the merged model instead: qlora export --format gguf --model " + o.model + " --adapter DIR --out FILE.gguf");
+  if (o.adapter.empty())
+    fail(ErrorKind::Config, "--adapter", "--format gguf-lora exports an adapter: pass --adapter DIR");
+  ModelSource src = open_model_source(o.model);
+  GgufFile base(o.model);
+  const LlamaConfig& c = src.config;
+  const PeftAdapter ad = open_adapter(o.adapter, c);
+  const int64_t r = ad.spec.r;
+
+  GgufWriter w;
+  GgufExportResult res;
+  const std::string a = gguf_arch(c);
+  w.set("general.architecture", gguf_str(a));
+  w.set("general.type", gguf_str("adapter"));
+  w.set("general.name", gguf_str(o.name.empty() ? fs::path(o.adapter).filename().string() : o.name));
+  w.set("general.file_type", gguf_u32(ot.file_type));
+  // llama.cpp scales by alpha / rank (rank = lora_b's ne[0]); alpha = scale * r keeps PEFT's scale,
+  // rsLoRA's alpha / sqrt(r) included.
+  w.set("adapter.type", gguf_str("lora"));
+  w.set("adapter.lora.alpha", gguf_f32(float(double(ad.spec.scale()) * double(r))));
+  w.set("general.quantization_version", gguf_u32(2));
+
+  std::vector<Planned> plan;
+  auto weights = ad.weights;
+  for (int64_t l = 0; l < c.n_layer; l++)
+    for (const std::string& hf : llama_hf_tensor_names(c)) {
+      const std::string mod = lora_module_of(hf);
+      if (mod.empty() || mod.rfind("layers." + std::to_string(l) + ".", 0) != 0) continue;
+      const std::string proj = mod.substr(mod.rfind('.') + 1);
+      if (std::find(ad.spec.targets.begin(), ad.spec.targets.end(), proj) == ad.spec.targets.end()) continue;
+      const std::string key = peft_module_name(l, proj);
+      const std::string g = hf_to_gguf_name(hf);
+      const std::vector<int64_t> shape = llama_hf_tensor_shape(c, hf);  // (out, in)
+      const int64_t out = shape[0], in = shape[1];
+      // lora_a: (r, in) -> ne [in, r]; lora_b: (out, r) -> ne [r, out], rows permuted like the base's.
+      w.add_tensor(g + ".lora_a", {in, r}, weight_type(ot, g + ".lora_a", in, false, res.notes));
+      w.add_tensor(g + ".lora_b", {r, out}, weight_type(ot, g + ".lora_b", r, false, res.notes));
+      plan.push_back({g + ".lora_a", [weights, key, r, in](std::vector<float>& v) {
+                        v = weights->read_f32(key + ".lora_A.weight", {r, in});
+                      }});
+      plan.push_back({g + ".lora_b", [weights, key, r, out, c, hf](std::vector<float>& v) {
+                        std::vector<float> b = weights->read_f32(key + ".lora_B.weight", {out, r});
+                        int64_t n_head = 0;
+                        if (!permuted_qk(c, hf, n_head)) return void(v = std::move(b));
+                        v.resize(b.size());
+                        gguf_permute_qk_rows(b.data(), v.data(), n_head, out, r);
+                      }});
+    }
+  (void)base;
+  res.bytes = write_all(w, plan, o.out, progress);
+  res.n_tensors = plan.size();
+  return res;
+}
+
+}  // namespace
+
+std::string default_export_outtype(const std::string& format) { return format == "gguf-lora" ? "f32" : "f16"; }
+
+void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w) {
+  const std::string path = dir + "/tokenizer.json";
+  const json tj = read_json_file(path);
+  const Tokenizer tok = Tokenizer::from_file(path);
+  if (!tj.contains("model") || tj["model"].value("type", "") != "BPE")
+    fail(ErrorKind::Unsupported, path + ": model.type", "only BPE vocabularies are exported",
+         "SentencePiece (Llama 2, Mistral) vocabularies: export from a GGUF of the model instead");
+  const std::string pre = pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
+
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size), std::string());
+  std::vector<int32_t> types(size_t(vocab_size), 5);  // unused until filled
+  std::vector<bool> set(size_t(vocab_size), false);
+  auto put = [&](int64_t id, const std::string& t, int32_t type) {
+    if (id < 0 || id >= vocab_size)
+      fail(ErrorKind::Format, path, "token '" + t + "' has id " + std::to_string(id) + ", past the model's vocab_size " +
+                                        std::to_string(vocab_size));
+    tokens[size_t(id)] = t;
+    types[size_t(id)] = type;
+    set[size_t(id)] = true;
+  };
+  for (const auto& [t, id] : tj["model"]["vocab"].items()) put(id.get<int64_t>(), t, 1);
+  if (tj.contains("added_tokens"))
+    for (const json& at : tj["added_tokens"]) {
+      const std::string t = at.value("content", "");
+      put(at.value("id", int64_t(-1)), t, at.value("special", false) || looks_special(t) ? 3 : 4);
+    }
+  for (int64_t i = 0; i < vocab_size; i++)
+    if (!set[size_t(i)]) tokens[size_t(i)] = "[PAD" + std::to_string(i) + "]";
+  std::vector<std::string> merges;
+  if (tj["model"].contains("merges"))
+    for (const json& m : tj["model"]["merges"])
+      merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
+
+  w.set("tokenizer.ggml.model", gguf_str("gpt2"));
+  w.set("tokenizer.ggml.pre", gguf_str(pre));
+  w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
+  w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
+  w.set("tokenizer.ggml.merges", gguf_str_array(merges));
+  if (auto id = tok.bos_id()) w.set("tokenizer.ggml.bos_token_id", gguf_u32(uint32_t(*id)));
+  if (auto id = tok.eos_id()) w.set("tokenizer.ggml.eos_token_id", gguf_u32(uint32_t(*id)));
+  if (auto id = tok.unk_id()) w.set("tokenizer.ggml.unknown_token_id", gguf_u32(uint32_t(*id)));
+  if (auto id = tok.pad_id()) w.set("tokenizer.ggml.padding_token_id", gguf_u32(uint32_t(*id)));
+  const bool add_bos = tok.add_bos_token().value_or(!tok.special_prefix().empty());
+  const bool add_eos = tok.add_eos_token().value_or(!tok.special_suffix().empty());
+  w.set("tokenizer.ggml.add_bos_token", gguf_bool(add_bos));
+  w.set("tokenizer.ggml.add_eos_token", gguf_bool(add_eos));
+  if (!tok.chat_template().empty()) w.set("tokenizer.chat_template", gguf_str(tok.chat_template()));
+}
+
+GgufExportResult export_gguf(const GgufExportOptions& o, const GgufExportProgress& progress) {
+  if (o.format != "gguf" && o.format != "gguf-lora")
+    fail(ErrorKind::Config, "--format", "unknown format '" + o.format + "'", "allowed: gguf, gguf-lora");
+  const std::string outtype = o.outtype.empty() ? default_export_outtype(o.format) : o.outtype;
+  const OutType& ot = find_outtype(outtype, o.format);
+  if (o.model.empty()) fail(ErrorKind::Config, "--model", "no base model given");
+  check_out_path(o.out);
+  GgufExportResult res = o.format == "gguf" ? export_merged(o, ot, progress) : export_lora(o, ot, progress);
+  res.path = o.out;
+  res.outtype = outtype;
+  return res;
+}
+
+}  // namespace qlora
