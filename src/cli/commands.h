@@ -10,6 +10,8 @@ int cmd_data(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
+int cmd_plot(int argc, char** argv);
 int cmd_export(int argc, char** argv);
 
 }  // namespace qlora

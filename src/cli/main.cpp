@@ -23,6 +23,8 @@ const Command kCommands[] = {
     {"train", qlora::cmd_train, "fine-tune with LoRA/QLoRA: qlora train CONFIG.yaml [key=value ...]"},
     {"plan", qlora::cmd_plan, "memory + speed plan for any model/GPU: qlora plan --model M --gpu G"},
     {"quantize", qlora::cmd_quantize, "pre-quantize a model: qlora quantize --model M --quant nf4 --out DIR"},
+    {"eval", qlora::cmd_eval, "eval loss and perplexity, as training measures it: qlora eval CONFIG.yaml [--adapter DIR]"},
+    {"plot", qlora::cmd_plot, "loss.svg from a run's metrics.jsonl: qlora plot OUTPUT_DIR [--out FILE]"},
     {"data", qlora::cmd_data, "dataset stats and token/label preview: qlora data CONFIG.yaml [--show N] [--json]"},
     {"generate", qlora::cmd_generate, "greedy answers, with an adapter if given: qlora generate --model M --prompt \"...\""},
     {"bench", qlora::cmd_bench, "synthetic training benchmark of a real model shape: qlora bench --model M [--json]"},

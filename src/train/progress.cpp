@@ -60,23 +60,35 @@ std::string ProgressReporter::status_line(const StepReport& r) const {
   return buf;
 }
 
-void ProgressReporter::update(const StepReport& r) {
+void ProgressReporter::record(int64_t done, double seconds) {
   // a moving window, not the whole-run mean, so the slow first step (allocation, warm-up) fades out
-  recent_.push_back(r.step_seconds);
-  recent_sum_ += r.step_seconds;
+  recent_.push_back(seconds);
+  recent_sum_ += seconds;
   if (recent_.size() > window_) {
     recent_sum_ -= recent_.front();
     recent_.pop_front();
   }
-  last_step_ = r.step;
-  std::string line = status_line(r);
+  last_step_ = done;
+}
+
+void ProgressReporter::show(int64_t done, const std::string& line) {
   if (tty_) {
     std::fprintf(out_, "\r%s\x1b[K", line.c_str());
     line_open_ = true;
-  } else if (r.step % logging_steps_ == 0 || r.step == total_) {
+  } else if (done % logging_steps_ == 0 || done == total_) {
     std::fprintf(out_, "%s\n", line.c_str());
   }
   std::fflush(out_);
+}
+
+void ProgressReporter::update(const StepReport& r) {
+  record(r.step, r.step_seconds);
+  show(r.step, status_line(r));
+}
+
+void ProgressReporter::update_text(int64_t done, double seconds, const std::string& text) {
+  record(done, seconds);
+  show(done, text + " | ETA " + format_duration(eta_seconds()));
 }
 
 void ProgressReporter::message(const std::string& line) {

@@ -29,6 +29,9 @@ class ProgressReporter {
 
   // Terminal: redraws the status line every step. Otherwise: one line every logging_steps and at the end.
   void update(const StepReport& r);
+  // The same for any kind of work ("eval batch 3/40 | loss 2.1"): `done` of total_steps units,
+  // `seconds` for the last one; " | ETA ..." is appended to `text`.
+  void update_text(int64_t done, double seconds, const std::string& text);
   // A whole line (eval result, warning) printed without garbling the status line.
   void message(const std::string& line);
   // Clears the status line; later updates start a new one.
@@ -48,6 +51,8 @@ class ProgressReporter {
   double recent_sum_ = 0;
   int64_t last_step_ = 0;
   bool line_open_ = false;  // a status line is on screen
+  void record(int64_t done, double seconds);
+  void show(int64_t done, const std::string& line);
 };
 
 }  // namespace qlora

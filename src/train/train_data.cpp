@@ -211,6 +211,56 @@ DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts
   return o;
 }
 
+namespace {
+
+std::vector<Example> load_eval_file(const TrainConfig& cfg, const TokenizerSource& ts, const DatasetOptions& opt,
+                                    DatasetFormat format) {
+  DatasetStats es;
+  return load_dataset(DatasetSpec{cfg.eval_file, 1.0, format}, ts.tokenizer.get(), opt, &es);
+}
+
+// Eval rows are packed with their own seed, so the train packing never changes them.
+std::vector<Example> pack_eval(const TrainConfig& cfg, std::vector<Example> eval) {
+  if (!cfg.packing || eval.empty()) return eval;
+  return pack_examples(eval, cfg.max_length, uint64_t(cfg.seed) + 1, nullptr);
+}
+
+int32_t pad_id_of(const TokenizerSource& ts) { return ts.tokenizer && ts.tokenizer->eos_id() ? *ts.tokenizer->eos_id() : 0; }
+
+}  // namespace
+
+EvalData load_eval_data(const TrainConfig& cfg, const TokenizerSource& ts,
+                        const std::function<void(const std::string&)>& log) {
+  EvalData e;
+  e.tokenizer_name = ts.name;
+  e.template_name = chat_template_label(cfg.chat_template, ts.tokenizer.get());
+  e.pad_id = pad_id_of(ts);
+  std::vector<Example> rows;
+  if (!cfg.eval_file.empty()) {
+    rows = load_eval_file(cfg, ts, dataset_options(cfg, ts), dataset_specs(cfg)[0].format);
+    e.source = cfg.eval_file;
+  } else if (cfg.val_set_size > 0) {
+    TrainConfig unpacked = cfg;  // split as training does; packing below, once
+    unpacked.packing = false;
+    rows = std::move(load_train_data(unpacked, ts, log).eval);
+    std::string files;
+    for (const DatasetSpec& s : dataset_specs(cfg)) files += (files.empty() ? "" : ", ") + s.path;
+    e.source = "val_set_size split of " + files;
+  } else {
+    fail(ErrorKind::Config, "eval_file", "the config has no eval data (neither eval_file nor val_set_size is set)",
+         "pass --data FILE, or set eval_file: or val_set_size: in the config");
+  }
+  if (rows.empty())
+    fail(ErrorKind::Data, e.source, "no eval examples (every row was empty, dropped or without a trained token)");
+  e.examples = int64_t(rows.size());
+  e.rows = pack_eval(cfg, std::move(rows));
+  for (const Example& x : e.rows) e.longest = std::max<int64_t>(e.longest, int64_t(x.ids.size()));
+  log("data: eval " + e.source + ": " + std::to_string(e.examples) + " examples" +
+      (cfg.packing ? " in " + std::to_string(e.rows.size()) + " packed rows" : std::string()) + " [tokenizer: " +
+      e.tokenizer_name + "; chat template: " + e.template_name + "]");
+  return e;
+}
+
 TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
                           const std::function<void(const std::string&)>& log) {
   TrainData d;
@@ -243,17 +293,12 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
     d.files[i].weighted = int64_t(keep.size());
     d.train.insert(d.train.end(), std::make_move_iterator(keep.begin()), std::make_move_iterator(keep.end()));
   }
-  if (!cfg.eval_file.empty()) {
-    DatasetStats es;
-    d.eval = load_dataset(DatasetSpec{cfg.eval_file, 1.0, specs[0].format}, ts.tokenizer.get(), opt, &es);
-  }
-  if (cfg.packing) {
-    d.train = pack_examples(d.train, cfg.max_length, uint64_t(cfg.seed), &d.pack);
-    if (!d.eval.empty()) d.eval = pack_examples(d.eval, cfg.max_length, uint64_t(cfg.seed) + 1, nullptr);
-  }
+  if (!cfg.eval_file.empty()) d.eval = load_eval_file(cfg, ts, opt, specs[0].format);
+  if (cfg.packing) d.train = pack_examples(d.train, cfg.max_length, uint64_t(cfg.seed), &d.pack);
+  d.eval = pack_eval(cfg, std::move(d.eval));
   for (const auto* set : {&d.train, &d.eval})
     for (const Example& e : *set) d.longest = std::max<int64_t>(d.longest, int64_t(e.ids.size()));
-  d.pad_id = ts.tokenizer && ts.tokenizer->eos_id() ? *ts.tokenizer->eos_id() : 0;
+  d.pad_id = pad_id_of(ts);
   for (const std::string& line : describe_train_data(d, cfg)) log(line);
   return d;
 }

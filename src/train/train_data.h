@@ -58,6 +58,20 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
 TrainData load_train_data(const TrainConfig& cfg, const ModelSource& src,
                           const std::function<void(const std::string&)>& log);
 
+// The eval set of a config exactly as training builds it (same tokenizer, template, masks,
+// truncation and packing): eval_file alone, without reading the train files; a val_set_size split
+// reads the train files to split them the same way. Config error when the config has neither.
+struct EvalData {
+  std::vector<Example> rows;  // packed rows when cfg.packing
+  int64_t examples = 0;       // examples before packing
+  std::string source;         // the eval file, or "val_set_size split of <train files>"
+  int32_t pad_id = 0;
+  int64_t longest = 0;
+  std::string tokenizer_name, template_name;
+};
+EvalData load_eval_data(const TrainConfig& cfg, const TokenizerSource& ts,
+                        const std::function<void(const std::string&)>& log);
+
 // The summary lines load_train_data logs (also printed by `qlora data`).
 std::vector<std::string> describe_train_data(const TrainData& d, const TrainConfig& cfg);
 

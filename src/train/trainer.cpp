@@ -19,6 +19,7 @@
 #include "io/atomic_file.h"
 #include "io/json_util.h"
 #include "model/peft_io.h"
+#include "train/loss_plot.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
 #include "train/progress.h"
@@ -41,13 +42,14 @@ void install_stop_signal_handlers() {
 }
 
 LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len) {
+                                    int64_t seq_len, const LoraSpec* lora_override) {
   LoraSpec lora;
   lora.r = cfg.r;
   lora.alpha = cfg.lora_alpha;
   lora.dropout = cfg.lora_dropout;
   lora.use_rslora = cfg.use_rslora;
   lora.targets = LoraSpec::resolve_targets(cfg.target_modules);
+  if (lora_override) lora = *lora_override;
   ModelPlanOptions po;
   po.method = cfg.load_in_4bit || (!cfg.base_precision.empty() && cfg.base_precision != "fp32" &&
                                    cfg.base_precision != "bf16") ? "qlora" : "lora";
@@ -72,15 +74,19 @@ Trainer::Trainer(TrainConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {
 
 void Trainer::log(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
 
-double Trainer::evaluate(const std::vector<Batch>& batches) {
-  double loss = 0;
-  int64_t tokens = 0;
+EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches,
+                            const std::function<void(const EvalTotals&)>& on_batch) {
+  EvalTotals t;
   for (const auto& b : batches) {
-    loss += lm_.model->forward_loss(b);
-    tokens += b.n_trained();
+    t.loss_sum += model.forward_loss(b);
+    t.tokens += b.n_trained();
+    t.batches++;
+    if (on_batch) on_batch(t);
   }
-  return tokens ? loss / double(tokens) : 0.0;
+  return t;
 }
+
+double Trainer::evaluate(const std::vector<Batch>& batches) { return evaluate_batches(*lm_.model, batches).mean(); }
 
 void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream) {
   if (!optimizer_state_finite(*lm_.model))  // never a checkpoint of a broken state
@@ -137,7 +143,8 @@ static std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::
 static void remove_unfinished_outputs(const std::string& out, const std::function<void(const std::string&)>& log) {
   std::error_code ec;
   if (!fs::is_directory(out, ec)) return;
-  static const char* const kOutputs[] = {"checkpoint-", "adapter", "train_config.yaml", "samples.json", "metrics.jsonl"};
+  static const char* const kOutputs[] = {"checkpoint-", "adapter", "train_config.yaml", "samples.json", "metrics.jsonl",
+                                        "loss.svg"};
   std::vector<std::string> removed;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string n = e.path().filename().string();
@@ -196,6 +203,17 @@ static nlohmann::ordered_json earlier_before_samples(const std::string& out_dir)
   } catch (const std::exception&) {  // missing or unreadable: the resumed run has no "before"
   }
   return nlohmann::ordered_json();
+}
+
+// loss.svg from metrics.jsonl; the run's results do not depend on it, so a failure is a warning.
+static void write_run_plot(const std::string& out_dir, const std::function<void(const std::string&)>& log) {
+  try {
+    const LossSeries s = write_loss_plot(out_dir);
+    log("loss plot: " + out_dir + "/loss.svg (" + std::to_string(s.train.size()) + " train, " +
+        std::to_string(s.eval.size()) + " eval points)");
+  } catch (const Error& e) {
+    log(std::string("warning: loss.svg not written: ") + e.what());
+  }
 }
 
 void Trainer::rotate_checkpoints() {
@@ -309,6 +327,7 @@ TrainSummary Trainer::run() {
         hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
       }
       if (cfg_.nan_policy == "skip") hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
+      write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
       fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
     }
     consecutive_skips = 0;
@@ -346,6 +365,7 @@ TrainSummary Trainer::run() {
     const std::string dir = cfg_.output_dir + "/checkpoint-" + std::to_string(step);
     save_checkpoint(dir, step, stream);
     log("stopped at step " + std::to_string(step) + "; resume with resume_from_checkpoint=" + dir);
+    write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
     return sum;
   }
   {
@@ -358,6 +378,7 @@ TrainSummary Trainer::run() {
   sum.adapter_dir = cfg_.output_dir;
   if (!cfg_.sample_prompts.empty())
     write_samples_json(cfg_.output_dir, samples_before, print_sample_answers(sample_render, "after training"));
+  write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
   log("done: " + std::to_string(step) + " steps" +
       (sum.skipped_steps ? " (" + std::to_string(sum.skipped_steps) + " skipped: not finite)" : "") + ", loss " +
       std::to_string(sum.last_loss) +

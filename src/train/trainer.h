@@ -1,6 +1,7 @@
 // Trainer: the fine-tuning loop (accumulation, clipping, AdamW, schedule, eval, checkpoints, resume).
 #pragma once
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,8 +35,20 @@ struct LoadedModel {
   TextEncoder encoder;
   std::string source;
 };
+// `lora` replaces the config's LoRA settings (eval of an adapter uses the adapter's own).
 LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len);
+                                    int64_t seq_len, const LoraSpec* lora = nullptr);
+
+// Forward-only loss over a fixed list of batches (no dropout), in order: the trainer's eval_loss
+// is loss_sum / tokens. on_batch (optional) is called after each batch with the totals so far.
+struct EvalTotals {
+  double loss_sum = 0;  // summed token loss
+  int64_t tokens = 0;   // tokens that produce loss (the trained tokens)
+  int64_t batches = 0;
+  double mean() const { return tokens ? loss_sum / double(tokens) : 0.0; }
+};
+EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches,
+                            const std::function<void(const EvalTotals&)>& on_batch = {});
 
 class Trainer {
  public:

@@ -75,6 +75,9 @@ TEST(TrainCli, InterruptAndResumeIsBitIdentical) {
   // 48 steps leave ~45 to go when the signal lands: the run must have stopped on it, not finished.
   ASSERT_EQ(code, 130) << read_file(b + "/first.log");
   EXPECT_NE(read_file(b + "/first.log").find("resume with"), std::string::npos);
+  // the stopped run plots what it logged, after its checkpoint
+  EXPECT_NE(read_file(b + "/first.log").find("loss plot: " + b + "/loss.svg"), std::string::npos) << read_file(b + "/first.log");
+  EXPECT_TRUE(fs::exists(b + "/loss.svg"));
   ASSERT_LT(metric_lines(b).size(), ref.size()) << "the interrupted run had already finished";
 
   RunResult resumed = run_qlora("train " + base_args(b) + " resume_from_checkpoint=latest");
