@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""llama.cpp's verdict on `qlora export`: tests/fixtures/export/llama_cpp_logits.json.
+
+Runs our `qlora export` on
+  (i)  the real SmolLM2-135M-Instruct Q4_1 GGUF the demo uses (.cache/qlora/, tests/fetch_real_models.sh)
+       with a deterministic rank-1 adapter (tests/fixtures/export/smollm2_adapter/, written here:
+       q/k/v/down_proj, f16 safetensors) -> merged GGUF at f32 and q8_0, and a gguf-lora adapter;
+  (ii) the tiny fixture tests/fixtures/gguf/tiny_llama.gguf (GQA, llama3 rope_freqs) with
+       tests/fixtures/parity/llama_gqa_adapter -> merged f32 and q8_0, and a gguf-lora adapter;
+loads each in llama.cpp through llama-cpp-python (its PyPI sdist builds the vendored llama.cpp from
+source) and records, for a fixed token sequence, the top-8 logits and logsumexp at every position,
+plus the sha256 of each exported file. The C++ test (tests/model/test_gguf_export.cpp) re-exports,
+requires the same sha256 (so llama.cpp's verdict applies to the bytes it writes) and compares our
+engine's logits on the exported files with llama.cpp's.
+
+Run:  /opt/llamaenv/bin/python tools/make_gguf_export_fixtures.py   (llama-cpp-python, numpy)
+      after building ./build/qlora.
+"""
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from llama_cpp import Llama, __version__ as llama_cpp_version
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+FX = os.path.join(ROOT, "tests", "fixtures")
+OUT = os.path.join(FX, "export")
+QLORA = os.path.join(ROOT, "build", "qlora")
+SMOL = os.environ.get("QLORA_SMOLLM2_GGUF", os.path.join(ROOT, ".cache", "qlora", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+TOPK = 8
+
+
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name].astype(np.float16))
+        b = a.tobytes()
+        header[name] = {"dtype": "F16", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def smollm2_adapter(path):
+    """Rank 1, alpha 2 (scale 2) on q/k/v/down_proj of SmolLM2-135M (hidden 576, 9 heads, 3 kv heads of 64, ffn 1536)."""
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(20240601)
+    shapes = {"q_proj": (576, 576), "k_proj": (192, 576), "v_proj": (192, 576), "down_proj": (576, 1536)}
+    t = {}
+    for layer in range(30):
+        for proj, (out, inp) in shapes.items():
+            sub = "mlp" if proj == "down_proj" else "self_attn"
+            key = f"base_model.model.model.layers.{layer}.{sub}.{proj}"
+            t[key + ".lora_A.weight"] = rng.standard_normal((1, inp)) / np.sqrt(inp)
+            t[key + ".lora_B.weight"] = rng.standard_normal((out, 1)) * 0.02
+    write_safetensors(os.path.join(path, "adapter_model.safetensors"), t)
+    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 1, "lora_alpha": 2, "lora_dropout": 0.0,
+           "target_modules": sorted(shapes), "bias": "none", "use_rslora": False, "use_dora": False,
+           "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct", "fan_in_fan_out": False,
+           "modules_to_save": None}
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export(args, out):
+    subprocess.run([QLORA, "export", *args, "--out", out], check=True, stdout=subprocess.DEVNULL)
+    return sha256(out)
+
+
+def rows(scores):
+    res = []
+    for r in scores:
+        r = r.astype(np.float64)
+        top = np.argsort(-r, kind="stable")[:TOPK]
+        m = r.max()
+        res.append({"top_ids": [int(i) for i in top], "top_logits": [float(r[i]) for i in top],
+                    "logsumexp": float(m + np.log(np.exp(r - m).sum()))})
+    return res
+
+
+def llama_logits(model, ids, lora=None):
+    kw = dict(model_path=model, logits_all=True, n_ctx=128, n_batch=128, n_threads=2, verbose=False, seed=0)
+    if lora:
+        kw["lora_path"] = lora
+    llm = Llama(**kw)
+    llm.eval(ids)
+    scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    return llm, scores
+
+
+def rel(p):
+    return os.path.relpath(p, ROOT)
+
+
+def main():
+    cases = []
+    tmp = tempfile.mkdtemp(prefix="qlora-export-fx-")
+    tiny_base = os.path.join(FX, "gguf", "tiny_llama.gguf")
+    tiny_ad = os.path.join(FX, "parity", "llama_gqa_adapter")
+    tiny_ids = [1, 17, 42, 5, 88, 63, 9, 30, 71, 2, 55, 12]
+    jobs = [("tiny_f32", tiny_base, tiny_ad, "gguf", "f32", tiny_ids, None),
+            ("tiny_q8_0", tiny_base, tiny_ad, "gguf", "q8_0", tiny_ids, None),
+            ("tiny_lora", tiny_base, tiny_ad, "gguf-lora", "f32", tiny_ids, None)]
+    if os.path.exists(SMOL):
+        smol_ad = os.path.join(OUT, "smollm2_adapter")
+        smollm2_adapter(smol_ad)
+        text = "<|im_start|>user\nWhat does \"harbor\" mean?<|im_end|>\n<|im_start|>assistant\n"
+        jobs += [("smollm2_f32", SMOL, smol_ad, "gguf", "f32", None, text),
+                 ("smollm2_q8_0", SMOL, smol_ad, "gguf", "q8_0", None, text),
+                 ("smollm2_lora", SMOL, smol_ad, "gguf-lora", "f32", None, text)]
+    else:
+        print("SmolLM2 GGUF not found: only the tiny cases are recorded", file=sys.stderr)
+    for name, base, ad, fmt, outtype, ids, text in jobs:
+        out = os.path.join(tmp, name + ".gguf")
+        digest = export(["--format", fmt, "--model", base, "--adapter", ad, "--outtype", outtype], out)
+        model, lora = (out, None) if fmt == "gguf" else (base, out)
+        if ids is None:
+            probe = Llama(model_path=model, vocab_only=True, verbose=False)
+            ids = probe.tokenize(text.encode(), add_bos=False, special=True)
+        _, scores = llama_logits(model, ids, lora)
+        case = {"name": name, "model": rel(base), "adapter": rel(ad), "format": fmt, "outtype": outtype,
+                "sha256": digest, "ids": [int(i) for i in ids], "rows": rows(scores)}
+        if text is not None:
+            case["text"] = text
+        cases.append(case)
+        print(f"{name}: sha256 {digest[:16]}..., {len(ids)} positions, top1 {case['rows'][-1]['top_ids'][0]}")
+        if fmt == "gguf":
+            os.remove(out)
+    with open(os.path.join(OUT, "llama_cpp_logits.json"), "w") as f:
+        json.dump({"llama_cpp_python": llama_cpp_version, "top_k": TOPK, "cases": cases}, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
