@@ -6,6 +6,7 @@ namespace qlora {
 int cmd_train(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
+int cmd_merge(int argc, char** argv);
 int cmd_data(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_generate(int argc, char** argv);

@@ -23,6 +23,7 @@ const Command kCommands[] = {
     {"train", qlora::cmd_train, "fine-tune with LoRA/QLoRA: qlora train CONFIG.yaml [key=value ...]"},
     {"plan", qlora::cmd_plan, "memory + speed plan for any model/GPU: qlora plan --model M --gpu G"},
     {"quantize", qlora::cmd_quantize, "pre-quantize a model: qlora quantize --model M --quant nf4 --out DIR"},
+    {"merge", qlora::cmd_merge, "fold an adapter into its base, as a HF model dir: qlora merge --model M --adapter A --out DIR"},
     {"eval", qlora::cmd_eval, "eval loss and perplexity, as training measures it: qlora eval CONFIG.yaml [--adapter DIR]"},
     {"plot", qlora::cmd_plot, "loss.svg from a run's metrics.jsonl: qlora plot OUTPUT_DIR [--out FILE]"},
     {"data", qlora::cmd_data, "dataset stats and token/label preview: qlora data CONFIG.yaml [--show N] [--json]"},

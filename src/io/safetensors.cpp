@@ -344,6 +344,16 @@ void SafetensorsWriter::add_from_f32(const std::string& name, DType dtype, std::
   e.data = e.owned.data();
 }
 
+void SafetensorsWriter::declare(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+  insert(name, dtype, std::move(shape));  // data stays null
+}
+
+std::vector<std::string> SafetensorsWriter::data_order_names() const {
+  std::vector<std::string> v;
+  for (const auto* kv : data_order()) v.push_back(kv->first);
+  return v;
+}
+
 std::vector<const std::pair<const std::string, SafetensorsWriter::Entry>*> SafetensorsWriter::data_order() const {
   std::vector<const std::pair<const std::string, Entry>*> v;
   for (const auto& kv : entries_) v.push_back(&kv);
@@ -370,13 +380,20 @@ std::string SafetensorsWriter::header() const {
   return out + text;
 }
 
+static void need_data(const std::string& name, const void* data, int64_t nbytes) {
+  if (!data && nbytes > 0)
+    fail(ErrorKind::Internal, "tensor '" + name + "'", "was declared without data; write it by streaming");
+}
+
 std::string SafetensorsWriter::serialize() const {
   std::string out = header();
+  for (const auto* kv : data_order()) need_data(kv->first, kv->second.data, kv->second.nbytes);
   for (const auto* kv : data_order()) out.append(static_cast<const char*>(kv->second.data), size_t(kv->second.nbytes));
   return out;
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
+  for (const auto* kv : data_order()) need_data(kv->first, kv->second.data, kv->second.nbytes);
   AtomicFile f(path);
   f.append(header());
   for (const auto* kv : data_order()) f.append(kv->second.data, size_t(kv->second.nbytes));

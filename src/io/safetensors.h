@@ -91,6 +91,11 @@ class SafetensorsWriter {
   // Converts f32 values to dtype (F32/F16/BF16) and keeps the converted copy.
   void add_from_f32(const std::string& name, DType dtype, std::vector<int64_t> shape, const float* src);
   void set_metadata(std::map<std::string, std::string> metadata) { metadata_ = std::move(metadata); }
+  // Streaming: names a tensor without its data, so header() is known before any tensor exists. The
+  // caller writes header() and then each tensor's bytes itself, in data_order_names() order
+  // (serialize()/write() refuse a writer holding declared tensors).
+  void declare(const std::string& name, DType dtype, std::vector<int64_t> shape);
+  std::vector<std::string> data_order_names() const;
 
   size_t size() const { return entries_.size(); }
   std::string header() const;        // the 8-byte length + padded JSON

@@ -27,6 +27,14 @@ class Tokenizer {
   // GPT-2 style BPE from GGUF metadata (tokenizer.ggml.model == "gpt2": tokens, merges,
   // token_type, bos/eos/pad ids, chat_template). Error(Unsupported) for other vocab models.
   static Tokenizer from_gguf(const GgufFile& gguf);
+  // tokenizer.json + tokenizer_config.json text that Hugging Face `tokenizers` / transformers
+  // load as the tokenizer from_gguf builds (same ids; BOS/EOS added by a TemplateProcessing
+  // post-processor when the GGUF's add_bos_token/add_eos_token say so; special tokens and the
+  // chat template in the config). What `qlora merge` writes for a GGUF base.
+  struct HfFiles {
+    std::string tokenizer_json, tokenizer_config_json;
+  };
+  static HfFiles hf_files_from_gguf(const GgufFile& gguf);
   // ids 0..255 are the bytes, 256 is BOS "<s>", 257 is EOS "</s>"; encode adds BOS when asked.
   static Tokenizer byte_level();
 

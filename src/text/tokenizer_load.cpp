@@ -270,7 +270,19 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 
 // ---- GGUF ----------------------------------------------------------------------------------
 
-Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
+namespace {
+
+// What from_gguf reads: the tokenizer.json fields (model, added_tokens, pre_tokenizer, decoder)
+// and the special ids, flags and chat template.
+struct GgufVocab {
+  json root;
+  std::vector<std::string> tokens;
+  std::optional<int32_t> bos, eos, pad, unk;
+  std::optional<bool> add_bos, add_eos;
+  std::string chat_template;
+};
+
+GgufVocab read_gguf_vocab(const GgufFile& g) {
   const std::string where = g.path();
   std::string model = g.get_string("tokenizer.ggml.model");
   if (model != "gpt2")
@@ -282,8 +294,8 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
   // The pre-tokenizer is named, not stored: map llama.cpp's names to the HF pipelines they stand for.
   json pre_json;
   bool ignore_merges = false;
-  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-  json byte_level_noregex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  json byte_level_noregex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
   auto split = [](const char* re) {
     return json{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}};
   };
@@ -336,19 +348,87 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
     if (!g.has(key)) return std::nullopt;
     return g.get_bool(key);
   };
+  GgufVocab v;
+  v.root = std::move(root);
+  v.bos = id_of("tokenizer.ggml.bos_token_id");
+  v.eos = id_of("tokenizer.ggml.eos_token_id");
+  v.pad = id_of("tokenizer.ggml.padding_token_id");
+  v.unk = id_of("tokenizer.ggml.unknown_token_id");
+  v.add_bos = flag("tokenizer.ggml.add_bos_token");
+  v.add_eos = flag("tokenizer.ggml.add_eos_token");
+  if (g.has("tokenizer.chat_template")) v.chat_template = g.get_string("tokenizer.chat_template");
+  v.tokens = std::move(tokens);
+  return v;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
+  GgufVocab v = read_gguf_vocab(g);
   auto im = std::make_shared<Impl>();
-  im->name = where + ": tokenizer.ggml";
-  build_impl(*im, root);
-  im->bos = id_of("tokenizer.ggml.bos_token_id");
-  im->eos = id_of("tokenizer.ggml.eos_token_id");
-  im->pad = id_of("tokenizer.ggml.padding_token_id");
-  im->unk = id_of("tokenizer.ggml.unknown_token_id");
-  im->add_bos = flag("tokenizer.ggml.add_bos_token");
-  im->add_eos = flag("tokenizer.ggml.add_eos_token");
+  im->name = g.path() + ": tokenizer.ggml";
+  build_impl(*im, v.root);
+  im->bos = v.bos;
+  im->eos = v.eos;
+  im->pad = v.pad;
+  im->unk = v.unk;
+  im->add_bos = v.add_bos;
+  im->add_eos = v.add_eos;
   if (im->add_bos.value_or(false) && im->bos) im->prefix = {*im->bos};
   if (im->add_eos.value_or(false) && im->eos) im->suffix = {*im->eos};
-  if (g.has("tokenizer.chat_template")) im->chat_template = g.get_string("tokenizer.chat_template");
+  im->chat_template = v.chat_template;
   return Tokenizer(std::move(im));
+}
+
+Tokenizer::HfFiles Tokenizer::hf_files_from_gguf(const GgufFile& g) {
+  GgufVocab v = read_gguf_vocab(g);
+  json root = std::move(v.root);
+  // The fields `tokenizers` writes, so the file reads like one it saved.
+  json& model = root["model"];
+  for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) model[k] = nullptr;
+  model["fuse_unk"] = false;
+  model["byte_fallback"] = false;
+  if (v.unk) model["unk_token"] = v.tokens[size_t(*v.unk)];
+  for (json& a : root["added_tokens"]) a["single_word"] = false, a["lstrip"] = false, a["rstrip"] = false;
+  root["version"] = "1.0";
+  root["truncation"] = nullptr;
+  root["padding"] = nullptr;
+  root["normalizer"] = nullptr;
+  root["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  // What encode(text, add_special_tokens) puts around the text: bos / eos as the GGUF says.
+  std::vector<std::pair<std::string, int32_t>> prefix, suffix;
+  if (v.add_bos.value_or(false) && v.bos) prefix.push_back({v.tokens[size_t(*v.bos)], *v.bos});
+  if (v.add_eos.value_or(false) && v.eos) suffix.push_back({v.tokens[size_t(*v.eos)], *v.eos});
+  if (prefix.empty() && suffix.empty()) {
+    root["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+                              {"use_regex", false}};
+  } else {
+    json single = json::array(), pair = json::array(), specials = json::object();
+    auto special = [&](const std::pair<std::string, int32_t>& t, int type_id) {
+      specials[t.first] = {{"id", t.first}, {"ids", {t.second}}, {"tokens", {t.first}}};
+      return json{{"SpecialToken", {{"id", t.first}, {"type_id", type_id}}}};
+    };
+    for (const auto& t : prefix) single.push_back(special(t, 0)), pair.push_back(special(t, 0));
+    single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    pair.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    for (const auto& t : suffix) single.push_back(special(t, 0)), pair.push_back(special(t, 0));
+    for (const auto& t : prefix) pair.push_back(special(t, 1));
+    pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+    for (const auto& t : suffix) pair.push_back(special(t, 1));
+    root["post_processor"] = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair},
+                              {"special_tokens", specials}};
+  }
+  json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"clean_up_tokenization_spaces", false},
+              {"add_bos_token", v.add_bos.value_or(false)}, {"add_eos_token", v.add_eos.value_or(false)}};
+  auto name = [&](const char* key, const std::optional<int32_t>& id) {
+    if (id) cfg[key] = v.tokens[size_t(*id)];
+  };
+  name("bos_token", v.bos);
+  name("eos_token", v.eos);
+  name("pad_token", v.pad);
+  name("unk_token", v.unk);
+  if (!v.chat_template.empty()) cfg["chat_template"] = v.chat_template;
+  return {root.dump(2) + "\n", cfg.dump(2) + "\n"};
 }
 
 }  // namespace qlora

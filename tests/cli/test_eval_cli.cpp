@@ -173,3 +173,28 @@ TEST_F(EvalCli, TrainWritesTheLossPlot) {
   EXPECT_NE(svg.find("<polyline class=\"train-loss\""), std::string::npos);
   for (const auto& e : fs::directory_iterator(*dir_)) EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
 }
+
+// The eval set as a val_set_size split of the train file, packed: the same rows as training's.
+TEST(EvalCliSplit, PackedValSplitGivesTheTrainersEvalLosses) {
+  const std::string d = temp_dir("eval_split");
+  const std::string keys = " eval_file= val_set_size=0.1 packing=true threads=1 device=cpu";
+  RunResult t = run_qlora("train " + kConfig + " output_dir=" + d + " max_steps=4 eval_steps=2" + keys);
+  ASSERT_EQ(t.code, 0) << t.output;
+  std::map<int64_t, double> logged;
+  std::istringstream in(read_file(d + "/metrics.jsonl"));
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (j.contains("eval_loss")) logged[j["step"].get<int64_t>()] = j["eval_loss"].get<double>();
+  }
+  ASSERT_EQ(logged.count(0) + logged.count(4), 2u);
+  RunResult base = run_stdout("eval " + kConfig + keys + " --json");
+  RunResult tuned = run_stdout("eval " + kConfig + keys + " --json --adapter " + d);
+  ASSERT_EQ(base.code, 0);
+  ASSERT_EQ(tuned.code, 0);
+  const auto jb = nlohmann::json::parse(base.output), jt = nlohmann::json::parse(tuned.output);
+  EXPECT_NEAR(jb["loss"].get<double>(), logged[0], 1e-6 * logged[0]);
+  EXPECT_NEAR(jt["loss"].get<double>(), logged[4], 1e-6 * logged[4]);
+  EXPECT_EQ(jt["examples"].get<int64_t>(), 40);  // 10% of the 400 train rows
+  EXPECT_LT(jt["rows"].get<int64_t>(), 40);      // packed
+  fs::remove_all(d);
+}

@@ -395,3 +395,27 @@ TEST(Safetensors, UnalignedHalfTensorReadsCorrectly) {
   SafetensorsArchive a(tmp / "u.safetensors");
   EXPECT_EQ(a.read_f32("b", {2}), (std::vector<float>{1.5f, -0.25f}));
 }
+
+// Streaming (what `qlora merge` does): tensors declared without data give the header of the same
+// writer holding the data, and header + each tensor's bytes in data_order_names() order is the
+// same file; a writer with declared tensors refuses to serialize them itself.
+TEST(SafetensorsWriter, DeclaredTensorsStreamToTheSameFile) {
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {7, 8};
+  const std::vector<uint16_t> c = {0x3f80, 0x4000, 0x4040};
+  SafetensorsWriter full, streamed;
+  full.add("w.a", DType::F32, {2, 3}, a.data());
+  full.add("w.c", DType::BF16, {3}, c.data());
+  full.add("w.b", DType::F32, {2}, b.data());
+  for (auto* w : {&full, &streamed}) w->set_metadata({{"format", "pt"}});
+  streamed.declare("w.c", DType::BF16, {3});
+  streamed.declare("w.a", DType::F32, {2, 3});
+  streamed.declare("w.b", DType::F32, {2});
+  ASSERT_EQ(streamed.header(), full.header());
+  ASSERT_EQ(streamed.data_order_names(), (std::vector<std::string>{"w.a", "w.b", "w.c"}));
+  std::string bytes = streamed.header();
+  bytes.append(reinterpret_cast<const char*>(a.data()), 24);
+  bytes.append(reinterpret_cast<const char*>(b.data()), 8);
+  bytes.append(reinterpret_cast<const char*>(c.data()), 6);
+  EXPECT_EQ(bytes, full.serialize());
+  EXPECT_THROW(streamed.serialize(), Error);
+}

@@ -136,6 +136,42 @@ TEST(TokenizerGguf, InMemoryGpt2VocabMatchesHf) {
   EXPECT_EQ(tok.decode(tok.encode("<|im_start|>x y", true), true), "x y");
 }
 
+// hf_files_from_gguf (what `qlora merge` writes for a GGUF base) loads back through the
+// tokenizer.json reader as the same tokenizer: HF's ids on the corpus, same specials and template.
+Tokenizer reloaded(const GgufFile& g) {
+  const Tokenizer::HfFiles f = Tokenizer::hf_files_from_gguf(g);
+  return Tokenizer::from_json(f.tokenizer_json, "tokenizer.json", f.tokenizer_config_json);
+}
+
+void expect_same_tokenizer(const Tokenizer& a, const Tokenizer& b) {
+  EXPECT_EQ(a.vocab_size(), b.vocab_size());
+  EXPECT_EQ(a.bos_id(), b.bos_id());
+  EXPECT_EQ(a.eos_id(), b.eos_id());
+  EXPECT_EQ(a.pad_id(), b.pad_id());
+  EXPECT_EQ(a.special_prefix(), b.special_prefix());
+  EXPECT_EQ(a.special_suffix(), b.special_suffix());
+  EXPECT_EQ(a.chat_template(), b.chat_template());
+}
+
+TEST(TokenizerGguf, HfFilesFromGgufReloadAsTheSameTokenizer) {
+  GgufFile g = GgufFile::from_bytes(gpt2_fixture_as_gguf().bytes(), "synthetic.gguf");
+  const Tokenizer tok = reloaded(g);
+  EXPECT_EQ(mismatching_lines(tok, "bytelevel_gpt2"), 0u);
+  expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
+  EXPECT_EQ(tok.encode("hi", true), Tokenizer::from_gguf(g).encode("hi", true));
+  EXPECT_EQ(tok.encode("hi", true).front(), 1);  // add_bos_token: a TemplateProcessing post-processor
+  EXPECT_TRUE(tok.is_special(1));
+}
+
+TEST(TokenizerGguf, HfFilesFromTheRealSmolLM2Gguf) {
+  const std::string path = testing_paths::smollm2_gguf();
+  if (path.empty()) GTEST_SKIP() << testing_paths::smollm2_skip_reason();
+  GgufFile g(path);
+  const Tokenizer tok = reloaded(g);
+  EXPECT_EQ(mismatching_lines(tok, "smollm2"), 0u);
+  expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
+}
+
 TEST(TokenizerGguf, UnsupportedVocabModel) {
   GgufWriter w;
   w.str("tokenizer.ggml.model", "llama");

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""`qlora merge` checked by transformers: writes tests/fixtures/merge/merge_check.json.
+
+  /opt/fixenv/bin/python tools/make_merge_fixtures.py BUILD/qlora
+
+For each case below it runs `qlora merge` on a fixture base + adapter, loads the output directory
+with transformers' AutoModelForCausalLM.from_pretrained (eager attention, CPU), computes the logits
+of the fixture input_ids and compares them with PEFT's base + adapter (PeftModel.from_pretrained on
+the fixture base, computed here; for the NF4 base, the logits transformers + bitsandbytes + PEFT gave
+in tests/fixtures/qlora/llama_gqa_nf4.safetensors). fp32 outputs must agree within 2e-5 of the
+largest |logit|; bf16 outputs are also checked weight by weight against PEFT's merge_and_unload()
+in fp32 rounded to bf16 by torch. The JSON records, per case, the arguments, the sha256 of every
+file of the output and the errors measured. tests/cli/test_merge_cli.cpp re-runs the same merges
+and requires the same sha256s, so this verdict applies to what the binary writes now.
+Reruns are byte-identical.
+"""
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import peft
+import torch
+import transformers
+from peft import PeftModel
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+FIX = os.path.join(ROOT, "tests", "fixtures")
+OUT = os.path.join(FIX, "merge", "merge_check.json")
+FP32_TOL = 2e-5  # relative to the largest |logit|, as the parity tests
+
+# name -> (base relative to FIX, adapter, extra arguments, reference)
+CASES = {
+    "llama_gqa_fp32": ("models/llama_gqa", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "llama_gqa"),
+    "llama_gqa_fp32_sharded": ("models/llama_gqa", "parity/llama_gqa_adapter",
+                               ["--dtype", "fp32", "--max-shard-size", "100KB"], "llama_gqa"),
+    "llama_gqa_bf16": ("models/llama_gqa", "parity/llama_gqa_adapter", ["--dtype", "bf16"], "llama_gqa"),
+    "qwen2_fp32": ("models/qwen2", "parity/qwen2_adapter", [], "qwen2"),
+    "llama_tied_fp32": ("models/llama_tied", "parity/llama_tied_adapter", [], "llama_tied"),
+    "mistral_fp32": ("models/mistral", "parity/mistral_adapter", [], "mistral"),
+    "gguf_llama_fp32": ("gguf/tiny_llama.gguf", "parity/llama_gqa_adapter", [], "llama_gqa"),
+    "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
+    "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),
+}
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def inputs(ref):
+    name = "qlora/llama_gqa_nf4.safetensors" if ref == "nf4" else f"parity/{ref}.safetensors"
+    with safe_open(os.path.join(FIX, name), "pt") as f:
+        return f.get_tensor("input_ids").long(), (f.get_tensor("lora_logits") if ref == "nf4" else None)
+
+
+def load(path, dtype):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+
+
+@torch.no_grad()
+def peft_reference(ref):
+    """PEFT's base + adapter logits, and merge_and_unload()'s fp32 state dict."""
+    base = load(os.path.join(FIX, "models", ref), torch.float32)
+    m = PeftModel.from_pretrained(base, os.path.join(FIX, "parity", f"{ref}_adapter")).eval()
+    ids, _ = inputs(ref)
+    logits = m(input_ids=ids).logits
+    merged = m.merge_and_unload().state_dict()
+    return logits, merged
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("qlora", help="path of the qlora binary")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    refs = {}
+    record = {"generator": "tools/make_merge_fixtures.py",
+              "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
+                           "peft": peft.__version__},
+              "fp32_tolerance": FP32_TOL, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (base, adapter, extra, ref) in CASES.items():
+            out = os.path.join(tmp, name)
+            cmd = [args.qlora, "merge", "--model", os.path.join(FIX, base), "--adapter", os.path.join(FIX, adapter),
+                   "--out", out] + extra
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"{name}: qlora merge failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+            cfg = json.load(open(os.path.join(out, "config.json")))
+            assert "quantization_config" not in cfg, name
+            bf16 = "bf16" in name
+            model = load(out, "auto")
+            want_dtype = torch.bfloat16 if bf16 else torch.float32
+            assert model.dtype == want_dtype, (name, model.dtype)
+            ids, nf4_logits = inputs(ref)
+            with torch.no_grad():
+                got = model.float()(input_ids=ids).logits
+            if ref == "nf4":
+                want, merged_sd = nf4_logits, None
+            else:
+                if ref not in refs:
+                    refs[ref] = peft_reference(ref)
+                want, merged_sd = refs[ref]
+            scale = want.abs().max().item()
+            err = (got - want).abs().max().item()
+            case = {"args": ["merge", "--model", base, "--adapter", adapter] + extra,
+                    "dtype": str(want_dtype).replace("torch.", ""),
+                    "reference": "parity/llama_gqa_nf4 lora_logits (transformers + bitsandbytes + PEFT)" if ref == "nf4"
+                    else f"PeftModel.from_pretrained(models/{ref}, parity/{ref}_adapter)",
+                    "logits_max_abs_err": float(f"{err:.3e}"), "logits_max_abs": round(scale, 4),
+                    "files": {f: sha256(os.path.join(out, f)) for f in sorted(os.listdir(out))}}
+            if not bf16:
+                assert err <= FP32_TOL * scale, f"{name}: max |logit error| {err:.3e} > {FP32_TOL} x {scale:.3f}"
+            if bf16 and merged_sd is not None:
+                # Every weight equals PEFT's fp32 merge rounded to bf16 by torch, but where the two fp32
+                # merges (ours sums the rank in double) straddle a rounding boundary: one bf16 ulp there.
+                sd = model.state_dict()
+                differ, total, worst_ulps = 0, 0, 0
+                for k, v in merged_sd.items():
+                    if k not in sd:
+                        continue
+                    w = v.to(torch.bfloat16)
+                    d = (sd[k].to(torch.bfloat16).view(torch.int16).int() - w.view(torch.int16).int()).abs()
+                    differ += int((d != 0).sum())
+                    total += d.numel()
+                    worst_ulps = max(worst_ulps, int(d.max()))
+                assert worst_ulps <= 1, f"{name}: a weight differs from torch's bf16 rounding by {worst_ulps} ulps"
+                case["bf16_weights_differing_from_torch_rounding"] = f"{differ} of {total} (at most {worst_ulps} ulp)"
+            if base.endswith(".gguf"):
+                tok = AutoTokenizer.from_pretrained(out)
+                assert tok.bos_token_id == cfg["bos_token_id"] and tok.eos_token_id == cfg["eos_token_id"], name
+                case["tokenizer"] = f"AutoTokenizer loads it: {type(tok).__name__}, {len(tok)} tokens"
+            record["cases"][name] = case
+            print(f"{name}: max |logit error| {err:.3e} (largest |logit| {scale:.3f}), {len(case['files'])} files")
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print("wrote", os.path.relpath(OUT, ROOT))
+
+
+if __name__ == "__main__":
+    main()
