@@ -105,7 +105,7 @@ fuzz-smoke: fuzz-build
 	done
 
 # QLoRA NF4 fine-tune of SmolLM2-135M-Instruct on WordNet definitions, with sample answers before
-# and after (examples/smollm2/). `make demo-tiny` trains the 2-layer fixture model in seconds.
+# and after (examples/smollm2/). `make demo-tiny` trains the 4-layer fixture model in seconds.
 demo: configure demo-deps
 	cmake --build $(BUILD) -j $(JOBS) --target qlora
 	QLORA=./$(BUILD)/qlora ./examples/smollm2/run_demo.sh
