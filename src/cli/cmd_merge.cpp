@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -248,78 +249,91 @@ int cmd_merge(int argc, char** argv) {
     if (ec) fail(ErrorKind::Io, parent.string(), "cannot create directory: " + ec.message());
   }
   AtomicDir dir(o.out);
-  MergeProgress progress(m.names().size(), total);
-  std::vector<float> f32;
-  std::vector<uint8_t> bytes;
-  size_t done = 0;
-  int64_t written = 0;
-  json weight_map = json::object();
-  for (const auto& s : shards) {
-    SafetensorsWriter w;
-    for (const auto& n : s.names) w.declare(n, odt.dtype, m.shape(n));
-    w.set_metadata({{"format", "pt"}});
-    AtomicFile f(dir.path(s.file));
-    f.append(w.header());
-    for (const auto& n : w.data_order_names()) {
-      int64_t numel = 1;
-      for (int64_t d : m.shape(n)) numel *= d;
-      f32.resize(size_t(numel));
-      m.read(n, f32.data());
-      bytes.resize(size_t(numel * dtype_size(odt.dtype)));
-      convert_from_f32(odt.dtype, f32.data(), bytes.data(), numel);
-      f.append(bytes.data(), bytes.size());
-      written += int64_t(bytes.size());
-      weight_map[n] = s.file;
-      progress.tensor_done(++done, written);
-    }
-    f.commit();
-  }
-  if (shards.size() > 1)
-    dir.write("model.safetensors.index.json",
-              json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-
-  // config.json: the base's own (quantization_config dropped, dtype set), or one from the GGUF.
-  const bool hf_dir = src.format == "hf";
-  json config;
-  if (hf_dir) {
-    config = read_json_file(o.model + "/config.json");
-    config.erase("quantization_config");
-    if (!config.contains("dtype") && !config.contains("torch_dtype")) config["torch_dtype"] = odt.torch;
-    for (const char* k : {"dtype", "torch_dtype"})  // transformers 5 / 4 spelling: set whichever is there
-      if (config.contains(k)) config[k] = odt.torch;
-  } else {
-    config = hf_config_json(cfg, odt.torch);
-  }
-  dir.write("config.json", config.dump(2) + "\n");
-
   std::vector<std::string> side;
-  if (hf_dir && fs::exists(o.model + "/generation_config.json")) {
-    dir.write("generation_config.json", read_text_file(o.model + "/generation_config.json"));
-  } else {
-    json gen = json::object();
-    if (cfg.bos_token_id >= 0) gen["bos_token_id"] = cfg.bos_token_id;
-    if (cfg.eos_token_id >= 0) gen["eos_token_id"] = cfg.eos_token_id;
-    dir.write("generation_config.json", gen.dump(2) + "\n");
-  }
   std::string tokenizer_note;
-  if (hf_dir) {
-    for (const char* f : kTokenizerFiles)
-      if (fs::exists(o.model + "/" + f)) {
-        dir.write(f, read_text_file(o.model + "/" + f));
-        side.push_back(f);
+  try {
+    MergeProgress progress(m.names().size(), total);
+    std::vector<float> f32;
+    std::vector<uint8_t> bytes;
+    size_t done = 0;
+    int64_t written = 0;
+    json weight_map = json::object();
+    for (const auto& s : shards) {
+      SafetensorsWriter w;
+      for (const auto& n : s.names) w.declare(n, odt.dtype, m.shape(n));
+      w.set_metadata({{"format", "pt"}});
+      AtomicFile f(dir.path(s.file));
+      f.append(w.header());
+      for (const auto& n : w.data_order_names()) {
+        int64_t numel = 1;
+        for (int64_t d : m.shape(n)) numel *= d;
+        f32.resize(size_t(numel));
+        m.read(n, f32.data());
+        bytes.resize(size_t(numel * dtype_size(odt.dtype)));
+        convert_from_f32(odt.dtype, f32.data(), bytes.data(), numel);
+        f.append(bytes.data(), bytes.size());
+        written += int64_t(bytes.size());
+        weight_map[n] = s.file;
+        progress.tensor_done(++done, written);
       }
-    if (side.empty()) tokenizer_note = "the base has no tokenizer files; none were written";
-  } else {
-    try {
-      const Tokenizer::HfFiles t = Tokenizer::hf_files_from_gguf(GgufFile(o.model));
-      dir.write("tokenizer.json", t.tokenizer_json);
-      dir.write("tokenizer_config.json", t.tokenizer_config_json);
-      side = {"tokenizer.json", "tokenizer_config.json"};
-    } catch (const Error& e) {
-      tokenizer_note = std::string("no tokenizer files were written: ") + e.what();
+      f.commit();
     }
+    std::vector<float>().swap(f32);  // the largest tensor's buffers, before the tokenizer files
+    std::vector<uint8_t>().swap(bytes);
+    if (shards.size() > 1)
+      dir.write("model.safetensors.index.json",
+                json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+
+    // config.json: the base's own (quantization_config dropped, dtype set), or one from the GGUF.
+    const bool hf_dir = src.format == "hf";
+    json config;
+    if (hf_dir) {
+      config = read_json_file(o.model + "/config.json");
+      config.erase("quantization_config");
+      if (!config.contains("dtype") && !config.contains("torch_dtype")) config["torch_dtype"] = odt.torch;
+      for (const char* k : {"dtype", "torch_dtype"})  // transformers 5 / 4 spelling: set whichever is there
+        if (config.contains(k)) config[k] = odt.torch;
+    } else {
+      config = hf_config_json(cfg, odt.torch);
+    }
+    dir.write("config.json", config.dump(2) + "\n");
+
+    if (hf_dir && fs::exists(o.model + "/generation_config.json")) {
+      dir.write("generation_config.json", read_text_file(o.model + "/generation_config.json"));
+    } else {
+      json gen = json::object();
+      if (cfg.bos_token_id >= 0) gen["bos_token_id"] = cfg.bos_token_id;
+      if (cfg.eos_token_id >= 0) gen["eos_token_id"] = cfg.eos_token_id;
+      dir.write("generation_config.json", gen.dump(2) + "\n");
+    }
+    if (hf_dir) {
+      for (const char* f : kTokenizerFiles)
+        if (fs::exists(o.model + "/" + f)) {
+          dir.write(f, read_text_file(o.model + "/" + f));
+          side.push_back(f);
+        }
+      if (side.empty()) tokenizer_note = "the base has no tokenizer files; none were written";
+    } else {
+      std::optional<Tokenizer::HfFiles> t;
+      try {
+        t = Tokenizer::hf_files_from_gguf(GgufFile(o.model));
+      } catch (const Error& e) {  // a vocabulary we cannot express (not gpt2-style BPE)
+        tokenizer_note = std::string("no tokenizer files were written: ") + e.what();
+      }
+      if (t) {
+        dir.write("tokenizer.json", t->tokenizer_json);
+        dir.write("tokenizer_config.json", t->tokenizer_config_json);
+        side = {"tokenizer.json", "tokenizer_config.json"};
+      }
+    }
+    dir.commit();
+  } catch (const Error& e) {
+    // Name the file by its final path (the temporary directory is deleted on the way out).
+    if (e.kind() != ErrorKind::Io) throw;
+    std::string where = e.where();
+    if (where.rfind(dir.temp_path(), 0) == 0) where = dir.final_path() + where.substr(dir.temp_path().size());
+    fail(ErrorKind::Io, where, e.message() + "; nothing was written to " + o.out, e.hint());
   }
-  dir.commit();
   if (!tokenizer_note.empty()) std::fprintf(stderr, "note: %s\n", tokenizer_note.c_str());
 
   std::string files;
