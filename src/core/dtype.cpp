@@ -95,6 +95,21 @@ void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
       return;
     }
+    case DType::I8: {
+      auto* s = static_cast<const int8_t*>(src);
+      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
+      return;
+    }
+    case DType::U8: {
+      auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
+      return;
+    }
+    case DType::I16: {
+      auto* s = static_cast<const int16_t*>(src);
+      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
+      return;
+    }
     case DType::I32: {
       auto* s = static_cast<const int32_t*>(src);
       for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "core/error.h"
@@ -424,9 +425,19 @@ void GgufFile::read_tensor_f32(const std::string& name, float* dst) const {
   int64_t n_rows = n / row;
   int64_t row_bytes = ggml_row_bytes(ti.type, row);
   const uint8_t* src = data_ + data_offset_ + ti.offset;
-  // Rows are independent; big embeddings (~30M elements) are worth the threads.
+  // Rows are independent; big embeddings (~30M elements) are worth the threads. An error must not
+  // leave the parallel region (that terminates the process): the first is kept and rethrown.
+  std::exception_ptr error;
 #pragma omp parallel for schedule(static) if (n > (int64_t(1) << 20))
-  for (int64_t r = 0; r < n_rows; r++) dequantize_row(ti.type, src + r * row_bytes, dst + r * row, row);
+  for (int64_t r = 0; r < n_rows; r++) {
+    try {
+      dequantize_row(ti.type, src + r * row_bytes, dst + r * row, row);
+    } catch (...) {
+#pragma omp critical(qlora_gguf_read_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 std::vector<float> GgufFile::read_tensor_f32(const std::string& name) const {

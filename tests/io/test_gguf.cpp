@@ -113,6 +113,24 @@ TEST(Gguf, UnsupportedTensorTypeIsNamedOnRead) {
   expect_error([&] { f.read_tensor_f32("iq2_xxs", out.data()); }, ErrorKind::Unsupported, {"tensor 'iq2_xxs'", "IQ2_XXS"});
 }
 
+// ggml's integer tensor types read as floats (a fuzzer found I8 claimed readable but refused, the
+// error then thrown inside the parallel read, which ends the process). The 1M+-element tensor takes
+// the multi-threaded path.
+TEST(Gguf, IntegerTensorsReadAsFloats) {
+  const size_t big = (size_t(1) << 20) + 64;
+  std::vector<uint8_t> i8(big), i16(2 * 3);
+  for (size_t i = 0; i < big; i++) i8[i] = uint8_t(int8_t(int(i % 256) - 128));
+  const int16_t v16[3] = {-300, 7, 32767};
+  std::memcpy(i16.data(), v16, sizeof v16);
+  GgufFile f = from(GgufBuilder().tensor_raw("i8", {big}, 24, i8).tensor_raw("i16", {3}, 25, i16));
+  const auto a = f.read_tensor_f32("i8");
+  ASSERT_EQ(a.size(), big);
+  EXPECT_EQ(a[0], -128.0f);
+  EXPECT_EQ(a[255], 127.0f);
+  EXPECT_EQ(a[big - 1], float(int((big - 1) % 256) - 128));
+  EXPECT_EQ(f.read_tensor_f32("i16"), (std::vector<float>{-300.0f, 7.0f, 32767.0f}));
+}
+
 struct BadCase {
   const char* file;
   ErrorKind kind;
