@@ -9,11 +9,17 @@ Runs our `qlora export` on
        tests/fixtures/parity/llama_gqa_adapter -> merged f32 and q8_0, and a gguf-lora adapter;
 loads each in llama.cpp through llama-cpp-python (its PyPI sdist builds the vendored llama.cpp from
 source) and records, for a fixed token sequence, the top-8 logits and logsumexp at every position,
-plus the sha256 of each exported file. The C++ test (tests/model/test_gguf_export.cpp) re-exports,
+plus the sha256 of each exported file. For every q8_0 export it also quantizes our f32 export of the
+same weights with llama.cpp's own quantizer (llama_model_quantize, LLAMA_FTYPE_MOSTLY_Q8_0) and
+requires every tensor's bytes to equal ours. llama.cpp runs with its CPU weight-repacking buffers off
+(use_extra_bufts = false): with them, the llama-cpp-python 0.3.36 build on the AVX-512 machine the
+fixture was made on crashes in decode on any quantized model, the original SmolLM2 Q4_1 file
+included; the repacked kernels compute the same products in another layout.
+The C++ test (tests/model/test_gguf_export.cpp) re-exports,
 requires the same sha256 (so llama.cpp's verdict applies to the bytes it writes) and compares our
 engine's logits on the exported files with llama.cpp's.
 
-Run:  /opt/llamaenv/bin/python tools/make_gguf_export_fixtures.py   (llama-cpp-python, numpy)
+Run:  /opt/llamaenv/bin/python tools/make_gguf_export_fixtures.py   (llama-cpp-python, numpy, gguf)
       after building ./build/qlora.
 """
 import hashlib
@@ -24,8 +30,24 @@ import subprocess
 import sys
 import tempfile
 
+import ctypes
+
+import gguf
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama, __version__ as llama_cpp_version
+
+_default_model_params = llama_cpp.llama_model_default_params
+
+
+def _model_params_without_repacking():  # see the docstring
+    p = _default_model_params()
+    p.use_extra_bufts = False
+    return p
+
+
+llama_cpp.llama_model_default_params = _model_params_without_repacking
+llama_cpp.llama.llama_cpp.llama_model_default_params = _model_params_without_repacking
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FX = os.path.join(ROOT, "tests", "fixtures")
@@ -96,13 +118,39 @@ def rows(scores):
 
 
 def llama_logits(model, ids, lora=None):
-    kw = dict(model_path=model, logits_all=True, n_ctx=128, n_batch=128, n_threads=2, verbose=False, seed=0)
+    # An f32 KV cache (ggml type 0), so the comparison measures the weights, not llama.cpp's default
+    # f16 cache rounding.
+    kw = dict(model_path=model, logits_all=True, n_ctx=128, n_batch=128, n_threads=2, verbose=False, seed=0,
+              type_k=0, type_v=0)
     if lora:
         kw["lora_path"] = lora
     llm = Llama(**kw)
     llm.eval(ids)
     scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
     return llm, scores
+
+
+def q8_0_equals_llama_cpp(our_q8, base, ad, tmp):
+    """Our q8_0 export's tensors, byte for byte, against llama.cpp quantizing our f32 export."""
+    f32 = os.path.join(tmp, "for_quantize.f32.gguf")
+    ref = os.path.join(tmp, "llama_cpp.q8_0.gguf")
+    export(["--format", "gguf", "--model", base, "--adapter", ad, "--outtype", "f32"], f32)
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    p.nthread = 2
+    if llama_cpp.llama_model_quantize(f32.encode(), ref.encode(), ctypes.byref(p)) != 0:
+        sys.exit("llama_model_quantize failed")
+    ours = {t.name: t for t in gguf.GGUFReader(our_q8).tensors}
+    theirs = {t.name: t for t in gguf.GGUFReader(ref).tensors}
+    if sorted(ours) != sorted(theirs):
+        sys.exit(f"tensor names differ: {sorted(set(ours) ^ set(theirs))}")
+    for n in ours:
+        a, b = ours[n], theirs[n]
+        if a.tensor_type != b.tensor_type or np.asarray(a.data).tobytes() != np.asarray(b.data).tobytes():
+            sys.exit(f"{n}: ours {a.tensor_type.name} differs from llama.cpp's {b.tensor_type.name}")
+    os.remove(f32)
+    os.remove(ref)
+    return len(ours)
 
 
 def rel(p):
@@ -131,12 +179,23 @@ def main():
         out = os.path.join(tmp, name + ".gguf")
         digest = export(["--format", fmt, "--model", base, "--adapter", ad, "--outtype", outtype], out)
         model, lora = (out, None) if fmt == "gguf" else (base, out)
+        checks = {}
+        if fmt == "gguf-lora":
+            # llama.cpp runs the adapter on our f32 export of the base alone: the same f32 weights our
+            # engine uses, so the comparison measures the adapter, not llama.cpp's quantized matmuls
+            # (SmolLM2's base is Q4_1; the tiny fixture itself has no tokenizer.ggml.merges key, which
+            # llama.cpp requires).
+            model = os.path.join(tmp, name + "_base.f32.gguf")
+            export(["--format", "gguf", "--model", base, "--outtype", "f32"], model)
+            checks["llama_cpp_base"] = "qlora export --format gguf --outtype f32 of the base, no adapter"
+        if outtype == "q8_0":
+            checks["llama_cpp_quantize_equal_tensors"] = q8_0_equals_llama_cpp(out, base, ad, tmp)
         if ids is None:
             probe = Llama(model_path=model, vocab_only=True, verbose=False)
             ids = probe.tokenize(text.encode(), add_bos=False, special=True)
         _, scores = llama_logits(model, ids, lora)
         case = {"name": name, "model": rel(base), "adapter": rel(ad), "format": fmt, "outtype": outtype,
-                "sha256": digest, "ids": [int(i) for i in ids], "rows": rows(scores)}
+                "sha256": digest, **checks, "ids": [int(i) for i in ids], "rows": rows(scores)}
         if text is not None:
             case["text"] = text
         cases.append(case)
@@ -144,7 +203,8 @@ def main():
         if fmt == "gguf":
             os.remove(out)
     with open(os.path.join(OUT, "llama_cpp_logits.json"), "w") as f:
-        json.dump({"llama_cpp_python": llama_cpp_version, "top_k": TOPK, "cases": cases}, f, indent=1)
+        json.dump({"llama_cpp_python": llama_cpp_version, "llama_cpp_use_extra_bufts": False, "top_k": TOPK,
+                   "cases": cases}, f, indent=1)
         f.write("\n")
 
 

@@ -280,14 +280,37 @@ std::vector<float> engine_logits(const std::string& model, const std::string& ad
   return m.logits(Batch::from_hf(1, T, ids, ids));
 }
 
-// Bounds, per outtype. f32: both sides run the same fp32 weights; llama.cpp (KV cache f32 in the
-// fixture run) sums in other orders, so only float rounding over the layers remains. q8_0:
-// llama.cpp multiplies Q8_0 weights with activations it quantizes to Q8_0 blocks too (ggml's
-// vec_dot_type for Q8_0), our engine uses f32 activations on the same dequantized weights: the
-// activation rounding (<= 1/254 of each 32-block's largest value) is the difference.
-double bound_for(const std::string& outtype, bool real) {
-  if (outtype == "f32") return real ? 2e-3 : 1e-4;
-  return real ? 0.25 : 0.02;
+// Bounds. f32 (merged, and the adapter GGUF run by llama.cpp on an f32 export of its base): both
+// sides run the same fp32 weights and differ only in summation order; measured 8.3e-7 (tiny) and
+// 3.1e-5 (SmolLM2, 30 layers), bounds about 10x and 5x that. q8_0: llama.cpp also rounds the
+// activations to Q8_0 blocks before each product (ggml's vec_dot_type for Q8_0) while our engine
+// multiplies the same dequantized weights with fp32 activations, so the bound is how far llama.cpp's
+// own q8_0 logits are from its f32 logits of the same model on the same tokens (from the fixture:
+// 0.063 tiny, 0.81 SmolLM2); ours are closer to llama.cpp's q8_0 than that (measured 0.032, 0.49).
+double llama_cpp_self_gap(const json& fx, const std::string& a, const std::string& b) {
+  const json *ca = nullptr, *cb = nullptr;
+  for (const json& c : fx["cases"]) {
+    if (c["name"] == a) ca = &c;
+    if (c["name"] == b) cb = &c;
+  }
+  if (!ca || !cb) return 0;
+  double gap = 0;
+  for (size_t t = 0; t < (*ca)["rows"].size(); t++) {
+    const json &ra = (*ca)["rows"][t], &rb = (*cb)["rows"][t];
+    const auto ia = ra["top_ids"].get<std::vector<int64_t>>(), ib = rb["top_ids"].get<std::vector<int64_t>>();
+    const auto la = ra["top_logits"].get<std::vector<double>>(), lb = rb["top_logits"].get<std::vector<double>>();
+    for (size_t i = 0; i < ia.size(); i++)
+      for (size_t j = 0; j < ib.size(); j++)
+        if (ia[i] == ib[j]) gap = std::max(gap, std::abs(la[i] - lb[j]));
+    gap = std::max(gap, std::abs(ra["logsumexp"].get<double>() - rb["logsumexp"].get<double>()));
+  }
+  return gap;
+}
+
+double bound_for(const json& fx, const std::string& name, const std::string& outtype, bool real) {
+  if (outtype == "f32") return real ? 1.5e-4 : 1e-5;
+  const std::string model = name.substr(0, name.find('_'));
+  return llama_cpp_self_gap(fx, model + "_f32", model + "_" + outtype);
 }
 
 TEST(GgufExportLlamaCpp, OurExportsAreTheFilesLlamaCppRanAndOurLogitsMatch) {
@@ -321,7 +344,8 @@ TEST(GgufExportLlamaCpp, OurExportsAreTheFilesLlamaCppRanAndOurLogitsMatch) {
     const std::vector<float> lg = c["format"] == "gguf" ? engine_logits(out, "", ids) : engine_logits(base, adapter, ids);
     fs::remove(out);
     const int64_t V = int64_t(lg.size() / ids.size());
-    const double tol = bound_for(c["outtype"], real);
+    const double tol = bound_for(fx, name, c["outtype"], real);
+    ASSERT_GT(tol, 0) << "no bound for " << name;
     double max_diff = 0;
     for (size_t t = 0; t < ids.size(); t++) {
       const json& r = c["rows"][t];
