@@ -12,6 +12,16 @@
 namespace qlora {
 namespace {
 
+// Token ids index dense tables (id -> token), so a lying id would allocate for every id below it.
+// The largest vocabularies in use have ~1M entries.
+constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
+int32_t checked_token_id(int64_t id, const std::string& where) {
+  if (id < 0 || id > kMaxTokenId)
+    fail(ErrorKind::Format, where, "token id " + std::to_string(id) + " is out of range",
+         "ids go from 0 to " + std::to_string(kMaxTokenId));
+  return static_cast<int32_t>(id);
+}
+
 using tokjson::json;
 namespace fs = std::filesystem;
 
@@ -43,7 +53,7 @@ std::unique_ptr<BpeModel> parse_model(const json& j, const std::string& where) {
   for (auto it = jv.begin(); it != jv.end(); ++it) {
     if (!it.value().is_number_integer())
       fail(ErrorKind::Format, vw + "['" + it.key() + "']", "expected an integer id");
-    vocab.emplace(it.key(), it.value().get<int32_t>());
+    vocab.emplace(it.key(), checked_token_id(it.value().get<int64_t>(), vw + "['" + it.key() + "']"));
   }
 
   std::string mw = tokjson::child(where, "merges");
@@ -77,8 +87,9 @@ std::vector<AddedToken> parse_added(const json* arr, const std::string& where) {
     std::string w = tokjson::index(where, i);
     const json& a = (*arr)[i];
     AddedToken t;
-    t.id = static_cast<int32_t>(tokjson::int_or(a, "id", -1, w));
-    if (t.id < 0) fail(ErrorKind::Format, tokjson::child(w, "id"), "missing or negative");
+    const int64_t id = tokjson::int_or(a, "id", -1, w);
+    if (id < 0) fail(ErrorKind::Format, tokjson::child(w, "id"), "missing or negative");
+    t.id = checked_token_id(id, tokjson::child(w, "id"));
     t.content = tokjson::need_string(a, "content", w);
     t.single_word = tokjson::bool_or(a, "single_word", false, w);
     t.lstrip = tokjson::bool_or(a, "lstrip", false, w);

@@ -238,6 +238,26 @@ TEST(TokenizerErrors, BadJsonNamesLineAndColumn) {
   EXPECT_NE(e.where().find("tok.json:2:"), std::string::npos) << e.what();
 }
 
+// Ids index dense id -> token tables: a lying id (found by fuzz_tokenizer: 111111111111165) must
+// be refused, not allocated for.
+TEST(TokenizerErrors, TokenIdOutOfRangeNamesTheToken) {
+  std::string text = tiny_json();
+  const size_t at = text.find("\"c\":8");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 5, "\"c\":111111111111165");
+  try {
+    Tokenizer::from_json(text, "big_id.json");
+    FAIL() << "a huge token id was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Format);
+    EXPECT_EQ(e.where(), "big_id.json: model.vocab['c']");
+    EXPECT_EQ(e.message(), "token id 111111111111165 is out of range");
+  }
+  std::string added = tiny_json();
+  added.replace(added.find("{\"id\":7,"), 8, "{\"id\":16777216,");
+  EXPECT_THROW(Tokenizer::from_json(added, "big_added.json"), Error);
+}
+
 TEST(TokenizerErrors, InvalidUtf8InTheFileNamesLineAndColumn) {
   std::string text = tiny_json();
   const size_t at = text.find("\"ab\":2");
