@@ -15,8 +15,8 @@ struct RunResult {
   std::string output;  // stdout + stderr
 };
 
-inline RunResult run_qlora(const std::string& args) {
-  const std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>&1";
+// Runs a shell command line; output is what it writes to stdout.
+inline RunResult run_command(const std::string& cmd) {
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -27,6 +27,8 @@ inline RunResult run_qlora(const std::string& args) {
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
+
+inline RunResult run_qlora(const std::string& args) { return run_command(std::string(QLORA_BIN) + " " + args + " 2>&1"); }
 
 inline std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -17,18 +17,7 @@ namespace {
 
 const std::string kConfig = std::string(QLORA_SOURCE_DIR) + "/examples/tiny.yaml";
 // stdout only (the JSON); stderr (progress, notes) is dropped.
-RunResult run_stdout(const std::string& args) {
-  const std::string cmd = std::string(QLORA_BIN) + " " + args + " 2>/dev/null";
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+RunResult run_stdout(const std::string& args) { return run_command(std::string(QLORA_BIN) + " " + args + " 2>/dev/null"); }
 
 class EvalCli : public ::testing::Test {
  protected:

@@ -166,8 +166,11 @@ TEST(MergeCli, Nf4BaseIsWrittenDequantizedWithANote) {
   EXPECT_EQ(cfg["dtype"], "bfloat16");
   EXPECT_FALSE(cfg.contains("torch_dtype"));  // the base spells it "dtype" (transformers 5)
   const json src = json::parse(read_file(base + "/config.json"));
-  for (const auto& [k, v] : src.items())
-    if (k != "quantization_config" && k != "dtype") EXPECT_EQ(cfg[k], v) << k;
+  for (const auto& [k, v] : src.items()) {
+    if (k != "quantization_config" && k != "dtype") {
+      EXPECT_EQ(cfg[k], v) << k;
+    }
+  }
   SafetensorsArchive ar(dir + "/out");
   for (const auto& n : ar.names()) EXPECT_EQ(ar.get(n).dtype, DType::BF16) << n;
   const std::string nf4_fx = "qlora/llama_gqa_nf4.safetensors";
