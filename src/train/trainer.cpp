@@ -275,7 +275,10 @@ TrainSummary Trainer::run() {
 
   fs::create_directories(cfg_.output_dir);
   write_file_atomic(cfg_.output_dir + "/train_config.yaml", dump_train_config(cfg_));
-  MetricsWriter metrics(cfg_.output_dir, start);  // a fresh run starts the file anew
+  // A resumed run keeps the records through its checkpoint's step; a fresh run starts the file anew
+  // (keeping "step 0" would leave an earlier run's step-0 eval beside this one's).
+  if (std::error_code ec; start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
+  MetricsWriter metrics(cfg_.output_dir, start);
   ProgressReporter progress(total, cfg_.logging_steps);
   ScheduleParams sp = schedule_from_config(cfg_, total);
   OptimHyper hyper{cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_epsilon, cfg_.weight_decay, cfg_.max_grad_norm};

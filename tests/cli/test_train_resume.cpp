@@ -88,6 +88,26 @@ TEST(TrainCli, InterruptAndResumeIsBitIdentical) {
   fs::remove_all(b);
 }
 
+// A fresh run in an output_dir that holds an earlier run's metrics starts the file anew: one
+// step-0 (before training) eval record, not the old run's beside the new one's.
+TEST(TrainCli, FreshRunInAUsedOutputDirStartsTheMetricsAnew) {
+  const std::string a = temp_dir("again");
+  const std::string args = "train " + std::string(QLORA_SOURCE_DIR) + "/examples/tiny.yaml output_dir=" + a +
+                           " max_steps=2 eval_steps=2 save_steps=100 threads=1";
+  for (int run = 0; run < 2; run++) {
+    RunResult r = run_qlora(args);
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  int step0 = 0, rows = 0;
+  for (const auto& l : metric_lines(a)) {
+    const auto j = nlohmann::json::parse(l);
+    rows++;
+    step0 += j["step"].get<int64_t>() == 0;
+  }
+  EXPECT_EQ(step0, 1) << "of " << rows << " records";
+  fs::remove_all(a);
+}
+
 TEST(TrainCli, LossFallsOnTheTinyExample) {
   const std::string a = temp_dir("falls");
   RunResult r = run_qlora("train " + std::string(QLORA_SOURCE_DIR) + "/examples/tiny.yaml output_dir=" + a +
