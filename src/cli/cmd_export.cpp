@@ -9,8 +9,10 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "train/gguf_export.h"
 #include "train/progress.h"
+#include "train/trainer.h"
 
 namespace qlora {
 
@@ -42,7 +44,10 @@ int cmd_export(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   size_t last_pct = 0;
+  // Ctrl-C / SIGTERM stop at the next tensor; the temporary file is removed on the way out.
+  install_stop_signal_handlers();
   auto progress = [&](size_t done, size_t total, const std::string& name, uint64_t bytes, uint64_t total_bytes) {
+    if (g_stop_requested) fail(ErrorKind::Io, o.out, "interrupted; nothing was written");
     const double frac = total_bytes ? double(bytes) / double(total_bytes) : 1.0;
     const size_t pct = size_t(frac * 100.0);
     if (!tty && done != total && pct < last_pct + 10) return;

@@ -29,6 +29,7 @@
 #include "model/merge.h"
 #include "train/model_source.h"
 #include "train/progress.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -210,6 +211,8 @@ int cmd_merge(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // Ctrl-C / SIGTERM stop at the next tensor, so the temporary output is removed on the way out.
+  install_stop_signal_handlers();
   // Argument errors before any work.
   std::optional<OutDType> asked;
   if (!o.dtype.empty()) asked = parse_dtype(o.dtype);
@@ -275,6 +278,7 @@ int cmd_merge(int argc, char** argv) {
         written += int64_t(bytes.size());
         weight_map[n] = s.file;
         progress.tensor_done(++done, written);
+        if (g_stop_requested) fail(ErrorKind::Io, o.out, "interrupted");  // the temporary files go with dir
       }
       f.commit();
     }
