@@ -15,6 +15,7 @@ CACHE=${QLORA_CACHE:-.cache/qlora}
 "$QLORA" train examples/smollm2/demo.yaml "$@"
 # The trained adapter merged into one GGUF (q8_0) that llama.cpp runs as it is.
 RUN=runs/smollm2-define
+for a in "$@"; do case "$a" in output_dir=*) RUN=${a#output_dir=} ;; esac; done
 "$QLORA" export --format gguf --model "$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf" --adapter "$RUN" \
   --outtype q8_0 --out "$RUN/smollm2-define.q8_0.gguf"
 echo "run it with llama.cpp:  llama-cli -m $RUN/smollm2-define.q8_0.gguf -cnv -p 'What does \"harbor\" mean?'"
