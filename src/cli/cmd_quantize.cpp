@@ -90,29 +90,6 @@ std::vector<PlannedBuffer> weight_list(const LlamaConfig& c) {
   return w;
 }
 
-// A Hugging Face config.json for a GGUF input, which has none.
-json config_from_llama(const LlamaConfig& c) {
-  json j = {{"architectures", json::array({c.model_type == "qwen2" ? "Qwen2ForCausalLM"
-                                           : c.model_type == "mistral" ? "MistralForCausalLM"
-                                                                       : "LlamaForCausalLM"})},
-            {"model_type", c.model_type}, {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.n_layer},
-            {"num_attention_heads", c.n_head}, {"num_key_value_heads", c.n_head_kv}, {"head_dim", c.head_dim},
-            {"max_position_embeddings", c.max_position_embeddings}, {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta}, {"hidden_act", "silu"}, {"tie_word_embeddings", c.tie_word_embeddings}};
-  if (c.model_type == "llama") j["attention_bias"] = c.attention_bias;
-  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
-  if (c.rope_scaling.type == "none") j["rope_scaling"] = nullptr;
-  else if (c.rope_scaling.type == "linear") j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
-  else
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  return j;
-}
-
 struct ErrStats {
   double sq = 0, max_abs = 0, ref_sq = 0;
   int64_t n = 0, bytes_in = 0, bytes_out = 0;
@@ -254,7 +231,7 @@ int cmd_quantize(int argc, char** argv) {
 
   w.set_metadata({{"format", "pt"}});
   w.write(dir.path("model.safetensors"));
-  json config = hf_dir ? read_json_file(o.model + "/config.json") : config_from_llama(cfg);
+  json config = hf_dir ? read_json_file(o.model + "/config.json") : hf_config_json(cfg, odt);
   config["quantization_config"] = quantization_config_json(qp, odt);
   config[config.contains("dtype") ? "dtype" : "torch_dtype"] = odt;  // transformers 5 / 4 spelling
   dir.write("config.json", config.dump(2) + "\n");

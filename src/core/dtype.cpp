@@ -75,6 +75,12 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(h);
 }
 
+// Integer (and f64) elements to float.
+template <class T>
+static void widen(const T* s, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
+}
+
 void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
   switch (t) {
     case DType::F32:
@@ -90,36 +96,12 @@ void convert_to_f32(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
       return;
     }
-    case DType::F64: {
-      auto* s = static_cast<const double*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::I8: {
-      auto* s = static_cast<const int8_t*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::U8: {
-      auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::I16: {
-      auto* s = static_cast<const int16_t*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::I32: {
-      auto* s = static_cast<const int32_t*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
-      return;
-    }
-    case DType::I64: {
-      auto* s = static_cast<const int64_t*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
-      return;
-    }
+    case DType::F64: return widen(static_cast<const double*>(src), dst, n);
+    case DType::I8: return widen(static_cast<const int8_t*>(src), dst, n);
+    case DType::U8: return widen(static_cast<const uint8_t*>(src), dst, n);
+    case DType::I16: return widen(static_cast<const int16_t*>(src), dst, n);
+    case DType::I32: return widen(static_cast<const int32_t*>(src), dst, n);
+    case DType::I64: return widen(static_cast<const int64_t*>(src), dst, n);
     default:
       fail(ErrorKind::Unsupported, "dtype", std::string("cannot convert ") + dtype_name(t) + " to f32");
   }

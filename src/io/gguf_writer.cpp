@@ -17,28 +17,21 @@ GgufValue gguf_u64(uint64_t v) { GgufValue g; g.type = GgufType::U64; g.u = v; g
 GgufValue gguf_f32(float v) { GgufValue g; g.type = GgufType::F32; g.f = v; return g; }
 GgufValue gguf_bool(bool v) { GgufValue g; g.type = GgufType::BOOL; g.i = v ? 1 : 0; return g; }
 GgufValue gguf_str(std::string v) { GgufValue g; g.type = GgufType::STRING; g.s = std::move(v); return g; }
-GgufValue gguf_str_array(const std::vector<std::string>& v) {
+namespace {
+// An array of `elem` values made one by one by `one`.
+template <class T, class Make>
+GgufValue gguf_array(GgufType elem, const std::vector<T>& v, Make one) {
   GgufValue g;
   g.type = GgufType::ARRAY;
-  g.elem_type = GgufType::STRING;
+  g.elem_type = elem;
   g.arr.reserve(v.size());
-  for (const auto& s : v) g.arr.push_back(gguf_str(s));
+  for (const auto& x : v) g.arr.push_back(one(x));
   return g;
 }
-GgufValue gguf_i32_array(const std::vector<int32_t>& v) {
-  GgufValue g;
-  g.type = GgufType::ARRAY;
-  g.elem_type = GgufType::I32;
-  for (int32_t x : v) g.arr.push_back(gguf_i32(x));
-  return g;
-}
-GgufValue gguf_f32_array(const std::vector<float>& v) {
-  GgufValue g;
-  g.type = GgufType::ARRAY;
-  g.elem_type = GgufType::F32;
-  for (float x : v) g.arr.push_back(gguf_f32(x));
-  return g;
-}
+}  // namespace
+GgufValue gguf_str_array(const std::vector<std::string>& v) { return gguf_array(GgufType::STRING, v, gguf_str); }
+GgufValue gguf_i32_array(const std::vector<int32_t>& v) { return gguf_array(GgufType::I32, v, gguf_i32); }
+GgufValue gguf_f32_array(const std::vector<float>& v) { return gguf_array(GgufType::F32, v, gguf_f32); }
 
 namespace {
 

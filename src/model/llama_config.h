@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace qlora {
 
 struct RopeScaling {
@@ -47,6 +49,9 @@ const std::vector<std::string>& supported_model_types();
 LlamaConfig load_hf_config(const std::string& config_json_path);
 // Same, from JSON text; `where` is used in error messages.
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where);
+// The inverse, for a model known only by its LlamaConfig (a GGUF base): the config.json keys
+// transformers' LlamaConfig / MistralConfig / Qwen2Config read, with torch_dtype = `torch_dtype`.
+nlohmann::json hf_config_json(const LlamaConfig& cfg, const std::string& torch_dtype);
 
 // Built-in presets of real model shapes (llama3-8b, llama3-70b, llama3.1-405b, llama3.2-1b,
 // llama3.2-3b, mistral-7b, qwen2.5-7b, smollm2-135m, ...).

@@ -47,33 +47,6 @@ std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& c, const std::stri
   return {out, in};
 }
 
-json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
-  const std::string arch = c.model_type == "qwen2" ? "Qwen2ForCausalLM"
-                           : c.model_type == "mistral" ? "MistralForCausalLM"
-                                                       : "LlamaForCausalLM";
-  json j = {{"architectures", json::array({arch})}, {"model_type", c.model_type}, {"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.n_layer}, {"num_attention_heads", c.n_head},
-            {"num_key_value_heads", c.n_head_kv}, {"head_dim", c.head_dim},
-            {"max_position_embeddings", c.max_position_embeddings}, {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta}, {"hidden_act", "silu"}, {"tie_word_embeddings", c.tie_word_embeddings},
-            {"torch_dtype", torch_dtype}};
-  if (c.model_type == "llama") j["attention_bias"] = c.attention_bias, j["mlp_bias"] = false;
-  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
-  if (c.rope_scaling.type == "none") {
-    j["rope_scaling"] = nullptr;
-  } else if (c.rope_scaling.type == "linear") {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
-  } else {
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
-  }
-  return j;
-}
-
 PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
   PeftAdapter a;
   a.dir = dir;

@@ -33,9 +33,6 @@ std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& cfg, const std::st
 // or "" for tensors LoRA does not touch (norms, embeddings, biases).
 std::string lora_module_of(const std::string& hf_name);
 
-// A Hugging Face config.json for a model known only by its LlamaConfig (a GGUF base): the keys
-// transformers' LlamaConfig / MistralConfig / Qwen2Config read, with torch_dtype = `torch_dtype`.
-json hf_config_json(const LlamaConfig& cfg, const std::string& torch_dtype);
 
 class MergedModel {
  public:

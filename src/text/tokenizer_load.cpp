@@ -25,11 +25,6 @@ int32_t checked_token_id(int64_t id, const std::string& where) {
 using tokjson::json;
 namespace fs = std::filesystem;
 
-const char* const kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const char* const kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 std::unique_ptr<BpeModel> parse_model(const json& j, const std::string& where) {
   tokjson::need_object(j, where);
   std::string type = tokjson::string_or(j, "type", tokjson::find(j, "merges") ? "BPE" : "", where);

@@ -12,6 +12,10 @@ namespace qlora {
 
 const char* const kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // Rust's char::is_ascii_punctuation || is_punctuation, as a class body.
 static const char* const kPunctClass = R"(\p{P}\x{21}-\x{2F}\x{3A}-\x{40}\x{5B}-\x{60}\x{7B}-\x{7E})";
@@ -132,7 +136,7 @@ class ByteLevelPre : public PreTokenizer {
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     if (add_prefix_space)
       for (Piece& p : pieces)
-        if (p.id < 0 && p.text[0] != ' ') p.text.insert(0, " ");
+        if (p.id < 0 && p.text[0] != ' ') p.text.insert(0, 1, ' ');
     if (split) split->pre_tokenize(pieces);
     // HF maps every split still without tokens, including ones made by earlier pre-tokenizers.
     for (Piece& p : pieces)

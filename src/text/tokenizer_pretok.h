@@ -29,6 +29,9 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const nlohmann::json& j, const
 
 // GPT-2's pre-tokenizer regex, as HF's ByteLevel uses it.
 extern const char* const kGpt2Pattern;
+// The Split regexes of Llama 3's and Qwen2's tokenizer.json (llama.cpp's "llama-bpe" and "qwen2").
+extern const char* const kLlama3Pattern;
+extern const char* const kQwen2Pattern;
 
 // HF's SplitDelimiterBehavior.
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };

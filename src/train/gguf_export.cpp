@@ -17,6 +17,7 @@
 #include "model/lora.h"
 #include "model/merge.h"
 #include "text/tokenizer.h"
+#include "text/tokenizer_pretok.h"
 #include "train/model_source.h"
 
 namespace fs = std::filesystem;
@@ -52,11 +53,6 @@ std::string gguf_arch(const LlamaConfig& c) { return c.model_type == "qwen2" ? "
 
 // ---- tokenizer from tokenizer.json -------------------------------------------------------------
 
-const char* const kLlama3Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const char* const kQwen2Regex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
 bool is_byte_level(const json& p, bool use_regex) {
   return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == use_regex &&
          !p.value("add_prefix_space", false);
@@ -78,8 +74,8 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
       return "smollm";  // SmolLM/StarCoder: digits split one by one, then GPT-2's regex
     if (s.size() == 2 && is_byte_level(s[1], false)) {
       const std::string re = split_regex(s[0]);
-      if (re == kLlama3Regex) return "llama-bpe";
-      if (re == kQwen2Regex) return "qwen2";
+      if (re == kLlama3Pattern) return "llama-bpe";
+      if (re == kQwen2Pattern) return "qwen2";
     }
   }
   fail(ErrorKind::Unsupported, where + ": pre_tokenizer", "this pre-tokenizer has no known llama.cpp name",

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../model/model_test_util.h"
+#include "../sha256_util.h"
 #include "cli_util.h"
 #include "core/dtype.h"
 #include "io/gguf.h"
@@ -57,20 +58,6 @@ std::set<std::string> entries(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir)) s.insert(e.path().filename().string());
   return s;
 }
-
-RunResult run_shell(const std::string& cmd) {
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string sha256(const std::string& path) { return run_shell("sha256sum '" + path + "'").output.substr(0, 64); }
 
 }  // namespace
 
@@ -227,7 +214,7 @@ TEST(MergeCli, OutputsAreTheFilesTransformersChecked) {
     std::set<std::string> want;
     for (const auto& [f, sum] : c["files"].items()) {
       want.insert(f);
-      EXPECT_EQ(sha256(out + "/" + f), sum.get<std::string>())
+      EXPECT_EQ(qlora::testing_util::sha256_file(out + "/" + f), sum.get<std::string>())
           << name << ": " << f << " differs from the file transformers checked; if the change is intended, "
           << "re-run /opt/fixenv/bin/python tools/make_merge_fixtures.py build/qlora (see tests/fixtures/merge/README.md)";
     }
@@ -258,7 +245,7 @@ TEST(MergeCli, ErrorsLeaveNothingBehind) {
   expect_fail(io + kAdapter + " --out " + out + " --dtype int8", "allowed: bf16, fp16, fp32");
   expect_fail(io + kAdapter + " --out " + out + " --max-shard-size 5XB", "--max-shard-size");
   // A disk that fills up (a file size limit): the error names the file being written.
-  RunResult full = run_shell("ulimit -f 100; " + std::string(QLORA_BIN) + " merge " + io + kAdapter + " --out " + out +
+  RunResult full = run_command("ulimit -f 100; " + std::string(QLORA_BIN) + " merge " + io + kAdapter + " --out " + out +
                              " --dtype fp32 2>&1");
   EXPECT_EQ(full.code, 1) << full.output;
   EXPECT_NE(full.output.find(out + "/model.safetensors: write failed"), std::string::npos) << full.output;
