@@ -146,6 +146,13 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     }
     plan.add("ws.dequant", MC::Workspace, cd, {layer}, Lifetime::Layer);
   }
+
+  // Generation (sample answers, `qlora generate`): every layer's keys, after RoPE, and values for
+  // kv_cache_tokens positions. Decoding runs the training forward with these as its k and v.
+  if (o.kv_cache_tokens > 0)
+    for (int64_t l = 0; l < c.n_layer; l++)
+      for (const char* kv : {"k", "v"})
+        plan.add("kv.layers." + std::to_string(l) + "." + kv, MC::Activations, cd, {o.kv_cache_tokens, c.kv_dim()});
 }
 
 }  // namespace qlora

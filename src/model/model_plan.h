@@ -23,6 +23,9 @@ struct ModelPlanOptions {
   int64_t micro_batch = 1, seq_len = 2048;
   std::string checkpointing = "none";   // none | full | offload
   int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk
+  // Generation through the training forward: each layer's keys and values for this many positions
+  // (prompt + answer). 0: no KV cache (a run without sample answers).
+  int64_t kv_cache_tokens = 0;
 };
 
 // The seven projection names in layer order.
