@@ -1,4 +1,7 @@
-// `qlora train CONFIG.yaml [key=value ...]`: fine-tune and write a PEFT adapter.
+// `qlora train CONFIG.yaml [key=value ...]`: fine-tune and write a PEFT adapter; under mpirun or
+// srun, one data-parallel rank per process.
+#include <omp.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -7,15 +10,36 @@
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "core/error.h"
+#include "dist/comm.h"
+#include "dist/local_device.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
 namespace qlora {
 
+static int train_on_ranks(const std::string& config, const std::vector<std::string>& overrides, Comm& comm) {
+  std::vector<std::string> notes;
+  TrainConfig cfg = load_train_config(config, overrides, &notes);
+  comm.set_timeout(cfg.ddp_timeout);
+  if (comm.rank() == 0)
+    for (const auto& n : notes) std::fprintf(stderr, "config: %s\n", n.c_str());
+  if (comm.size() > 1) {
+    bind_local_gpu(comm.local_rank(), comm.local_size());  // one GPU per local rank (before CUDA starts)
+    // Ranks sharing a node share its cores: threads: 0 means this rank's part of them.
+    if (cfg.threads == 0) cfg.threads = std::max(1, omp_get_num_procs() / comm.local_size());
+  }
+  auto be = select_backend(cfg.device, int(cfg.threads));
+  Trainer trainer(cfg, *be, &comm);
+  TrainSummary s = trainer.run();
+  return s.interrupted ? 130 : 0;
+}
+
 int cmd_train(int argc, char** argv) {
   CLI::App app{"Fine-tune a Llama-family model with LoRA/QLoRA.\n"
                "Keys use Hugging Face TrainingArguments/PEFT names; axolotl, LLaMA-Factory and torchtune\n"
-               "aliases are accepted and reported. Example: qlora train examples/tiny.yaml max_steps=20",
+               "aliases are accepted and reported. Example: qlora train examples/tiny.yaml max_steps=20\n"
+               "Data parallel: mpirun -np N qlora train ... or srun qlora train ... (docs/distributed.md).",
                "qlora train"};
   std::string config;
   std::vector<std::string> overrides;
@@ -36,13 +60,21 @@ int cmd_train(int argc, char** argv) {
     std::fprintf(stderr, "%s", app.help().c_str());
     return 2;
   }
-  std::vector<std::string> notes;
-  TrainConfig cfg = load_train_config(config, overrides, &notes);
-  for (const auto& n : notes) std::fprintf(stderr, "config: %s\n", n.c_str());
-  auto be = select_backend(cfg.device, int(cfg.threads));
-  Trainer trainer(cfg, *be);
-  TrainSummary s = trainer.run();
-  return s.interrupted ? 130 : 0;
+  // MPI starts here only when a launcher started this process; the timeout is the config's once read.
+  std::unique_ptr<Comm> comm = make_comm(1800);
+  if (comm->size() == 1) return train_on_ranks(config, overrides, *comm);
+  // One rank's error is invisible to the others, which would wait for it in the next collective:
+  // name the rank and end the whole job now.
+  try {
+    return train_on_ranks(config, overrides, *comm);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "qlora train: [rank %d of %d] %s\n", comm->rank(), comm->size(), e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qlora train: [rank %d of %d] unexpected error: %s\n", comm->rank(), comm->size(), e.what());
+  }
+  std::fflush(stderr);
+  comm->abort(1);
+  return 1;  // not reached
 }
 
 }  // namespace qlora

@@ -40,6 +40,8 @@ class ProgressReporter {
   // Seconds left: mean of the last eta_window step times x steps remaining; NaN before the first step.
   double eta_seconds() const;
   std::string status_line(const StepReport& r) const;
+  // Data-parallel ranks of the run; more than one adds " | N ranks" to the status line.
+  void set_ranks(int n) { ranks_ = n; }
   bool is_tty() const { return tty_; }
 
  private:
@@ -51,6 +53,7 @@ class ProgressReporter {
   double recent_sum_ = 0;
   int64_t last_step_ = 0;
   bool line_open_ = false;  // a status line is on screen
+  int ranks_ = 1;
   void record(int64_t done, double seconds);
   void show(int64_t done, const std::string& line);
 };

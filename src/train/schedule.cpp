@@ -32,12 +32,12 @@ int64_t warmup_steps_for(const TrainConfig& cfg, int64_t total_steps) {
   return int64_t(std::ceil(double(total_steps) * cfg.warmup_ratio));
 }
 
-int64_t total_optimizer_steps(const TrainConfig& cfg, int64_t micro_batches_per_epoch) {
+int64_t total_optimizer_steps(const TrainConfig& cfg, int64_t micro_batches_per_epoch, int64_t world) {
   if (cfg.max_steps > 0) return cfg.max_steps;
   if (micro_batches_per_epoch <= 0)
     fail(ErrorKind::Data, "train_file '" + cfg.train_file + "'", "the training set yields no batches",
          "check that the file has rows that survive max_length/truncation");
-  const int64_t ga = cfg.gradient_accumulation_steps;
+  const int64_t ga = cfg.gradient_accumulation_steps * std::max<int64_t>(world, 1);
   const int64_t per_epoch = std::max<int64_t>((micro_batches_per_epoch + ga - 1) / ga, 1);
   return int64_t(std::ceil(cfg.num_train_epochs * double(per_epoch)));
 }

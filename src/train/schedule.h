@@ -23,8 +23,9 @@ double lr_at(const ScheduleParams& p, int64_t step);
 int64_t warmup_steps_for(const TrainConfig& cfg, int64_t total_steps);
 
 // Optimizer steps of the run, as HF Trainer counts them: max_steps when > 0, else
-// ceil(num_train_epochs * max(ceil(micro_batches_per_epoch / gradient_accumulation_steps), 1)).
-int64_t total_optimizer_steps(const TrainConfig& cfg, int64_t micro_batches_per_epoch);
+// ceil(num_train_epochs * max(ceil(micro_batches_per_epoch / (gradient_accumulation_steps * world)), 1)):
+// a step of `world` data-parallel ranks consumes world times the micro-batches of one process.
+int64_t total_optimizer_steps(const TrainConfig& cfg, int64_t micro_batches_per_epoch, int64_t world = 1);
 
 ScheduleParams schedule_from_config(const TrainConfig& cfg, int64_t total_steps);
 double lr_at(const TrainConfig& cfg, int64_t total_steps, int64_t step);

@@ -14,6 +14,10 @@ static uint64_t mix(uint64_t a, uint64_t b) {
   return x ^ (x >> 29);
 }
 
+uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j) {
+  return mix(dropout_seed, uint64_t(step) * 1000 + uint64_t(j));
+}
+
 StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed) {
   StepResult r;
   for (const auto& b : mbs) {
@@ -24,7 +28,7 @@ StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, in
   model.zero_grads();
   double loss_sum = 0;
   const float scale = float(1.0 / double(r.trained_tokens));
-  for (size_t j = 0; j < mbs.size(); j++) loss_sum += model.forward_backward(mbs[j], scale, mix(dropout_seed, uint64_t(step) * 1000 + j));
+  for (size_t j = 0; j < mbs.size(); j++) loss_sum += model.forward_backward(mbs[j], scale, micro_batch_seed(dropout_seed, step, int64_t(j)));
   r.loss = loss_sum / double(r.trained_tokens);
   return r;
 }

@@ -25,6 +25,10 @@ struct StepResult {
 StepResult train_step(LlamaModel& model, const std::vector<Batch>& micro_batches, const OptimHyper& h, double lr,
                       int64_t step, uint64_t dropout_seed);
 
+// The dropout seed of micro-batch j (0-based, in the step) of optimizer step `step`; data-parallel
+// ranks use the global index j, so dropout is the same at any world size.
+uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j);
+
 // train_step's two halves, for callers that time them apart (qlora bench); train_step is exactly
 // accumulate_grads followed by apply_optimizer.
 // Zeroes the LoRA grads and runs forward + backward over every micro-batch: fills loss and tokens.

@@ -200,6 +200,9 @@ const std::vector<KeyRow>& key_table() {
       {.name = "device", .field = &T::device, .def = "auto", .choices = {"auto", "cpu", "cuda"},
        .help = "Where to train; auto = cuda when a GPU is present.", .value_aliases = {{"gpu", "cuda"}}},
       {.name = "threads", .field = &T::threads, .def = "0", .range = {.lo = 0}, .help = "CPU threads; 0 = all cores."},
+      {.name = "ddp_timeout", .field = &T::ddp_timeout, .def = "1800", .range = {.lo = 0},
+       .help = "Multi-rank runs (mpirun, srun): seconds a rank waits for the others in a collective (gradient "
+               "all-reduce, barrier) before it stops the job with an error; 0 = wait forever."},
   };
   return rows;
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include "train/progress.h"
 #include "train/sample_answers.h"
 #include "train/schedule.h"
+#include "train/data_parallel.h"
 #include "train/step.h"
 #include "train/train_data.h"
 
@@ -60,6 +62,9 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   po.seq_len = seq_len;
   po.checkpointing = cfg.gradient_checkpointing;
   po.ce_chunk = cfg.ce_chunk_size;
+  // Sample answers decode through the training forward: a KV cache for a prompt as long as a
+  // training row plus its answer.
+  if (!cfg.sample_prompts.empty()) po.kv_cache_tokens = seq_len + cfg.sample_max_new_tokens;
   adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
   LoadedModel lm;
   lm.model = std::make_unique<LlamaModel>(src.config, be, po, lora);
@@ -70,9 +75,13 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   return lm;
 }
 
-Trainer::Trainer(TrainConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
+Trainer::Trainer(TrainConfig cfg, Backend& be, Comm* comm)
+    : cfg_(std::move(cfg)), be_(be), own_comm_(comm ? nullptr : make_single_comm()), comm_(comm ? comm : own_comm_.get()),
+      lead_(comm_->rank() == 0) {}
 
-void Trainer::log(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
+void Trainer::log(const std::string& line) {
+  if (lead_) std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches,
                             const std::function<void(const EvalTotals&)>& on_batch) {
@@ -98,8 +107,12 @@ void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataSt
     write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
     nlohmann::json st;
     st["global_step"] = step;
+    // Every rank reads the same global stream of micro-batches and takes its share of each step,
+    // so this one cursor is every rank's data position, at any world size.
     st["data_epoch"] = stream.epoch();
     st["data_index"] = stream.index();
+    st["world_size"] = comm_->size();
+    st["global_batch_rows"] = cfg_.per_device_train_batch_size * cfg_.gradient_accumulation_steps * comm_->size();
     st["seed"] = cfg_.seed;
     st["config"] = dump_train_config(cfg_);
     d.write("trainer_state.json", st.dump(2));
@@ -117,6 +130,12 @@ int64_t Trainer::restore_checkpoint(const std::string& dir, DataStream& stream) 
   load_peft_adapter(dir, *lm_.model);
   load_optimizer_state(dir + "/optimizer.safetensors", *lm_.model);
   stream.seek(json_int(st, "data_epoch", where), json_int(st, "data_index", where));
+  if (st.contains("world_size") && json_int(st, "world_size", where) != comm_->size())
+    log("note: " + dir + " was written by " + std::to_string(json_int(st, "world_size", where)) +
+        " rank(s) with a global batch of " + std::to_string(json_int(st, "global_batch_rows", where)) +
+        " rows; this run has " + std::to_string(comm_->size()) + " with " +
+        std::to_string(cfg_.per_device_train_batch_size * cfg_.gradient_accumulation_steps * comm_->size()) +
+        " (the data continues where it stopped)");
   if (json_int(st, "seed", where) != cfg_.seed)
     log("warning: resuming with seed " + std::to_string(cfg_.seed) + " but the checkpoint used " +
         std::to_string(json_int(st, "seed", where)));
@@ -251,16 +270,22 @@ TrainSummary Trainer::run() {
   const int32_t pad = data.pad_id;
   DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
   std::vector<Batch> eval_batches = make_batches(data.eval, ebs, pad);
-  const int64_t total = total_optimizer_steps(cfg_, stream.batches_per_epoch());
+  const int world = comm_->size();
+  const int64_t micro_per_step = ga * world;  // the global batch: bs x ga x world rows
+  const int64_t total = total_optimizer_steps(cfg_, stream.batches_per_epoch(), world);
   int64_t n_trainable = 0;
   for (auto& p : model.lora_params()) n_trainable += p.w.numel();
   log("model: " + lm_.source + " | " + std::to_string(model.config().n_layer) + " layers, " +
       std::to_string(model.config().n_params()) + " base params, " + std::to_string(n_trainable) +
       " trainable LoRA params | backend " + be_.name());
+  if (world > 1)
+    log("dist: " + comm_->describe() + " | data parallel, global batch " + std::to_string(bs) + " x " +
+        std::to_string(ga) + " x " + std::to_string(world) + " = " + std::to_string(bs * micro_per_step) +
+        " rows per step; LoRA gradients all-reduced in fp32");
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
 
   // ---- resume
-  remove_unfinished_outputs(cfg_.output_dir, [this](const std::string& l) { log(l); });
+  if (lead_) remove_unfinished_outputs(cfg_.output_dir, [this](const std::string& l) { log(l); });
   int64_t start = 0;
   std::string resume = cfg_.resume_from_checkpoint;
   if (resume == "latest" || resume == "true") {
@@ -273,26 +298,40 @@ TrainSummary Trainer::run() {
     log("resumed from " + resume + " at step " + std::to_string(start));
   }
 
-  fs::create_directories(cfg_.output_dir);
-  write_file_atomic(cfg_.output_dir + "/train_config.yaml", dump_train_config(cfg_));
-  // A resumed run keeps the records through its checkpoint's step; a fresh run starts the file anew
-  // (keeping "step 0" would leave an earlier run's step-0 eval beside this one's).
-  if (std::error_code ec; start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
-  MetricsWriter metrics(cfg_.output_dir, start);
-  ProgressReporter progress(total, cfg_.logging_steps);
+  // Rank 0 writes every file; the other ranks only train.
+  std::optional<MetricsWriter> metrics_file;
+  if (lead_) {
+    fs::create_directories(cfg_.output_dir);
+    write_file_atomic(cfg_.output_dir + "/train_config.yaml", dump_train_config(cfg_));
+    // A resumed run keeps the records through its checkpoint's step; a fresh run starts the file anew
+    // (keeping "step 0" would leave an earlier run's step-0 eval beside this one's).
+    if (std::error_code ec; start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
+    metrics_file.emplace(cfg_.output_dir, start);
+  }
+  const auto write_metrics = [&](const nlohmann::json& rec) {
+    if (metrics_file) metrics_file->write(rec);
+  };
+  ProgressReporter progress(total, cfg_.logging_steps, stderr, lead_ ? -1 : 0);
+  progress.set_ranks(world);
+  const auto progress_message = [&](const std::string& line) {
+    if (lead_) progress.message(line);
+  };
+  std::optional<DataParallelStep> dp;
+  if (world > 1) dp.emplace(model, *comm_);
+  bool stop_agreed = false;  // multi-rank: some rank was asked to stop, as of the last step's all-reduce
   ScheduleParams sp = schedule_from_config(cfg_, total);
   OptimHyper hyper{cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_epsilon, cfg_.weight_decay, cfg_.max_grad_norm};
 
   TrainSummary sum;
   sum.total_steps = total;
-  if (start == 0 && !eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline to compare against
+  if (lead_ && start == 0 && !eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline to compare against
     const double el = evaluate(eval_batches);
-    metrics.write({{"step", 0}, {"eval_loss", el}});
+    write_metrics({{"step", 0}, {"eval_loss", el}});
     log("eval_loss " + std::to_string(el) + " before training");
   }
   // Sample answers before training (a resumed run keeps the first run's from samples.json).
   nlohmann::ordered_json samples_before;
-  if (!cfg_.sample_prompts.empty()) {
+  if (lead_ && !cfg_.sample_prompts.empty()) {
     if (start == 0) {
       samples_before = print_sample_answers(sample_render, "before training");
       write_samples_json(cfg_.output_dir, samples_before, nullptr);
@@ -305,12 +344,15 @@ TrainSummary Trainer::run() {
   int64_t consecutive_skips = 0;
   int64_t step = start;
   for (; step < total; step++) {
-    if (g_stop_requested.load()) break;
+    // One process stops as soon as it is asked; ranks stop together, after the step whose
+    // all-reduce carried the request (a signal reaches one rank, or all at different moments).
+    if (world == 1 ? g_stop_requested.load() : stop_agreed) break;
     const auto t0 = clock::now();
-    std::vector<Batch> mbs;
-    for (int64_t j = 0; j < ga; j++) mbs.push_back(stream.next());
+    std::vector<Batch> mbs;  // the whole global step, on every rank
+    for (int64_t j = 0; j < micro_per_step; j++) mbs.push_back(stream.next());
     const double lr = lr_at(sp, step);
-    const StepResult r = train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
+    const StepResult r = dp ? dp->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
+                            : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
     const double loss = r.loss, gnorm = r.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
       // train_step left the weights and moments untouched: the state is the last good one.
@@ -319,25 +361,27 @@ TrainSummary Trainer::run() {
                                (culprit.empty() ? std::string() : "; first non-finite: " + culprit);
       if (cfg_.nan_policy == "skip" && ++consecutive_skips <= kMaxConsecutiveSkips) {
         sum.skipped_steps++;
-        progress.message("step " + std::to_string(step + 1) + " skipped (" + what + ")");
-        metrics.write({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
+        progress_message("step " + std::to_string(step + 1) + " skipped (" + what + ")");
+        write_metrics({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
                        {"reason", culprit.empty() ? "grad norm overflow" : culprit}});
         continue;
       }
       std::string hint = "lower learning_rate or set max_grad_norm";
+      // Every rank sees the same reduced loss and norm, so all of them come here together.
       if (step > start && optimizer_state_finite(model)) {
-        save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
+        if (lead_) save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
         hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
       }
       if (cfg_.nan_policy == "skip") hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
-      write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
+      if (lead_) write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
+      comm_->barrier();  // no rank ends the job before rank 0 has saved
       fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
     }
     consecutive_skips = 0;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const int64_t done = step + 1;
     sum.last_loss = loss;
-    progress.update(StepReport{done, loss, lr, double(r.tokens) / dt, dt});
+    if (lead_) progress.update(StepReport{done, loss, lr, double(r.tokens) / dt, dt});
 
     nlohmann::json rec;
     bool log_now = done % std::max<int64_t>(1, cfg_.logging_steps) == 0 || done == total;
@@ -346,17 +390,17 @@ TrainSummary Trainer::run() {
              {"tokens_per_second", double(r.tokens) / dt}, {"trained_tokens", r.trained_tokens},
              {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(train.size())))}};
     }
-    const bool eval_now = !eval_batches.empty() && cfg_.eval_strategy != "no" &&
+    const bool eval_now = lead_ && !eval_batches.empty() && cfg_.eval_strategy != "no" &&
                           ((cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0) || done == total);
     if (eval_now) {
       const double el = evaluate(eval_batches);
       sum.eval_loss = el;
       rec["step"] = done;
       rec["eval_loss"] = el;
-      progress.message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
+      progress_message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
     }
-    if (!rec.is_null()) metrics.write(rec);
-    if (cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
+    if (!rec.is_null()) write_metrics(rec);
+    if (lead_ && cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
       save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(done), done, stream);
       rotate_checkpoints();
     }
@@ -366,9 +410,18 @@ TrainSummary Trainer::run() {
   if (step < total) {  // stopped by a signal: leave a resumable checkpoint
     sum.interrupted = true;
     const std::string dir = cfg_.output_dir + "/checkpoint-" + std::to_string(step);
-    save_checkpoint(dir, step, stream);
-    log("stopped at step " + std::to_string(step) + "; resume with resume_from_checkpoint=" + dir);
-    write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
+    if (lead_) {
+      save_checkpoint(dir, step, stream);
+      log("stopped at step " + std::to_string(step) + (world > 1 ? " on all " + std::to_string(world) + " ranks" : "") +
+          "; resume with resume_from_checkpoint=" + dir);
+      write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
+    }
+    comm_->barrier();  // every rank exits after the checkpoint exists
+    return sum;
+  }
+  if (!lead_) {
+    sum.adapter_dir = cfg_.output_dir;
+    comm_->barrier();  // rank 0 writes the adapter
     return sum;
   }
   {
@@ -386,6 +439,7 @@ TrainSummary Trainer::run() {
       (sum.skipped_steps ? " (" + std::to_string(sum.skipped_steps) + " skipped: not finite)" : "") + ", loss " +
       std::to_string(sum.last_loss) +
       (sum.eval_loss >= 0 ? ", eval_loss " + std::to_string(sum.eval_loss) : "") + "; adapter in " + cfg_.output_dir);
+  comm_->barrier();
   return sum;
 }
 

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "model/llama_model.h"
+#include "dist/comm.h"
 #include "train/data.h"
 #include "train/model_source.h"
 #include "train/train_config.h"
@@ -52,7 +53,9 @@ EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches
 
 class Trainer {
  public:
-  Trainer(TrainConfig cfg, Backend& be);
+  // comm: the ranks of a data-parallel job (null = this process alone). Every rank runs the same
+  // steps; only rank 0 logs, evaluates and writes files.
+  Trainer(TrainConfig cfg, Backend& be, Comm* comm = nullptr);
   TrainSummary run();
 
  private:
@@ -65,6 +68,9 @@ class Trainer {
 
   TrainConfig cfg_;
   Backend& be_;
+  std::unique_ptr<Comm> own_comm_;  // the single-process Comm when none was given
+  Comm* comm_;
+  bool lead_;  // rank 0: logs, evaluates, writes
   LoadedModel lm_;
   std::shared_ptr<const Tokenizer> tokenizer_;  // set when sample_prompts is
 };

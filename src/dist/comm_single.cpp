@@ -1,0 +1,55 @@
+// The single-process Comm (no launcher, no MPI runtime), the slice arithmetic and launcher detection.
+#include <cstdlib>
+#include <cstring>
+
+#include "dist/comm.h"
+
+namespace qlora {
+
+Slice slice_of(size_t n, int rank, int world) {
+  // 128-bit products: n * world must not wrap for the largest buffers (n ~ 1e11 bytes).
+  const auto at = [&](int r) { return size_t((unsigned __int128)n * unsigned(r) / unsigned(world)); };
+  Slice s;
+  s.begin = at(rank);
+  s.count = at(rank + 1) - s.begin;
+  return s;
+}
+
+static const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+std::string detect_launcher() {
+  if (env("OMPI_COMM_WORLD_SIZE")) return "mpirun (Open MPI)";
+  if (env("PMIX_RANK")) return "PMIx";
+  if (env("PMI_RANK") || env("PMI_SIZE")) return "PMI (mpiexec of MPICH / Intel MPI, or srun --mpi=pmi2)";
+  // srun without an MPI plugin still sets the step's task count; one task alone is a plain process.
+  if (const char* n = env("SLURM_STEP_NUM_TASKS"); n && std::atoi(n) > 1) return "srun";
+  return "";
+}
+
+namespace {
+
+class SingleComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  std::string describe() const override { return "single process"; }
+  void allreduce_sum(float*, size_t) override {}
+  void allreduce_sum(double*, size_t) override {}
+  void reduce_scatter_sum(float*, size_t) override {}
+  void allgather_slices(float*, size_t) override {}
+  void allgather_slices(uint8_t*, size_t) override {}
+  void broadcast(void*, size_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_single_comm() { return std::make_unique<SingleComm>(); }
+
+}  // namespace qlora

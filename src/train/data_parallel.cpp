@@ -1,0 +1,58 @@
+// The data-parallel step: forward/backward over this rank's micro-batches, one fp32 all-reduce of
+// every LoRA gradient flattened into one buffer, one f64 all-reduce of the loss sum and stop flag,
+// then train_step's own clipping and AdamW on gradients that are identical on every rank.
+#include "train/data_parallel.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace qlora {
+
+Slice micro_batch_share(int64_t n, const Comm& comm) { return slice_of(size_t(n), comm.rank(), comm.size()); }
+
+DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm) : model_(model), comm_(comm) {
+  size_t n = 0;
+  for (auto& p : model_.lora_params()) n += size_t(p.g.numel());
+  flat_.resize(n);
+}
+
+void DataParallelStep::reduce_grads() {
+  Backend& be = model_.backend();
+  size_t at = 0;
+  for (auto& p : model_.lora_params()) {
+    QLORA_ASSERT(p.g.dtype == DType::F32);
+    be.copy_to_host(flat_.data() + at, p.g.data, size_t(p.g.nbytes()));
+    at += size_t(p.g.numel());
+  }
+  comm_.allreduce_sum(flat_.data(), flat_.size());
+  at = 0;
+  for (auto& p : model_.lora_params()) {
+    be.copy_to_device(p.g.data, flat_.data() + at, size_t(p.g.nbytes()));
+    at += size_t(p.g.numel());
+  }
+}
+
+StepResult DataParallelStep::run(const std::vector<Batch>& global, const OptimHyper& h, double lr, int64_t step,
+                                 uint64_t dropout_seed, bool stop_here, bool* stop_any) {
+  StepResult r;
+  for (const auto& b : global) {  // every rank holds the whole step: the normalizer needs no message
+    r.tokens += b.n();
+    r.trained_tokens += b.n_trained();
+  }
+  if (r.trained_tokens == 0) fail(ErrorKind::Data, "step " + std::to_string(step + 1), "no trained token in the step's micro-batches");
+  const Slice mine = micro_batch_share(int64_t(global.size()), comm_);
+  model_.zero_grads();
+  const float scale = float(1.0 / double(r.trained_tokens));
+  double sums[2] = {0, stop_here ? 1.0 : 0.0};  // loss sum of my micro-batches, stop votes
+  for (size_t j = mine.begin; j < mine.end(); j++)
+    sums[0] += model_.forward_backward(global[j], scale, micro_batch_seed(dropout_seed, step, int64_t(j)));
+  reduce_grads();
+  comm_.allreduce_sum(sums, 2);
+  r.loss = sums[0] / double(r.trained_tokens);
+  if (stop_any) *stop_any = sums[1] > 0;
+  apply_optimizer(model_, h, lr, step, r);
+  return r;
+}
+
+}  // namespace qlora

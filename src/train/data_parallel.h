@@ -1,0 +1,36 @@
+// Data-parallel optimizer step: each rank runs its share of the step's micro-batches, LoRA
+// gradients and loss sums are summed over ranks, and every rank applies the same AdamW update.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dist/comm.h"
+#include "train/step.h"
+
+namespace qlora {
+
+// Rank r's micro-batches of a step of n: the contiguous share slice_of(n, r, w) of the step's list
+// (with n = gradient_accumulation_steps x world, exactly gradient_accumulation_steps each).
+Slice micro_batch_share(int64_t n_micro_batches, const Comm& comm);
+
+class DataParallelStep {
+ public:
+  DataParallelStep(LlamaModel& model, Comm& comm);
+  // `global` is the whole step, identical on every rank, in the order one process with
+  // gradient_accumulation_steps x world would run it. Every micro-batch is normalized by the
+  // trained tokens of all of them and gets the dropout seed of its global index, so the sum over
+  // ranks is that process's gradient up to fp32 summation order. stop_here: this rank was asked to
+  // stop (SIGTERM); *stop_any: whether any rank was, the same answer on every rank.
+  StepResult run(const std::vector<Batch>& global, const OptimHyper& h, double lr, int64_t step, uint64_t dropout_seed,
+                 bool stop_here, bool* stop_any);
+  // Bytes of LoRA gradient one step sends per rank (the all-reduce's reduce-scatter + all-gather).
+  size_t grad_elements() const { return flat_.size(); }
+
+ private:
+  void reduce_grads();
+  LlamaModel& model_;
+  Comm& comm_;
+  std::vector<float> flat_;  // (sum of LoRA parameter sizes): every gradient, back to back
+};
+
+}  // namespace qlora
