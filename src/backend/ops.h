@@ -64,11 +64,15 @@ struct RopeArgs {
 // query t attends to key s iff s <= t and (seg == null or seg[b,s] == seg[b,t]).
 // q,out (B,T,Hq,D); k,v (B,T,Hkv,D); lse (B,Hq,T) F32 "=" (natural-log sum-exp of scaled scores);
 // seg (B,T) int32 or null. scale = 1/sqrt(D) normally.
+// KV-cache decoding: with t_kv > t, k and v hold t_kv positions per sequence, (B,t_kv,Hkv,D), and
+// the t queries are the last t of them: query i sits at position t_kv - t + i and sees key s iff
+// s <= t_kv - t + i. seg must then be null. t_kv = 0 means t (training).
 struct AttentionFwdArgs {
   Tensor out, lse, q, k, v;
   const int32_t* seg = nullptr;
   int64_t b = 0, t = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   float scale = 0.0f;
+  int64_t t_kv = 0;
 };
 // dq "=" (B,T,Hq,D); dk, dv "=" (B,T,Hkv,D); dout, out (B,T,Hq,D); lse from fwd.
 struct AttentionBwdArgs {

@@ -1,5 +1,6 @@
 // `qlora generate --model M [--adapter DIR] --prompt TEXT`: greedy answers from a model, optionally
-// with a trained PEFT adapter merged, on the CPU (fp32, KV cache).
+// with a trained PEFT adapter, through the training forward with a KV cache (CPU or CUDA).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -25,7 +26,7 @@ namespace qlora {
 namespace {
 
 struct Options {
-  std::string model, adapter, file, chat_template, base_precision;
+  std::string model, adapter, file, chat_template, base_precision, device = "cpu";
   std::vector<std::string> prompts;
   bool chat = false, raw = false;
   int64_t max_new_tokens = 128;
@@ -34,8 +35,10 @@ struct Options {
 
 bool is_float(const std::string& p) { return p.empty() || p == "fp32" || p == "bf16"; }
 
-// The model (base + adapter) loaded on the CPU; the generator copies its weights out.
-std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src, Backend& be) {
+// The model (base + adapter) as training holds it, planned with a KV cache of kv_tokens positions
+// and activations for prompts of up to seq_len tokens at a time.
+std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src, Backend& be, int64_t seq_len,
+                                       int64_t kv_tokens) {
   LoraSpec lora;  // no adapter: the base alone
   if (!o.adapter.empty()) {
     if (!fs::is_directory(o.adapter))
@@ -45,7 +48,9 @@ std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src,
   }
   ModelPlanOptions po;
   po.micro_batch = 1;
-  po.seq_len = 1;  // the model only holds weights here: generation runs in the Generator
+  po.seq_len = seq_len;
+  po.ce_chunk = 1;  // the LM head runs on the last token only
+  po.kv_cache_tokens = kv_tokens;
   po.base_precision = o.base_precision;
   if (!is_float(o.base_precision)) po.method = "qlora";
   adopt_stored_quantization(po, src.tensors);
@@ -67,7 +72,7 @@ std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src,
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
-  CLI::App app{"Answer prompts greedily with a model and, optionally, a trained LoRA adapter (CPU, fp32).\n"
+  CLI::App app{"Answer prompts greedily with a model and, optionally, a trained LoRA adapter.\n"
                "Prompts are user messages rendered with the model's chat template when it has one.\n"
                "Example: qlora generate --model M.gguf --adapter runs/my-run --prompt \"What is a fjord?\"",
                "qlora generate"};
@@ -88,6 +93,9 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--base-precision", o.base_precision, "store the base as fp32 | bf16 | nf4 | fp4 | nvfp4 | mxfp4 | fp8 "
                                                        "(default: as the checkpoint stores it)")
       ->check(CLI::IsMember({"fp32", "bf16", "nf4", "fp4", "nvfp4", "mxfp4", "fp8"}));
+  app.add_option("--device", o.device, "cpu | cuda | auto (cuda when built in and a GPU is present)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--threads", o.threads, "CPU threads (0 = all)");
   try {
     app.parse(argc, argv);
@@ -109,18 +117,18 @@ int cmd_generate(int argc, char** argv) {
     if (!render && o.chat)
       fail(ErrorKind::Config, "--chat", "the model has no chat template", "pass --chat-template chatml (or another), or --raw");
   }
-  auto be = select_backend("cpu", o.threads);
-  std::unique_ptr<Generator> gen;
-  {
-    std::unique_ptr<LlamaModel> model = load_model(o, src, *be);
-    gen = std::make_unique<Generator>(*model);
-  }  // the generator holds its own f32 copy: the model's arena goes now
+  // The KV cache holds the longest prompt and its answer; prompts go through in chunks of at most 512.
+  int64_t longest = 1;
+  for (const std::string& p : o.prompts) longest = std::max<int64_t>(longest, int64_t(encode_prompt(p, render, *src.tokenizer).size()));
+  auto be = select_backend(o.device, o.threads);
+  std::unique_ptr<LlamaModel> model = load_model(o, src, *be, std::min<int64_t>(longest, 512), longest + o.max_new_tokens);
+  auto gen = std::make_unique<Generator>(*model);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "model: %s%s | %s | loaded in %.1f s\n", src.tensors.description.c_str(),
+  std::fprintf(stderr, "model: %s%s | %s | backend %s | loaded in %.1f s\n", src.tensors.description.c_str(),
                o.adapter.empty() ? "" : (" + adapter " + o.adapter).c_str(),
                render ? ("chat template: " + chat_template_label(o.chat_template, src.tokenizer.get())).c_str()
                       : "raw prompt (no chat template)",
-               load_s);
+               be->name().c_str(), load_s);
 
   const auto answers = sample_answers(*gen, *src.tokenizer, render, o.prompts, o.max_new_tokens);
   std::printf("%s", format_sample_answers(answers).c_str());

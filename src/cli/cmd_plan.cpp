@@ -39,6 +39,8 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
   if (unset("--checkpointing")) r.checkpointing = t.gradient_checkpointing;
   if (unset("--ce-chunk")) r.ce_chunk = t.ce_chunk_size;
+  // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
+  if (!t.sample_prompts.empty()) r.kv_cache_tokens = r.seq_len + t.sample_max_new_tokens;
 }
 
 void print_lists(bool gpus, bool models) {

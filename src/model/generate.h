@@ -1,11 +1,10 @@
-// Generator: fp32 CPU text generation with a KV cache over a snapshot of a LlamaModel's effective
-// weights (quantized base dequantized, LoRA merged), for sample answers and `qlora generate`.
+// Generator: greedy decoding over a LlamaModel's KV cache. Every token goes through the model's own
+// forward (LlamaModel::decode: the training layer code, on the training backend, with the base as
+// held for training and the LoRA adapters applied unmerged); this file only chooses tokens.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <vector>
 
-#include "backend/backend.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
 
@@ -13,46 +12,31 @@ namespace qlora {
 
 class Generator {
  public:
-  // Copies every weight to the host in f32 (one dequantization pass over a quantized base): the
-  // generator answers as the model is now and does not follow later training. Works whatever
-  // backend the model lives on.
+  // The model must be planned with a KV cache (ModelPlanOptions::kv_cache_tokens > 0); the cache
+  // is the model's, emptied here. The generator answers with the model's weights as they are at
+  // each call.
   explicit Generator(LlamaModel& model);
-  ~Generator();
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
 
-  const LlamaConfig& config() const { return cfg_; }
+  const LlamaConfig& config() const { return model_.config(); }
   // Empties the KV cache: the next feed starts a new sequence at position 0.
-  void reset();
-  // Appends tokens to the sequence and returns the logits (V) that follow the last of them. Several
-  // tokens (a prompt) go through each projection as one GEMM; one token as a GEMV over the cache.
-  const std::vector<float>& feed(const std::vector<int32_t>& ids);
-  // The logits of the last feed.
-  const std::vector<float>& logits() const { return logits_; }
+  void reset() { model_.kv_reset(); }
+  // Appends tokens to the sequence and returns the logits (V) that follow the last of them.
+  const std::vector<float>& feed(const std::vector<int32_t>& ids) { return model_.decode(ids); }
   // Tokens in the cache (the position the next token gets).
-  int64_t position() const { return n_past_; }
+  int64_t position() const { return model_.kv_position(); }
+  // Positions the cache holds: prompt plus answer.
+  int64_t capacity() const { return model_.kv_capacity(); }
 
   // Greedy decoding of a fresh sequence: up to max_new_tokens argmax tokens after `prompt`,
-  // stopping after the first one in stop_ids (which is returned as the last id). Deterministic.
+  // stopping after the first one in stop_ids (which is returned as the last id), or when the KV
+  // cache is full. Deterministic.
   std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int64_t max_new_tokens,
                               const std::vector<int32_t>& stop_ids);
 
  private:
-  struct Layer;
-  void ensure_capacity(int64_t tokens);
-  void layer_fwd(Layer& L, int64_t n);
-  void attend(const Layer& L, int64_t n);
-
-  LlamaConfig cfg_;
-  std::unique_ptr<Backend> cpu_;  // the CPU reference ops (rmsnorm, rope, swiglu, sgemm)
-  std::vector<Layer> layers_;
-  std::vector<float> embed_, norm_, head_;  // head_ empty: tied to embed_
-  std::vector<float> inv_freq_;             // (D/2), rope scaling included
-  int64_t n_past_ = 0, capacity_ = 0;       // tokens cached / cache rows allocated per layer
-  std::vector<float> logits_;               // (V)
-  // Scratch for one feed of n tokens.
-  std::vector<float> x_, ln_, rstd_, q_, k_, v_, att_, tmp_, gate_, up_;
-  std::vector<int32_t> pos_;
+  LlamaModel& model_;
 };
 
 // Index of the largest logit; ties go to the lowest id. NaN never wins.

@@ -137,6 +137,13 @@ void LlamaModel::resolve_views() {
       for (int p = 0; p <= V; p++) L.bias[p] = ar.get(lp + kProj[p] + ".bias");
   }
 }
+  kv_k_.clear();
+  kv_v_.clear();
+  if (opts_.kv_cache_tokens > 0)
+    for (int64_t l = 0; l < cfg_.n_layer; l++) {
+      kv_k_.push_back(ar.get("kv.layers." + std::to_string(l) + ".k"));
+      kv_v_.push_back(ar.get("kv.layers." + std::to_string(l) + ".v"));
+    }
 
 LlamaModel::~LlamaModel() = default;
 
@@ -224,29 +231,6 @@ std::vector<float> LlamaModel::weight_f32(const std::string& name) {
     convert_to_f32(t.dtype, raw.data(), out.data(), t.numel());
   }
   return out;
-}
-
-std::vector<float> LlamaModel::effective_weight(int64_t l, const std::string& proj) {
-  const auto [out, in] = projection_shape(cfg_, proj);
-  std::vector<float> w;
-  if (quantized_base_) {
-    w.resize(size_t(out * in));
-    dequantize_ref(base_quantized(l, proj), w.data());
-  } else {
-    w = weight_f32("layers." + std::to_string(l) + "." + proj);
-  }
-  int p = 0;
-  while (p < 7 && proj != kProj[p]) p++;
-  const int li = p < 7 ? lora_index(l, p) : -1;
-  if (li < 0) return w;
-  const int64_t r = lora_.r;
-  std::vector<float> a(size_t(r * in)), b(size_t(out * r));  // A (r,in), B (out,r)
-  be_.copy_to_host(a.data(), lora_params_[size_t(li)].w.data, a.size() * 4);
-  be_.copy_to_host(b.data(), lora_params_[size_t(li) + 1].w.data, b.size() * 4);
-  // W (out,in) += s B A, on the host whatever backend trains.
-  make_cpu_backend()->matmul({f32_view(w.data(), {out, in}), f32_view(b.data(), {out, r}), f32_view(a.data(), {r, in}),
-                              out, in, r, false, false, lora_.scale(), 1.0f});
-  return w;
 }
 
 void LlamaModel::init_lora(uint64_t seed) {
@@ -393,12 +377,26 @@ void LlamaModel::upload_batch(const Batch& batch) {
 }
 
 void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
-  const Acts a = acts(l, n);
+  Acts a = acts(l, n);
   const LayerViews& L = layers_[size_t(l)];
   const float eps = float(cfg_.rms_norm_eps);
   const Tensor inv_freq = views_->inv_freq;
   Tensor next = with_rows(L.next, n);
 
+  // Attention reads k, v of t_kv positions: this micro-batch's own (training), or, when decoding,
+  // the cache rows [0, kv_pos_ + n), the new ones written straight into it by the k/v projections.
+  Tensor k_all = a.k, v_all = a.v;
+  int64_t t_kv = 0;
+  if (decoding_) {
+    const int64_t kvd = cfg_.kv_dim(), at = kv_pos_ * kvd * dtype_size(a.k.dtype);
+    t_kv = kv_pos_ + n;
+    k_all = as_matrix(kv_k_[size_t(l)], t_kv, kvd);
+    v_all = as_matrix(kv_v_[size_t(l)], t_kv, kvd);
+    a.k = as_matrix(k_all, n, kvd);
+    a.v = as_matrix(v_all, n, kvd);
+    a.k.data = static_cast<char*>(k_all.data) + at;
+    a.v.data = static_cast<char*>(v_all.data) + at;
+  }
   be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps});
   linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
   linear_fwd(a.k, a.ln1, l, K, a, train, seed);
@@ -406,7 +404,8 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
   be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
   const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
-  be_.attention_fwd({a.att, a.lse, a.q, a.k, a.v, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim, scale});
+  be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
+                     scale, t_kv});
   linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
   be_.add({a.xmid, a.x, a.xmid.numel()});            // ... + x
   be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps});
@@ -572,3 +571,46 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
 }
 
 }  // namespace qlora
+const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
+  const int64_t total = int64_t(ids.size()), C = cfg_.hidden_size, Vv = cfg_.vocab_size;
+  if (total == 0) fail(ErrorKind::Data, "generate", "no tokens to feed", "the prompt encodes to no tokens");
+  if (kv_capacity() == 0)
+    fail(ErrorKind::Internal, "decode", "the model was planned without a KV cache", "set ModelPlanOptions::kv_cache_tokens");
+  if (kv_pos_ + total > kv_capacity())
+    fail(ErrorKind::Config, "generate",
+         "a sequence of " + std::to_string(kv_pos_ + total) + " tokens does not fit the KV cache of " +
+             std::to_string(kv_capacity()) + " positions",
+         "shorten the prompt or lower the number of new tokens");
+  // A long prompt goes through in chunks of seq_len rows, each attending to the cache before it.
+  int64_t n = 0;
+  for (int64_t c0 = 0; c0 < total; c0 += n) {
+    n = std::min(opts_.seq_len, total - c0);
+    Batch b;
+    b.b = 1;
+    b.t = n;
+    b.tokens.assign(ids.begin() + c0, ids.begin() + c0 + n);
+    b.positions.resize(size_t(n));
+    for (int64_t i = 0; i < n; i++) b.positions[size_t(i)] = int32_t(kv_pos_ + i);
+    decoding_ = true;
+    try {
+      forward(b, false, 0);
+    } catch (...) {
+      decoding_ = false;
+      throw;
+    }
+    decoding_ = false;
+    kv_pos_ += n;
+  }
+  // Final norm and LM head for the last token only: that is all generation reads.
+  const StepViews& w = *views_;
+  const int64_t es = dtype_size(w.final_x.dtype);
+  Tensor x = as_matrix(w.final_x, 1, C), ln = as_matrix(w.final_ln, 1, C), rstd = with_rows(w.final_rstd, 1);
+  x.data = static_cast<char*>(w.final_x.data) + (n - 1) * C * es;
+  be_.rmsnorm_fwd({ln, rstd, x, w.norm, 1, C, float(cfg_.rms_norm_eps)});
+  Tensor lg = as_matrix(w.chunk, 1, Vv);
+  be_.matmul({lg, ln, w.head, 1, Vv, C, false, true, 1.0f, 0.0f});
+  decode_logits_.resize(size_t(Vv));
+  be_.copy_to_host(decode_logits_.data(), lg.data, size_t(Vv) * 4);
+  return decode_logits_;
+}
+

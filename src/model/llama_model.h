@@ -73,9 +73,6 @@ class LlamaModel {
   // Host f32 copy of a frozen float tensor by its planned name ("embed_tokens", "norm", "lm_head",
   // "layers.3.input_layernorm", "layers.3.q_proj.bias", ...), converted from the arena's dtype.
   std::vector<float> weight_f32(const std::string& name);
-  // The (out, in) f32 weight a projection applies at inference: the base, dequantized when stored
-  // quantized, plus the merged LoRA delta scale * B @ A (proj: "q_proj" ... "down_proj").
-  std::vector<float> effective_weight(int64_t layer, const std::string& proj);
   // PEFT init: A Kaiming-uniform (a=sqrt(5)), B zeros.
   void init_lora(uint64_t seed);
   std::vector<LoraParam>& lora_params() { return lora_params_; }
@@ -90,8 +87,17 @@ class LlamaModel {
   void set_step_times(StepTimes* t) { times_ = t; }
   // Forward only (no dropout): summed token loss.
   double forward_loss(const Batch& batch);
-  // Full logits (N,V) copied to host, for tests and generation on small inputs.
+  // Full logits (N,V) copied to host, for tests on small inputs.
   std::vector<float> logits(const Batch& batch);
+
+  // Generation through the training forward (the same layer_fwd, on this backend, with the base
+  // as held for training and LoRA applied unmerged). Keys and values go to the planned KV cache
+  // (ModelPlanOptions::kv_cache_tokens positions). decode() appends tokens at positions
+  // kv_position()... (a prompt in chunks of seq_len) and returns the logits (V) after the last one.
+  int64_t kv_capacity() const { return opts_.kv_cache_tokens; }
+  int64_t kv_position() const { return kv_pos_; }
+  void kv_reset() { kv_pos_ = 0; }
+  const std::vector<float>& decode(const std::vector<int32_t>& ids);
 
  private:
   struct Acts;        // views of one layer's saved activations
@@ -133,6 +139,10 @@ class LlamaModel {
   QuantParams base_quant_;          // blocksize resolved
   QuantizedWeightIo quant_io_;
   std::array<int64_t, 7> dequant_layer_{-1, -1, -1, -1, -1, -1, -1};  // per projection: the layer ws.dequant holds, -1 none
+  bool decoding_ = false;           // forward() is a decode() chunk: k/v live in the KV cache
+  int64_t kv_pos_ = 0;              // positions in the KV cache
+  std::vector<Tensor> kv_k_, kv_v_;  // per layer (kv_cache_tokens, kv_dim); empty without a cache
+  std::vector<float> decode_logits_;  // (V) after the last decoded token
   StepTimes* times_ = nullptr;      // set_step_times
   double head_bwd_s_ = 0;           // LM-head backward time inside head_and_loss (timing on)
   double synced_now();              // seconds on a steady clock, after backend().synchronize()

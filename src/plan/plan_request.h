@@ -35,6 +35,7 @@ struct PlanRequest {
   Sharding sharding = Sharding::None;
   Topology topo;
   std::string gemm_dtype = "bf16";    // tensor-core dtype of the base-weight GEMMs: bf16 | fp8 | fp4
+  int64_t kv_cache_tokens = 0;        // sample answers' KV cache (positions); 0 = none
 };
 
 // Base precisions the planner accepts, and whether one is a quantized (QLoRA) format.

@@ -112,6 +112,7 @@ ModelPlanOptions model_plan_options(const PlanRequest& r) {
   o.checkpointing = r.checkpointing;
   o.ce_chunk = r.ce_chunk;
   return o;
+  o.kv_cache_tokens = r.kv_cache_tokens;
 }
 
 void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {

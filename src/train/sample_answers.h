@@ -31,7 +31,7 @@ struct SampleAnswer {
 
 class Generator;
 
-// Greedy answers to each prompt, from the generator's snapshot of a model.
+// Greedy answers to each prompt from the generator's model as it is now.
 std::vector<SampleAnswer> sample_answers(Generator& gen, const Tokenizer& tok, const ChatRenderFn& render,
                                          const std::vector<std::string>& prompts, int64_t max_new_tokens);
 // The model's greedy answers as it is now (one Generator, built once, for all prompts).

@@ -112,6 +112,56 @@ TEST(CpuOps, attention_fwd_MatchesExplicitMaskSoftmax) {
   check_against_naive(make_attn(2, 48, 8, 2, 16, {}, 5));  // large enough for the OpenMP path
 }
 
+// KV-cache decoding: t queries at the end of t_kv cached positions give exactly the last t rows of
+// causal attention over all t_kv queries (b = 2, so sequence strides over t_kv are exercised too).
+TEST(CpuOps, attention_fwd_KvCacheQueriesAreTheLastRowsOfFullAttention) {
+  auto be = cpu();
+  for (auto [tk, t] : {std::pair<int64_t, int64_t>{9, 1}, {9, 4}, {300, 1}, {300, 70}, {130, 130}}) {
+    Attn full = make_attn(2, tk, 4, 2, 8, {}, uint64_t(tk * 7 + t));
+    std::vector<double> want_out, want_lse;
+    naive_attention(full, want_out, want_lse);
+    const int64_t hq = full.hq, d = full.d, off = tk - t;
+    Vec q(size_t(2 * t * hq * d)), out(q.size(), 0.0f), lse(size_t(2 * hq * t), 0.0f);
+    std::vector<double> w_out(q.size()), w_lse(lse.size());
+    for (int64_t b = 0; b < 2; b++) {
+      for (int64_t i = 0; i < t * hq * d; i++) {
+        q[size_t(b * t * hq * d + i)] = full.q[size_t((b * tk + off) * hq * d + i)];
+        w_out[size_t(b * t * hq * d + i)] = want_out[size_t((b * tk + off) * hq * d + i)];
+      }
+      for (int64_t h = 0; h < hq; h++)
+        for (int64_t i = 0; i < t; i++) w_lse[size_t((b * hq + h) * t + i)] = want_lse[size_t((b * hq + h) * tk + off + i)];
+    }
+    AttentionFwdArgs f;
+    f.out = view(out, {2, t, hq, d});
+    f.lse = view(lse, {2, hq, t});
+    f.q = view(q, {2, t, hq, d});
+    f.k = view(full.k, {2, tk, full.hkv, d});
+    f.v = view(full.v, {2, tk, full.hkv, d});
+    f.b = 2, f.t = t, f.n_head = hq, f.n_head_kv = full.hkv, f.head_dim = d, f.scale = full.scale(), f.t_kv = tk;
+    be->attention_fwd(f);
+    const std::string tag = "t_kv " + std::to_string(tk) + ", t " + std::to_string(t);
+    expect_close(out, w_out, 2e-6, 2e-6, "cached attention out " + tag);
+    expect_close(lse, w_lse, 2e-6, 2e-6, "cached attention lse " + tag);
+  }
+  // A cache shorter than the queries, or segments with a cache, are caller errors.
+  Attn a = make_attn(1, 4, 2, 2, 8, {0, 0, 1, 1}, 9);
+  Vec out(size_t(a.nq())), lse(size_t(a.hq * a.t));
+  AttentionFwdArgs f{view(out, {1, 4, 2, 8}), view(lse, {1, 2, 4}), view(a.q, {1, 4, 2, 8}), view(a.k, {1, 4, 2, 8}),
+                     view(a.v, {1, 4, 2, 8}), nullptr, 1, 4, 2, 2, 8, a.scale(), 3};
+  auto message = [&] {
+    try {
+      be->attention_fwd(f);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message().find("t_kv 3 must be 0 or at least t 4"), std::string::npos) << message();
+  f.t_kv = 6;
+  f.seg = a.seg.data();
+  EXPECT_NE(message().find("a KV cache takes no segments"), std::string::npos) << message();
+}
+
 // A packed row [doc0 | doc1 | doc2] must equal running each document alone, forward and backward.
 TEST(CpuOps, attention_fwd_PackedSegmentsEqualSeparateDocuments) {
   auto be = cpu();

@@ -53,6 +53,7 @@ void check_matmul(int64_t m, int64_t n, int64_t k) {
 TEST(CpuOps, matmul_AllTransposesAlphaBeta) {
   check_matmul(7, 5, 9);
   check_matmul(1, 13, 3);
+  check_matmul(1, 300, 257);  // one row: the gemv path
   check_matmul(66, 47, 129);
 }
 

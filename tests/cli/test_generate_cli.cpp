@@ -54,6 +54,7 @@ TEST(GenerateCli, AnswersAPromptWithAndWithoutAnAdapter) {
   ASSERT_EQ(base.code, 0) << base.output;
   EXPECT_NE(base.output.find("  prompt: The ocean"), std::string::npos) << base.output;
   EXPECT_NE(base.output.find("raw prompt (no chat template)"), std::string::npos) << base.output;
+  EXPECT_NE(base.output.find("backend cpu"), std::string::npos) << base.output;
   EXPECT_NE(base.output.find("1 prompts, 12 new tokens"), std::string::npos) << base.output;
   EXPECT_FALSE(answer_of(base.output).empty()) << base.output;
 

@@ -103,6 +103,45 @@ CUDA_OP_TEST(attention_fwd, causal_gqa_docs) {
   }
 }
 
+// KV-cache decoding: t queries at the end of t_kv cached keys, against the CPU op with the same
+// t_kv (itself checked against the last rows of a full causal attention in test_cpu_attention).
+CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
+  QLORA_REQUIRE_CUDA(cu);
+  struct KvCase {
+    const char* name;
+    int64_t b, t, t_kv, hq, hkv, d;
+  };
+  // One decoded token over a cache that ends inside a key tile; a prompt chunk whose 70 queries
+  // cross the cache's tile edges; a cache several key tiles long (both K/V stages refilled).
+  const KvCase kv_cases[] = {{"decode_d128", 1, 1, 77, 4, 2, 128}, {"chunk_d64", 2, 70, 150, 3, 1, 64},
+                             {"decode_d64_t200", 2, 1, 200, 2, 1, 64}, {"chunk_d32", 1, 9, 130, 4, 2, 32}};
+  uint64_t seed = 900;
+  for (const auto& c : kv_cases) {
+    SCOPED_TRACE(c.name);
+    const Vec hq_ = round_bf16(randn(seed += 10, size_t(c.b * c.t * c.hq * c.d)));
+    const Vec hk = round_bf16(randn(seed + 1, size_t(c.b * c.t_kv * c.hkv * c.d)));
+    const Vec hv = round_bf16(randn(seed + 2, size_t(c.b * c.t_kv * c.hkv * c.d)));
+    const float scale = 1.0f / std::sqrt(float(c.d));
+    Vec ref_out(hq_.size()), ref_lse(size_t(c.b * c.hq * c.t));
+    {
+      Vec q = hq_, k = hk, v = hv;
+      AttentionFwdArgs f{f32_view(ref_out.data(), {c.b, c.t, c.hq, c.d}), f32_view(ref_lse.data(), {c.b, c.hq, c.t}),
+                         f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t_kv, c.hkv, c.d}),
+                         f32_view(v.data(), {c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv, c.d, scale, c.t_kv};
+      make_cpu_backend()->attention_fwd(f);
+    }
+    DBuf q(*cu, DType::BF16, hq_), k(*cu, DType::BF16, hk), v(*cu, DType::BF16, hv);
+    DBuf out(*cu, DType::BF16, int64_t(hq_.size())), lse(*cu, DType::F32, c.b * c.hq * c.t);
+    out.poison();
+    lse.poison();
+    cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
+                       k.t({c.b, c.t_kv, c.hkv, c.d}), v.t({c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv,
+                       c.d, scale, c.t_kv});
+    expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
+    expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
+  }
+}
+
 CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
   QLORA_REQUIRE_CUDA(cu);
   uint64_t seed = 700;

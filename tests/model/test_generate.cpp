@@ -1,6 +1,7 @@
-// The KV-cache decoder against the training forward: logits after a prompt and after each decoded
-// token equal LlamaModel::logits over the whole sequence, with random (non-zero) LoRA B, on float
-// and nf4 bases, for every fixture family (GQA + llama3 RoPE, tied + linear RoPE, MQA, qwen2 bias).
+// Decoding with the KV cache (LlamaModel::decode, the training forward with cached keys and values)
+// against the training forward over the whole sequence: logits after a prompt and after each
+// decoded token equal LlamaModel::logits, with random (non-zero) LoRA B, on float and nf4 bases,
+// for every fixture family (GQA + llama3 RoPE, tied + linear RoPE, MQA, qwen2 bias).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,8 +16,8 @@ using namespace qlora::testing_util;
 
 namespace {
 
-// fp32 both ways; only the summation order differs (merged W + sBA vs. separate LoRA GEMMs, GEMV
-// vs. GEMM, the cached attention). rel_err = max|a-b| / max(1, max|ref|).
+// fp32 both ways, the same ops; only the summation order differs (one row against many in each
+// GEMM, the attention's key tiles). rel_err = max|a-b| / max(1, max|ref|).
 constexpr double kTol = 2e-5;  // rel_err per logit row; ~1e-6 seen (decode vs full forward, both f32)
 constexpr int64_t kPrompt = 9, kSteps = 6, kSeq = kPrompt + kSteps;
 
@@ -29,7 +30,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return i.param.variant + (i.param.precision.empty() ? "" : "_" + i.param.precision) + (i.param.rslora ? "_rslora" : "");
 }
 
-TestModel make(const Case& c) {
+TestModel make(const Case& c, int64_t seq_len = kSeq) {
   LoraSpec lora = fixture_lora();
   lora.use_rslora = c.rslora;
   TestModel t;
@@ -37,7 +38,8 @@ TestModel make(const Case& c) {
   t.src = open_model_source(fixtures() + "/models/" + c.variant);
   ModelPlanOptions po;
   po.micro_batch = 1;
-  po.seq_len = kSeq;
+  po.seq_len = seq_len;
+  po.kv_cache_tokens = kSeq;
   if (!c.precision.empty()) {
     po.method = "qlora";
     po.base_precision = c.precision;
@@ -142,6 +144,36 @@ TEST(Generate, StopIdsEndGeneration) {
   EXPECT_EQ(gen.greedy(prompt, kSteps, {absent}), free_run);
   EXPECT_EQ(gen.greedy(prompt, 2, {}), std::vector<int32_t>(free_run.begin(), free_run.begin() + 2));
   EXPECT_TRUE(gen.greedy(prompt, 0, {}).empty());
+}
+
+// A prompt longer than the planned rows (seq_len 4) goes through decode in chunks, each attending
+// to the cache the chunks before it filled: the same logits as one pass over the whole prompt.
+TEST(Generate, LongPromptGoesThroughInChunksOfSeqLen) {
+  TestModel whole = make({"llama_gqa", "nf4"}), chunked = make({"llama_gqa", "nf4"}, 4);
+  const std::vector<int32_t> prompt = random_ids(kPrompt, whole.model->config().vocab_size, 13);
+  const std::vector<float> want = ref_row(*whole.model, prompt, kPrompt - 1);
+  Generator gen(*chunked.model);
+  EXPECT_LT(rel_err(gen.feed(prompt), want), kTol);
+  EXPECT_EQ(gen.position(), kPrompt);
+}
+
+// The KV cache bounds prompt + answer: a prompt that fills it is an error before any work, an
+// answer stops when the cache is full, and feeding past it is an error naming both sizes.
+TEST(Generate, KvCacheCapacityBoundsTheSequence) {
+  TestModel t = make({"llama_gqa", ""});
+  Generator gen(*t.model);
+  ASSERT_EQ(gen.capacity(), kSeq);
+  const int64_t V = t.model->config().vocab_size;
+  EXPECT_THROW(gen.greedy(random_ids(kSeq, V, 1), 4, {}), Error);
+  const std::vector<int32_t> out = gen.greedy(random_ids(kSeq - 3, V, 2), 100, {});
+  EXPECT_EQ(int64_t(out.size()), 4);  // 3 free positions: three fed tokens, then the last one
+  EXPECT_EQ(gen.position(), kSeq);
+  try {
+    gen.feed({5});
+    ADD_FAILURE() << "no error past the cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16 tokens does not fit the KV cache of 15"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Generate, ArgmaxTiesGoToTheLowestId) {

@@ -49,11 +49,14 @@ AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv
 // seg[s] == seg[t]. first[t] is the first token of t's document (keys before it are skipped
 // tile by tile); run[t] is where the run of equal seg values ending at t starts (a tile pair
 // inside one run and below the diagonal needs no per-element mask). Exact for any seg layout.
+// With a KV cache (off > 0, seg null) query t sits at position t + off and sees keys s <= t + off.
 struct RowVis {
   const int32_t* seg = nullptr;
   std::vector<int64_t> first, run;
+  int64_t off = 0;
 
-  RowVis(const int32_t* seg_b, int64_t t_len) : seg(seg_b), first(size_t(t_len), 0), run(size_t(t_len), 0) {
+  RowVis(const int32_t* seg_b, int64_t t_len, int64_t off_ = 0)
+      : seg(seg_b), first(size_t(t_len), 0), run(size_t(t_len), 0), off(off_) {
     if (!seg) return;
     std::unordered_map<int32_t, int64_t> seen;
     for (int64_t t = 0; t < t_len; t++) {
@@ -61,16 +64,16 @@ struct RowVis {
       run[size_t(t)] = t > 0 && seg[t] == seg[t - 1] ? run[size_t(t - 1)] : t;
     }
   }
-  bool visible(int64_t s, int64_t t) const { return s <= t && (!seg || seg[s] == seg[t]); }
+  bool visible(int64_t s, int64_t t) const { return s <= t + off && (!seg || seg[s] == seg[t]); }
   // The smallest first key over the queries [q0, q1).
   int64_t tile_first(int64_t q0, int64_t q1) const {
-    int64_t f = q0;
+    int64_t f = q0 + off;
     for (int64_t t = q0; t < q1; t++) f = std::min(f, first[size_t(t)]);
     return f;
   }
   // Every key of [k0, k1) is visible to every query of [q0, q1).
   bool all_visible(int64_t k0, int64_t k1, int64_t q0, int64_t q1) const {
-    return k1 - 1 <= q0 && run[size_t(q1 - 1)] <= k0;
+    return k1 - 1 <= q0 + off && run[size_t(q1 - 1)] <= k0;
   }
   // s[i*ld + j] = -inf where key k0+j is hidden from query q0+i.
   void mask(float* s, int64_t ld, int64_t q0, int64_t m, int64_t k0, int64_t n) const {
@@ -101,7 +104,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   const char* op = "attention_fwd";
   const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
-  const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
+  const int64_t tk = a.t_kv == 0 ? g.t : a.t_kv, off = tk - g.t;  // keys per sequence; query position offset
+  if (off < 0 || (off > 0 && a.seg))
+    fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 't_kv'",
+         "t_kv " + std::to_string(a.t_kv) + " must be 0 or at least t " + std::to_string(g.t) +
+             (off > 0 ? ", and a KV cache takes no segments" : ""));
+  const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * tk * g.hkv * g.d;
   cpu::check_f32(op, "out", a.out, nq);
   cpu::check_f32(op, "lse", a.lse, g.b * g.hq * g.t);
   cpu::check_f32(op, "q", a.q, nq);
@@ -114,10 +122,11 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   const float* k = a.k.f32();  // (B,T,Hkv,D)
   const float* v = a.v.f32();  // (B,T,Hkv,D)
   const int64_t ldq = g.hq * g.d, ldk = g.hkv * g.d;
-  const std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
+  std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
+  for (RowVis& r : vis) r.off = off;
   const int64_t nqt = ceil_div(g.t, kFwdQ), bh = g.b * g.hq;
 
-#pragma omp parallel if (g.b * g.hq * g.t * g.t * g.d > cpu::kParallelMin)
+#pragma omp parallel if (g.b * g.hq * g.t * tk * g.d > cpu::kParallelMin)
   {
     std::vector<float> s(size_t(kFwdQ * kFwdK));  // (Bq,Bk) scores, then probabilities
     std::vector<float> o(size_t(kFwdQ * g.d));     // (Bq,D) unnormalized output
@@ -132,9 +141,9 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
       std::fill(o.begin(), o.end(), 0.0f);
       std::fill(mrow.begin(), mrow.end(), kNegInf);
       std::fill(lrow.begin(), lrow.end(), 0.0f);
-      for (int64_t k0 = rv.tile_first(q0, q1); k0 < q1; k0 += kFwdK) {
-        const int64_t k1 = std::min(q1, k0 + kFwdK), n = k1 - k0;
-        const int64_t kvo = ((bi * g.t + k0) * g.hkv + hk) * g.d;
+      for (int64_t k0 = rv.tile_first(q0, q1); k0 < q1 + off; k0 += kFwdK) {
+        const int64_t k1 = std::min(q1 + off, k0 + kFwdK), n = k1 - k0;
+        const int64_t kvo = ((bi * tk + k0) * g.hkv + hk) * g.d;
         gemm(false, true, m, n, g.d, a.scale, qp, ldq, k + kvo, ldk, 0.0f, s.data(), kFwdK);  // S = scale Q K^T
         if (!rv.all_visible(k0, k1, q0, q1)) rv.mask(s.data(), kFwdK, q0, m, k0, n);
         for (int64_t i = 0; i < m; i++) {

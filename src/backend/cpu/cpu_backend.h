@@ -43,10 +43,6 @@ void check_f32(const char* op, const char* tensor, const Tensor& t, int64_t nume
 void check_dim(const char* op, const char* dim, int64_t value);  // value >= 0
 void check_ptr(const char* op, const char* what, const void* p);  // int32 side inputs
 
-// y (rows) "=" W x, W (rows, cols) row-major f32: the matrix-vector product of token-by-token
-// decoding (OpenBLAS sgemv; matmul with m = 1 is not guaranteed to take the gemv path).
-void gemv(const float* w, int64_t rows, int64_t cols, const float* x, float* y);
-
 // The BLAS this backend runs on, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... (openmp threads, core Haswell)".
 std::string blas_info();
 

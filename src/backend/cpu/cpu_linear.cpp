@@ -39,22 +39,19 @@ void CpuBackend::matmul(const MatmulArgs& a) {
       for (int64_t i = 0; i < mn; i++) c[i] *= a.beta;
     return;
   }
+  if (a.m == 1) {
+    // One row (a decoded token): a matrix-vector product. sgemm would pack all of B for it, which
+    // for a weight matrix is a full extra pass over memory.
+    if (a.trans_b)  // c (n) = alpha B (n,k) a + beta c
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(a.n), int(a.k), a.alpha, a.b.f32(), int(a.k), a.a.f32(), 1, a.beta, c, 1);
+    else  // c (n) = alpha B^T a + beta c, B (k,n)
+      cblas_sgemv(CblasRowMajor, CblasTrans, int(a.k), int(a.n), a.alpha, a.b.f32(), int(a.n), a.a.f32(), 1, a.beta, c, 1);
+    return;
+  }
   const int lda = int(a.trans_a ? a.m : a.k);
   const int ldb = int(a.trans_b ? a.k : a.n);
   cblas_sgemm(CblasRowMajor, a.trans_a ? CblasTrans : CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
               int(a.m), int(a.n), int(a.k), a.alpha, a.a.f32(), lda, a.b.f32(), ldb, a.beta, c, int(a.n));
-}
-
-void cpu::gemv(const float* w, int64_t rows, int64_t cols, const float* x, float* y) {
-  check_dim("gemv", "rows", rows);
-  check_dim("gemv", "cols", cols);
-  if (std::max(rows, cols) > INT32_MAX)
-    fail(ErrorKind::Unsupported, "cpu gemv", "a dimension exceeds the 32-bit BLAS interface");
-  if (rows == 0) return;
-  // "=": clear y first so NaN garbage cannot survive as 0*NaN (as matmul does for beta 0).
-  std::memset(y, 0, size_t(rows) * sizeof(float));
-  if (cols == 0) return;
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(cols), 1.0f, w, int(cols), x, 1, 0.0f, y, 1);
 }
 
 std::string cpu::blas_info() {

@@ -173,10 +173,11 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Everything both kernels need about one call.
 struct AttnParams {
   const bf16* q;       // (B,T,Hq,D)
-  const bf16* k;       // (B,T,Hkv,D)
-  const bf16* v;       // (B,T,Hkv,D)
+  const bf16* k;       // (B,T_kv,Hkv,D)
+  const bf16* v;       // (B,T_kv,Hkv,D)
   const int32_t* seg;  // (B,T) or null
   int64_t t;
+  int64_t t_kv;        // keys per sequence (forward; t in training, more with a KV cache)
   int d;               // head dim: a multiple of 8, at most the kernel's tile width D
   int n_head, n_head_kv, group;
   float scale_log2;    // scale * log2(e): scores go through exp2

@@ -77,6 +77,7 @@ attn::AttnParams base_params(const AttnDims& g, const Tensor& q, const Tensor& k
   p.v = static_cast<const attn::bf16*>(v.data);
   p.seg = seg;
   p.t = g.t;
+  p.t_kv = g.t;
   p.d = int(g.d);
   p.n_head = int(g.hq);
   p.n_head_kv = int(g.hkv);
@@ -96,7 +97,12 @@ void attention_set_smem_limits() {
 void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   const char* op = "attention_fwd";
   const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
-  const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
+  const int64_t tk = a.t_kv == 0 ? g.t : a.t_kv;  // keys per sequence (more than t with a KV cache)
+  if (tk < g.t || (tk > g.t && a.seg))
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 't_kv'",
+         "t_kv " + std::to_string(a.t_kv) + " must be 0 or at least t " + std::to_string(g.t) +
+             (tk > g.t ? ", and a KV cache takes no segments" : ""));
+  const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * tk * g.hkv * g.d;
   check_tensor(op, "out", a.out, nq, true, false);
   check_tensor(op, "lse", a.lse, g.b * g.hq * g.t, false, true);
   check_tensor(op, "q", a.q, nq, true, false);
@@ -105,6 +111,7 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   if (g.b == 0 || g.t == 0) return;
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
+  p.t_kv = tk;
   p.out = static_cast<attn::bf16*>(a.out.data);
   p.lse = a.lse.f32();
   attention_fwd_launch(p, g.b, stream_);

@@ -1,4 +1,5 @@
-// Flash-attention forward on tensor cores: causal, GQA, packed-document segments, lse output.
+// Flash-attention forward on tensor cores: causal, GQA, packed-document segments, lse output;
+// with a KV cache the queries are the last T of T_kv positions (AttentionFwdArgs::t_kv).
 //
 // Split as tile traits (attention_mma.cuh: FwdTraits<D>), main loop and epilogue. One block owns
 // kBr=128 queries of one (batch, head); each of its 8 warps owns 16 query rows and keeps them in
@@ -20,15 +21,15 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   using Tr = FwdTraits<D>;
   QLORA_DYNAMIC_SMEM(smem, 128);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
-  const int64_t T = p.t;
+  const int64_t T = p.t, Tk = p.t_kv, off = Tk - T;  // queries; keys; query i sits at position i + off
   const int qblock = int(gridDim.x) - 1 - int(blockIdx.x);  // latest (heaviest) query blocks first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
   const int64_t q0 = int64_t(qblock) * Tr::kBr;
   const int hd = p.d, dchunks = hd / 8;
   const int64_t ldq = int64_t(p.n_head) * hd, ldk = int64_t(p.n_head_kv) * hd;
   const bf16* qg = p.q + (int64_t(b) * T * p.n_head + h) * hd;     // row t at qg + t*ldq
-  const bf16* kg = p.k + (int64_t(b) * T * p.n_head_kv + hk) * hd;  // row s at kg + s*ldk
-  const bf16* vg = p.v + (int64_t(b) * T * p.n_head_kv + hk) * hd;
+  const bf16* kg = p.k + (int64_t(b) * Tk * p.n_head_kv + hk) * hd;  // row s at kg + s*ldk
+  const bf16* vg = p.v + (int64_t(b) * Tk * p.n_head_kv + hk) * hd;
   const int32_t* seg = p.seg ? p.seg + int64_t(b) * T : nullptr;  // (T)
 
   const uint32_t sQ = smem_addr(smem);       // (kBr, D)
@@ -36,13 +37,13 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   const uint32_t sV = sK + 2 * Tr::kKVBytes;  // 2 x (kBc, D)
 
   // Keys past the block's last query are never visible (causal), so the loop stops there.
-  const int64_t kv_end = T < q0 + Tr::kBr ? T : q0 + Tr::kBr;
+  const int64_t kv_end = Tk < q0 + Tr::kBr + off ? Tk : q0 + Tr::kBr + off;
   const int n_kb = int((kv_end + Tr::kBc - 1) / Tr::kBc);
 
   load_tile<Tr::kBr, D, Tr::kThreads>(sQ, qg, ldq, q0, T, dchunks);
   cp_async_commit();
-  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, 0, T, dchunks);
-  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, 0, T, dchunks);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, 0, Tk, dchunks);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, 0, Tk, dchunks);
   cp_async_commit();
   cp_async_wait<1>();  // Q landed (K/V stage 0 may still be in flight)
   __syncthreads();
@@ -64,8 +65,8 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   for (int j = 0; j < n_kb; j++) {
     const int stage = j & 1;
     if (j + 1 < n_kb) {  // prefetch the next K/V tile into the other stage
-      load_tile<Tr::kBc, D, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVBytes, kg, ldk, int64_t(j + 1) * Tr::kBc, T, dchunks);
-      load_tile<Tr::kBc, D, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVBytes, vg, ldk, int64_t(j + 1) * Tr::kBc, T, dchunks);
+      load_tile<Tr::kBc, D, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVBytes, kg, ldk, int64_t(j + 1) * Tr::kBc, Tk, dchunks);
+      load_tile<Tr::kBc, D, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVBytes, vg, ldk, int64_t(j + 1) * Tr::kBc, Tk, dchunks);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
 
     // Scale into the log2 domain and mask. Only tiles that reach past the warp's first row, run
     // past the sequence end, or have documents need the per-element test.
-    const bool need_mask = seg != nullptr || k0 + Tr::kBc - 1 > q0 + warp * 16 || k0 + Tr::kBc > T;
+    const bool need_mask = seg != nullptr || k0 + Tr::kBc - 1 > q0 + off + warp * 16 || k0 + Tr::kBc > Tk;
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
         float x = s[nt][e] * p.scale_log2;
         if (need_mask) {
           const int64_t key = k0 + nt * 8 + 2 * q4 + (e & 1), t = row_t[e >> 1];
-          const bool vis = key <= t && key < T && (seg == nullptr || seg[key] == seg_row[e >> 1]);
+          const bool vis = key <= t + off && key < Tk && (seg == nullptr || seg[key] == seg_row[e >> 1]);
           if (!vis) x = -INFINITY;
         }
         s[nt][e] = x;
