@@ -139,8 +139,7 @@ class MpiComm final : public Comm {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    fail(ErrorKind::Io, "rank " + std::to_string(rank_) + " of " + std::to_string(size_),
-         std::string("MPI ") + what + " failed: " + std::string(msg, size_t(len)),
+    fail(ErrorKind::Io, std::string("MPI ") + what, "failed: " + std::string(msg, size_t(len)),
          "another rank has probably died; see its output");
   }
 
@@ -157,10 +156,9 @@ class MpiComm final : public Comm {
       nanosleep(&nap, nullptr);
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (timeout_s_ > 0 && waited > timeout_s_)
-        fail(ErrorKind::Io, "rank " + std::to_string(rank_) + " of " + std::to_string(size_),
-             std::string("no answer from the other ranks in ") + std::to_string(int(timeout_s_)) + " s during the " +
-                 what + ": a rank has died or hangs",
-             "the job stops; see the other ranks' output (ddp_timeout sets the wait)");
+        fail(ErrorKind::Io, std::string("MPI ") + what,
+             "no answer from the other ranks in " + std::to_string(int(timeout_s_)) + " s: a rank has died or hangs",
+             "the job stops here; see the other ranks' output (ddp_timeout sets the wait)");
     }
   }
 
