@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "core/error.h"
 
 namespace qlora {
 
@@ -52,6 +53,19 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() {}
+
+  // Op scratch from the memory plan (BufferOwner::ArenaScratch): the Arena hands each such buffer
+  // to the backend by its planned name ("cuda.matmul_cvt_a", ...). From then on the op that uses
+  // it must fit in `bytes`: needing more is an Internal error naming the op, never a new
+  // allocation. A backend with no op scratch (CPU) plans none, so any name is an error here.
+  virtual void bind_scratch(const std::string& name, void* p, size_t bytes) {
+    (void)p;
+    fail(ErrorKind::Internal, "backend " + this->name(),
+         "has no op scratch, but the memory plan hands it '" + name + "' (" + std::to_string(bytes) + " bytes)",
+         "plan the CUDA backend's buffers only for the CUDA backend");
+  }
+  // Forgets every bound scratch buffer (the Arena holding them is going away). Never throws.
+  virtual void unbind_scratch() noexcept {}
 
 #define QLORA_DECLARE_OP(op, Args) virtual void op(const Args& a) = 0;
   QLORA_BACKEND_OPS(QLORA_DECLARE_OP)

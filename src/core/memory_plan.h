@@ -16,6 +16,12 @@ constexpr int kNumMemCategories = 8;
 
 enum class Lifetime { Persistent, Step, Layer };  // whole run | one training step | one layer's use
 
+// Who allocates a buffer. Arena: the model's Arena. ArenaScratch: the Arena, which then hands it
+// to the backend as op scratch (Backend::bind_scratch). Backend: the backend itself, when it is
+// made (CUDA: the cuBLASLt workspace, the error record, the pinned upload staging); the Arena
+// skips it, and the backend allocates exactly the planned bytes.
+enum class BufferOwner { Arena, ArenaScratch, Backend };
+
 struct PlannedBuffer {
   std::string name;      // "layers.3.attn.q_proj.lora_A", "act.layers.3.qkv", ...
   int64_t bytes = 0;     // exact bytes requested (before 256-byte alignment)
@@ -24,6 +30,7 @@ struct PlannedBuffer {
   std::vector<int64_t> shape;
   DType dtype = DType::F32;
   bool host = false;     // lives in pinned host memory (activation offload), not on the device
+  BufferOwner owner = BufferOwner::Arena;
 };
 
 struct MemoryPlan {

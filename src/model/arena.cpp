@@ -1,4 +1,5 @@
-// Arena implementation: sums aligned sizes per category, allocates once, slices.
+// Arena implementation: sums aligned sizes per category, allocates once, slices, and hands the
+// planned op scratch to the backend.
 #include "model/arena.h"
 
 #include "core/error.h"
@@ -7,7 +8,8 @@ namespace qlora {
 
 Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
   std::map<MemCategory, int64_t> sizes;
-  for (const auto& b : plan_.buffers) sizes[b.category] += MemoryPlan::aligned(b.bytes);
+  for (const auto& b : plan_.buffers)
+    if (b.owner != BufferOwner::Backend) sizes[b.category] += MemoryPlan::aligned(b.bytes);
   std::map<MemCategory, char*> base, cursor;
   try {
     for (const auto& [cat, bytes] : sizes) {
@@ -20,16 +22,25 @@ Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
     }
     for (const auto& b : plan_.buffers) {
       if (slots_.count(b.name)) fail(ErrorKind::Internal, "memory plan", "buffer '" + b.name + "' planned twice");
+      if (b.owner == BufferOwner::Backend) continue;  // the backend allocated it when it was made
       slots_[b.name] = Slot{cursor[b.category], &b};
       cursor[b.category] += MemoryPlan::aligned(b.bytes);
     }
+    // Op scratch is the backend's to use, sized by the plan (Backend::bind_scratch).
+    for (const auto& b : plan_.buffers)
+      if (b.owner == BufferOwner::ArenaScratch) {
+        bound_scratch_ = true;
+        be_.bind_scratch(b.name, slots_.at(b.name).ptr, size_t(b.bytes));
+      }
   } catch (...) {  // a failure half-way: the blocks already taken go back before the error does
+    if (bound_scratch_) be_.unbind_scratch();
     for (void* p : blocks_) be_.free(p);
     throw;
   }
 }
 
 Arena::~Arena() {
+  if (bound_scratch_) be_.unbind_scratch();
   for (void* p : blocks_) be_.free(p);
 }
 

@@ -1,5 +1,7 @@
 // Arena: allocates every planned buffer, one device allocation per memory category, and hands
-// out views by name. A name that is not in the plan is an internal error.
+// out views by name. A name that is not in the plan is an internal error. Buffers the backend
+// allocates itself (BufferOwner::Backend) are skipped; op scratch (BufferOwner::ArenaScratch) is
+// allocated here and bound to the backend until the Arena goes.
 #pragma once
 #include <map>
 #include <string>
@@ -31,6 +33,7 @@ class Arena {
   std::unordered_map<std::string, Slot> slots_;
   std::map<MemCategory, int64_t> allocated_;
   std::vector<void*> blocks_;
+  bool bound_scratch_ = false;
 };
 
 }  // namespace qlora

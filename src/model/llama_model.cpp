@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/backend_plan.h"
 #include "model/quant_bytes.h"
 
 namespace qlora {
@@ -57,7 +58,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.targets = lora_.targets;
   opts_.lora_dropout = lora_.dropout > 0;
   ckpt_ = opts_.checkpointing != "none";
-  plan_model_buffers(plan_, cfg_, opts_);
+  plan_engine_buffers(plan_, cfg_, opts_, be_.device());  // on CUDA also the backend's own memory
   arena_ = std::make_unique<Arena>(be_, plan_);
   if (!opts_.base_precision.empty() && !is_float_precision(opts_.base_precision)) {
     quantized_base_ = true;

@@ -35,7 +35,6 @@ struct PlanAssumptions {
 
   // --- memory: estimated library/runtime overhead, one named line each ---
   int64_t cuda_context_bytes = int64_t(512) << 20;   // CUDA context + our kernels' modules (typical 0.4-0.6 GiB)
-  int64_t blas_workspace_bytes = int64_t(64) << 20;  // cuBLASLt: 32 MiB recommended on Hopper+, x2 streams
   int64_t nccl_bytes = int64_t(512) << 20;           // NCCL communicators and channel buffers (world > 1)
   double fragmentation_fraction = 0.02;              // allocator slack over planned bytes (one block per category)
   double driver_reserve_fraction = 0.005;            // memory the driver/ECC keeps out of reach (nvidia-smi

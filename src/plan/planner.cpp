@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/backend_plan.h"
 #include "plan/units.h"
 
 namespace qlora {
@@ -44,7 +45,7 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
     w.push_back("H100 NVL cards are bridged in pairs; traffic between pairs goes over PCIe, slower than assumed");
   if (!r.gpu.has_backend)
     w.push_back("qlora has no backend for " + r.gpu.display + " yet: this is the plan an equivalent runtime would need");
-  if (host_bytes > 0)
+  if (host_bytes > 0)  // offloaded activations only (not the backend's upload staging)
     w.push_back("activation offload keeps " + fmt_gib(double(host_bytes)) + " of pinned host memory per GPU (" +
                 fmt_gib(double(host_bytes) * r.topo.gpus_per_node) + " per node)");
   if (!r.packing && r.avg_doc_len > 0)
@@ -130,8 +131,8 @@ void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {
 std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& r, int64_t planned, const PlanAssumptions& a) {
   std::vector<std::pair<std::string, int64_t>> o;
   if (r.gpu.is_cpu) return o;  // host memory: no device context, library workspaces are small
+  // The cuBLASLt workspace and the op scratch are planned buffers (cuda.*), not overhead.
   o.push_back({"runtime context (CUDA context + kernel modules)", a.cuda_context_bytes});
-  o.push_back({"cuBLASLt workspace", a.blas_workspace_bytes});
   if (r.topo.world() > 1) o.push_back({"NCCL communicator buffers", a.nccl_bytes});
   o.push_back({"allocator fragmentation (" + fmt_fixed(100 * a.fragmentation_fraction, 0) + "% of planned buffers)",
                int64_t(std::llround(a.fragmentation_fraction * double(planned)))});
@@ -144,7 +145,8 @@ PlanResult make_plan(const PlanRequest& in) {
   PlanResult res;
   res.req = normalize_request(in);
   const PlanRequest& r = res.req;
-  plan_model_buffers(res.replica, r.model, model_plan_options(r));
+  // On a GPU: the CUDA backend's own memory too (workspace, op scratch, upload staging).
+  plan_engine_buffers(res.replica, r.model, model_plan_options(r), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
   if (r.method == "full") add_full_finetune_state(res.replica, r.optimizer_dtype == "bf16" ? DType::BF16 : DType::F32);
   res.plan = shard_plan(res.replica, r.sharding, r.topo.world());
   res.plan.overhead = overhead_lines(r, res.plan.total_bytes());
@@ -155,7 +157,10 @@ PlanResult make_plan(const PlanRequest& in) {
   res.headroom_bytes = res.device_bytes - res.total_bytes;
   res.host_bytes = res.plan.host_bytes();
   res.fits = res.total_bytes <= res.device_bytes;
-  res.warnings = plan_warnings(r, res.host_bytes);
+  int64_t offload_bytes = 0;
+  for (const auto& b : res.plan.buffers)
+    if (b.host && !is_backend_buffer(b)) offload_bytes += MemoryPlan::aligned(b.bytes);
+  res.warnings = plan_warnings(r, offload_bytes);
   if (!res.fits) res.why = explain_no_fit(res);
   res.speed = estimate_speed(r, res.replica);
   return res;

@@ -21,7 +21,7 @@ struct PlanResult {
   int64_t total_bytes = 0;         // device bytes needed per GPU
   int64_t device_bytes = 0;        // the GPU's memory
   int64_t headroom_bytes = 0;      // device - total (negative when it does not fit)
-  int64_t host_bytes = 0;          // pinned host memory per GPU (offloaded checkpoints)
+  int64_t host_bytes = 0;          // pinned host memory per GPU (offloaded checkpoints, CUDA upload staging)
   bool fits = false;
   std::vector<std::string> warnings;
   std::vector<std::string> why;    // when it does not fit: what takes the memory

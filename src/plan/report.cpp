@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "model/backend_plan.h"
 #include "plan/units.h"
 
 namespace qlora {
@@ -124,6 +125,20 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
     t += "\n";
     if (c == MemCategory::Overhead)
       for (const auto& [name, bytes] : p.plan.overhead) t += "      " + pad(name, 52) + pad(fmt_gib(double(bytes)), 12, true) + "\n";
+    if (c == MemCategory::Workspace) {  // the CUDA backend's own memory, planned (GPU plans only)
+      int64_t dev = 0, host = 0;
+      std::string lines;
+      for (const auto& b : p.plan.buffers) {
+        if (!is_backend_buffer(b)) continue;
+        (b.host ? host : dev) += MemoryPlan::aligned(b.bytes);
+        lines += "      " + pad(b.name, 24) + pad(backend_buffer_description(b.name), 30) +
+                 pad(fmt_gib(double(MemoryPlan::aligned(b.bytes))), 10, true) + "\n";
+      }
+      if (!lines.empty())
+        t += "    of which the CUDA backend's own (planned):\n" + lines + "      " +
+             pad("CUDA backend total on the device (+ " + fmt_gib(double(host)) + " pinned host)", 54) +
+             pad(fmt_gib(double(dev)), 10, true) + "\n";
+    }
   }
   t += "  " + pad("total", 14) + pad(fmt_gib(double(p.total_bytes)), 14, true) + "\n";
   t += "  " + pad("device", 14) + pad(fmt_gib(double(p.device_bytes)), 14, true) + "\n";
@@ -219,6 +234,15 @@ json plan_json(const PlanResult& p, const ReportOptions& o) {
             {"warnings", p.warnings},
             {"why", p.why},
             {"suggestions", o.suggestions}};
+  json backend = json::array();
+  int64_t backend_dev = 0;
+  for (const auto& b : p.plan.buffers)
+    if (is_backend_buffer(b)) {
+      backend.push_back({{"name", b.name}, {"bytes", MemoryPlan::aligned(b.bytes)}, {"host", b.host}});
+      if (!b.host) backend_dev += MemoryPlan::aligned(b.bytes);
+    }
+  j["backend_buffers"] = backend;
+  j["backend_device_bytes"] = backend_dev;
   if (o.buffers) {
     json bufs = json::array();
     for (const auto& b : p.plan.buffers)

@@ -21,7 +21,8 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o = {});
 // overhead[{name, bytes}], step_time_s, tokens_per_second, tokens_per_second_per_gpu, mfu,
 // flops_per_step, flops_per_token{forward, backward, recompute}, time_s{...}, memory_traffic_bytes{...},
 // comm_bytes{...}, request{...}, gpu{...}, assumptions{measured, notes[]}, warnings[], why[],
-// suggestions[], and buffers[] when asked.
+// suggestions[], backend_buffers[{name, bytes, host}] (the CUDA backend's own planned memory, part
+// of workspace; empty for CPU plans) with backend_device_bytes, and buffers[] when asked.
 nlohmann::json plan_json(const PlanResult& p, const ReportOptions& o = {});
 
 std::string fit_text(const FitReport& f, const PlanRequest& req);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "model/backend_plan.h"
 #include "model/model_plan.h"
 #include "model/quant_bytes.h"
 
@@ -147,7 +148,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // Activation offload: each checkpoint goes to the host in forward and back in backward.
   double host = 0;
   for (const auto& b : replica.buffers)
-    if (b.host) host += double(b.bytes);
+    if (b.host && !is_backend_buffer(b)) host += double(b.bytes);  // not the backend's upload staging
   e.t_offload = 2.0 * host * ga / (r.gpu.host_bw * a.comm_efficiency);
   e.t_offload_exposed = std::max(0.0, e.t_offload - a.offload_overlap * t_compute);
 

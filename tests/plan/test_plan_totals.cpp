@@ -3,6 +3,7 @@
 // engine's buffer list shows up here as a named category mismatch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "plan/assumptions.h"
@@ -26,9 +27,29 @@ PlanRequest request(const std::string& model, const std::string& gpu) {
 // Overhead lines follow from the planned bytes and the device (assumptions.h).
 int64_t overhead(int64_t planned, int64_t device, bool multi_gpu) {
   const PlanAssumptions& a = plan_assumptions();
-  return a.cuda_context_bytes + a.blas_workspace_bytes + (multi_gpu ? a.nccl_bytes : 0) +
+  return a.cuda_context_bytes + (multi_gpu ? a.nccl_bytes : 0) +
          int64_t(std::llround(a.fragmentation_fraction * double(planned))) +
          int64_t(std::llround(a.driver_reserve_fraction * double(device)));
+}
+
+// sumsq blocks of one tensor: one per 2048 elements (256 threads x 8), 1 to 1024.
+int64_t sumsq_blocks(int64_t n) { return std::clamp<int64_t>((n + 2047) / 2048, 1, 1024); }
+// The LoRA tensors' sumsq blocks over all layers (r = 16, all seven projections).
+int64_t lora_blocks(int64_t C, int64_t q, int64_t kv, int64_t F, int64_t L) {
+  int64_t b = 0;
+  for (auto [out, in] : {std::pair{q, C}, {kv, C}, {kv, C}, {C, q}, {F, C}, {F, C}, {C, F}})
+    b += sumsq_blocks(16 * in) + sumsq_blocks(out * 16);
+  return L * b;
+}
+// The CUDA backend's own device memory in a GPU plan (workspace category; model/backend_plan.cpp),
+// by hand for r = 16, CE chunk 1024, head_dim 128: cuBLASLt workspace 32 MiB, the error record
+// (one 256-byte granule), the LM head's dgrad operand (the f32 logits chunk as bf16, 1024 x V x 2),
+// the widest LoRA operand as bf16 (16 x max(in, out) x 2), attention_bwd's f32 dq accumulator
+// (N x H x 128 x 4) and delta (N x H x 4), and the sumsq partials of every LoRA weight with its
+// two AdamW moments ((3 x blocks + 1) x 8).
+int64_t cuda_backend(int64_t V, int64_t N, int64_t H, int64_t widest, int64_t blocks) {
+  return (int64_t(32) << 20) + 256 + al(1024 * V * 2) + al(16 * widest * 2) + al(N * H * 128 * 4) + al(N * H * 4) +
+         al((3 * blocks + 1) * 8);
 }
 
 }  // namespace
@@ -65,10 +86,15 @@ TEST(PlanTotals, Llama3_8B_Lora_Bf16) {
   EXPECT_EQ(p.categories.at(MemCategory::Logits), 1024 * V * 4 + N * 4);
   // workspace: dres, dln, datt, dq (4 x N*C*2), tmp, dgate, dup (3 x N*F*2), dk, dv (2 x N*kv*2),
   // lora_dh N*r*2, rope inv_freq 64 fp32 = 251,724,032.
-  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4;
+  // + the CUDA backend's own buffers: 20,480 LoRA sumsq blocks, widest LoRA operand F = 14336;
+  // 330,990,080 bytes (the 262.7 MB logits-chunk copy is most of it).
+  EXPECT_EQ(lora_blocks(C, q, kv, F, L), 20480);
+  const int64_t cuda = cuda_backend(V, N, H, F, 20480);
+  EXPECT_EQ(cuda, 330990080LL);
+  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + cuda;
   EXPECT_EQ(p.categories.at(MemCategory::Workspace), ws);
   const int64_t planned = weights + 4 * lora + acts + 1024 * V * 4 + N * 4 + ws;  // lora + grads + m + v = 4 x lora
-  EXPECT_EQ(planned, 26692690176LL);
+  EXPECT_EQ(planned, 26692690176LL + 330990080LL);
   EXPECT_EQ(p.categories.at(MemCategory::Overhead), overhead(planned, 80 * GiB, false));
   EXPECT_EQ(p.total_bytes, planned + overhead(planned, 80 * GiB, false));
   EXPECT_TRUE(p.fits);  // ~25.9 GiB of 80
@@ -133,7 +159,11 @@ TEST(PlanTotals, Llama3_70B_QLoRA_Nf4_FitsB200) {
   EXPECT_EQ(p.categories.at(MemCategory::Activations), acts);
   EXPECT_EQ(p.categories.at(MemCategory::Logits), 1024 * V * 4 + N * 4);
   // workspace as for 8B (C = q here) + one dequantized layer (q, k, v, o, gate, up, down), bf16.
-  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + (2 * C * C + 2 * kv * C + 3 * F * C) * 2;
+  // + the CUDA backend's own buffers (434,833,920 bytes: dq accumulator 134 MB at 4096 tokens x 64 heads).
+  EXPECT_EQ(lora_blocks(C, C, kv, F, L), 101120);
+  const int64_t cuda = cuda_backend(V, N, H, F, 101120);
+  EXPECT_EQ(cuda, 434833920LL);
+  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + (2 * C * C + 2 * kv * C + 3 * F * C) * 2 + cuda;
   EXPECT_EQ(p.categories.at(MemCategory::Workspace), ws);
   const int64_t planned = weights + 4 * lora + acts + 1024 * V * 4 + N * 4 + ws;
   EXPECT_EQ(p.total_bytes, planned + overhead(planned, 192 * GiB, false));
@@ -149,13 +179,14 @@ TEST(PlanTotals, Llama3_8B_Lora_Zero3_Over8) {
   r.sharding = Sharding::Zero3;
   r.topo = {8, 1};
   PlanResult p = make_plan(r);
-  const int64_t V = 128256, C = 4096, F = 14336, L = 32, kv = 1024, N = 2048, R = 16;
+  const int64_t V = 128256, C = 4096, F = 14336, L = 32, kv = 1024, N = 2048, R = 16, H = 32;
   const int64_t weights = 16060522496LL, lora = 167772160LL;  // single-replica values (test above)
   EXPECT_EQ(p.categories.at(MemCategory::Weights), weights / 8);
   EXPECT_EQ(p.categories.at(MemCategory::Lora), lora / 8);
   EXPECT_EQ(p.categories.at(MemCategory::Grads), lora / 8);
   EXPECT_EQ(p.categories.at(MemCategory::Optimizer), 2 * lora / 8);
-  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4;
+  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 +
+                     cuda_backend(V, N, H, F, lora_blocks(C, C, kv, F, L));  // the backend's own: not sharded
   const int64_t embed = V * C * 2;                 // 1,050,673,152 > one layer (436,224,000 + LoRA 5,242,880)
   const int64_t grad_unit = lora / L;              // one layer's LoRA gradients, fp32
   EXPECT_EQ(p.categories.at(MemCategory::Workspace), ws + 2 * embed + grad_unit);

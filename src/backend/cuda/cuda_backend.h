@@ -26,8 +26,9 @@ std::string cuda_built_archs();
 // The CUDA backend's stream (a cudaStream_t) for callers that time or order their own work
 // against the ops (benchmarks, dequantize_bf16); null for any other backend.
 void* cuda_stream_of(Backend& be);
-// Device bytes the CUDA backend holds beyond the caller's allocations (cuBLASLt workspace and
-// op scratch grown so far): the "library overhead" the planner estimates. 0 for other backends.
+// Device bytes the CUDA backend allocated itself: the cuBLASLt workspace, the error record and
+// op scratch grown without a memory plan (a model's plan binds its own scratch buffers, which
+// its Arena holds). 0 for other backends.
 size_t cuda_scratch_bytes(const Backend& be);
 
 // Device memory in use on the current device now: total - free from cudaMemGetInfo, so the CUDA

@@ -12,19 +12,21 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda_scratch.h"
 
 namespace qlora::cuda {
 
-// Scratch buffers the backend owns beyond the model's planned arena. Each slot grows on demand
-// (synchronize, free, allocate) and is kept; sizes are reported by scratch_bytes() so the
-// planner's "library overhead" can be measured on the device.
+// Op scratch slots (backend/cuda_scratch.h names and sizes them). With a model, each slot is a
+// buffer of the memory plan that the Arena binds (bind_scratch): an op needing more than that is
+// an Internal error. Without a bound buffer (op tests and kernel benchmarks, which plan no model)
+// a slot grows on demand (synchronize, free, allocate) and is kept.
 enum class Scratch : int {
-  MatmulCvt,   // matmul's F32 A rounded to BF16 (mixed-dtype matmul)
-  MatmulCvtB,  // matmul's F32 B rounded to BF16
-  AttnDq,      // (B,T,Hq,D) F32 dq accumulator of attention_bwd
-  AttnDelta,   // (B,Hq,T) F32 rowsum(dO*O) of attention_bwd
-  Reduce,      // partial sums (sumsq, rmsnorm dw)
-  kCount
+  MatmulCvt = int(cuda_plan::ScratchSlot::MatmulCvtA),   // matmul's F32 A rounded to BF16 (mixed-dtype matmul)
+  MatmulCvtB = int(cuda_plan::ScratchSlot::MatmulCvtB),  // matmul's F32 B rounded to BF16
+  AttnDq = int(cuda_plan::ScratchSlot::AttnDqAcc),       // (B,T,Hq,Dp) F32 dq accumulator of attention_bwd
+  AttnDelta = int(cuda_plan::ScratchSlot::AttnDelta),    // (B,Hq,T) F32 rowsum(dO*O) of attention_bwd
+  Reduce = int(cuda_plan::ScratchSlot::ReducePartials),  // partial sums (sumsq, rmsnorm dw)
+  kCount = cuda_plan::kNumScratchSlots
 };
 
 class CudaBackend final : public Backend {
@@ -44,6 +46,8 @@ class CudaBackend final : public Backend {
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  void bind_scratch(const std::string& name, void* p, size_t bytes) override;
+  void unbind_scratch() noexcept override;
 
 #define QLORA_CUDA_DECLARE_OP(op, Args) void op(const Args& a) override;
   QLORA_BACKEND_OPS(QLORA_CUDA_DECLARE_OP)
@@ -51,7 +55,9 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return stream_; }
   int sm_count() const { return sm_count_; }
-  void* scratch(Scratch slot, size_t bytes);
+  // `op` names the caller in the error when a bound slot is too small (by default, the slot's op).
+  void* scratch(Scratch slot, size_t bytes, const char* op = nullptr);
+  // Device bytes this backend allocated itself: cuBLASLt workspace, error record, unbound slots.
   size_t scratch_bytes() const;
   DeviceErrorRecord* device_errors() const { return d_err_; }
 
@@ -71,12 +77,13 @@ class CudaBackend final : public Backend {
   // Uploads go through two pinned host buffers in turn (made on first use): the host copy into
   // one overlaps the DMA out of the other, the DMA runs at pinned-memory speed, and the caller's
   // buffer is free as soon as copy_to_device returns.
-  static constexpr size_t kStagingBytes = size_t(16) << 20;
-  std::array<void*, 2> staging_{};
-  std::array<cudaEvent_t, 2> staging_done_{};
+  static constexpr size_t kStagingBytes = size_t(cuda_plan::kStagingBytes);
+  std::array<void*, size_t(cuda_plan::kStagingBuffers)> staging_{};
+  std::array<cudaEvent_t, size_t(cuda_plan::kStagingBuffers)> staging_done_{};
   int staging_next_ = 0;
   std::array<void*, size_t(Scratch::kCount)> scratch_{};
   std::array<size_t, size_t(Scratch::kCount)> scratch_size_{};
+  std::array<bool, size_t(Scratch::kCount)> scratch_bound_{};  // the memory plan's buffer (not ours to free)
 
   // cuBLASLt heuristic results by problem; querying the heuristic costs tens of microseconds.
   struct GemmKey {

@@ -174,11 +174,13 @@ void CudaBackend::init() {
   QLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
     fail(ErrorKind::Internal, "cuda backend", "cublasLtCreate failed", "check the CUDA driver and cuBLAS install");
-  // 32 MiB: what cuBLAS recommends on Hopper; smaller workspaces exclude the fastest kernels.
-  lt_workspace_bytes_ = size_t(32) << 20;
+  // Exactly the sizes the memory plan lists (backend/cuda_scratch.h): 32 MiB of cuBLASLt
+  // workspace and one 256-byte granule for the error record.
+  static_assert(sizeof(DeviceErrorRecord) <= size_t(cuda_plan::kErrorRecordBytes), "error record outgrew its plan");
+  lt_workspace_bytes_ = size_t(cuda_plan::kLtWorkspaceBytes);
   QLORA_CUDA_CHECK(cudaMalloc(&lt_workspace_, lt_workspace_bytes_));
-  QLORA_CUDA_CHECK(cudaMalloc(&d_err_, sizeof(DeviceErrorRecord)));
-  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, sizeof(DeviceErrorRecord)));
+  QLORA_CUDA_CHECK(cudaMalloc(&d_err_, size_t(cuda_plan::kErrorRecordBytes)));
+  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, size_t(cuda_plan::kErrorRecordBytes)));
   if (attention_fwd_smem_bytes(128) > smem_optin_ || attention_bwd_smem_bytes(128) > smem_optin_)
     fail(ErrorKind::Unsupported, "cuda backend",
          "the device allows " + std::to_string(smem_optin_) + " bytes of shared memory per block; attention needs " +
@@ -192,9 +194,11 @@ CudaBackend::~CudaBackend() { release(); }
 // on a half-built backend: every handle starts null.
 void CudaBackend::release() noexcept {
   if (stream_) cudaStreamSynchronize(stream_);
-  for (void*& p : scratch_) {
-    if (p) cudaFree(p);
-    p = nullptr;
+  for (size_t i = 0; i < scratch_.size(); i++) {
+    if (scratch_[i] && !scratch_bound_[i]) cudaFree(scratch_[i]);  // a bound slot is the Arena's
+    scratch_[i] = nullptr;
+    scratch_size_[i] = 0;
+    scratch_bound_[i] = false;
   }
   if (d_err_) cudaFree(d_err_);
   for (size_t i = 0; i < staging_.size(); i++) {
@@ -268,7 +272,7 @@ void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) 
   for (size_t done = 0; done < bytes;) {
     const size_t n = std::min(kStagingBytes, bytes - done);
     const int slot = staging_next_;
-    staging_next_ ^= 1;
+    staging_next_ = (staging_next_ + 1) % int(staging_.size());
     QLORA_CUDA_CHECK(cudaEventSynchronize(staging_done_[size_t(slot)]));  // its last DMA has finished
     std::memcpy(staging_[size_t(slot)], src + done, n);
     QLORA_CUDA_CHECK(cudaMemcpyAsync(d + done, staging_[size_t(slot)], n, cudaMemcpyHostToDevice, stream_));
@@ -301,9 +305,56 @@ void CudaBackend::check_device_errors() {
        "label " + std::to_string(rec.value) + " is outside the vocabulary", "labels must be token ids or -100 (ignored)");
 }
 
-void* CudaBackend::scratch(Scratch slot, size_t bytes) {
+static const char* scratch_user(Scratch slot) {
+  switch (slot) {
+    case Scratch::MatmulCvt:
+    case Scratch::MatmulCvtB: return "matmul";
+    case Scratch::AttnDq:
+    case Scratch::AttnDelta: return "attention_bwd";
+    case Scratch::Reduce: return "sumsq/rmsnorm_bwd";
+    case Scratch::kCount: break;
+  }
+  return "?";
+}
+
+void CudaBackend::bind_scratch(const std::string& name, void* p, size_t bytes) {
+  const cuda_plan::ScratchSlot s = cuda_plan::scratch_slot_of(name);
+  if (s == cuda_plan::ScratchSlot::kCount)
+    fail(ErrorKind::Internal, "cuda backend bind_scratch", "the memory plan's buffer '" + name + "' is no scratch slot",
+         "backend/cuda_scratch.h names the slots");
+  if (!p && bytes > 0) fail(ErrorKind::Internal, "cuda backend bind_scratch", "buffer '" + name + "' is null");
+  const size_t i = size_t(s);
+  if (scratch_[i] && !scratch_bound_[i]) {  // a slot grown before the plan came: give it back
+    QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    QLORA_CUDA_CHECK(cudaFree(scratch_[i]));
+  }
+  scratch_[i] = p;
+  scratch_size_[i] = bytes;
+  scratch_bound_[i] = true;
+}
+
+void CudaBackend::unbind_scratch() noexcept {
+  cudaStreamSynchronize(stream_);  // kernels may still use the buffers; errors surface elsewhere
+  for (size_t i = 0; i < scratch_.size(); i++)
+    if (scratch_bound_[i]) {
+      scratch_[i] = nullptr;
+      scratch_size_[i] = 0;
+      scratch_bound_[i] = false;
+    }
+}
+
+void* CudaBackend::scratch(Scratch slot, size_t bytes, const char* op) {
   const size_t i = size_t(slot);
-  if (scratch_size_[i] < bytes) {
+  if (scratch_bound_[i]) {  // the memory plan sized it: never grow behind the plan's back
+    if (bytes > scratch_size_[i])
+      fail(ErrorKind::Internal, std::string("cuda op ") + (op ? op : scratch_user(slot)),
+           "needs " + std::to_string(bytes) + " bytes of scratch '" +
+               cuda_plan::scratch_buffer_name(cuda_plan::ScratchSlot(i)) + "' but the memory plan gave it " +
+               std::to_string(scratch_size_[i]),
+           "the plan's enumeration of this op's calls (model/backend_plan.cpp) misses this one");
+    return scratch_[i];
+  }
+  if (scratch_size_[i] < bytes) {  // no plan (op tests, kernel benchmarks): grow and keep
     QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // kernels may still read the old block
     if (scratch_[i]) QLORA_CUDA_CHECK(cudaFree(scratch_[i]));
     scratch_[i] = nullptr;
@@ -323,8 +374,9 @@ void* CudaBackend::scratch(Scratch slot, size_t bytes) {
 }
 
 size_t CudaBackend::scratch_bytes() const {
-  size_t s = lt_workspace_bytes_;
-  for (size_t b : scratch_size_) s += b;
+  size_t s = lt_workspace_bytes_ + size_t(cuda_plan::kErrorRecordBytes);
+  for (size_t i = 0; i < scratch_size_.size(); i++)
+    if (!scratch_bound_[i]) s += scratch_size_[i];
   return s;
 }
 

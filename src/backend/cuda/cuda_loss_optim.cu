@@ -13,7 +13,7 @@ namespace {
 constexpr int32_t kIgnoreIndex = -100;
 constexpr int kCeThreads = 512;      // cross_entropy_kernel's block
 constexpr int kAdamThreads = 256;    // adamw_kernel's block
-constexpr int kSumsqThreads = 256;   // both sumsq kernels' block
+constexpr int kSumsqThreads = cuda_plan::kSumsqThreads;  // both sumsq kernels' block (the plan sizes partials by it)
 
 // Running (max, sum of exp(x - max)) pairs merge exactly like the rows of a softmax. The start
 // value is -FLT_MAX rather than -inf so that merging two empty pairs gives 0, not NaN.
@@ -204,11 +204,11 @@ void CudaBackend::sumsq(const SumsqArgs& a) {
   for (size_t i = 0; i < a.xs.size(); i++) {
     const int64_t n = a.xs[i].numel();
     check_tensor("sumsq", "x", a.xs[i], n, true, true);
-    blocks[i] = n == 0 ? 0 : int(std::clamp<int64_t>(ceil_div64(n, kSumsqThreads * 8), 1, 1024));
+    blocks[i] = int(cuda_plan::sumsq_blocks(n));
     total_blocks += blocks[i];
   }
   if (total_blocks == 0) return;
-  auto* partial = static_cast<double*>(scratch(Scratch::Reduce, size_t(total_blocks + 1) * sizeof(double)));
+  auto* partial = static_cast<double*>(scratch(Scratch::Reduce, size_t(total_blocks + 1) * sizeof(double), "sumsq"));
   for (size_t i = 0, at = 1; i < a.xs.size(); at += size_t(blocks[i]), i++) {
     if (blocks[i] == 0) continue;
     launch(sumsq_partial_kernel, {blocks[i], kSumsqThreads, 0, stream_}, fptr(a.xs[i]), a.xs[i].numel(), partial + at);

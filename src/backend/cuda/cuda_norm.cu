@@ -282,7 +282,7 @@ void CudaBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
   // dw first: dx may overwrite dout in place (callers reuse the gradient buffer).
   if (!a.dw.empty()) {
     const int splits = int(std::clamp<int64_t>(ceil_div64(a.n, 64), 1, 128));
-    auto* partial = static_cast<float*>(scratch(Scratch::Reduce, size_t(splits) * size_t(a.c) * 4));
+    auto* partial = static_cast<float*>(scratch(Scratch::Reduce, size_t(splits) * size_t(a.c) * 4, op));
     const dim3 grid(unsigned(ceil_div64(a.c, kDwCols)), unsigned(splits)), block(kDwCols, kDwRowLanes);
     launch(rmsnorm_dw_partial_kernel, {grid, block, 0, stream_}, partial, fptr(a.dout), fptr(a.x), a.rstd.f32(), a.n,
            a.c);

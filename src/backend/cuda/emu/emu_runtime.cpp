@@ -5,6 +5,7 @@
 // returned once by cudaGetLastError; a fault inside a kernel is sticky).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,8 +23,8 @@ namespace {
 
 std::mutex g_mu;
 std::map<uintptr_t, size_t> g_device;  // base -> bytes
-std::set<uintptr_t> g_pinned;
-size_t g_used = 0;
+std::map<uintptr_t, size_t> g_pinned;  // base -> bytes
+size_t g_used = 0, g_peak = 0, g_pinned_used = 0;
 std::map<const void*, int> g_fn_smem;
 cudaError_t g_sticky = cudaSuccess;
 std::string g_sticky_detail;
@@ -221,6 +222,7 @@ cudaError_t cudaMalloc(void** p, size_t n) {
   }
   g_device[reinterpret_cast<uintptr_t>(m)] = n;
   g_used += n;
+  g_peak = std::max(g_peak, g_used);
   *p = m;
   return cudaSuccess;
 }
@@ -240,7 +242,8 @@ cudaError_t cudaMallocHost(void** p, size_t n) {
   *p = nullptr;
   if (posix_memalign(p, 4096, n ? n : 1) != 0) return cudaErrorMemoryAllocation;
   std::lock_guard<std::mutex> lk(g_mu);
-  g_pinned.insert(reinterpret_cast<uintptr_t>(*p));
+  g_pinned[reinterpret_cast<uintptr_t>(*p)] = n;
+  g_pinned_used += n;
   return ret(cudaSuccess);
 }
 
@@ -249,7 +252,10 @@ cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) { return cudaMallocH
 cudaError_t cudaFreeHost(void* p) {
   if (!p) return ret(cudaSuccess);
   std::lock_guard<std::mutex> lk(g_mu);
-  if (!g_pinned.erase(reinterpret_cast<uintptr_t>(p))) return cudaErrorInvalidValue;
+  auto it = g_pinned.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_pinned.end()) return cudaErrorInvalidValue;
+  g_pinned_used -= it->second;
+  g_pinned.erase(it);
   std::free(p);
   return g_sticky != cudaSuccess ? g_sticky : cudaSuccess;
 }
@@ -314,6 +320,22 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 // Work runs when it is enqueued, so every stream is always idle; synchronizations are counted.
 std::atomic<long> g_syncs{0};
 long qlora::emu::synchronizations() { return g_syncs.load(std::memory_order_relaxed); }
+size_t qlora::emu::device_bytes_in_use() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_used;
+}
+size_t qlora::emu::device_bytes_peak() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_peak;
+}
+void qlora::emu::reset_device_peak() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_peak = g_used;
+}
+size_t qlora::emu::pinned_bytes_in_use() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return g_pinned_used;
+}
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   g_syncs.fetch_add(1, std::memory_order_relaxed);
   return ret(cudaSuccess);

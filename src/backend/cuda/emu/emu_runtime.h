@@ -32,5 +32,12 @@ int max_dynamic_smem(const void* fn);
 // stream/device synchronizations and cuBLASLt matmul descriptors created so far.
 long synchronizations();
 long lt_descriptors_created();
+// Device bytes in live cudaMalloc allocations (each counted at the size requested), the most
+// there have been since the last reset_device_peak() (or the start), and pinned host bytes in
+// live cudaMallocHost allocations: what the memory-plan tests compare with the plan.
+size_t device_bytes_in_use();
+size_t device_bytes_peak();
+void reset_device_peak();
+size_t pinned_bytes_in_use();
 
 }  // namespace qlora::emu

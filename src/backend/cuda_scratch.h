@@ -1,0 +1,65 @@
+// The CUDA backend's own memory, named and sized in one place. The engine's memory plan lists
+// these buffers (model/backend_plan.cpp: plan_cuda_backend_buffers) and the backend
+// (backend/cuda/) allocates or binds exactly them, so `qlora plan` and the device agree.
+// Host-only: no CUDA headers, usable by the planner.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace qlora::cuda_plan {
+
+// Op scratch slots. Each is a planned buffer the Arena allocates inside its workspace block and
+// hands to the backend (Backend::bind_scratch); an op that needs more than its slot holds is an
+// Internal error naming the op and both sizes.
+enum class ScratchSlot : int {
+  MatmulCvtA,      // matmul's F32 A operand rounded to bf16 (the LM head's dgrad: dlogits x W)
+  MatmulCvtB,      // matmul's F32 B operand rounded to bf16 (LoRA A/B; an fp32 base's weights)
+  AttnDqAcc,       // attention_bwd's f32 dq accumulator, (B,T,Hq,attention_dq_cols(D))
+  AttnDelta,       // attention_bwd's f32 rowsum(dO*O), (B,Hq,T)
+  ReducePartials,  // sumsq's f64 partial sums (and rmsnorm_bwd's f32 dw partials)
+  kCount
+};
+constexpr int kNumScratchSlots = int(ScratchSlot::kCount);
+
+inline const char* scratch_buffer_name(ScratchSlot s) {
+  switch (s) {
+    case ScratchSlot::MatmulCvtA: return "cuda.matmul_cvt_a";
+    case ScratchSlot::MatmulCvtB: return "cuda.matmul_cvt_b";
+    case ScratchSlot::AttnDqAcc: return "cuda.attn_dq_acc";
+    case ScratchSlot::AttnDelta: return "cuda.attn_delta";
+    case ScratchSlot::ReducePartials: return "cuda.reduce_partials";
+    case ScratchSlot::kCount: break;
+  }
+  return "cuda.?";
+}
+// The slot a planned buffer name stands for, or kCount when it names none.
+inline ScratchSlot scratch_slot_of(const std::string& name) {
+  for (int i = 0; i < kNumScratchSlots; i++)
+    if (name == scratch_buffer_name(ScratchSlot(i))) return ScratchSlot(i);
+  return ScratchSlot::kCount;
+}
+
+// Device memory the backend allocates itself when it is made (one cudaMalloc each, of exactly
+// these sizes): the cuBLASLt workspace (what cuBLAS recommends on Hopper; smaller workspaces
+// exclude the fastest kernels) and the device error record (the record is 16 bytes; the backend
+// asks for one 256-byte cudaMalloc granule, and the plan says so).
+inline constexpr const char* kLtWorkspaceName = "cuda.lt_workspace";
+inline constexpr int64_t kLtWorkspaceBytes = int64_t(32) << 20;
+inline constexpr const char* kErrorRecordName = "cuda.error_record";
+inline constexpr int64_t kErrorRecordBytes = 256;
+// Pinned host memory for uploads: two buffers used in turn (made on the first upload).
+inline constexpr int kStagingBuffers = 2;
+inline constexpr int64_t kStagingBytes = int64_t(16) << 20;
+inline std::string staging_buffer_name(int i) { return std::string("cuda.upload_staging.") + std::to_string(i); }
+
+// Launch geometry that decides scratch sizes, shared with the kernels' launchers.
+inline constexpr int kSumsqThreads = 256;  // sumsq kernels' block; each thread reads 8 elements per step
+// sumsq's partial sums for one tensor of n elements (a fixed grid per tensor: reproducible).
+inline int64_t sumsq_blocks(int64_t n) {
+  return n == 0 ? 0 : std::clamp<int64_t>((n + kSumsqThreads * 8 - 1) / (kSumsqThreads * 8), 1, 1024);
+}
+// Columns of one (row, head) of attention_bwd's dq accumulator: the backward kernel's tile width.
+inline int64_t attention_dq_cols(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+
+}  // namespace qlora::cuda_plan

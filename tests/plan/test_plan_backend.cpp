@@ -1,0 +1,93 @@
+// The CUDA backend's own memory in `qlora plan`: GPU plans list it as planned workspace buffers
+// (and no longer estimate a cuBLASLt line), CPU plans have none, and the report shows the lines
+// with their total.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "backend/cuda_scratch.h"
+#include "model/backend_plan.h"
+#include "plan/report.h"
+
+using namespace qlora;
+
+namespace {
+
+PlanRequest request(const std::string& gpu) {
+  PlanRequest r;
+  r.model = preset_config("llama3-8b");
+  r.model_label = "llama3-8b";
+  r.gpu = resolve_gpu(gpu);
+  r.method = "qlora";
+  r.base_precision = "nf4";
+  return r;
+}
+
+std::set<std::string> backend_names(const MemoryPlan& p) {
+  std::set<std::string> s;
+  for (const auto& b : p.buffers)
+    if (is_backend_buffer(b)) s.insert(b.name);
+  return s;
+}
+
+}  // namespace
+
+TEST(PlanBackend, GpuPlansListTheCudaBackendsBuffersCpuPlansNone) {
+  const PlanResult gpu = make_plan(request("h100-sxm"));
+  const std::set<std::string> want = {"cuda.lt_workspace", "cuda.error_record",   "cuda.upload_staging.0",
+                                      "cuda.upload_staging.1", "cuda.matmul_cvt_a", "cuda.matmul_cvt_b",
+                                      "cuda.attn_dq_acc",  "cuda.attn_delta",     "cuda.reduce_partials"};
+  EXPECT_EQ(backend_names(gpu.plan), want);
+  int64_t dev = 0, host = 0;
+  for (const auto& b : gpu.plan.buffers) {
+    if (!is_backend_buffer(b)) continue;
+    EXPECT_EQ(b.category, MemCategory::Workspace) << b.name;
+    EXPECT_EQ(b.host, b.name.rfind("cuda.upload_staging.", 0) == 0) << b.name;
+    (b.host ? host : dev) += MemoryPlan::aligned(b.bytes);
+  }
+  EXPECT_EQ(host, 2 * cuda_plan::kStagingBytes);
+  EXPECT_EQ(gpu.host_bytes, host);  // no offload: the staging is all the pinned host memory
+  for (const auto& w : gpu.warnings) EXPECT_EQ(w.find("offload"), std::string::npos) << w;
+  // The workspace is planned now, not estimated.
+  for (const auto& [name, bytes] : gpu.plan.overhead) EXPECT_EQ(name.find("cuBLAS"), std::string::npos) << name;
+
+  const std::string text = plan_text(gpu);
+  for (const auto& n : want) EXPECT_NE(text.find(n), std::string::npos) << n << "\n" << text;
+  EXPECT_NE(text.find("CUDA backend total"), std::string::npos) << text;
+  const nlohmann::json j = plan_json(gpu);
+  EXPECT_EQ(j["backend_buffers"].size(), want.size());
+  EXPECT_EQ(j["backend_device_bytes"].get<int64_t>(), dev);
+
+  const PlanResult cpu = make_plan(request("cpu"));
+  EXPECT_TRUE(backend_names(cpu.plan).empty());
+  EXPECT_EQ(plan_text(cpu).find("cuda."), std::string::npos);
+  EXPECT_TRUE(plan_json(cpu)["backend_buffers"].empty());
+  EXPECT_EQ(cpu.host_bytes, 0);
+}
+
+// The mixed-dtype conversions are sized from the model's matmuls: the LM head's dgrad reads the
+// f32 logits chunk (ce_chunk x V), the LoRA matmuls their f32 A (r,in) and B (out,r); a bf16 or
+// quantized base needs no copy of its weights.
+TEST(PlanBackend, ScratchFollowsTheShape) {
+  PlanRequest r = request("h100-sxm");
+  r.ce_chunk = 512;
+  r.lora_r = 8;
+  r.targets = {"q_proj", "v_proj"};  // widest: q_proj (4096, 4096)
+  r.micro_batch = 2;
+  r.seq_len = 1024;
+  const PlanResult p = make_plan(r);
+  const LlamaConfig& c = r.model;
+  auto bytes = [&](const char* name) {
+    const PlannedBuffer* b = p.plan.find(name);
+    return b ? b->bytes : -1;
+  };
+  EXPECT_EQ(bytes("cuda.matmul_cvt_a"), 512 * c.vocab_size * 2);
+  EXPECT_EQ(bytes("cuda.matmul_cvt_b"), 8 * 4096 * 2);
+  EXPECT_EQ(bytes("cuda.attn_dq_acc"), 2048 * c.n_head * 128 * 4);
+  EXPECT_EQ(bytes("cuda.attn_delta"), 2048 * c.n_head * 4);
+  // q_proj A (8,4096) and B (4096,8), v_proj A (8,4096) and B (1024,8): 16 + 16 + 16 + 4 blocks per layer.
+  EXPECT_EQ(bytes("cuda.reduce_partials"), (3 * 52 * c.n_layer + 1) * 8);
+  EXPECT_EQ(bytes("cuda.lt_workspace"), int64_t(32) << 20);
+  r.targets = {"down_proj"};  // (4096, 14336)
+  EXPECT_EQ(make_plan(r).plan.find("cuda.matmul_cvt_b")->bytes, 8 * 14336 * 2);
+}
