@@ -281,8 +281,16 @@ TrainSummary Trainer::run() {
   if (world > 1)
     log("dist: " + comm_->describe() + " | data parallel, global batch " + std::to_string(bs) + " x " +
         std::to_string(ga) + " x " + std::to_string(world) + " = " + std::to_string(bs * micro_per_step) +
-        " rows per step; LoRA gradients all-reduced in fp32");
+        " rows per step; all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step");
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
+  if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`
+    std::vector<double> per_rank(size_t(world), 0.0);
+    for (const auto& [cat, bytes] : model.arena().allocated()) per_rank[size_t(comm_->rank())] += double(bytes);
+    comm_->allreduce_sum(per_rank.data(), per_rank.size());
+    std::string list;
+    for (int q = 0; q < world; q++) list += (q ? ", " : "") + std::to_string(int64_t(per_rank[size_t(q)]));
+    log("memory allocated per rank (bytes): " + list);
+  }
 
   // ---- resume
   if (lead_) remove_unfinished_outputs(cfg_.output_dir, [this](const std::string& l) { log(l); });
