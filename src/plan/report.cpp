@@ -136,7 +136,7 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
       }
       if (!lines.empty())
         t += "    of which the CUDA backend's own (planned):\n" + lines + "      " +
-             pad("CUDA backend total on the device (+ " + fmt_gib(double(host)) + " pinned host)", 54) +
+             pad("CUDA backend, device total (+ " + fmt_gib(double(host)) + " pinned host)", 54) +
              pad(fmt_gib(double(dev)), 10, true) + "\n";
     }
   }

@@ -53,7 +53,7 @@ TEST(PlanBackend, GpuPlansListTheCudaBackendsBuffersCpuPlansNone) {
 
   const std::string text = plan_text(gpu);
   for (const auto& n : want) EXPECT_NE(text.find(n), std::string::npos) << n << "\n" << text;
-  EXPECT_NE(text.find("CUDA backend total"), std::string::npos) << text;
+  EXPECT_NE(text.find("CUDA backend, device total"), std::string::npos) << text;
   const nlohmann::json j = plan_json(gpu);
   EXPECT_EQ(j["backend_buffers"].size(), want.size());
   EXPECT_EQ(j["backend_device_bytes"].get<int64_t>(), dev);
