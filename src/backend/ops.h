@@ -143,11 +143,15 @@ struct AdamwArgs {
 // weight on the backend's device: the sections of quant/quant_layout.h back to back, as the arena
 // stores a quantized projection. Every element equals dequantize_ref's f32 value (rounded to
 // nearest even for a bf16 out).
+// prefetch: out is read only by ops issued later, so the backend may run this beside the ops in
+// between (CUDA: on a side stream, after the work issued so far; the first later op that reads
+// out waits for it). The CPU runs it at once.
 struct DequantizeArgs {
   Tensor out;
   const void* src = nullptr;
   QuantParams params;  // as stored (blocksize 0 = the format's default)
   int64_t rows = 0, cols = 0;
+  bool prefetch = false;
 };
 
 // *out += the sum of x^2 over every element of every tensor in xs (F32 or BF16), in double. One

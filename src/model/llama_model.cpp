@@ -33,7 +33,8 @@ struct LlamaModel::LayerViews {
 struct LlamaModel::StepViews {
   Tensor dres, dln, tmp, dgate, dup, datt, dq, dk, dv, lora_dh, lora_xd, dequant, inv_freq;
   Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
-  int64_t dequant_offset[7] = {};  // element offset of each projection inside ws.dequant
+  int64_t dequant_offset[7] = {};  // element offset of each projection inside a ws.dequant slot
+  int64_t dequant_slot = 0;        // elements per slot (one layer)
 };
 
 static Tensor with_rows(Tensor t, int64_t n) {
@@ -105,6 +106,7 @@ void LlamaModel::resolve_views() {
   v.lora_dh = opt("ws.lora_dh");
   v.lora_xd = opt("ws.lora_xd");
   v.dequant = opt("ws.dequant");
+  if (v.dequant.data) v.dequant_slot = v.dequant.dim(1);
   v.head = ar.get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
   int64_t at = 0;
   for (int p = 0; p < 7; p++) {
@@ -137,7 +139,6 @@ void LlamaModel::resolve_views() {
     if (cfg_.attention_bias)
       for (int p = 0; p <= V; p++) L.bias[p] = ar.get(lp + kProj[p] + ".bias");
   }
-}
   kv_k_.clear();
   kv_v_.clear();
   if (opts_.kv_cache_tokens > 0)
@@ -145,6 +146,7 @@ void LlamaModel::resolve_views() {
       kv_k_.push_back(ar.get("kv.layers." + std::to_string(l) + ".k"));
       kv_v_.push_back(ar.get("kv.layers." + std::to_string(l) + ".v"));
     }
+}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -172,7 +174,7 @@ void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
 static std::string projection_of(const std::string& buffer) { return buffer.substr(buffer.find('.', 7) + 1); }
 
 void LlamaModel::load_base(const TensorSource& src) {
-  dequant_layer_.fill(-1);
+  slot_layer_.fill(-1);
   // A checkpoint stored in exactly the planned format is copied; any other source is quantized here.
   const bool stored_as_planned = quantized_base_ && src.stored_quant && src.read_quantized &&
                                  same_quant(*src.stored_quant, base_quant_);
@@ -265,19 +267,34 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
   return a;
 }
 
-// The (out,in) weight of a projection in the compute dtype. A quantized projection is dequantized
-// into its part of ws.dequant, which holds one layer: the forward, the recompute and the backward
-// of a layer each find the projection there when the previous use was the same layer.
+// Dequantizes layer l's seven projections into its ws.dequant slot (l % 2) unless the slot holds
+// them already. ahead: the layer is needed only after the ops issued next, so the backend may run
+// the dequantization beside them (on a GPU, a side stream); the first op that reads it waits for it.
+void LlamaModel::prepare_layer(int64_t l, bool ahead) {
+  if (!quantized_base_ || l < 0 || l >= cfg_.n_layer || slot_layer_[size_t(l % 2)] == l) return;
+  const LayerViews& L = layers_[size_t(l)];
+  const int64_t es = dtype_size(views_->dequant.dtype);
+  char* slot = static_cast<char*>(views_->dequant.data) + (l % 2) * views_->dequant_slot * es;
+  for (int p = 0; p < 7; p++) {
+    const auto [out, in] = projection_shape(cfg_, kProj[p]);
+    DequantizeArgs d{Tensor(slot + views_->dequant_offset[p] * es, views_->dequant.dtype, {out, in}), L.packed[p],
+                     base_quant_, out, in};
+    d.prefetch = ahead;
+    be_.dequantize(d);
+  }
+  slot_layer_[size_t(l % 2)] = l;
+  dequantized_layers_++;
+}
+
+// The (out,in) weight of a projection in the compute dtype: a quantized projection from its layer's
+// ws.dequant slot (prepare_layer).
 Tensor LlamaModel::base_weight(int64_t l, int p) {
   const LayerViews& L = layers_[size_t(l)];
   if (!quantized_base_) return L.w[p];
+  prepare_layer(l, false);  // a no-op when the forward or backward loop has prepared it
   const auto [out, in] = projection_shape(cfg_, kProj[p]);
-  Tensor w = views_->dequant;  // (sum of the layer's out*in) compute dtype
-  w.data = static_cast<char*>(w.data) + views_->dequant_offset[p] * dtype_size(w.dtype);
-  if (dequant_layer_[size_t(p)] != l) {
-    be_.dequantize({Tensor(w.data, w.dtype, {out, in}), L.packed[p], base_quant_, out, in});
-    dequant_layer_[size_t(p)] = l;
-  }
+  Tensor w = views_->dequant;
+  w.data = static_cast<char*>(w.data) + ((l % 2) * views_->dequant_slot + views_->dequant_offset[p]) * dtype_size(w.dtype);
   return as_matrix(w, out, in);
 }
 
@@ -383,7 +400,6 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
   const float eps = float(cfg_.rms_norm_eps);
   const Tensor inv_freq = views_->inv_freq;
   Tensor next = with_rows(L.next, n);
-
   // Attention reads k, v of t_kv positions: this micro-batch's own (training), or, when decoding,
   // the cache rows [0, kv_pos_ + n), the new ones written straight into it by the k/v projections.
   Tensor k_all = a.k, v_all = a.v;
@@ -398,6 +414,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
     a.k.data = static_cast<char*>(k_all.data) + at;
     a.v.data = static_cast<char*>(v_all.data) + at;
   }
+
   be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps});
   linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
   linear_fwd(a.k, a.ln1, l, K, a, train, seed);
@@ -521,7 +538,11 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   upload_batch(batch);
   const int64_t n = batch.n();
   be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
-  for (int64_t l = 0; l < cfg_.n_layer; l++) layer_fwd(l, n, train, seed);
+  for (int64_t l = 0; l < cfg_.n_layer; l++) {
+    prepare_layer(l, false);
+    prepare_layer(l + 1, true);  // the next layer's weights while this one computes
+    layer_fwd(l, n, train, seed);
+  }
 }
 
 double LlamaModel::synced_now() {
@@ -536,7 +557,11 @@ double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64
   const int64_t n = batch.n();
   const double loss = head_and_loss(n, true, grad_scale);
   const double t1 = times_ ? synced_now() : 0.0;
-  for (int64_t l = cfg_.n_layer - 1; l >= 0; l--) layer_bwd(l, n, seed);
+  for (int64_t l = cfg_.n_layer - 1; l >= 0; l--) {
+    prepare_layer(l, false);
+    prepare_layer(l - 1, true);
+    layer_bwd(l, n, seed);
+  }
   if (times_) {
     const double t2 = synced_now();
     times_->forward_s += t1 - t0 - head_bwd_s_;
@@ -571,7 +596,6 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   return out;
 }
 
-}  // namespace qlora
 const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
   const int64_t total = int64_t(ids.size()), C = cfg_.hidden_size, Vv = cfg_.vocab_size;
   if (total == 0) fail(ErrorKind::Data, "generate", "no tokens to feed", "the prompt encodes to no tokens");
@@ -615,3 +639,4 @@ const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
   return decode_logits_;
 }
 
+}  // namespace qlora

@@ -87,6 +87,9 @@ class LlamaModel {
   void set_step_times(StepTimes* t) { times_ = t; }
   // Forward only (no dropout): summed token loss.
   double forward_loss(const Batch& batch);
+  // Layers of the quantized base dequantized since the model was built: the engine's side of
+  // dequant_layers_per_micro_step, which the planner's speed model counts.
+  int64_t dequantized_layers() const { return dequantized_layers_; }
   // Full logits (N,V) copied to host, for tests on small inputs.
   std::vector<float> logits(const Batch& batch);
 
@@ -138,7 +141,9 @@ class LlamaModel {
   bool quantized_base_ = false;
   QuantParams base_quant_;          // blocksize resolved
   QuantizedWeightIo quant_io_;
-  std::array<int64_t, 7> dequant_layer_{-1, -1, -1, -1, -1, -1, -1};  // per projection: the layer ws.dequant holds, -1 none
+  std::array<int64_t, 2> slot_layer_{-1, -1};  // the layer each ws.dequant slot holds (layer l: slot l % 2), -1 none
+  int64_t dequantized_layers_ = 0;              // layers dequantized so far (dequantized_layers())
+  void prepare_layer(int64_t layer, bool ahead);
   bool decoding_ = false;           // forward() is a decode() chunk: k/v live in the KV cache
   int64_t kv_pos_ = 0;              // positions in the KV cache
   std::vector<Tensor> kv_k_, kv_v_;  // per layer (kv_cache_tokens, kv_dim); empty without a cache

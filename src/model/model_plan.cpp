@@ -24,6 +24,8 @@ std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::st
   fail(ErrorKind::Config, "target_modules", "unknown projection '" + p + "'");
 }
 
+int64_t dequant_layers_per_micro_step(int64_t n_layer) { return std::max<int64_t>(0, 2 * n_layer - 4); }
+
 static bool is_target(const ModelPlanOptions& o, const std::string& p) {
   return std::find(o.targets.begin(), o.targets.end(), p) != o.targets.end();
 }
@@ -138,13 +140,13 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
     if (o.lora_dropout) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
   }
-  if (quantized) {  // one layer's seven projections, dequantized once per layer per pass
-    int64_t layer = 0;
+  if (quantized) {  // two slots of one layer's seven projections: the layer in use and the next,
+    int64_t layer = 0;  // dequantized ahead (dequant_layers_per_micro_step)
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
       layer += out * in;
     }
-    plan.add("ws.dequant", MC::Workspace, cd, {layer}, Lifetime::Layer);
+    plan.add("ws.dequant", MC::Workspace, cd, {2, layer}, Lifetime::Layer);
   }
 
   // Generation (sample answers, `qlora generate`): every layer's keys, after RoPE, and values for

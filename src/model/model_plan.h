@@ -33,6 +33,12 @@ const std::vector<std::string>& all_linear_targets();
 // (out_features, in_features) of a projection.
 std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& proj);
 
+// Layers of a quantized base dequantized per micro-step in steady state. ws.dequant holds two layers:
+// the forward prepares layer l+1 while layer l computes, the backward l-1 while l computes (a layer
+// is dequantized once for its recompute and its gradients). The last two layers of the forward are
+// still there for the backward, and the first two of the backward for the next forward: 2L - 4.
+int64_t dequant_layers_per_micro_step(int64_t n_layer);
+
 // Appends every buffer of the engine for this configuration to `plan`.
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o);
 

@@ -76,20 +76,23 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
     e.t_attn = tok_gpu * attn_flops / (bf16_peak * a.attention_efficiency);
   }
 
-  // Memory-bound traffic per GPU per step.
-  const double passes = 2.0 + (recompute ? 1.0 : 0.0);  // forward, dgrad (+ recompute) read each base weight
+  // Memory-bound traffic per GPU per step. The base is converted to the GEMM dtype a layer at a
+  // time into two layer slots, as the engine does: dequant_layers_per_micro_step layers per
+  // micro-step (2L - 4: a layer once for the forward, once for its recompute and gradients, the
+  // two layers at each turn kept), each reading the stored bytes and writing the GEMM operand.
+  const double layers = double(dequant_layers_per_micro_step(c.n_layer));
   const double operand = r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, r.gemm_dtype);
-  double convert = 0, dequant_elems = 0;
+  double convert = 0, dequant_elems = 0;  // one layer
   if (operand > 0 || (r.gpu.is_cpu && is_quantized_precision(r.base_precision)))
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
-      convert += (stored_bytes(r, out, in) + operand * double(out) * double(in)) * double(c.n_layer);
-      dequant_elems += double(out) * double(in) * double(c.n_layer);
+      convert += stored_bytes(r, out, in) + operand * double(out) * double(in);
+      dequant_elems += double(out) * double(in);
     }
   // The CPU dequantizes with its cores (a calibrated rate), a GPU is bandwidth-bound.
   double t_cpu_work = 0;
-  if (r.gpu.is_cpu) t_cpu_work += dequant_elems * passes * ga / r.gpu.dequant_elems_per_s;
-  else e.memory_bytes.push_back({"base weight dequant/cast", convert * passes * ga});
+  if (r.gpu.is_cpu) t_cpu_work += dequant_elems * layers * ga / r.gpu.dequant_elems_per_s;
+  else e.memory_bytes.push_back({"base weight dequant/cast", convert * layers * ga});
   // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
   // 2(q+kv), SwiGLU: 3F) per token per layer in the compute dtype, once forward, twice backward,
   // once recompute.

@@ -239,12 +239,14 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   StepTimes times;
   model.set_step_times(&times);
   double sum_step = 0, sum_fwd = 0, sum_bwd = 0, sum_opt = 0;
+  int64_t dequant_layers = 0;
   const int64_t total = o.warmup_steps + o.steps;
   for (int64_t s = 0; s < total; s++) {
     const std::vector<Batch> mbs = {random_batch(o.micro_batch, o.seq_len, cfg.vocab_size, mix(o.seed, uint64_t(s)))};
     times = {};
     be.synchronize();
     const double t0 = now_s();
+    const int64_t dq0 = model.dequantized_layers();
     StepResult r = accumulate_grads(model, mbs, s, o.seed);
     be.synchronize();
     const double t1 = now_s();
@@ -260,6 +262,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
       sum_fwd += times.forward_s;
       sum_bwd += times.backward_s;
       sum_opt += t2 - t1;
+      dequant_layers += model.dequantized_layers() - dq0;
     }
     say("step " + std::to_string(s + 1) + "/" + std::to_string(total) + (warm ? " (warmup)" : "") + " | loss " +
         fmt("%.4f", r.loss) + " | " + fmt("%.3f", t2 - t0) + " s (fwd " + fmt("%.3f", times.forward_s) + ", bwd " +
@@ -268,6 +271,14 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   model.set_step_times(nullptr);
 
   const double n = double(o.steps);
+  double layer_bytes = 0;  // one layer of the quantized base: stored bytes + the dequantized copy
+  if (model.quantized_base())
+    for (const auto& proj : all_linear_targets()) {
+      const auto [out, in] = projection_shape(cfg, proj);
+      layer_bytes += double(model.plan().find("layers.0." + proj)->bytes) + double(out * in * dtype_size(be.compute_dtype()));
+    }
+  res.dequant_layers_per_step = double(dequant_layers) / n;
+  res.dequant_bytes_per_step = res.dequant_layers_per_step * layer_bytes;
   res.step_mean_s = sum_step / n;
   res.forward_s = sum_fwd / n;
   res.backward_s = sum_bwd / n;
@@ -325,6 +336,13 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     res.planned_step_time_s = plan.speed.step_time_s;
     res.planned_step_error = plan.speed.step_time_s / res.step_mean_s - 1.0;
     res.planned_device = req.gpu.display;
+    if (cuda) {
+      res.planned_dequant_bytes_per_step = 0.0;
+      for (const auto& [what, bytes] : plan.speed.memory_bytes)
+        if (what == "base weight dequant/cast") res.planned_dequant_bytes_per_step = bytes;
+    } else if (model.quantized_base()) {  // the CPU term counts elements at a calibrated rate
+      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer)) * layer_bytes;
+    }
     res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
                          {"memory_and_elementwise_s", plan.speed.t_memory}, {"source", req.gpu.source}};
   }
@@ -373,6 +391,9 @@ nlohmann::ordered_json bench_json(const BenchResult& r) {
   j["planned_step_error"] = opt(r.planned_step_error);
   j["planned_device"] = r.planned_device.empty() ? J(nullptr) : J(r.planned_device);
   j["planned_parts"] = r.planned_parts.is_null() ? J(nullptr) : r.planned_parts;
+  j["data_movement"] = {{"dequant_layers_per_step", r.dequant_layers_per_step},
+                        {"dequant_bytes_per_step", r.dequant_bytes_per_step},
+                        {"planned_dequant_bytes_per_step", opt(r.planned_dequant_bytes_per_step)}};
   if (!r.host.is_null()) {
     j["host"] = r.host;
     j["achieved_fraction_of_sgemm"] = r.achieved_flops / r.host["calibrated_sgemm_flops"].get<double>();
@@ -402,6 +423,12 @@ std::string bench_text(const BenchResult& r) {
   s += "memory     peak " + fmt("%.3f", double(r.peak_memory_bytes) / gib) + " GiB (" + r.peak_memory_kind +
        "), planned " + fmt("%.3f", double(r.planned_peak_memory_bytes) / gib) + " GiB (arena " +
        fmt("%.3f", double(r.planned_arena_bytes) / gib) + " GiB)\n";
+  if (r.dequant_layers_per_step > 0 || (r.planned_dequant_bytes_per_step && *r.planned_dequant_bytes_per_step > 0)) {
+    s += "dequant    " + fmt("%.1f", r.dequant_layers_per_step) + " layers/step, " +
+         fmt("%.4g", r.dequant_bytes_per_step / 1e9) + " GB/step";
+    if (r.planned_dequant_bytes_per_step) s += " (plan: " + fmt("%.4g", *r.planned_dequant_bytes_per_step / 1e9) + " GB)";
+    s += "\n";
+  }
   s += "loss       first " + fmt("%.4f", r.loss_first) + ", last " + fmt("%.4f", r.loss_last) + "\n";
   s += "params     " + std::to_string(r.base_params) + " base, " + std::to_string(r.trainable_params) + " trainable\n";
   return s;

@@ -62,6 +62,12 @@ struct BenchResult {
   std::string planned_device;             // the device the prediction was made for
   nlohmann::ordered_json planned_parts;   // the model's terms: gemm, attention, memory/elementwise seconds
   nlohmann::ordered_json host;            // CPU backend: cpu model, threads, simd, blas
+  // Data movement of a quantized base, per timed step: layers the engine dequantized (counted by
+  // the model) and their bytes (stored bytes read + compute-dtype operand written), beside the
+  // planner's "base weight dequant/cast" line for the same request (null on a device without a
+  // catalog entry; on the CPU, the planner's layer count at the same bytes per layer).
+  double dequant_layers_per_step = 0, dequant_bytes_per_step = 0;
+  std::optional<double> planned_dequant_bytes_per_step;
 };
 
 // Resolves defaults and rejects bad values (Error(Config) naming the option, with a hint).

@@ -101,14 +101,27 @@ void check_report(const json& j, const std::string& precision) {
 
 }  // namespace
 
-TEST(BenchCli, Smollm2Fp32ReportsEveryField) { check_report(bench_json(""), "fp32"); }
+TEST(BenchCli, Smollm2Fp32ReportsEveryField) {
+  const json j = bench_json("");
+  check_report(j, "fp32");
+  // A float base moves no dequantization bytes.
+  EXPECT_EQ(j["data_movement"]["dequant_layers_per_step"].get<double>(), 0.0);
+  EXPECT_TRUE(j["data_movement"]["planned_dequant_bytes_per_step"].is_null());
+}
 
 TEST(BenchCli, Smollm2Nf4ReportsEveryField) {
   const json j = bench_json(" --base-precision nf4");
   check_report(j, "nf4");
   EXPECT_EQ(j["config"]["method"], "qlora");
   EXPECT_EQ(j["config"]["double_quant"], true);
+  // The timed step (after a warm-up step) dequantized 2L - 4 = 56 of SmolLM2's 30 layers, the
+  // layer count the planner's dequant term uses, and the bytes agree.
+  const json& dm = j["data_movement"];
+  EXPECT_EQ(dm["dequant_layers_per_step"].get<double>(), 56.0);
+  EXPECT_GT(dm["dequant_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(dm["planned_dequant_bytes_per_step"].get<double>(), dm["dequant_bytes_per_step"].get<double>());
 }
+
 
 TEST(BenchCli, TextSummaryWithoutJson) {
   RunResult r = run_qlora("bench --model smollm2-135m --seq-len 8 --micro-batch 1 --steps 1 --warmup-steps 0 --device cpu"

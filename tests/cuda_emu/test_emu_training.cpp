@@ -239,6 +239,36 @@ TEST(CudaEmuTraining, LoraBf16GenerationMatchesTheCpu) { compare_generation("lor
 
 TEST(CudaEmuTraining, QloraNf4GenerationMatchesTheCpu) { compare_generation("qlora", "nf4"); }
 
+// A quantized base is dequantized a layer ahead on a side stream: in a steady-state micro-step every
+// layer dequantization (dequant_layers_per_micro_step of them) is a prefetch, and each of its 7
+// projections costs two stream waits: the side stream's on the work issued before it (the slot's
+// earlier readers) and the main stream's before the first matmul that reads it. The harness runs
+// streams in issue order, so only a device shows the overlap itself (bench/device_run.sh).
+TEST(CudaEmuTraining, QloraPrefetchesTheNextLayerOnASideStream) {
+  std::string why;
+  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
+  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  for (const char* ckpt : {"none", "full"}) {
+    SCOPED_TRACE(ckpt);
+    TrainRun r = make_run(make_cuda_backend(&why), "qlora", "nf4", ckpt);
+    accumulate_grads(*r.model, {batch}, 0, 0);
+    const int64_t layers = r.model->dequantized_layers();
+    const long waits = emu::stream_waits();
+    accumulate_grads(*r.model, {batch, batch, batch}, 1, 0);
+    const int64_t L = r.model->config().n_layer;
+    EXPECT_EQ(r.model->dequantized_layers() - layers, 3 * dequant_layers_per_micro_step(L));
+    EXPECT_EQ(emu::stream_waits() - waits, 2 * 7 * (r.model->dequantized_layers() - layers));
+  }
+  // The first step, from empty slots: layer 0 is dequantized in order (nothing to overlap), every
+  // other layer ahead.
+  TrainRun r = make_run(make_cuda_backend(&why), "qlora", "nf4", "full");
+  const long waits = emu::stream_waits();
+  accumulate_grads(*r.model, {batch}, 0, 0);
+  const int64_t L = r.model->config().n_layer;
+  EXPECT_EQ(r.model->dequantized_layers(), 2 * L - 2);
+  EXPECT_EQ(emu::stream_waits() - waits, 2 * 7 * (2 * L - 3));
+}
+
 TEST(CudaEmuTraining, LoraBf16StepsMatchTheCpu) { compare_training("lora", "", "none"); }
 
 TEST(CudaEmuTraining, QloraNf4StepsWithCheckpointingMatchTheCpu) { compare_training("qlora", "nf4", "full"); }

@@ -7,6 +7,8 @@
 #include "model/peft_io.h"
 #include "model/quant_bytes.h"
 #include "model_test_util.h"
+#include "plan/gpu_catalog.h"
+#include "plan/planner.h"
 #include "train/step.h"
 
 using namespace qlora;
@@ -226,9 +228,9 @@ TEST(QloraEngine, PlanHoldsTheQuantizedBytesOfEveryProjection) {
   EXPECT_EQ(checked, 14);
   const PlannedBuffer* ws = t.model->plan().find("ws.dequant");
   ASSERT_NE(ws, nullptr);
-  int64_t layer = 0;  // one layer's seven projections, in the compute dtype
+  int64_t layer = 0;  // two slots of one layer's seven projections, in the compute dtype
   for (const auto& proj : all_linear_targets()) layer += projection_shape(c, proj).first * projection_shape(c, proj).second;
-  EXPECT_EQ(ws->shape, std::vector<int64_t>{layer});
+  EXPECT_EQ(ws->shape, (std::vector<int64_t>{2, layer}));
   EXPECT_EQ(t.model->plan().find("embed_tokens")->dtype, DType::F32);
   EXPECT_EQ(t.model->plan().find("lm_head")->dtype, DType::F32);
 }
@@ -287,4 +289,68 @@ TEST(QloraEngine, DeviceBackendPathGivesTheSameNumbers) {
   EXPECT_LT(be.downloads - downloads_before, 14) << "projection bytes should not travel to the host";
   for (const auto& proj : all_linear_targets())
     EXPECT_EQ(m.base_quantized(1, proj).data, cpu.model->base_quantized(1, proj).data) << proj;
+}
+
+// The planner's dequant traffic is what the engine does. ws.dequant holds two layers and the next
+// layer is prepared ahead, so after a first step each micro-step dequantizes
+// dequant_layers_per_micro_step(L) layers, with or without checkpointing (a recompute shares its
+// layer's dequantization with the gradients); qlora plan's "base weight dequant/cast" line is that
+// many layers' stored bytes read plus their bf16 GEMM operand written, per micro-step.
+TEST(QloraEngine, DequantTrafficIsWhatThePlannerCounts) {
+  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
+  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  // The two-layer fixture stretched to 6 layers (layer l reads the fixture's layer l % 2), so the
+  // steady state has layers to dequantize.
+  QModel t0 = make_qmodel(fixtures() + "/models/llama_gqa", qopts("nf4", true, 64));
+  LlamaConfig deep = t0.src.config;
+  deep.n_layer = 6;
+  TensorSource deep_src = t0.src.tensors;
+  auto fold = [](std::string n) {
+    const std::string pre = "model.layers.";
+    if (n.rfind(pre, 0) == 0) {
+      const size_t dot = n.find('.', pre.size());
+      n = pre + std::to_string(std::stoi(n.substr(pre.size(), dot - pre.size())) % 2) + n.substr(dot);
+    }
+    return n;
+  };
+  const TensorSource base = t0.src.tensors;
+  deep_src.has = [base, fold](const std::string& n) { return base.has(fold(n)); };
+  deep_src.read_f32 = [base, fold](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
+    base.read_f32(fold(n), shape, dst);
+  };
+  for (const char* ckpt : {"none", "full"}) {
+    SCOPED_TRACE(ckpt);
+    QModel t;
+    t.model = std::make_unique<LlamaModel>(deep, *t0.be, qopts("nf4", true, 64, ckpt), fixture_lora());
+    t.model->load_base(deep_src);
+    t.model->init_lora(1);
+    const int64_t L = t.model->config().n_layer;
+    accumulate_grads(*t.model, {batch}, 0, 0);
+    EXPECT_EQ(t.model->dequantized_layers(), L + (L - 2)) << "first step: every layer, then all but the last two";
+    const int64_t before = t.model->dequantized_layers();
+    accumulate_grads(*t.model, {batch, batch}, 1, 0);  // two micro-steps
+    EXPECT_EQ(t.model->dequantized_layers() - before, 2 * dequant_layers_per_micro_step(L));
+
+    PlanRequest req;
+    req.model = t.model->config();
+    req.gpu = resolve_gpu("h100-sxm");
+    req.method = "qlora";
+    req.base_precision = "nf4";
+    req.double_quant = true;
+    req.quant_blocksize = 64;
+    req.micro_batch = 2;
+    req.seq_len = 12;
+    req.grad_accum = 2;
+    req.checkpointing = ckpt;
+    const PlanResult plan = make_plan(req);
+    double planned = -1;
+    for (const auto& [what, bytes] : plan.speed.memory_bytes)
+      if (what == "base weight dequant/cast") planned = bytes;
+    double layer_bytes = 0;  // layer 0's stored projections plus their bf16 copies
+    for (const auto& proj : all_linear_targets()) {
+      const auto [out, in] = projection_shape(t.model->config(), proj);
+      layer_bytes += double(t.model->plan().find("layers.0." + proj)->bytes) + 2.0 * double(out * in);
+    }
+    EXPECT_DOUBLE_EQ(planned, layer_bytes * double(t.model->dequantized_layers() - before));
+  }
 }

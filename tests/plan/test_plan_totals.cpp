@@ -158,12 +158,12 @@ TEST(PlanTotals, Llama3_70B_QLoRA_Nf4_FitsB200) {
   const int64_t acts = L * N * C * 2 + work + 2 * N * C * 2 + N * 4 + 6 * N * 4;
   EXPECT_EQ(p.categories.at(MemCategory::Activations), acts);
   EXPECT_EQ(p.categories.at(MemCategory::Logits), 1024 * V * 4 + N * 4);
-  // workspace as for 8B (C = q here) + one dequantized layer (q, k, v, o, gate, up, down), bf16.
+  // workspace as for 8B (C = q here) + two dequantized layers (q, k, v, o, gate, up, down), bf16.
   // + the CUDA backend's own buffers (434,833,920 bytes: dq accumulator 134 MB at 4096 tokens x 64 heads).
   EXPECT_EQ(lora_blocks(C, C, kv, F, L), 101120);
   const int64_t cuda = cuda_backend(V, N, H, F, 101120);
   EXPECT_EQ(cuda, 434833920LL);
-  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + (2 * C * C + 2 * kv * C + 3 * F * C) * 2 + cuda;
+  const int64_t ws = 4 * N * C * 2 + 3 * N * F * 2 + 2 * N * kv * 2 + N * R * 2 + 64 * 4 + 2 * (2 * C * C + 2 * kv * C + 3 * F * C) * 2 + cuda;
   EXPECT_EQ(p.categories.at(MemCategory::Workspace), ws);
   const int64_t planned = weights + 4 * lora + acts + 1024 * V * 4 + N * 4 + ws;
   EXPECT_EQ(p.total_bytes, planned + overhead(planned, 192 * GiB, false));

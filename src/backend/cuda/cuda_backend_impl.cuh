@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <map>
+#include <vector>
 #include <set>
 #include <tuple>
 
@@ -60,6 +61,9 @@ class CudaBackend final : public Backend {
   // Device bytes this backend allocated itself: cuBLASLt workspace, error record, unbound slots.
   size_t scratch_bytes() const;
   DeviceErrorRecord* device_errors() const { return d_err_; }
+  // The main stream waits for a prefetched dequantization (DequantizeArgs::prefetch) that wrote
+  // the memory at p, if one is pending; matmul calls it for its operands.
+  void wait_prefetched(const void* p);
 
  private:
   void init();              // the constructor's work; on a throw the constructor calls release()
@@ -81,6 +85,15 @@ class CudaBackend final : public Backend {
   std::array<void*, size_t(cuda_plan::kStagingBuffers)> staging_{};
   std::array<cudaEvent_t, size_t(cuda_plan::kStagingBuffers)> staging_done_{};
   int staging_next_ = 0;
+  // Prefetched dequantizations run on side_ (made on first use); each output range is pending
+  // until the first matmul reading it makes stream_ wait for its `ready` event.
+  struct Prefetched {
+    const char *begin, *end;
+    cudaEvent_t ready;
+  };
+  cudaStream_t side_ = nullptr;
+  std::vector<Prefetched> prefetched_;
+  std::vector<cudaEvent_t> free_events_;
   std::array<void*, size_t(Scratch::kCount)> scratch_{};
   std::array<size_t, size_t(Scratch::kCount)> scratch_size_{};
   std::array<bool, size_t(Scratch::kCount)> scratch_bound_{};  // the memory plan's buffer (not ours to free)
@@ -107,6 +120,10 @@ class CudaBackend final : public Backend {
   friend void gemm_ex_fallback(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr,
                                DType b_t);
 };
+
+// dequantize_bf16 (dequant.h) ordered on stream s of `be`.
+struct QuantDeviceView;
+void dequantize_bf16_on(CudaBackend& be, const QuantDeviceView& q, void* out, cudaStream_t s);
 
 // Launchers implemented in the per-family .cu files (host functions, stream-ordered).
 void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr, DType b_t);

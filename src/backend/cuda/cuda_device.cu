@@ -193,7 +193,14 @@ CudaBackend::~CudaBackend() { release(); }
 // Destructors must not throw: errors here are ignored (the context is going away anyway). Safe
 // on a half-built backend: every handle starts null.
 void CudaBackend::release() noexcept {
+  if (side_) cudaStreamSynchronize(side_);
   if (stream_) cudaStreamSynchronize(stream_);
+  for (const Prefetched& p : prefetched_) cudaEventDestroy(p.ready);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  prefetched_.clear();
+  free_events_.clear();
+  if (side_) cudaStreamDestroy(side_);
+  side_ = nullptr;
   for (size_t i = 0; i < scratch_.size(); i++) {
     if (scratch_[i] && !scratch_bound_[i]) cudaFree(scratch_[i]);  // a bound slot is the Arena's
     scratch_[i] = nullptr;
@@ -282,12 +289,18 @@ void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) 
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  wait_prefetched(src);
   if (bytes) QLORA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_));
   QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   check_device_errors();
 }
 
 void CudaBackend::synchronize() {
+  // A prefetch the main stream has waited for is done when the main stream is; only one no op
+  // has read yet needs the side stream synchronized.
+  if (!prefetched_.empty()) QLORA_CUDA_CHECK(cudaStreamSynchronize(side_));
+  for (const Prefetched& p : prefetched_) free_events_.push_back(p.ready);
+  prefetched_.clear();
   QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   check_device_errors();
 }

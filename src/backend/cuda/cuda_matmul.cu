@@ -172,6 +172,8 @@ void CudaBackend::matmul(const MatmulArgs& a) {
   check_tensor(op, "a", a.a, a.m * a.k, true, true);
   check_tensor(op, "b", a.b, a.k * a.n, true, true);
   if (a.m == 0 || a.n == 0) return;
+  wait_prefetched(a.a.data);  // an operand a prefetched dequantization is still writing
+  wait_prefetched(a.b.data);
   const int64_t c_bytes = a.m * a.n * dtype_size(a.c.dtype);
   if (overlaps(a.c.data, c_bytes, a.a.data, a.m * a.k * dtype_size(a.a.dtype)) ||
       overlaps(a.c.data, c_bytes, a.b.data, a.k * a.n * dtype_size(a.b.dtype)))

@@ -345,7 +345,12 @@ cudaError_t cudaDeviceSynchronize(void) {
   g_syncs.fetch_add(1, std::memory_order_relaxed);
   return ret(cudaSuccess);
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return ret(cudaSuccess); }
+std::atomic<long> g_stream_waits{0};
+long qlora::emu::stream_waits() { return g_stream_waits.load(std::memory_order_relaxed); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+  g_stream_waits.fetch_add(1, std::memory_order_relaxed);
+  return ret(cudaSuccess);
+}
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
   *e = reinterpret_cast<cudaEvent_t>(new Event{});

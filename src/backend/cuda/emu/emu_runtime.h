@@ -31,6 +31,7 @@ int max_dynamic_smem(const void* fn);
 // Counters of calls whose number matters for speed on a device (tests of the backend's behaviour):
 // stream/device synchronizations and cuBLASLt matmul descriptors created so far.
 long synchronizations();
+long stream_waits();  // cudaStreamWaitEvent calls
 long lt_descriptors_created();
 // Device bytes in live cudaMalloc allocations (each counted at the size requested), the most
 // there have been since the last reset_device_peak() (or the start), and pinned host bytes in
