@@ -32,6 +32,10 @@ struct PlanAssumptions {
   // Fraction of compute time under which activation offload copies hide: Unsloth reports ~1-2%
   // overhead for asynchronous offload (perf_anchors §2, vendor claim).
   double offload_overlap = 0.90;
+  // Fraction of the base GEMMs' time under which the next layer's dequantization, issued on a side
+  // stream (DequantizeArgs::prefetch), hides: the GEMMs of a training-size micro-batch are
+  // compute-bound and leave most of the memory bandwidth free. Placeholder until a device run.
+  double dequant_overlap = 0.90;
 
   // --- memory: estimated library/runtime overhead, one named line each ---
   int64_t cuda_context_bytes = int64_t(512) << 20;   // CUDA context + our kernels' modules (typical 0.4-0.6 GiB)

@@ -163,6 +163,9 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
   t += "  attention         " + seconds(s.t_attn) + "\n";
   double traffic = 0;
   for (const auto& [k, v] : s.memory_bytes) traffic += v;
+  if (s.t_dequant > 0)
+    t += "  base dequant      " + seconds(s.t_dequant) + " on a side stream, exposed " + seconds(s.t_dequant_exposed) +
+         " (the next layer's, beside this layer's GEMMs)\n";
   t += "  memory-bound      " + seconds(s.t_memory) + " (" + fmt_gib(traffic) + " moved:";
   for (size_t i = 0; i < s.memory_bytes.size(); i++)
     if (s.memory_bytes[i].second > 0) t += " " + s.memory_bytes[i].first + " " + fmt_gib(s.memory_bytes[i].second) + ";";
@@ -225,7 +228,8 @@ json plan_json(const PlanResult& p, const ReportOptions& o) {
                                  {"recompute", s.per_token.recompute.total()}, {"total", s.per_token.total()}}},
             {"time_s", {{"gemm", s.t_gemm}, {"attention", s.t_attn}, {"memory_bound", s.t_memory},
                         {"communication", s.t_comm}, {"communication_exposed", s.t_comm_exposed},
-                        {"offload", s.t_offload}, {"offload_exposed", s.t_offload_exposed}}},
+                        {"offload", s.t_offload}, {"offload_exposed", s.t_offload_exposed},
+                        {"dequant", s.t_dequant}, {"dequant_exposed", s.t_dequant_exposed}}},
             {"memory_traffic_bytes", traffic},
             {"comm_bytes", comm},
             {"request", request_json(p.req)},

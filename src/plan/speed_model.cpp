@@ -93,6 +93,13 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   double t_cpu_work = 0;
   if (r.gpu.is_cpu) t_cpu_work += dequant_elems * layers * ga / r.gpu.dequant_elems_per_s;
   else e.memory_bytes.push_back({"base weight dequant/cast", convert * layers * ga});
+  // On a GPU the next layer's dequantization runs on a side stream beside this layer's GEMMs.
+  const double t_base_gemm =
+      r.gpu.is_cpu ? 0.0 : tok_gpu * base_flops / (base_peak * base_eff);
+  if (!r.gpu.is_cpu) {
+    e.t_dequant = convert * layers * ga / (r.gpu.mem_bw * a.memory_bw_efficiency);
+    e.t_dequant_exposed = std::max(0.0, e.t_dequant - a.dequant_overlap * t_base_gemm);
+  }
   // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
   // 2(q+kv), SwiGLU: 3F) per token per layer in the compute dtype, once forward, twice backward,
   // once recompute.
@@ -117,8 +124,9 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   e.memory_bytes.push_back({"optimizer step", double(trainable) * opt_share * adam_bytes_per_param});
   if (full)  // weight-gradient GEMMs accumulate into fp32 gradients: read + write per micro-step
     e.memory_bytes.push_back({"gradient accumulation", 8.0 * double(trainable) * ga});
-  double mem_total = 0;
-  for (const auto& [k, v] : e.memory_bytes) mem_total += v;
+  double mem_total = 0;  // the dequantization's bytes are timed apart (t_dequant)
+  for (const auto& [k, v] : e.memory_bytes)
+    if (r.gpu.is_cpu || k != "base weight dequant/cast") mem_total += v;
   e.t_memory = mem_total / (r.gpu.mem_bw * (r.gpu.is_cpu ? 1.0 : a.memory_bw_efficiency)) + t_cpu_work;
 
   // Communication per step.
@@ -145,7 +153,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
         break;
     }
   }
-  const double t_compute = e.t_gemm + e.t_attn + e.t_memory;
+  const double t_compute = e.t_gemm + e.t_attn + e.t_memory + e.t_dequant_exposed;
   e.t_comm_exposed = std::max(0.0, e.t_comm - a.comm_overlap * t_compute);
 
   // Activation offload: each checkpoint goes to the host in forward and back in backward.

@@ -21,6 +21,9 @@ struct SpeedEstimate {
   double t_gemm = 0, t_attn = 0, t_memory = 0;
   double t_comm = 0, t_comm_exposed = 0;
   double t_offload = 0, t_offload_exposed = 0;
+  // Base-weight dequantization on a GPU: on a side stream, hidden under the base GEMMs up to
+  // PlanAssumptions::dequant_overlap of their time (its bytes are also in memory_bytes).
+  double t_dequant = 0, t_dequant_exposed = 0;
   double step_time_s = 0;
   double tokens_per_second = 0;          // useful tokens, all GPUs
   double tokens_per_second_per_gpu = 0;

@@ -344,6 +344,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
       res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer)) * layer_bytes;
     }
     res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
+                         {"dequant_side_stream_s", plan.speed.t_dequant}, {"dequant_exposed_s", plan.speed.t_dequant_exposed},
                          {"memory_and_elementwise_s", plan.speed.t_memory}, {"source", req.gpu.source}};
   }
   if (cal)

@@ -64,6 +64,20 @@ TEST(Speed, DequantTraffic) {
   // 4-bit codes + a uint8 absmax per 64 + an fp32 nested absmax per 256 blocks = 0.5159 B/param.
   EXPECT_NEAR(nf4_bytes / n_lin, 0.5 + 1.0 / 64 + 4.0 / (64 * 256), 1e-4);
   EXPECT_NEAR(p.speed.memory_bytes[0].second, 60.0 / 32.0 * (nf4_bytes + 2 * n_lin), 1.0);
+  // Timed on a side stream beside the base GEMMs: hidden up to 90% of their time. At 2048 tokens
+  // the GEMMs hide it; at 64 tokens they are too short and the rest is exposed in the step.
+  const PlanAssumptions& a = plan_assumptions();
+  const double t_dq = p.speed.memory_bytes[0].second / (p.req.gpu.mem_bw * a.memory_bw_efficiency);
+  EXPECT_NEAR(p.speed.t_dequant, t_dq, 1e-12);
+  EXPECT_EQ(p.speed.t_dequant_exposed, 0.0);
+  PlanRequest small = r;
+  small.seq_len = 64;
+  const SpeedEstimate s64 = make_plan(small).speed;
+  const double base_gemm = 64.0 * (s64.per_token.fwd.base + s64.per_token.bwd.base + s64.per_token.recompute.base) /
+                           (p.req.gpu.bf16_tflops * 1e12 * a.gemm_efficiency);
+  EXPECT_GT(s64.t_dequant_exposed, 0.0);
+  EXPECT_NEAR(s64.t_dequant_exposed, s64.t_dequant - a.dequant_overlap * base_gemm, 1e-9);
+  EXPECT_NEAR(s64.step_time_s, s64.t_gemm + s64.t_attn + s64.t_memory + s64.t_dequant_exposed, 1e-12);
   r.checkpointing = "none";
   EXPECT_DOUBLE_EQ(make_plan(r).speed.memory_bytes[0].second, p.speed.memory_bytes[0].second);
   // An FP8 base consumed directly by FP8 GEMMs needs no conversion pass.
