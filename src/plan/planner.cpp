@@ -112,8 +112,8 @@ ModelPlanOptions model_plan_options(const PlanRequest& r) {
   o.seq_len = r.seq_len;
   o.checkpointing = r.checkpointing;
   o.ce_chunk = r.ce_chunk;
-  return o;
   o.kv_cache_tokens = r.kv_cache_tokens;
+  return o;
 }
 
 void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {

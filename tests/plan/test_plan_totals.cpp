@@ -101,6 +101,21 @@ TEST(PlanTotals, Llama3_8B_Lora_Bf16) {
 }
 
 // Llama-3-70B full fine-tune on one B200 192GB: 18 bytes per parameter of fixed state alone.
+// Sample answers plan a KV cache (the trainer's kv_cache_tokens): 2 x L x tokens x kv_dim in bf16,
+// on top of the same plan without it.
+TEST(PlanTotals, SampleAnswersKvCacheIsPlanned) {
+  PlanRequest r = request("llama3-8b", "h100");
+  r.method = "lora";
+  const PlanResult without = make_plan(r);
+  r.kv_cache_tokens = 2048 + 128;
+  const PlanResult with = make_plan(r);
+  const int64_t per_layer = al(2176 * 1024 * 2);
+  EXPECT_EQ(with.categories.at(MemCategory::Activations) - without.categories.at(MemCategory::Activations),
+            2 * 32 * per_layer);
+  ASSERT_NE(with.replica.find("kv.layers.31.v"), nullptr);
+  EXPECT_EQ(without.replica.find("kv.layers.0.k"), nullptr);
+}
+
 TEST(PlanTotals, Llama3_70B_Full_DoesNotFitB200) {
   PlanRequest r = request("llama3-70b", "b200");
   r.method = "full";
