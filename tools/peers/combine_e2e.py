@@ -144,6 +144,11 @@ def one_case(work, name):
     else:
         planned["peak_memory_bytes"] = num(plan, "total_bytes")
         planned["peak_memory_source"] = "qlora plan total_bytes"
+    # Data movement of the quantized base: what the engine dequantized per step, as `qlora bench`
+    # counted it, against the planner's "base weight dequant/cast" bytes for the same step.
+    dm = ours.get("data_movement") if ok_o and isinstance(ours, dict) else None
+    if isinstance(dm, dict):
+        planned["dequant_bytes_per_step"] = dm.get("planned_dequant_bytes_per_step")
     if planned["tokens_per_second"] is None:
         planned["tokens_per_second_source"] = None
     if planned["peak_memory_bytes"] is None:
@@ -159,7 +164,9 @@ def one_case(work, name):
                   "peak_device_used_bytes": ratio(m_mem, p_used)},
         "planned": planned,
         "planner_error": {"tokens_per_second": rel_err(planned["tokens_per_second"], m_tps),
-                          "peak_memory_bytes": rel_err(planned["peak_memory_bytes"], m_mem)},
+                          "peak_memory_bytes": rel_err(planned["peak_memory_bytes"], m_mem),
+                          "dequant_bytes_per_step": rel_err(planned.get("dequant_bytes_per_step"),
+                                                            dm.get("dequant_bytes_per_step") if isinstance(dm, dict) else None)},
         "runs": runs,
     }
 
