@@ -38,6 +38,11 @@ class Comm {
   // whole on every rank.
   virtual void allgather_slices(float* data, size_t n) = 0;
   virtual void allgather_slices(uint8_t* data, size_t n) = 0;
+  // The same with blocks of any size: `data` holds one block per rank, back to back, counts[q]
+  // elements for rank q. reduce_scatter_blocks leaves the sums over ranks in this rank's block;
+  // allgather_blocks gives every rank every block.
+  virtual void reduce_scatter_blocks(float* data, const std::vector<size_t>& counts) = 0;
+  virtual void allgather_blocks(float* data, const std::vector<size_t>& counts) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job now (after an error on one rank that the others cannot see).

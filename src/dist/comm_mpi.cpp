@@ -62,16 +62,22 @@ class MpiComm final : public Comm {
   }
 
   void allreduce_sum(float* data, size_t n) override {
-    reduce_scatter_sum(data, n);
-    allgather_slices(data, n);
+    reduce_scatter(data, even_blocks(n), MPI_FLOAT);
+    allgather(data, even_blocks(n), MPI_FLOAT);
   }
   void allreduce_sum(double* data, size_t n) override {
-    reduce_scatter(data, n, MPI_DOUBLE);
-    allgather(data, n, MPI_DOUBLE);
+    reduce_scatter(data, even_blocks(n), MPI_DOUBLE);
+    allgather(data, even_blocks(n), MPI_DOUBLE);
   }
-  void reduce_scatter_sum(float* data, size_t n) override { reduce_scatter(data, n, MPI_FLOAT); }
-  void allgather_slices(float* data, size_t n) override { allgather(data, n, MPI_FLOAT); }
-  void allgather_slices(uint8_t* data, size_t n) override { allgather(data, n, MPI_BYTE); }
+  void reduce_scatter_sum(float* data, size_t n) override { reduce_scatter(data, even_blocks(n), MPI_FLOAT); }
+  void allgather_slices(float* data, size_t n) override { allgather(data, even_blocks(n), MPI_FLOAT); }
+  void allgather_slices(uint8_t* data, size_t n) override { allgather(data, even_blocks(n), MPI_BYTE); }
+  void reduce_scatter_blocks(float* data, const std::vector<size_t>& counts) override {
+    reduce_scatter(data, blocks(counts), MPI_FLOAT);
+  }
+  void allgather_blocks(float* data, const std::vector<size_t>& counts) override {
+    allgather(data, blocks(counts), MPI_FLOAT);
+  }
 
   void broadcast(void* data, size_t bytes, int root) override {
     MPI_Request req;
@@ -89,15 +95,31 @@ class MpiComm final : public Comm {
   }
 
  private:
+  std::vector<Slice> even_blocks(size_t n) const {
+    std::vector<Slice> b(static_cast<size_t>(size_));
+    for (int q = 0; q < size_; q++) b[size_t(q)] = slice_of(n, q, size_);
+    return b;
+  }
+  std::vector<Slice> blocks(const std::vector<size_t>& counts) const {
+    if (counts.size() != size_t(size_))
+      fail(ErrorKind::Internal, "MPI collective", std::to_string(counts.size()) + " block sizes for " + std::to_string(size_) + " ranks");
+    std::vector<Slice> b(static_cast<size_t>(size_));
+    size_t at = 0;
+    for (int q = 0; q < size_; q++) {
+      b[size_t(q)] = {at, counts[size_t(q)]};
+      at += counts[size_t(q)];
+    }
+    return b;
+  }
+
   template <typename T>
-  void reduce_scatter(T* data, size_t n, MPI_Datatype type) {
+  void reduce_scatter(T* data, const std::vector<Slice>& blk, MPI_Datatype type) {
     const int w = size_;
-    const Slice mine = slice_of(n, rank_, w);
+    const Slice mine = blk[size_t(rank_)];
     std::vector<int> scount(w), sdispl(w), rcount(w), rdispl(w);
     for (int q = 0; q < w; q++) {
-      const Slice s = slice_of(n, q, w);
-      scount[size_t(q)] = count_int(s.count);
-      sdispl[size_t(q)] = count_int(s.begin);
+      scount[size_t(q)] = count_int(blk[size_t(q)].count);
+      sdispl[size_t(q)] = count_int(blk[size_t(q)].begin);
       rcount[size_t(q)] = count_int(mine.count);
       rdispl[size_t(q)] = count_int(size_t(q) * mine.count);
     }
@@ -115,12 +137,11 @@ class MpiComm final : public Comm {
   }
 
   template <typename T>
-  void allgather(T* data, size_t n, MPI_Datatype type) {
+  void allgather(T* data, const std::vector<Slice>& blk, MPI_Datatype type) {
     std::vector<int> count(size_), displ(size_);
     for (int q = 0; q < size_; q++) {
-      const Slice s = slice_of(n, q, size_);
-      count[size_t(q)] = count_int(s.count);
-      displ[size_t(q)] = count_int(s.begin);
+      count[size_t(q)] = count_int(blk[size_t(q)].count);
+      displ[size_t(q)] = count_int(blk[size_t(q)].begin);
     }
     MPI_Request req;
     check(MPI_Iallgatherv(MPI_IN_PLACE, 0, type, data, count.data(), displ.data(), type, comm_, &req), "all-gather");

@@ -43,6 +43,8 @@ class SingleComm final : public Comm {
   void reduce_scatter_sum(float*, size_t) override {}
   void allgather_slices(float*, size_t) override {}
   void allgather_slices(uint8_t*, size_t) override {}
+  void reduce_scatter_blocks(float*, const std::vector<size_t>&) override {}
+  void allgather_blocks(float*, const std::vector<size_t>&) override {}
   void broadcast(void*, size_t, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }

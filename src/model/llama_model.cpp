@@ -79,8 +79,9 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
         lp.peft_key = peft_module_name(l, kProj[p]) + "." + ab + ".weight";
         lp.w = arena_->get(lp.name);
         lp.g = arena_->get(lp.name + ".grad");
-        lp.m = arena_->get(lp.name + ".adam_m");
-        lp.v = arena_->get(lp.name + ".adam_v");
+        const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share
+        lp.m = arena_->get(lp.name + ".adam_m" + shard);
+        lp.v = arena_->get(lp.name + ".adam_v" + shard);
         lora_params_.push_back(lp);
       }
     }

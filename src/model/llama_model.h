@@ -47,7 +47,8 @@ struct StepTimes {
 struct LoraParam {
   std::string name;   // "layers.3.q_proj.lora_A"
   std::string peft_key;  // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"
-  Tensor w, g, m, v;  // parameter, gradient, AdamW moments (F32, same shape)
+  Tensor w, g, m, v;  // parameter, gradient, AdamW moments (F32, same shape; with ZeRO-1 m and v
+                      // hold only this rank's share: 1-D, ceil(numel / ranks) elements)
 };
 
 class LlamaModel {

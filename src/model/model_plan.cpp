@@ -73,6 +73,12 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
         plan.add(p + "lora_A.grad", MC::Grads, DType::F32, {r, in});
         plan.add(p + "lora_B.grad", MC::Grads, DType::F32, {out, r});
         for (const char* mom : {"adam_m", "adam_v"}) {
+          if (o.optimizer_shards > 1) {
+            const int64_t w = o.optimizer_shards;
+            plan.add(p + "lora_A." + mom + ".shard", MC::Optimizer, o.optimizer_dtype, {(r * in + w - 1) / w});
+            plan.add(p + "lora_B." + mom + ".shard", MC::Optimizer, o.optimizer_dtype, {(out * r + w - 1) / w});
+            continue;
+          }
           plan.add(p + "lora_A." + mom, MC::Optimizer, o.optimizer_dtype, {r, in});
           plan.add(p + "lora_B." + mom, MC::Optimizer, o.optimizer_dtype, {out, r});
         }

@@ -20,6 +20,9 @@ struct ModelPlanOptions {
   std::vector<std::string> targets;     // q_proj ... down_proj
   bool lora_dropout = false;
   DType optimizer_dtype = DType::F32;
+  // ZeRO-1 over this many data-parallel ranks: each AdamW moment is planned as "<name>.shard" of
+  // ceil(elements / optimizer_shards) elements, this rank's share (as shard_plan() plans it).
+  int64_t optimizer_shards = 1;
   int64_t micro_batch = 1, seq_len = 2048;
   std::string checkpointing = "none";   // none | full | offload
   int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk

@@ -11,7 +11,11 @@ namespace qlora {
 
 Slice micro_batch_share(int64_t n, const Comm& comm) { return slice_of(size_t(n), comm.rank(), comm.size()); }
 
-DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm) : model_(model), comm_(comm) {
+DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer) : model_(model), comm_(comm) {
+  if (shard_optimizer) {
+    zero1_ = std::make_unique<Zero1Optimizer>(model_, comm_);
+    return;
+  }
   size_t n = 0;
   for (auto& p : model_.lora_params()) n += size_t(p.g.numel());
   flat_.resize(n);
@@ -47,6 +51,10 @@ StepResult DataParallelStep::run(const std::vector<Batch>& global, const OptimHy
   double sums[2] = {0, stop_here ? 1.0 : 0.0};  // loss sum of my micro-batches, stop votes
   for (size_t j = mine.begin; j < mine.end(); j++)
     sums[0] += model_.forward_backward(global[j], scale, micro_batch_seed(dropout_seed, step, int64_t(j)));
+  if (zero1_) {
+    zero1_->step(h, lr, step, sums, r, stop_any);
+    return r;
+  }
   reduce_grads();
   comm_.allreduce_sum(sums, 2);
   r.loss = sums[0] / double(r.trained_tokens);

@@ -4,8 +4,11 @@
 #include <cstdint>
 #include <vector>
 
+#include <memory>
+
 #include "dist/comm.h"
 #include "train/step.h"
+#include "train/zero1.h"
 
 namespace qlora {
 
@@ -15,7 +18,8 @@ Slice micro_batch_share(int64_t n_micro_batches, const Comm& comm);
 
 class DataParallelStep {
  public:
-  DataParallelStep(LlamaModel& model, Comm& comm);
+  // shard_optimizer: ZeRO-1 (the model was planned with optimizer_shards = ranks).
+  DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer = false);
   // `global` is the whole step, identical on every rank, in the order one process with
   // gradient_accumulation_steps x world would run it. Every micro-batch is normalized by the
   // trained tokens of all of them and gets the dropout seed of its global index, so the sum over
@@ -23,14 +27,15 @@ class DataParallelStep {
   // stop (SIGTERM); *stop_any: whether any rank was, the same answer on every rank.
   StepResult run(const std::vector<Batch>& global, const OptimHyper& h, double lr, int64_t step, uint64_t dropout_seed,
                  bool stop_here, bool* stop_any);
-  // Bytes of LoRA gradient one step sends per rank (the all-reduce's reduce-scatter + all-gather).
-  size_t grad_elements() const { return flat_.size(); }
+  // The ZeRO-1 optimizer, or null without sharding.
+  Zero1Optimizer* zero1() { return zero1_.get(); }
 
  private:
   void reduce_grads();
   LlamaModel& model_;
   Comm& comm_;
-  std::vector<float> flat_;  // (sum of LoRA parameter sizes): every gradient, back to back
+  std::vector<float> flat_;  // (sum of LoRA parameter sizes): every gradient, back to back (no sharding)
+  std::unique_ptr<Zero1Optimizer> zero1_;
 };
 
 }  // namespace qlora

@@ -200,6 +200,12 @@ const std::vector<KeyRow>& key_table() {
       {.name = "device", .field = &T::device, .def = "auto", .choices = {"auto", "cpu", "cuda"},
        .help = "Where to train; auto = cuda when a GPU is present.", .value_aliases = {{"gpu", "cuda"}}},
       {.name = "threads", .field = &T::threads, .def = "0", .range = {.lo = 0}, .help = "CPU threads; 0 = all cores."},
+      {.name = "sharding", .field = &T::sharding, .def = "none", .choices = {"none", "zero1"},
+       .help = "Multi-rank runs: none = every rank holds everything; zero1 = the AdamW moments are split across "
+               "ranks (gradients reduce-scattered, weights all-gathered), as qlora plan --sharding zero1 plans.",
+       .value_aliases = {{"ddp", "none"}, {"zero-1", "zero1"}},
+       .bad_value_hint = "none or zero1; zero2, zero3 and fsdp are planned by qlora plan --sharding but not "
+                         "implemented in training yet"},
       {.name = "ddp_timeout", .field = &T::ddp_timeout, .def = "1800", .range = {.lo = 0},
        .help = "Multi-rank runs (mpirun, srun): seconds a rank waits for the others in a collective (gradient "
                "all-reduce, barrier) before it stops the job with an error; 0 = wait forever."},

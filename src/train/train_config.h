@@ -76,6 +76,7 @@ struct TrainConfig {
   // runtime
   std::string device;  // auto|cpu|cuda
   int64_t threads;     // 0 = all cores
+  std::string sharding;  // none|zero1: what data-parallel ranks split (zero1: the AdamW moments)
   double ddp_timeout;  // seconds a rank waits for the others in a collective before failing (multi-rank runs)
 
   bool operator==(const TrainConfig&) const = default;

@@ -44,7 +44,7 @@ void install_stop_signal_handlers() {
 }
 
 LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len, const LoraSpec* lora_override) {
+                                    int64_t seq_len, const LoraSpec* lora_override, int64_t optimizer_shards) {
   LoraSpec lora;
   lora.r = cfg.r;
   lora.alpha = cfg.lora_alpha;
@@ -62,6 +62,7 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   po.seq_len = seq_len;
   po.checkpointing = cfg.gradient_checkpointing;
   po.ce_chunk = cfg.ce_chunk_size;
+  po.optimizer_shards = optimizer_shards;
   // Sample answers decode through the training forward: a KV cache for a prompt as long as a
   // training row plus its answer.
   if (!cfg.sample_prompts.empty()) po.kv_cache_tokens = seq_len + cfg.sample_max_new_tokens;
@@ -97,14 +98,28 @@ EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches
 
 double Trainer::evaluate(const std::vector<Batch>& batches) { return evaluate_batches(*lm_.model, batches).mean(); }
 
+bool Trainer::state_finite_everywhere() {
+  double broken = optimizer_state_finite(*lm_.model) ? 0.0 : 1.0;  // ZeRO-1: each rank checks its share
+  comm_->allreduce_sum(&broken, 1);
+  return broken == 0;
+}
+
 void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream) {
-  if (!optimizer_state_finite(*lm_.model))  // never a checkpoint of a broken state
+  Zero1Optimizer* zero1 = dp_ ? dp_->zero1() : nullptr;
+  std::vector<std::vector<float>> moments;  // ZeRO-1: every rank's shares, assembled
+  if (zero1) moments = zero1->gather_moments();
+  if (!lead_) return;
+  bool finite = optimizer_state_finite(*lm_.model);
+  for (const auto& t : moments)
+    for (float x : t) finite = finite && std::isfinite(x);
+  if (!finite)  // never a checkpoint of a broken state
     fail(ErrorKind::Data, dir, "not written: a LoRA weight or optimizer moment is not finite",
          "lower learning_rate; resume from an earlier checkpoint");
   try {
     AtomicDir d(dir);  // built under a temporary name; deleted again if anything below fails
     write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
-    write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
+    if (zero1) write_gathered_optimizer_state(d.path("optimizer.safetensors"), *lm_.model, moments);
+    else write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
     nlohmann::json st;
     st["global_step"] = step;
     // Every rank reads the same global stream of micro-batches and takes its share of each step,
@@ -128,7 +143,8 @@ int64_t Trainer::restore_checkpoint(const std::string& dir, DataStream& stream) 
   const nlohmann::json st = read_json_file(dir + "/trainer_state.json");
   const std::string where = dir + "/trainer_state.json";
   load_peft_adapter(dir, *lm_.model);
-  load_optimizer_state(dir + "/optimizer.safetensors", *lm_.model);
+  if (dp_ && dp_->zero1()) dp_->zero1()->load_moments(dir + "/optimizer.safetensors");  // this rank's shares
+  else load_optimizer_state(dir + "/optimizer.safetensors", *lm_.model);
   stream.seek(json_int(st, "data_epoch", where), json_int(st, "data_index", where));
   if (st.contains("world_size") && json_int(st, "world_size", where) != comm_->size())
     log("note: " + dir + " was written by " + std::to_string(json_int(st, "world_size", where)) +
@@ -265,8 +281,10 @@ TrainSummary Trainer::run() {
   }
 
   // ---- model
-  lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq);
+  const bool zero1 = cfg_.sharding == "zero1" && comm_->size() > 1;
+  lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq, nullptr, zero1 ? comm_->size() : 1);
   LlamaModel& model = *lm_.model;
+  if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, zero1);
   const int32_t pad = data.pad_id;
   DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
   std::vector<Batch> eval_batches = make_batches(data.eval, ebs, pad);
@@ -281,7 +299,10 @@ TrainSummary Trainer::run() {
   if (world > 1)
     log("dist: " + comm_->describe() + " | data parallel, global batch " + std::to_string(bs) + " x " +
         std::to_string(ga) + " x " + std::to_string(world) + " = " + std::to_string(bs * micro_per_step) +
-        " rows per step; all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step");
+        " rows per step; " +
+        (zero1 ? "ZeRO-1 (AdamW moments split across ranks): reduce-scatter of " + std::to_string(n_trainable * 4) +
+                     " bytes of fp32 LoRA gradients and all-gather of the updated weights per step"
+               : "all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step"));
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
   if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`
     std::vector<double> per_rank(size_t(world), 0.0);
@@ -324,8 +345,6 @@ TrainSummary Trainer::run() {
   const auto progress_message = [&](const std::string& line) {
     if (lead_) progress.message(line);
   };
-  std::optional<DataParallelStep> dp;
-  if (world > 1) dp.emplace(model, *comm_);
   bool stop_agreed = false;  // multi-rank: some rank was asked to stop, as of the last step's all-reduce
   ScheduleParams sp = schedule_from_config(cfg_, total);
   OptimHyper hyper{cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_epsilon, cfg_.weight_decay, cfg_.max_grad_norm};
@@ -359,7 +378,7 @@ TrainSummary Trainer::run() {
     std::vector<Batch> mbs;  // the whole global step, on every rank
     for (int64_t j = 0; j < micro_per_step; j++) mbs.push_back(stream.next());
     const double lr = lr_at(sp, step);
-    const StepResult r = dp ? dp->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
+    const StepResult r = dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
                             : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
     const double loss = r.loss, gnorm = r.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
@@ -376,8 +395,8 @@ TrainSummary Trainer::run() {
       }
       std::string hint = "lower learning_rate or set max_grad_norm";
       // Every rank sees the same reduced loss and norm, so all of them come here together.
-      if (step > start && optimizer_state_finite(model)) {
-        if (lead_) save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
+      if (step > start && state_finite_everywhere()) {
+        save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
         hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
       }
       if (cfg_.nan_policy == "skip") hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
@@ -408,9 +427,9 @@ TrainSummary Trainer::run() {
       progress_message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
     }
     if (!rec.is_null()) write_metrics(rec);
-    if (lead_ && cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
+    if (cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
       save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(done), done, stream);
-      rotate_checkpoints();
+      if (lead_) rotate_checkpoints();
     }
   }
   progress.finish();
@@ -418,8 +437,8 @@ TrainSummary Trainer::run() {
   if (step < total) {  // stopped by a signal: leave a resumable checkpoint
     sum.interrupted = true;
     const std::string dir = cfg_.output_dir + "/checkpoint-" + std::to_string(step);
+    save_checkpoint(dir, step, stream);
     if (lead_) {
-      save_checkpoint(dir, step, stream);
       log("stopped at step " + std::to_string(step) + (world > 1 ? " on all " + std::to_string(world) + " ranks" : "") +
           "; resume with resume_from_checkpoint=" + dir);
       write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });

@@ -12,6 +12,7 @@
 #include "model/llama_model.h"
 #include "dist/comm.h"
 #include "train/data.h"
+#include "train/data_parallel.h"
 #include "train/model_source.h"
 #include "train/train_config.h"
 
@@ -37,8 +38,9 @@ struct LoadedModel {
   std::string source;
 };
 // `lora` replaces the config's LoRA settings (eval of an adapter uses the adapter's own).
+// optimizer_shards: ZeRO-1 over that many ranks (the AdamW moments hold this rank's share).
 LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len, const LoraSpec* lora = nullptr);
+                                    int64_t seq_len, const LoraSpec* lora = nullptr, int64_t optimizer_shards = 1);
 
 // Forward-only loss over a fixed list of batches (no dropout), in order: the trainer's eval_loss
 // is loss_sum / tokens. on_batch (optional) is called after each batch with the totals so far.
@@ -60,7 +62,10 @@ class Trainer {
 
  private:
   double evaluate(const std::vector<Batch>& batches);
+  // Called on every rank (ZeRO-1 gathers the moments); rank 0 writes.
   void save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream);
+  // Every rank's LoRA weights and moments are finite (the same answer on every rank).
+  bool state_finite_everywhere();
   int64_t restore_checkpoint(const std::string& dir, DataStream& stream);
   void rotate_checkpoints();
   void log(const std::string& line);
@@ -72,6 +77,7 @@ class Trainer {
   Comm* comm_;
   bool lead_;  // rank 0: logs, evaluates, writes
   LoadedModel lm_;
+  std::unique_ptr<DataParallelStep> dp_;  // more than one rank
   std::shared_ptr<const Tokenizer> tokenizer_;  // set when sample_prompts is
 };
 

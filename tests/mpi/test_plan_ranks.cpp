@@ -1,6 +1,6 @@
 // The planner agrees with the engine at world size N: every rank of `mpirun -np N qlora train`
-// allocates exactly the per-GPU plan of `qlora plan --gpus-per-node N` (sharding none: each rank
-// holds a whole replica), and the gradient all-reduce moves the bytes the planner counts.
+// allocates exactly the per-GPU plan of `qlora plan --gpus-per-node N --sharding S` (none: a whole
+// replica; zero1: the AdamW moments split), and the collectives move the bytes the planner counts.
 #include <regex>
 
 #include "mpi_util.h"
@@ -8,10 +8,12 @@
 using namespace qlora::mpi_test;
 
 TEST(MpiPlan, EachRankAllocatesThePlannedPerRankBytes) {
+  for (const std::string sharding : {"none", "zero1"})
   for (int np : {2, 3}) {
-    const std::string out = temp_dir("plan_np" + std::to_string(np));
+    SCOPED_TRACE(sharding + " x " + std::to_string(np));
+    const std::string out = temp_dir("plan_" + sharding + std::to_string(np));
     RunResult plan = run_command(std::string(QLORA_BIN) + " plan --config " + QLORA_SOURCE_DIR +
-                                 "/examples/tiny.yaml --gpu cpu --threads 1 --sharding none --gpus-per-node " +
+                                 "/examples/tiny.yaml --gpu cpu --threads 1 --sharding " + sharding + " --gpus-per-node " +
                                  std::to_string(np) + " --json 2>/dev/null");
     ASSERT_EQ(plan.code, 0) << plan.output;
     const auto j = nlohmann::json::parse(plan.output);
@@ -19,9 +21,7 @@ TEST(MpiPlan, EachRankAllocatesThePlannedPerRankBytes) {
     for (const auto& [cat, bytes] : j["categories"].items())
       if (cat != "overhead") planned += bytes.get<int64_t>();  // library overhead is an estimate, not a buffer
     ASSERT_GT(planned, 0);
-    const double planned_comm = j["comm_bytes"]["all-reduce gradients"].get<double>();
-
-    RunResult run = train(np, "max_steps=1 eval_strategy=no output_dir=" + out);
+    RunResult run = train(np, "max_steps=1 eval_strategy=no sharding=" + sharding + " output_dir=" + out);
     ASSERT_EQ(run.code, 0) << run.output;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(run.output, m, std::regex("memory allocated per rank \\(bytes\\): ([0-9, ]+)"))) << run.output;
@@ -32,8 +32,14 @@ TEST(MpiPlan, EachRankAllocatesThePlannedPerRankBytes) {
       ranks++;
     }
     EXPECT_EQ(ranks, np);
-    // The planner counts an all-reduce as twice the gradient bytes (reduce-scatter + all-gather).
-    ASSERT_TRUE(std::regex_search(run.output, m, std::regex("all-reduce of ([0-9]+) bytes of fp32 LoRA gradients"))) << run.output;
-    EXPECT_EQ(2.0 * std::stod(m[1].str()), planned_comm);
+    if (sharding == "none") {
+      // The planner counts an all-reduce as twice the gradient bytes (reduce-scatter + all-gather).
+      ASSERT_TRUE(std::regex_search(run.output, m, std::regex("all-reduce of ([0-9]+) bytes of fp32 LoRA gradients"))) << run.output;
+      EXPECT_EQ(2.0 * std::stod(m[1].str()), j["comm_bytes"]["all-reduce gradients"].get<double>());
+    } else {
+      ASSERT_TRUE(std::regex_search(run.output, m, std::regex("reduce-scatter of ([0-9]+) bytes of fp32 LoRA gradients"))) << run.output;
+      EXPECT_EQ(std::stod(m[1].str()), j["comm_bytes"]["reduce-scatter gradients"].get<double>());
+      EXPECT_EQ(std::stod(m[1].str()), j["comm_bytes"]["all-gather updated parameters"].get<double>());  // fp32 LoRA weights
+    }
   }
 }

@@ -97,6 +97,31 @@ TEST(CommRanks, AllgatherSlicesAssemblesEveryShare) {
   }
 }
 
+TEST(CommRanks, BlocksOfAnySizeIncludingEmpty) {
+  const int w = g_comm->size(), r = g_comm->rank();
+  std::vector<size_t> counts(static_cast<size_t>(w));
+  for (int q = 0; q < w; q++) counts[size_t(q)] = q == 1 ? 0 : size_t(3 * q + 2);  // rank 1's block is empty
+  size_t n = 0, mine = 0;
+  for (int q = 0; q < w; q++) {
+    if (q < r) mine += counts[size_t(q)];
+    n += counts[size_t(q)];
+  }
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; i++) x[i] = value(r, i);
+  g_comm->reduce_scatter_blocks(x.data(), counts);
+  for (size_t i = mine; i < mine + counts[size_t(r)]; i++) {
+    double s = 0;
+    for (int q = 0; q < w; q++) s += double(value(q, i));
+    ASSERT_EQ(x[i], float(s)) << i;
+  }
+  // All-gather: every rank contributes its block, marked with its rank.
+  for (size_t i = mine; i < mine + counts[size_t(r)]; i++) x[i] = float(r) + float(i) * 1e-3f;
+  g_comm->allgather_blocks(x.data(), counts);
+  size_t at = 0;
+  for (int q = 0; q < w; q++)
+    for (size_t k = 0; k < counts[size_t(q)]; k++, at++) ASSERT_EQ(x[at], float(q) + float(at) * 1e-3f) << at;
+}
+
 TEST(CommRanks, BroadcastFromAnyRoot) {
   const int w = g_comm->size();
   for (int root = 0; root < w; root++) {
