@@ -125,6 +125,7 @@ int cmd_plan(int argc, char** argv) {
     std::vector<std::string> notes;
     qlora::TrainConfig t = qlora::load_train_config(config, overrides, &notes, false);
     apply_train_config(t, r, model, app);
+    if (app.count("--sharding") == 0) sharding = t.sharding;  // the config's sharding: what training does
   } else if (!overrides.empty()) {
     qlora::fail(qlora::ErrorKind::Config, "--set", "overrides need a training YAML", "add --config CONFIG.yaml");
   }

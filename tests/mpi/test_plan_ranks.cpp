@@ -1,6 +1,7 @@
 // The planner agrees with the engine at world size N: every rank of `mpirun -np N qlora train`
-// allocates exactly the per-GPU plan of `qlora plan --gpus-per-node N --sharding S` (none: a whole
-// replica; zero1: the AdamW moments split), and the collectives move the bytes the planner counts.
+// allocates exactly the per-GPU plan of `qlora plan --config C --gpus-per-node N` for the config's
+// `sharding` (none: a whole replica; zero1: the AdamW moments split), and the collectives move the
+// bytes the planner counts.
 #include <regex>
 
 #include "mpi_util.h"
@@ -13,7 +14,7 @@ TEST(MpiPlan, EachRankAllocatesThePlannedPerRankBytes) {
     SCOPED_TRACE(sharding + " x " + std::to_string(np));
     const std::string out = temp_dir("plan_" + sharding + std::to_string(np));
     RunResult plan = run_command(std::string(QLORA_BIN) + " plan --config " + QLORA_SOURCE_DIR +
-                                 "/examples/tiny.yaml --gpu cpu --threads 1 --sharding " + sharding + " --gpus-per-node " +
+                                 "/examples/tiny.yaml --set sharding=" + sharding + " --gpu cpu --threads 1 --gpus-per-node " +
                                  std::to_string(np) + " --json 2>/dev/null");
     ASSERT_EQ(plan.code, 0) << plan.output;
     const auto j = nlohmann::json::parse(plan.output);
