@@ -12,7 +12,7 @@
 
 namespace qlora {
 
-std::unique_ptr<Backend> select_backend(const std::string& device, int threads) {
+std::unique_ptr<Backend> select_backend(const std::string& device, int threads, bool quiet) {
   if (threads > 0) omp_set_num_threads(threads);
   if (device == "cpu") return make_cpu_backend();
   std::string why = "this qlora was built without CUDA";
@@ -20,7 +20,7 @@ std::unique_ptr<Backend> select_backend(const std::string& device, int threads) 
   if (auto be = make_cuda_backend(&why)) return be;
 #endif
   if (device == "cuda") fail(ErrorKind::Unsupported, "device", "cuda requested but unavailable: " + why, "use device=cpu");
-  std::fprintf(stderr, "device: cpu (%s)\n", why.c_str());
+  if (!quiet) std::fprintf(stderr, "device: cpu (%s)\n", why.c_str());
   return make_cpu_backend();
 }
 

@@ -7,6 +7,7 @@
 
 namespace qlora {
 
-std::unique_ptr<Backend> select_backend(const std::string& device, int threads);
+// quiet: no note when auto falls back to the CPU (ranks other than 0 of a multi-rank run).
+std::unique_ptr<Backend> select_backend(const std::string& device, int threads, bool quiet = false);
 
 }  // namespace qlora

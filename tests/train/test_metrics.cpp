@@ -133,3 +133,12 @@ TEST(Progress, EtaIsAMovingAverage) {
   for (int s = 2; s <= 5; ++s) p.update({.step = s, .step_seconds = 1.0 + s});  // 3,4,5,6
   EXPECT_DOUBLE_EQ(p.eta_seconds(), 95 * 4.5);  // the first step left the window
 }
+
+TEST(Progress, StatusLineShowsTheRanksOfAMultiRankRun) {
+  ProgressReporter one(10, 1, stderr, 0);
+  const StepReport r{3, 2.5, 1e-3, 1000, 0.1};
+  EXPECT_EQ(one.status_line(r).find("ranks"), std::string::npos);  // one process: unchanged
+  ProgressReporter four(10, 1, stderr, 0);
+  four.set_ranks(4);
+  EXPECT_NE(four.status_line(r).find("| 1000 tok/s | 4 ranks | ETA"), std::string::npos) << four.status_line(r);
+}

@@ -97,3 +97,18 @@ TEST(Schedule, BadInputsAreErrors) {
     EXPECT_EQ(e.kind(), ErrorKind::Data);
   }
 }
+
+// Data parallel: a step of `world` ranks takes world x gradient_accumulation_steps micro-batches,
+// so the run has as many steps as one process with that many.
+TEST(Schedule, TotalStepsCountTheGlobalBatch) {
+  TrainConfig cfg;
+  cfg.gradient_accumulation_steps = 2;
+  cfg.num_train_epochs = 1;
+  EXPECT_EQ(total_optimizer_steps(cfg, 100), 50);
+  EXPECT_EQ(total_optimizer_steps(cfg, 100, 3), 17);  // ceil(100 / 6)
+  cfg.gradient_accumulation_steps = 6;
+  EXPECT_EQ(total_optimizer_steps(cfg, 100), total_optimizer_steps(cfg, 100, 1));
+  EXPECT_EQ(total_optimizer_steps(cfg, 100), 17);
+  cfg.max_steps = 9;  // max_steps wins at any world size
+  EXPECT_EQ(total_optimizer_steps(cfg, 100, 4), 9);
+}
