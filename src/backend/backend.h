@@ -66,6 +66,10 @@ class Backend {
   }
   // Forgets every bound scratch buffer (the Arena holding them is going away). Never throws.
   virtual void unbind_scratch() noexcept {}
+  // Whether the engine's memory plan holds this backend's own memory (model/backend_plan.cpp):
+  // the CUDA backend's workspace, op scratch and upload staging. A backend that only reports
+  // another device kind (tests of the device path on the CPU) plans none.
+  virtual bool plans_own_memory() const { return false; }
 
 #define QLORA_DECLARE_OP(op, Args) virtual void op(const Args& a) = 0;
   QLORA_BACKEND_OPS(QLORA_DECLARE_OP)

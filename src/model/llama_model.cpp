@@ -59,7 +59,8 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.targets = lora_.targets;
   opts_.lora_dropout = lora_.dropout > 0;
   ckpt_ = opts_.checkpointing != "none";
-  plan_engine_buffers(plan_, cfg_, opts_, be_.device());  // on CUDA also the backend's own memory
+  // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
+  plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
   arena_ = std::make_unique<Arena>(be_, plan_);
   if (!opts_.base_precision.empty() && !is_float_precision(opts_.base_precision)) {
     quantized_base_ = true;
