@@ -101,3 +101,16 @@ TEST(MpiFaults, HungRankEndsTheJobAfterDdpTimeout) {
   EXPECT_NE(log.find("no answer from the other ranks in 2 s: a rank has died or hangs"), std::string::npos) << log;
   EXPECT_LT(took, 20) << log;
 }
+
+TEST(MpiLaunch, PlainProcessNeverStartsTheMpiRuntime) {
+  // An MCA setting that makes MPI_Init fail: under mpirun the run dies in MPI_Init (the control),
+  // as a plain process it trains, so a plain `qlora train` never called MPI_Init.
+  const std::string plain = temp_dir("no_mpi"), launched = temp_dir("no_mpi_ctl");
+  const std::string broken = "OMPI_MCA_pml=does_not_exist ";
+  RunResult a = run_command(broken + train_command(0, "max_steps=1 eval_strategy=no output_dir=" + plain) + " 2>&1");
+  EXPECT_EQ(a.code, 0) << a.output;
+  EXPECT_TRUE(fs::exists(plain + "/adapter_model.safetensors"));
+  RunResult b = run_command(broken + train_command(1, "max_steps=1 eval_strategy=no output_dir=" + launched) + " 2>&1");
+  EXPECT_NE(b.code, 0) << b.output;
+  EXPECT_FALSE(fs::exists(launched + "/adapter_model.safetensors"));
+}
