@@ -32,7 +32,9 @@ namespace qlora {
   X(cross_entropy_fwd_bwd, CrossEntropyArgs) \
   X(adamw, AdamwArgs)                   \
   X(dequantize, DequantizeArgs)         \
-  X(sumsq, SumsqArgs)
+  X(sumsq, SumsqArgs)                   \
+  X(offload_copy, OffloadCopyArgs)      \
+  X(offload_wait, OffloadWaitArgs)
 
 enum class DeviceKind { Cpu, Cuda };
 
@@ -52,6 +54,11 @@ class Backend {
   virtual void memset0(void* p, size_t bytes) = 0;
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  // Host memory for the memory plan's host buffers (PlannedBuffer::host: offloaded activations):
+  // pinned on CUDA, so offload_copy runs asynchronously at full PCIe speed; plain memory on the
+  // CPU. Zeroed, 256-byte aligned. free_host never throws (as free).
+  virtual void* alloc_host(size_t bytes) = 0;
+  virtual void free_host(void* p) noexcept = 0;
   virtual void synchronize() {}
 
   // Op scratch from the memory plan (BufferOwner::ArenaScratch): the Arena hands each such buffer

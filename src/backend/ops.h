@@ -162,4 +162,23 @@ struct SumsqArgs {
   double* out = nullptr;  // on the host
 };
 
+// Activation offload: dst "=" src, `bytes` bytes, between device memory and host memory from
+// Backend::alloc_host. to_host: src on the device, dst on the host; else src on the host, dst on
+// the device. The copy starts after every op issued before it (the producer of src, the last
+// readers of dst) and runs beside the ops issued after it (CUDA: on a copy stream of its own, so
+// the DMA overlaps the kernels); the CPU copies at once. Until an offload_wait covers the copy's
+// device range, later ops must not write that range (to_host) or read it (to the device).
+struct OffloadCopyArgs {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  int64_t bytes = 0;
+  bool to_host = false;
+};
+// Orders every op issued after it behind the pending offload_copy calls whose device range
+// overlaps [p, p + bytes) (CUDA: the main stream waits for their events; no host synchronization).
+struct OffloadWaitArgs {
+  const void* p = nullptr;
+  int64_t bytes = 0;
+};
+
 }  // namespace qlora

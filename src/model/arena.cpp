@@ -8,10 +8,18 @@ namespace qlora {
 
 Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
   std::map<MemCategory, int64_t> sizes;
+  int64_t host = 0;
   for (const auto& b : plan_.buffers)
-    if (b.owner != BufferOwner::Backend) sizes[b.category] += MemoryPlan::aligned(b.bytes);
+    if (b.owner != BufferOwner::Backend) (b.host ? host : sizes[b.category]) += MemoryPlan::aligned(b.bytes);
   std::map<MemCategory, char*> base, cursor;
+  char* host_cursor = nullptr;
   try {
+    if (host > 0) {
+      host_block_ = be_.alloc_host(size_t(host));
+      if (!host_block_) fail(ErrorKind::Io, "memory", "host allocation of " + std::to_string(host) + " bytes failed");
+      host_cursor = static_cast<char*>(host_block_);
+      host_allocated_ = host;
+    }
     for (const auto& [cat, bytes] : sizes) {
       void* p = be_.alloc(size_t(bytes));
       if (!p) fail(ErrorKind::Io, "memory", std::string("allocation of ") + std::to_string(bytes) +
@@ -23,8 +31,9 @@ Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
     for (const auto& b : plan_.buffers) {
       if (slots_.count(b.name)) fail(ErrorKind::Internal, "memory plan", "buffer '" + b.name + "' planned twice");
       if (b.owner == BufferOwner::Backend) continue;  // the backend allocated it when it was made
-      slots_[b.name] = Slot{cursor[b.category], &b};
-      cursor[b.category] += MemoryPlan::aligned(b.bytes);
+      char*& at = b.host ? host_cursor : cursor[b.category];
+      slots_[b.name] = Slot{at, &b};
+      at += MemoryPlan::aligned(b.bytes);
     }
     // Op scratch is the backend's to use, sized by the plan (Backend::bind_scratch).
     for (const auto& b : plan_.buffers)
@@ -35,6 +44,7 @@ Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
   } catch (...) {  // a failure half-way: the blocks already taken go back before the error does
     if (bound_scratch_) be_.unbind_scratch();
     for (void* p : blocks_) be_.free(p);
+    if (host_block_) be_.free_host(host_block_);
     throw;
   }
 }
@@ -42,6 +52,7 @@ Arena::Arena(Backend& be, const MemoryPlan& plan) : be_(be), plan_(plan) {
 Arena::~Arena() {
   if (bound_scratch_) be_.unbind_scratch();
   for (void* p : blocks_) be_.free(p);
+  if (host_block_) be_.free_host(host_block_);
 }
 
 void* Arena::raw(const std::string& name) const {

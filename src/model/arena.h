@@ -1,5 +1,6 @@
-// Arena: allocates every planned buffer, one device allocation per memory category, and hands
-// out views by name. A name that is not in the plan is an internal error. Buffers the backend
+// Arena: allocates every planned buffer, one device allocation per memory category and one host
+// allocation (Backend::alloc_host, pinned on CUDA) for the host buffers, and hands out views by
+// name. A name that is not in the plan is an internal error. Buffers the backend
 // allocates itself (BufferOwner::Backend) are skipped; op scratch (BufferOwner::ArenaScratch) is
 // allocated here and bound to the backend until the Arena goes.
 #pragma once
@@ -25,6 +26,8 @@ class Arena {
   void* raw(const std::string& name) const;
   // Bytes allocated per category, as handed to the backend (for the plan-equals-allocation test).
   const std::map<MemCategory, int64_t>& allocated() const { return allocated_; }
+  // Host bytes allocated for the plan's host buffers (offloaded activations; not the backend's own).
+  int64_t host_allocated() const { return host_allocated_; }
 
  private:
   struct Slot { void* ptr; const PlannedBuffer* buf; };
@@ -33,6 +36,8 @@ class Arena {
   std::unordered_map<std::string, Slot> slots_;
   std::map<MemCategory, int64_t> allocated_;
   std::vector<void*> blocks_;
+  void* host_block_ = nullptr;
+  int64_t host_allocated_ = 0;
   bool bound_scratch_ = false;
 };
 

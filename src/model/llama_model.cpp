@@ -59,6 +59,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.targets = lora_.targets;
   opts_.lora_dropout = lora_.dropout > 0;
   ckpt_ = opts_.checkpointing != "none";
+  offload_ = opts_.checkpointing == "offload";
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
   arena_ = std::make_unique<Arena>(be_, plan_);
@@ -117,12 +118,18 @@ void LlamaModel::resolve_views() {
     at += out * in;
   }
   layers_.assign(size_t(cfg_.n_layer), LayerViews{});
+  // A layer's input: its own buffer, or with offload the device slot of its parity.
+  auto layer_input = [&](int64_t l) {
+    return offload_ ? ar.get("act.offload_slot." + std::to_string(l % 2)) : ar.get("act.layers." + std::to_string(l) + ".x");
+  };
+  host_x_.clear();
+  for (int64_t l = 0; offload_ && l < cfg_.n_layer - 2; l++) host_x_.push_back(ar.raw("act.layers." + std::to_string(l) + ".x"));
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
     LayerViews& L = layers_[size_t(l)];
     const std::string lp = "layers." + std::to_string(l) + ".";
     const std::string ap = ckpt_ ? std::string("act.cur.") : "act." + lp;
     Acts& a = L.a;
-    a.x = ar.get("act." + lp + "x");
+    a.x = layer_input(l);
     static const std::pair<Tensor Acts::*, const char*> kActs[] = {
         {&Acts::ln1, "ln1"}, {&Acts::rstd1, "rstd1"}, {&Acts::q, "q"},        {&Acts::k, "k"},
         {&Acts::v, "v"},     {&Acts::att, "att"},     {&Acts::lse, "lse"},    {&Acts::xmid, "xmid"},
@@ -131,7 +138,7 @@ void LlamaModel::resolve_views() {
     for (const auto& [member, name] : kActs) a.*member = ar.get(ap + name);
     for (int j = 0; j < 7; j++)
       if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + kProj[j] + ".lora_h");
-    L.next = l + 1 < cfg_.n_layer ? ar.get("act.layers." + std::to_string(l + 1) + ".x") : v.final_x;
+    L.next = l + 1 < cfg_.n_layer ? layer_input(l + 1) : v.final_x;
     L.ln1_w = ar.get(lp + "input_layernorm");
     L.ln2_w = ar.get(lp + "post_attention_layernorm");
     for (int p = 0; p < 7; p++) {
@@ -396,12 +403,12 @@ void LlamaModel::upload_batch(const Batch& batch) {
   cur_t_ = batch.t;
 }
 
-void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
+void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool recompute) {
   Acts a = acts(l, n);
   const LayerViews& L = layers_[size_t(l)];
   const float eps = float(cfg_.rms_norm_eps);
   const Tensor inv_freq = views_->inv_freq;
-  Tensor next = with_rows(L.next, n);
+  Tensor next = recompute ? as_matrix(views_->tmp, n, cfg_.hidden_size) : with_rows(L.next, n);
   // Attention reads k, v of t_kv positions: this micro-batch's own (training), or, when decoding,
   // the cache rows [0, kv_pos_ + n), the new ones written straight into it by the k/v projections.
   Tensor k_all = a.k, v_all = a.v;
@@ -438,7 +445,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed) {
 
 // On entry ws.dres holds d(layer output); on exit d(layer input).
 void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
-  if (ckpt_) layer_fwd(l, n, true, seed);  // recompute this layer's activations from its saved input
+  if (ckpt_) layer_fwd(l, n, true, seed, true);  // recompute this layer's activations from its saved input
   const Acts a = acts(l, n);
   const LayerViews& L = layers_[size_t(l)];
   const StepViews& w = *views_;
@@ -540,9 +547,17 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   upload_batch(batch);
   const int64_t n = batch.n();
   be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
+  const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
     prepare_layer(l, false);
     prepare_layer(l + 1, true);  // the next layer's weights while this one computes
+    if (offload_) {
+      // This layer's input goes to the host while the layer computes; the copy of the previous
+      // layer's input must be done before this layer writes its output over that slot.
+      if (train && l < int64_t(host_x_.size()))
+        be_.offload_copy({host_x_[size_t(l)], layers_[size_t(l)].a.x.data, x_bytes, true});
+      be_.offload_wait({layers_[size_t(l)].next.data, x_bytes});
+    }
     layer_fwd(l, n, train, seed);
   }
 }
@@ -559,9 +574,18 @@ double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64
   const int64_t n = batch.n();
   const double loss = head_and_loss(n, true, grad_scale);
   const double t1 = times_ ? synced_now() : 0.0;
+  const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = cfg_.n_layer - 1; l >= 0; l--) {
     prepare_layer(l, false);
     prepare_layer(l - 1, true);
+    if (offload_) {
+      // The previous layer's input comes back into the other slot while this layer recomputes
+      // and backpropagates (after this slot's last reader, the layer above); this layer's input
+      // arrived during the layer above (the last two never left their slots).
+      if (l >= 1 && l - 1 < int64_t(host_x_.size()))
+        be_.offload_copy({layers_[size_t(l - 1)].a.x.data, host_x_[size_t(l - 1)], x_bytes, false});
+      be_.offload_wait({layers_[size_t(l)].a.x.data, x_bytes});
+    }
     layer_bwd(l, n, seed);
   }
   if (times_) {

@@ -112,7 +112,9 @@ class LlamaModel {
   Tensor base_weight(int64_t layer, int proj);
   int lora_index(int64_t layer, int proj) const;
   void upload_batch(const Batch& batch);
-  void layer_fwd(int64_t layer, int64_t n, bool train, uint64_t seed);
+  // recompute: backward's re-run of a checkpointed layer; its output (the next layer's input, which
+  // backward does not read) goes to ws.tmp, leaving the next layer's input or slot untouched.
+  void layer_fwd(int64_t layer, int64_t n, bool train, uint64_t seed, bool recompute = false);
   void layer_bwd(int64_t layer, int64_t n, uint64_t seed);
   void linear_fwd(const Tensor& y, const Tensor& x, int64_t layer, int proj, const Acts& a, bool train, uint64_t seed);
   void linear_bwd(const Tensor& dx, bool accumulate, const Tensor& dy, const Tensor& x, int64_t layer, int proj,
@@ -131,6 +133,11 @@ class LlamaModel {
   std::vector<LayerViews> layers_;
   std::unique_ptr<StepViews> views_;
   bool ckpt_ = false;
+  // gradient_checkpointing: offload. Layer l's input lives in device slot act.offload_slot.{l % 2};
+  // the inputs of layers 0 .. n_layer-3 also go to host memory (host_x_[l]) in the forward and
+  // come back a layer ahead in the backward (forward_backward); the last two never leave the slots.
+  bool offload_ = false;
+  std::vector<void*> host_x_;
   const int32_t* d_tokens_ = nullptr;
   const int32_t* d_targets_ = nullptr;
   const int32_t* d_label_rows_ = nullptr;     // positions with a label (null when every position has one)

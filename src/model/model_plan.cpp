@@ -91,11 +91,14 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   const bool offload = o.checkpointing == "offload";
   auto act_prefix = [&](int64_t l) { return ckpt ? std::string("act.cur.") : "act.layers." + std::to_string(l) + "."; };
   const int64_t n_sets = ckpt ? 1 : c.n_layer;
-  for (int64_t l = 0; l < c.n_layer; l++) {
+  // Offload: layer inputs live in two device slots (by layer parity); every one but the last two
+  // also goes to host memory in the forward and comes back a layer ahead in the backward. The last
+  // two are still in their slots when backward begins (the last layer writes act.final_x).
+  for (int64_t l = 0; l < (offload ? c.n_layer - 2 : c.n_layer); l++) {
     plan.add("act.layers." + std::to_string(l) + ".x", MC::Activations, cd, {N, C}, Lifetime::Step);
     if (offload) plan.buffers.back().host = true;
   }
-  if (offload)  // two device slots: the layer being recomputed and the next one's input in flight
+  if (offload)  // two device slots: layer l's input and layer l+1's (forward) or l-1's (backward)
     for (int s = 0; s < 2; s++) plan.add("act.offload_slot." + std::to_string(s), MC::Activations, cd, {N, C}, Lifetime::Layer);
   for (int64_t l = 0; l < n_sets; l++) {
     const std::string p = act_prefix(l);

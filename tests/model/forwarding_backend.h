@@ -17,6 +17,8 @@ class ForwardingCpu : public Backend {
   void memset0(void* p, size_t bytes) override { cpu_->memset0(p, bytes); }
   void copy_to_device(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_device(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_host(dst, src, bytes); }
+  void* alloc_host(size_t bytes) override { return cpu_->alloc_host(bytes); }
+  void free_host(void* p) noexcept override { cpu_->free_host(p); }
 #define QLORA_FORWARD_OP(op, Args) \
   void op(const Args& a) override { cpu_->op(a); }
   QLORA_BACKEND_OPS(QLORA_FORWARD_OP)

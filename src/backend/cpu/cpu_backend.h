@@ -19,6 +19,8 @@ class CpuBackend final : public Backend {
   void memset0(void* p, size_t bytes) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+  void* alloc_host(size_t bytes) override { return alloc(bytes); }  // host memory is the device's
+  void free_host(void* p) noexcept override { free(p); }
 
 #define QLORA_CPU_DECLARE_OP(op, Args) void op(const Args& a) override;
   QLORA_BACKEND_OPS(QLORA_CPU_DECLARE_OP)

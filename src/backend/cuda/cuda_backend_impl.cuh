@@ -46,6 +46,8 @@ class CudaBackend final : public Backend {
   void memset0(void* p, size_t bytes) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+  void* alloc_host(size_t bytes) override;  // pinned (cudaMallocHost)
+  void free_host(void* p) noexcept override;
   void synchronize() override;
   void bind_scratch(const std::string& name, void* p, size_t bytes) override;
   void unbind_scratch() noexcept override;
@@ -95,6 +97,11 @@ class CudaBackend final : public Backend {
   cudaStream_t side_ = nullptr;
   std::vector<Prefetched> prefetched_;
   std::vector<cudaEvent_t> free_events_;
+  cudaEvent_t take_event();  // from free_events_, or a new one
+  // Activation offload copies (offload_copy) run on copy_ (made on first use); each one's device
+  // range is pending until an offload_wait covering it makes stream_ wait for its `ready` event.
+  cudaStream_t copy_ = nullptr;
+  std::vector<Prefetched> copies_;
   std::array<void*, size_t(Scratch::kCount)> scratch_{};
   std::array<size_t, size_t(Scratch::kCount)> scratch_size_{};
   std::array<bool, size_t(Scratch::kCount)> scratch_bound_{};  // the memory plan's buffer (not ours to free)

@@ -193,6 +193,11 @@ CudaBackend::~CudaBackend() { release(); }
 // Destructors must not throw: errors here are ignored (the context is going away anyway). Safe
 // on a half-built backend: every handle starts null.
 void CudaBackend::release() noexcept {
+  if (copy_) cudaStreamSynchronize(copy_);
+  for (const Prefetched& p : copies_) cudaEventDestroy(p.ready);
+  copies_.clear();
+  if (copy_) cudaStreamDestroy(copy_);
+  copy_ = nullptr;
   if (side_) cudaStreamSynchronize(side_);
   if (stream_) cudaStreamSynchronize(stream_);
   for (const Prefetched& p : prefetched_) cudaEventDestroy(p.ready);
@@ -301,6 +306,9 @@ void CudaBackend::synchronize() {
   if (!prefetched_.empty()) QLORA_CUDA_CHECK(cudaStreamSynchronize(side_));
   for (const Prefetched& p : prefetched_) free_events_.push_back(p.ready);
   prefetched_.clear();
+  if (!copies_.empty()) QLORA_CUDA_CHECK(cudaStreamSynchronize(copy_));  // offload copies no op waited for
+  for (const Prefetched& p : copies_) free_events_.push_back(p.ready);
+  copies_.clear();
   QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   check_device_errors();
 }

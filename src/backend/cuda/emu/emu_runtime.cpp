@@ -291,8 +291,19 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) { return copy(dst, src, n, kind); }
 
+std::atomic<long> g_async_copies[4] = {};  // indexed by cudaMemcpyKind (HostToHost .. DeviceToDevice)
+long qlora::emu::async_copies(cudaMemcpyKind direction) {
+  const int k = int(direction);
+  return k >= 0 && k < 4 ? g_async_copies[k].load(std::memory_order_relaxed) : 0;
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
-  return copy(dst, src, n, kind);
+  const cudaError_t e = copy(dst, src, n, kind);
+  if (e == cudaSuccess && n > 0) {
+    const bool d = is_device_range(dst, n), s = is_device_range(src, n);
+    g_async_copies[s ? (d ? 3 : 2) : (d ? 1 : 0)].fetch_add(1, std::memory_order_relaxed);
+  }
+  return e;
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {

@@ -33,6 +33,10 @@ int max_dynamic_smem(const void* fn);
 long synchronizations();
 long stream_waits();  // cudaStreamWaitEvent calls
 long lt_descriptors_created();
+// cudaMemcpyAsync calls that have run, by the direction their pointers give (cudaMemcpyHostToDevice,
+// cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice; host to host counts as cudaMemcpyHostToHost):
+// the activation offload tests count the copies of each layer input.
+long async_copies(cudaMemcpyKind direction);
 // Device bytes in live cudaMalloc allocations (each counted at the size requested), the most
 // there have been since the last reset_device_peak() (or the start), and pinned host bytes in
 // live cudaMallocHost allocations: what the memory-plan tests compare with the plan.
