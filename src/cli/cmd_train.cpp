@@ -15,6 +15,9 @@
 #include "dist/local_device.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
+#ifdef QLORA_HAVE_NCCL
+#include "dist/nccl/nccl_reducer.h"
+#endif
 
 namespace qlora {
 
@@ -30,7 +33,12 @@ static int train_on_ranks(const std::string& config, const std::vector<std::stri
     if (cfg.threads == 0) cfg.threads = std::max(1, omp_get_num_procs() / comm.local_size());
   }
   auto be = select_backend(cfg.device, int(cfg.threads), /*quiet=*/comm.rank() != 0);  // rank 0 speaks for all
-  Trainer trainer(cfg, *be, &comm);
+  std::unique_ptr<DeviceReducer> nccl;  // GPU ranks sum gradients in device memory
+#ifdef QLORA_HAVE_NCCL
+  if (comm.size() > 1 && be->device() == DeviceKind::Cuda && cfg.sharding == "none")
+    nccl = make_nccl_reducer(comm, cfg.ddp_timeout);
+#endif
+  Trainer trainer(cfg, *be, &comm, nccl.get());
   TrainSummary s = trainer.run();
   return s.interrupted ? 130 : 0;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace qlora {
@@ -47,6 +48,14 @@ class Comm {
   virtual void barrier() = 0;
   // Ends every rank of the job now (after an error on one rank that the others cannot see).
   [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// Sums buffers in device memory over the ranks of a Comm, in place (NCCL on GPUs). Every rank
+// gets the same bits. Blocks until done; fails (never hangs) when a rank stops answering.
+class DeviceReducer {
+ public:
+  virtual ~DeviceReducer() = default;
+  virtual void allreduce_sum(const std::vector<std::pair<float*, size_t>>& device_buffers) = 0;
 };
 
 // The launcher that started this process, read from its environment (mpirun/mpiexec of Open MPI,

@@ -11,9 +11,14 @@ namespace qlora {
 
 Slice micro_batch_share(int64_t n, const Comm& comm) { return slice_of(size_t(n), comm.rank(), comm.size()); }
 
-DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer) : model_(model), comm_(comm) {
+DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer, DeviceReducer* device)
+    : model_(model), comm_(comm) {
   if (shard_optimizer) {
     zero1_ = std::make_unique<Zero1Optimizer>(model_, comm_);
+    return;
+  }
+  if (device) {
+    device_ = device;
     return;
   }
   size_t n = 0;
@@ -23,6 +28,13 @@ DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm, bool shard_opt
 
 void DataParallelStep::reduce_grads() {
   Backend& be = model_.backend();
+  if (device_) {  // in place on the device, after the backward has finished
+    be.synchronize();
+    std::vector<std::pair<float*, size_t>> bufs;
+    for (auto& p : model_.lora_params()) bufs.emplace_back(static_cast<float*>(p.g.data), size_t(p.g.numel()));
+    device_->allreduce_sum(bufs);
+    return;
+  }
   size_t at = 0;
   for (auto& p : model_.lora_params()) {
     QLORA_ASSERT(p.g.dtype == DType::F32);

@@ -18,8 +18,10 @@ Slice micro_batch_share(int64_t n_micro_batches, const Comm& comm);
 
 class DataParallelStep {
  public:
-  // shard_optimizer: ZeRO-1 (the model was planned with optimizer_shards = ranks).
-  DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer = false);
+  // shard_optimizer: ZeRO-1 (the model was planned with optimizer_shards = ranks). device: sums the
+  // gradients where they are (NCCL on GPUs) instead of through host memory over `comm` (without
+  // sharding only).
+  DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer = false, DeviceReducer* device = nullptr);
   // `global` is the whole step, identical on every rank, in the order one process with
   // gradient_accumulation_steps x world would run it. Every micro-batch is normalized by the
   // trained tokens of all of them and gets the dropout seed of its global index, so the sum over
@@ -34,6 +36,7 @@ class DataParallelStep {
   void reduce_grads();
   LlamaModel& model_;
   Comm& comm_;
+  DeviceReducer* device_ = nullptr;
   std::vector<float> flat_;  // (sum of LoRA parameter sizes): every gradient, back to back (no sharding)
   std::unique_ptr<Zero1Optimizer> zero1_;
 };

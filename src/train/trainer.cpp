@@ -76,9 +76,9 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   return lm;
 }
 
-Trainer::Trainer(TrainConfig cfg, Backend& be, Comm* comm)
+Trainer::Trainer(TrainConfig cfg, Backend& be, Comm* comm, DeviceReducer* device)
     : cfg_(std::move(cfg)), be_(be), own_comm_(comm ? nullptr : make_single_comm()), comm_(comm ? comm : own_comm_.get()),
-      lead_(comm_->rank() == 0) {}
+      device_reducer_(device), lead_(comm_->rank() == 0) {}
 
 void Trainer::log(const std::string& line) {
   if (lead_) std::fprintf(stderr, "%s\n", line.c_str());
@@ -284,7 +284,7 @@ TrainSummary Trainer::run() {
   const bool zero1 = cfg_.sharding == "zero1" && comm_->size() > 1;
   lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq, nullptr, zero1 ? comm_->size() : 1);
   LlamaModel& model = *lm_.model;
-  if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, zero1);
+  if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, zero1, zero1 ? nullptr : device_reducer_);
   const int32_t pad = data.pad_id;
   DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
   std::vector<Batch> eval_batches = make_batches(data.eval, ebs, pad);
@@ -302,7 +302,8 @@ TrainSummary Trainer::run() {
         " rows per step; " +
         (zero1 ? "ZeRO-1 (AdamW moments split across ranks): reduce-scatter of " + std::to_string(n_trainable * 4) +
                      " bytes of fp32 LoRA gradients and all-gather of the updated weights per step"
-               : "all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step"));
+               : "all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step" +
+                     (device_reducer_ ? " (NCCL, in device memory)" : "")));
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
   if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`
     std::vector<double> per_rank(size_t(world), 0.0);

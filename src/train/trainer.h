@@ -57,7 +57,8 @@ class Trainer {
  public:
   // comm: the ranks of a data-parallel job (null = this process alone). Every rank runs the same
   // steps; only rank 0 logs, evaluates and writes files.
-  Trainer(TrainConfig cfg, Backend& be, Comm* comm = nullptr);
+  // device: sums gradients in device memory (NCCL) for a GPU backend; null: through `comm`.
+  Trainer(TrainConfig cfg, Backend& be, Comm* comm = nullptr, DeviceReducer* device = nullptr);
   TrainSummary run();
 
  private:
@@ -75,6 +76,7 @@ class Trainer {
   Backend& be_;
   std::unique_ptr<Comm> own_comm_;  // the single-process Comm when none was given
   Comm* comm_;
+  DeviceReducer* device_reducer_ = nullptr;
   bool lead_;  // rank 0: logs, evaluates, writes
   LoadedModel lm_;
   std::unique_ptr<DataParallelStep> dp_;  // more than one rank

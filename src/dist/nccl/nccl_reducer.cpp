@@ -1,0 +1,82 @@
+// The NCCL DeviceReducer: one grouped ncclAllReduce per call on a stream of its own, waited on
+// with a deadline (a dead peer makes NCCL wait forever; ncclCommAbort ends that). Built only with
+// CUDA and NCCL.
+//
+// Determinism: NCCL's ring and tree all-reduces compute each element once, on one rank, and pass
+// the result on, so every rank gets the same bits; the order is fixed by the algorithm, protocol
+// and channel count NCCL picks for the topology and sizes (NCCL_ALGO / NCCL_PROTO pin them).
+#include "dist/nccl/nccl_reducer.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+
+namespace qlora {
+
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    fail(ErrorKind::Io, std::string("NCCL ") + what, ncclGetErrorString(r), "another rank has probably died; see its output");
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(ErrorKind::Io, std::string("CUDA ") + what, cudaGetErrorString(e));
+}
+
+class NcclReducer final : public DeviceReducer {
+ public:
+  NcclReducer(Comm& comm, double timeout_s) : timeout_s_(timeout_s) {
+    ncclUniqueId id{};
+    if (comm.rank() == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
+    comm.broadcast(&id, sizeof id, 0);
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check_nccl(ncclCommInitRank(&nccl_, comm.size(), id, comm.rank()), "communicator");
+  }
+  ~NcclReducer() override {
+    if (nccl_) ncclCommDestroy(nccl_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  void allreduce_sum(const std::vector<std::pair<float*, size_t>>& bufs) override {
+    check_nccl(ncclGroupStart(), "group");
+    for (const auto& [p, n] : bufs) check_nccl(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, nccl_, stream_), "all-reduce");
+    check_nccl(ncclGroupEnd(), "group");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, "all-reduce");
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(nccl_, &async), "all-reduce");
+      check_nccl(async, "all-reduce");
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (timeout_s_ > 0 && waited > timeout_s_) {
+        ncclCommAbort(nccl_);
+        nccl_ = nullptr;
+        fail(ErrorKind::Io, "NCCL all-reduce",
+             "no answer from the other ranks in " + std::to_string(int(timeout_s_)) + " s: a rank has died or hangs",
+             "the job stops here; see the other ranks' output (ddp_timeout sets the wait)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+ private:
+  double timeout_s_;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t nccl_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceReducer> make_nccl_reducer(Comm& comm, double timeout_s) {
+  return std::make_unique<NcclReducer>(comm, timeout_s);
+}
+
+}  // namespace qlora
