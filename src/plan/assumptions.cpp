@@ -20,7 +20,7 @@ std::vector<std::string> describe_assumptions(const PlanAssumptions& a) {
       "memory-bound kernels at " + pct(a.memory_bw_efficiency) + " of bandwidth (" + tag + "; ~2.5 of 3.35 TB/s dequant on H100)",
       "collectives at " + pct(a.comm_efficiency) + " of link/NIC bandwidth, " + pct(a.comm_overlap) +
           " of compute time hides them (" + tag + ")",
-      "activation offload hidden under " + pct(a.offload_overlap) + " of compute time (" + tag + "; Unsloth reports ~1-2% overhead)",
+      "activation offload: a layer input's copy hidden under " + pct(a.offload_overlap) + " of one layer's compute (" + tag + "; Unsloth reports ~1-2% overhead)",
       "next-layer dequantization (side stream) hidden under " + pct(a.dequant_overlap) + " of the base GEMMs' time (" + tag + ")",
       "overhead: context " + fmt_gib(double(a.cuda_context_bytes)) + ", NCCL " + fmt_gib(double(a.nccl_bytes)) + " (multi-GPU), fragmentation " + pct(a.fragmentation_fraction) +
           ", driver reserve " + fmt_fixed(100 * a.driver_reserve_fraction, 1) + "% (" + tag + ")",

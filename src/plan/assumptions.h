@@ -29,8 +29,10 @@ struct PlanAssumptions {
   // Fraction of compute time under which communication can hide (prefetched all-gathers,
   // bucketed reduce-scatter). Placeholder.
   double comm_overlap = 0.50;
-  // Fraction of compute time under which activation offload copies hide: Unsloth reports ~1-2%
-  // overhead for asynchronous offload (perf_anchors §2, vendor claim).
+  // Fraction of the compute beside it under which one offloaded layer input's copy hides (the
+  // engine copies a layer's input while that layer runs forward, and back while the layer above
+  // runs backward): Unsloth reports ~1-2% overhead for asynchronous offload (perf_anchors §2,
+  // vendor claim).
   double offload_overlap = 0.90;
   // Fraction of the base GEMMs' time under which the next layer's dequantization, issued on a side
   // stream (DequantizeArgs::prefetch), hides: the GEMMs of a training-size micro-batch are

@@ -56,6 +56,11 @@ FitReport fit_search(const PlanRequest& in) {
   const PlanRequest req = normalize_request(in);
   FitReport rep;
   rep.max_seq_len = max_seq_len_that_fits(req);
+  for (const char* ck : {"none", "full", "offload"}) {
+    PlanRequest r = req;
+    r.checkpointing = ck;
+    rep.max_seq_len_by_checkpointing.push_back({ck, r.checkpointing == req.checkpointing ? rep.max_seq_len : max_seq_len_that_fits(r)});
+  }
   rep.max_micro_batch = max_micro_batch_that_fits(req);
 
   // With a batch to split, keep it (same training, different memory/speed trade-off); with the
@@ -116,10 +121,18 @@ std::vector<std::string> suggest_fixes(const PlanRequest& in) {
       out.push_back(change + ": " + fmt_gib(double(p.total_bytes)) + " per GPU, fits, ~" + tok_s(p) + " (estimate)");
     return p.fits;
   };
+  // Checkpointing first: full keeps one input per layer on the device, offload moves all but two
+  // of them to pinned host memory (the longest contexts on one GPU).
+  bool ckpt_fits = false;
   if (req.checkpointing == "none") {
     PlanRequest r = req;
     r.checkpointing = "full";
-    report("--checkpointing full", r);
+    ckpt_fits = report("--checkpointing full", r);
+  }
+  if (req.checkpointing != "offload" && !ckpt_fits) {
+    PlanRequest r = req;
+    r.checkpointing = "offload";
+    report("--checkpointing offload", r);
   }
   if (req.method == "full") {
     PlanRequest r = req;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plan/planner.h"
@@ -22,6 +23,9 @@ struct FitCandidate {
 
 struct FitReport {
   int64_t max_seq_len = 0;       // at the request's micro-batch
+  // The same with each checkpointing mode ("none", "full", "offload"), at the request's micro-batch:
+  // what offload (the layer inputs in pinned host memory) buys in context length.
+  std::vector<std::pair<std::string, int64_t>> max_seq_len_by_checkpointing;
   int64_t max_micro_batch = 0;   // at the request's seq_len
   bool has_fastest = false;
   FitCandidate fastest;          // highest tokens/s among fitting candidates

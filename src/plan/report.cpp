@@ -265,6 +265,13 @@ std::string fit_text(const FitReport& f, const PlanRequest& in) {
        (f.max_seq_len > 0 ? std::to_string(f.max_seq_len) + " tokens (multiple of 128)" : std::string("none fits")) + "\n";
   if (f.max_seq_len > r.model.max_position_embeddings)
     t += "    (beyond max_position_embeddings " + std::to_string(r.model.max_position_embeddings) + ": needs RoPE scaling)\n";
+  if (!f.max_seq_len_by_checkpointing.empty()) {
+    t += "  longest sequence by checkpointing:";
+    for (const auto& [ck, T] : f.max_seq_len_by_checkpointing)
+      t += std::string(ck == f.max_seq_len_by_checkpointing.front().first ? " " : ", ") + ck + " " +
+           (T > 0 ? std::to_string(T) : std::string("none fits"));
+    t += "\n";
+  }
   t += "  largest micro-batch at " + std::to_string(r.seq_len) + " tokens: " +
        (f.max_micro_batch > 0 ? std::to_string(f.max_micro_batch) : std::string("none fits")) + "\n";
   t += "  fastest configuration (" + std::to_string(f.fitting) + " of " + std::to_string(f.candidates) +
@@ -282,6 +289,9 @@ std::string fit_text(const FitReport& f, const PlanRequest& in) {
 json fit_json(const FitReport& f) {
   json j = {{"max_seq_len", f.max_seq_len}, {"max_micro_batch", f.max_micro_batch},
             {"candidates", f.candidates}, {"fitting", f.fitting}, {"searched", f.space}};
+  json by_ckpt = json::object();
+  for (const auto& [ck, T] : f.max_seq_len_by_checkpointing) by_ckpt[ck] = T;
+  j["max_seq_len_by_checkpointing"] = by_ckpt;
   j["fastest"] = f.has_fastest ? plan_json(f.fastest.result) : json(nullptr);
   return j;
 }

@@ -156,12 +156,24 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   const double t_compute = e.t_gemm + e.t_attn + e.t_memory + e.t_dequant_exposed;
   e.t_comm_exposed = std::max(0.0, e.t_comm - a.comm_overlap * t_compute);
 
-  // Activation offload: each checkpoint goes to the host in forward and back in backward.
-  double host = 0;
+  // Activation offload as the engine schedules it (LlamaModel::forward, forward_backward): each
+  // offloaded layer input (a host buffer) goes to the host while its own layer runs forward and
+  // comes back while the layer above recomputes and backpropagates, one copy in flight each way;
+  // a copy longer than the compute beside it stalls the next layer by the difference. A layer's
+  // forward and backward times are the micro-step's compute split by the layers' FLOPs.
+  e.t_offload = e.t_offload_exposed = 0;
+  const auto layer_flops = [](const FlopParts& p) { return p.base + p.lora + p.attn; };
+  const double per_layer = t_compute / ga / std::max(1.0, double(c.n_layer)) / std::max(1e-30, f.total());
+  const double t_fwd_layer = per_layer * layer_flops(f.fwd);
+  const double t_bwd_layer = per_layer * (layer_flops(f.bwd) + layer_flops(f.recompute));
   for (const auto& b : replica.buffers)
-    if (b.host && !is_backend_buffer(b)) host += double(b.bytes);  // not the backend's upload staging
-  e.t_offload = 2.0 * host * ga / (r.gpu.host_bw * a.comm_efficiency);
-  e.t_offload_exposed = std::max(0.0, e.t_offload - a.offload_overlap * t_compute);
+    if (b.host && !is_backend_buffer(b)) {  // not the backend's upload staging
+      const double copy = double(b.bytes) / (r.gpu.host_bw * a.comm_efficiency);
+      e.t_offload += 2.0 * copy * ga;
+      e.t_offload_exposed += ga * (std::max(0.0, copy - a.offload_overlap * t_fwd_layer) +
+                                   std::max(0.0, copy - a.offload_overlap * t_bwd_layer));
+    }
+
 
   e.step_time_s = t_compute + e.t_comm_exposed + e.t_offload_exposed;
   e.tokens_per_second = e.useful_tokens_per_step / e.step_time_s;
