@@ -382,6 +382,76 @@ TEST(EmuCublasLt, FP8NeedsAda) {
   }
 }
 
+// What cuBLASLt's FP8 requirements (cuBLAS documentation, cublasLtMatmul) exclude, one at a time
+// from an accepted "TN" e4m3 problem: another compute type, row order, stored rows or leading
+// dimensions that are not 16 bytes, alignments below 16 bytes, scales where the types take none,
+// and scale pointers or operands that are not 16-byte aligned device memory at matmul time.
+TEST(EmuCublasLt, FP8RejectsWhatCublasLtRejects) {
+  ArchScope arch("89");  // Ada: FP8, "TN" only
+  const Mat A = make(CUDA_R_8F_E4M3, 32, 16, 0, false, 1, 0), B = make(CUDA_R_8F_E4M3, 32, 8, 0, false, 1, 0);
+  const Mat C = make(CUDA_R_16BF, 16, 8, 0, false, 1, 0);
+  const Mat* ok[4] = {&A, &B, &C, &C};
+  {
+    Lt lt(true, false, ok);
+    ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+    Dev da(A.bytes() + 64), db(B.bytes()), dc(C.bytes()), ds(64);
+    const float scales[2] = {0.5f, 2.0f};
+    std::memcpy(ds.p, scales, 8);
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ds.at<float>()));
+    lt.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(ds.at<float>(4)));
+    EXPECT_EQ(lt.matmul(1, da.p, db.p, 0, dc.p, dc.p), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(lt.matmul(1, da.at(8), db.p, 0, dc.p, dc.p), CUBLAS_STATUS_INVALID_VALUE);  // A 8-byte aligned
+    float host_scale = 1.0f;
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(&host_scale));
+    EXPECT_EQ(lt.matmul(1, da.p, db.p, 0, dc.p, dc.p), CUBLAS_STATUS_INVALID_VALUE);  // scale in host memory
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ds.at<float>(2)));
+    EXPECT_EQ(lt.matmul(1, da.p, db.p, 0, dc.p, dc.p), CUBLAS_STATUS_INVALID_VALUE);  // misaligned f32 scale
+    lt.set(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(ds.at<float>()));
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_INVALID_VALUE);  // a D scale for a bf16 D
+  }
+  {
+    Lt lt(true, false, ok);
+    const int32_t pedantic = CUBLAS_COMPUTE_32F_PEDANTIC;
+    lt.set(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, pedantic);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+    EXPECT_EQ(lt.count, 0);
+  }
+  {
+    Lt lt(true, false, ok, 8);  // the FP8 kernels need 16-byte alignment
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {
+    const Mat Ak = make(CUDA_R_8F_E4M3, 24, 16, 0, false, 1, 0), Bk = make(CUDA_R_8F_E4M3, 24, 8, 0, false, 1, 0);
+    const Mat* odd_k[4] = {&Ak, &Bk, &C, &C};  // k = 24: 24-byte stored columns
+    Lt lt(true, false, odd_k);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {
+    const Mat Ar = make(CUDA_R_8F_E4M3, 32, 16, 0, true, 1, 0);
+    const Mat* row[4] = {&Ar, &B, &C, &C};  // row-major A
+    Lt lt(true, false, row);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {
+    const Mat Ab = make(CUDA_R_16BF, 32, 16, 0, false, 1, 0), Bb = make(CUDA_R_16BF, 32, 8, 0, false, 1, 0);
+    const Mat* bf[4] = {&Ab, &B, &C, &C};  // bf16 x e4m3: cuBLASLt does not mix them
+    Lt lt(true, false, bf);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+    const Mat* bf2[4] = {&Ab, &Bb, &C, &C};
+    Lt lt2(true, false, bf2);
+    Dev ds(16);
+    lt2.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ds.p));
+    EXPECT_EQ(lt2.heuristic(), CUBLAS_STATUS_INVALID_VALUE);  // per-tensor scales are for FP8 operands
+  }
+  {
+    ArchScope blackwell_geforce("120");  // 12.x keeps the "TN" rule
+    const Mat An = make(CUDA_R_8F_E4M3, 16, 32, 0, false, 1, 0);
+    const Mat* nn[4] = {&An, &B, &C, &C};
+    Lt lt(false, false, nn);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+}
+
 TEST(EmuCublasLt, HeuristicRejectsUnsupportedAndInvalidProblems) {
   const Mat A = make(CUDA_R_16BF, 8, 4, 0, false, 1, 0), B32 = make(CUDA_R_32F, 4, 6, 0, false, 1, 0);
   const Mat B = make(CUDA_R_16BF, 4, 6, 0, false, 1, 0), C = make(CUDA_R_16BF, 8, 6, 0, false, 1, 0);

@@ -389,8 +389,11 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
         (dt == CUDA_R_8F_E4M3 || (dt == CUDA_R_8F_E5M2 && (at == CUDA_R_8F_E5M2 || bt == CUDA_R_8F_E5M2)));
     if (!wide_out && !fp8_out) return CUBLAS_STATUS_NOT_SUPPORTED;
     bias_default = fp8_out ? ct : (dt == CUDA_R_32F ? CUDA_R_16BF : dt);
-    // FP8 kernels: Ada/Hopper and later; "TN" only except on Blackwell datacenter parts (10.x);
+    // FP8 kernels (cuBLAS documentation, cublasLtMatmul, FP8 requirements): Ada/Hopper and later;
+    // "TN" only except on Blackwell datacenter parts (10.x); compute type exactly
+    // CUBLAS_COMPUTE_32F (no _PEDANTIC variant, no 16F accumulation) with a CUDA_R_32F scale type;
     // column-major A/B; 16-byte aligned stored rows and leading dimensions (Tensor Core Usage).
+    if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     const int cc = arch();
     if (cc < 89) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (cc / 10 != 10 && !(g.ta && !g.tb)) return CUBLAS_STATUS_NOT_SUPPORTED;
