@@ -14,6 +14,7 @@ namespace qlora {
 // X(op_name, ArgsStruct)
 #define QLORA_BACKEND_OPS(X)            \
   X(matmul, MatmulArgs)                 \
+  X(matmul_fp8, MatmulFp8Args)          \
   X(embedding_fwd, EmbeddingFwdArgs)    \
   X(embedding_bwd, EmbeddingBwdArgs)    \
   X(rmsnorm_fwd, RmsnormFwdArgs)        \
@@ -45,6 +46,9 @@ class Backend {
   virtual DeviceKind device() const = 0;
   // Activation dtype this backend computes in (F32 on CPU, BF16 on CUDA).
   virtual DType compute_dtype() const = 0;
+  // Whether matmul_fp8 runs on FP8 hardware (CUDA: sm_89 and later); the CPU computes its
+  // semantics in f32. A plan asking for FP8 base GEMMs falls back to bf16 where this is false.
+  virtual bool has_fp8_gemm() const { return true; }
 
   // Memory on the backend's device. alloc returns zeroed, 256-byte aligned memory.
   virtual void* alloc(size_t bytes) = 0;

@@ -18,6 +18,7 @@ enum class ScratchSlot : int {
   AttnDqAcc,       // attention_bwd's f32 dq accumulator, (B,T,Hq,attention_dq_cols(D))
   AttnDelta,       // attention_bwd's f32 rowsum(dO*O), (B,Hq,T)
   ReducePartials,  // sumsq's f64 partial sums (and rmsnorm_bwd's f32 dw partials)
+  Fp8Act,          // matmul_fp8's activation: amax partials, scale, e4m3 codes (fp8_act_bytes)
   kCount
 };
 constexpr int kNumScratchSlots = int(ScratchSlot::kCount);
@@ -29,6 +30,7 @@ inline const char* scratch_buffer_name(ScratchSlot s) {
     case ScratchSlot::AttnDqAcc: return "cuda.attn_dq_acc";
     case ScratchSlot::AttnDelta: return "cuda.attn_delta";
     case ScratchSlot::ReducePartials: return "cuda.reduce_partials";
+    case ScratchSlot::Fp8Act: return "cuda.fp8_act";
     case ScratchSlot::kCount: break;
   }
   return "cuda.?";
@@ -59,6 +61,13 @@ inline constexpr int kSumsqThreads = 256;  // sumsq kernels' block; each thread 
 inline int64_t sumsq_blocks(int64_t n) {
   return n == 0 ? 0 : std::clamp<int64_t>((n + kSumsqThreads * 8 - 1) / (kSumsqThreads * 8), 1, 1024);
 }
+// matmul_fp8's scratch for x (tokens, in): kFp8AmaxBlocks f32 amax partials, then {amax, scale_inv}
+// at kFp8StatsOffset, then the e4m3 codes at kFp8CodesOffset (256-byte aligned, as cuBLASLt's FP8
+// kernels want 16).
+inline constexpr int kFp8AmaxBlocks = 256;
+inline constexpr int64_t kFp8StatsOffset = int64_t(kFp8AmaxBlocks) * 4;
+inline constexpr int64_t kFp8CodesOffset = kFp8StatsOffset + 256;
+inline int64_t fp8_act_bytes(int64_t tokens, int64_t in) { return kFp8CodesOffset + tokens * in; }
 // Columns of one (row, head) of attention_bwd's dq accumulator: the backward kernel's tile width.
 inline int64_t attention_dq_cols(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 

@@ -26,6 +26,22 @@ struct MatmulArgs {
   float alpha = 1.0f, beta = 0.0f;
 };
 
+// A base projection on an FP8 weight as stored, no dequantization:
+//   y (m,out) "=" q(x) w^T      x (m,in) in the compute dtype; y in the compute dtype
+// w is one packed FP8_E4M3 per-tensor weight (out,in) on the backend's device (quant/quant_layout.h):
+// its e4m3 codes times its stored scale_inv. q(x) is x quantized to e4m3 per tensor with current
+// scaling, as quant/fp8.cpp scales a weight: s = 448 / amax(|x|) (amax 0: s = 1; s overflowing to
+// inf: FLT_MAX), codes e4m3_rn_satfinite(x * s), value code / s. Products of codes accumulate in
+// f32 and are multiplied by both scale_inv. amax (optional, F32 (1) on the device) "=" amax(|x|).
+// CUDA: cuBLASLt FP8 on sm_89 and later (Backend::has_fp8_gemm), in % 16 == 0 and out % 8 == 0,
+// 16-byte aligned x and y; anything else is Error(Unsupported). The CPU computes the same in f32.
+struct MatmulFp8Args {
+  Tensor y, x;
+  const void* w = nullptr;
+  int64_t m = 0, out = 0, in = 0;
+  Tensor amax;
+};
+
 // out[i,:] = table[tokens[i],:]     out (N,C) "="; table (V,C).
 struct EmbeddingFwdArgs {
   Tensor out, table;

@@ -38,6 +38,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--seq-len")) r.seq_len = t.max_length;
   if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
   if (unset("--checkpointing")) r.checkpointing = t.gradient_checkpointing;
+  if (unset("--gemm-dtype")) r.gemm_dtype = t.gemm_dtype;
   if (unset("--ce-chunk")) r.ce_chunk = t.ce_chunk_size;
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
   if (!t.sample_prompts.empty()) r.kv_cache_tokens = r.seq_len + t.sample_max_new_tokens;

@@ -35,6 +35,7 @@ std::string backend_buffer_description(const std::string& name) {
     case S::AttnDqAcc: return "attention bwd dq accumulator";
     case S::AttnDelta: return "attention bwd rowsum(dO*O)";
     case S::ReducePartials: return "sumsq partial sums";
+    case S::Fp8Act: return "fp8 GEMM activation (e4m3) and its scale";
     case S::kCount: break;
   }
   return "";
@@ -83,6 +84,15 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::MatmulCvtB), MC::Workspace, DType::BF16, {cvt_b}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
+
+  // matmul_fp8 (FP8 base GEMMs): amax partials, scale and the e4m3 codes of the widest input.
+  if (o.gemm_dtype == "fp8") {
+    int64_t in_max = 0;
+    for (const auto& t : all_linear_targets()) in_max = std::max(in_max, projection_shape(c, t).second);
+    plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp8Act), MC::Workspace, cp::fp8_act_bytes(N, in_max),
+                   Lifetime::Layer);
+    plan.buffers.back().owner = BufferOwner::ArenaScratch;
+  }
 
   // attention_bwd on micro_batch x seq_len tokens: dq accumulated in f32 at the kernel's tile
   // width, and delta per (token, query head).

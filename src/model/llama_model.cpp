@@ -59,6 +59,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.targets = lora_.targets;
   opts_.lora_dropout = lora_.dropout > 0;
   ckpt_ = opts_.checkpointing != "none";
+  opts_.gemm_dtype = base_gemm_dtype(opts_, be_.has_fp8_gemm());
   offload_ = opts_.checkpointing == "offload";
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
@@ -315,7 +316,10 @@ static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer)
 void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
                             uint64_t seed) {
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
-  be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
+  if (opts_.gemm_dtype == "fp8")  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
+    be_.matmul_fp8({y, x, layers_[size_t(l)].packed[p], n, out, in, Tensor()});
+  else
+    be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
   if (p <= V && cfg_.attention_bias)
     be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
   const int li = lora_index(l, p);
@@ -549,8 +553,10 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
   const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
-    prepare_layer(l, false);
-    prepare_layer(l + 1, true);  // the next layer's weights while this one computes
+    if (opts_.gemm_dtype != "fp8") {  // fp8 base GEMMs read the stored weights: nothing to dequantize
+      prepare_layer(l, false);
+      prepare_layer(l + 1, true);  // the next layer's weights while this one computes
+    }
     if (offload_) {
       // This layer's input goes to the host while the layer computes; the copy of the previous
       // layer's input must be done before this layer writes its output over that slot.

@@ -1,6 +1,7 @@
 // The engine's buffer list for a model + training shape: the single source of truth that the
 // engine allocates from and that `qlora plan` reports.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,19 @@ struct ModelPlanOptions {
   // Generation through the training forward: each layer's keys and values for this many positions
   // (prompt + answer). 0: no KV cache (a run without sample answers).
   int64_t kv_cache_tokens = 0;
+  // Tensor-core dtype of the frozen base's forward GEMMs (qlora plan --gemm-dtype): "bf16" (a
+  // quantized base is dequantized a layer ahead) or "fp8" (an fp8 base read as stored by the
+  // matmul_fp8 op, the activation quantized to e4m3; the backward's dy W stays bf16). Resolve it
+  // with base_gemm_dtype before planning: the planned scratch depends on it.
+  std::string gemm_dtype = "bf16";
 };
+
+// The base GEMM dtype the engine runs for these options: "fp8" when asked for, the base is stored
+// as fp8 (e4m3, per-tensor scale) and the backend has FP8 GEMMs (CUDA: sm_89 and later; the CPU
+// states the same arithmetic in f32); otherwise "bf16", the dequantizing path (sm_80, other bases).
+inline std::string base_gemm_dtype(const ModelPlanOptions& o, bool backend_has_fp8) {
+  return o.gemm_dtype == "fp8" && o.base_precision == "fp8" && backend_has_fp8 ? "fp8" : "bf16";
+}
 
 // The seven projection names in layer order.
 const std::vector<std::string>& all_linear_targets();
@@ -41,6 +54,15 @@ std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::st
 // is dequantized once for its recompute and its gradients). The last two layers of the forward are
 // still there for the backward, and the first two of the backward for the next forward: 2L - 4.
 int64_t dequant_layers_per_micro_step(int64_t n_layer);
+
+// The same with FP8 base GEMMs (gemm_dtype "fp8"): the forward and its recompute read the fp8
+// weights as stored; only the backward's dy W (bf16: an "NN" product, which cuBLASLt's FP8 kernels
+// take only on sm_100) dequantizes, each layer once. From 4 layers on none of the two slots' layers
+// survives to be reused: L; below that the 2L - 4 rule's reuse applies.
+inline int64_t dequant_layers_per_micro_step(int64_t n_layer, const std::string& gemm_dtype) {
+  if (gemm_dtype != "fp8") return dequant_layers_per_micro_step(n_layer);
+  return n_layer >= 4 ? n_layer : std::max<int64_t>(0, 2 * n_layer - 4);
+}
 
 // Appends every buffer of the engine for this configuration to `plan`.
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o);

@@ -113,6 +113,8 @@ ModelPlanOptions model_plan_options(const PlanRequest& r) {
   o.checkpointing = r.checkpointing;
   o.ce_chunk = r.ce_chunk;
   o.kv_cache_tokens = r.kv_cache_tokens;
+  o.gemm_dtype = r.gemm_dtype;
+  o.gemm_dtype = base_gemm_dtype(o, true);  // --gemm-dtype fp8 was checked against the GPU's FP8 peak
   return o;
 }
 

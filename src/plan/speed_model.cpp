@@ -6,6 +6,7 @@
 #include "model/backend_plan.h"
 #include "model/model_plan.h"
 #include "model/quant_bytes.h"
+#include "plan/planner.h"
 
 namespace qlora {
 
@@ -62,6 +63,10 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // Compute: base GEMMs at the chosen tensor-core dtype; LoRA, LM head and attention in bf16.
   const FlopCounts& f = e.per_token;
   const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base;
+  // The engine's FP8 base GEMMs (an fp8 base, --gemm-dtype fp8: model_plan_options' gemm_dtype)
+  // cover the forward and its recompute; the backward's dy W runs in bf16 on the dequantized layer.
+  const bool fp8_base_gemm = base_gemm_dtype(model_plan_options(r), true) == "fp8";
+  const double bf16_base = fp8_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
   const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.fwd.lora + f.bwd.lora + f.recompute.lora;
   const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn;
   const double bf16_peak = r.gpu.bf16_tflops * 1e12;
@@ -72,7 +77,8 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
     e.t_gemm = tok_gpu * ((base_flops + bf16_flops - lora_flops) / bf16_peak + lora_flops / (r.gpu.lora_tflops * 1e12));
     e.t_attn = tok_gpu * attn_flops / (r.gpu.attn_tflops * 1e12);
   } else {
-    e.t_gemm = tok_gpu * (base_flops / (base_peak * base_eff) + bf16_flops / (bf16_peak * a.gemm_efficiency));
+    e.t_gemm = tok_gpu * ((base_flops - bf16_base) / (base_peak * base_eff) +
+                          (bf16_flops + bf16_base) / (bf16_peak * a.gemm_efficiency));
     e.t_attn = tok_gpu * attn_flops / (bf16_peak * a.attention_efficiency);
   }
 
@@ -80,8 +86,10 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // time into two layer slots, as the engine does: dequant_layers_per_micro_step layers per
   // micro-step (2L - 4: a layer once for the forward, once for its recompute and gradients, the
   // two layers at each turn kept), each reading the stored bytes and writing the GEMM operand.
-  const double layers = double(dequant_layers_per_micro_step(c.n_layer));
-  const double operand = r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, r.gemm_dtype);
+  // With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
+  const double layers = double(dequant_layers_per_micro_step(c.n_layer, fp8_base_gemm ? "fp8" : "bf16"));
+  const double operand =
+      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, fp8_base_gemm ? std::string("bf16") : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
   if (operand > 0 || (r.gpu.is_cpu && is_quantized_precision(r.base_precision)))
     for (const auto& t : all_linear_targets()) {
@@ -95,7 +103,9 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   else e.memory_bytes.push_back({"base weight dequant/cast", convert * layers * ga});
   // On a GPU the next layer's dequantization runs on a side stream beside this layer's GEMMs.
   const double t_base_gemm =
-      r.gpu.is_cpu ? 0.0 : tok_gpu * base_flops / (base_peak * base_eff);
+      r.gpu.is_cpu ? 0.0
+                   : tok_gpu * ((base_flops - bf16_base) / (base_peak * base_eff) +
+                                bf16_base / (bf16_peak * a.gemm_efficiency));
   if (!r.gpu.is_cpu) {
     e.t_dequant = convert * layers * ga / (r.gpu.mem_bw * a.memory_bw_efficiency);
     e.t_dequant_exposed = std::max(0.0, e.t_dequant - a.dequant_overlap * t_base_gemm);
@@ -173,7 +183,6 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
       e.t_offload_exposed += ga * (std::max(0.0, copy - a.offload_overlap * t_fwd_layer) +
                                    std::max(0.0, copy - a.offload_overlap * t_bwd_layer));
     }
-
 
   e.step_time_s = t_compute + e.t_comm_exposed + e.t_offload_exposed;
   e.tokens_per_second = e.useful_tokens_per_step / e.step_time_s;

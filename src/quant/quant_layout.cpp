@@ -55,12 +55,18 @@ QuantLayout quant_layout(const QuantParams& p, int64_t rows, int64_t cols) {
     s.count = count;
     at += count * elem;
   };
+  // FP8 codes whose count is a multiple of 4 go first, at the buffer's 256-byte alignment: an FP8
+  // GEMM reads them in place, and cuBLASLt's FP8 kernels take only 16-byte aligned operands. The
+  // f32 scales after them stay 4-byte aligned. (Any shape an FP8 GEMM takes has cols % 16 == 0.)
+  const bool fp8 = p.format == QuantFormat::FP8_E4M3 || p.format == QuantFormat::FP8_E5M2;
+  const bool data_first = fp8 && n_data % 4 == 0;
+  if (data_first) place(L.data, n_data, 1);
   place(L.absmax, n_absmax, 4);
   place(L.nested_absmax, n_nested, 4);
   place(L.offset, n_offset, 4);
   place(L.nested_code, n_code, 4);
   place(L.scales_f32, n_scales_f32, 4);
-  place(L.data, n_data, 1);
+  if (!data_first) place(L.data, n_data, 1);
   place(L.absmax_q, n_absmax_q, 1);
   place(L.scales, n_scales, 1);
   L.total = at;

@@ -9,7 +9,8 @@ namespace qlora {
 
 // Byte offset and element count of each section of one quantized (rows, cols) weight; offset -1
 // where the format has no such section. The f32 sections come first so they stay 4-byte aligned
-// (the arena aligns every buffer to 256 bytes), the byte sections follow. Sizes follow
+// (the arena aligns every buffer to 256 bytes), the byte sections follow; except FP8 codes whose
+// count is a multiple of 4, which come first so that an FP8 GEMM can read them in place. Sizes follow
 // quant/quantize.h; total is asserted to equal quant_storage_bytes, so the plan (which uses
 // quant_storage_bytes) and this layout cannot drift apart.
 struct QuantLayout {

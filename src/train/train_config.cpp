@@ -188,6 +188,10 @@ const std::vector<KeyRow>& key_table() {
       {.name = "quant_blocksize", .field = &T::quant_blocksize, .def = "64",
        .choices = {"32", "64", "128", "256", "512", "1024", "2048", "4096"},
        .help = "Elements per absmax block for nf4/fp4."},
+      {.name = "gemm_dtype", .field = &T::gemm_dtype, .def = "bf16", .choices = {"bf16", "fp8"},
+       .help = "Tensor-core dtype of the frozen base's forward GEMMs: fp8 reads a base_precision: fp8 base as "
+               "stored (cuBLASLt FP8, sm_89 and later; the activation is quantized to e4m3 per tensor); bf16, "
+               "or fp8 elsewhere, dequantizes it."},
       {.name = "gradient_checkpointing", .field = &T::gradient_checkpointing, .def = "none",
        .choices = {"none", "full", "offload"},
        .help = "Recompute layer activations in backward: none, full, or offload layer inputs to host memory.",

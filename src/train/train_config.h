@@ -70,6 +70,7 @@ struct TrainConfig {
   std::string bnb_4bit_quant_type;  // nf4|fp4
   bool bnb_4bit_use_double_quant;
   int64_t quant_blocksize;
+  std::string gemm_dtype;              // bf16|fp8: the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
   std::string gradient_checkpointing;  // none|full|offload
   int64_t ce_chunk_size;               // tokens per cross-entropy chunk
   bool bf16;                           // informational: compute precision follows the backend

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "model/model_plan.h"
+#include "model/quant_bytes.h"
 #include "plan/planner.h"
 
 using namespace qlora;
@@ -80,10 +81,21 @@ TEST(Speed, DequantTraffic) {
   EXPECT_NEAR(s64.step_time_s, s64.t_gemm + s64.t_attn + s64.t_memory + s64.t_dequant_exposed, 1e-12);
   r.checkpointing = "none";
   EXPECT_DOUBLE_EQ(make_plan(r).speed.memory_bytes[0].second, p.speed.memory_bytes[0].second);
-  // An FP8 base consumed directly by FP8 GEMMs needs no conversion pass.
+  // An FP8 base with FP8 GEMMs: the forward and its recompute read it as stored, only the
+  // backward dequantizes to bf16 (dy W), each layer once per micro-step: L layers of 1 + 2 bytes.
   r.base_precision = "fp8";
   r.gemm_dtype = "fp8";
-  EXPECT_EQ(make_plan(r).speed.memory_bytes[0].second, 0.0);
+  const PlanResult f8 = make_plan(r);
+  const LlamaConfig& cfg = f8.req.model;
+  double per_layer = 0;
+  for (const auto& t : all_linear_targets()) {
+    const auto [out, in] = projection_shape(cfg, t);
+    per_layer += double(quantized_weight_bytes("fp8", out, in, r.quant_blocksize, false)) + 2.0 * double(out * in);
+  }
+  EXPECT_EQ(dequant_layers_per_micro_step(cfg.n_layer, "fp8"), cfg.n_layer);
+  EXPECT_DOUBLE_EQ(f8.speed.memory_bytes[0].second, per_layer * double(cfg.n_layer) * double(r.grad_accum));
+  r.gemm_dtype = "bf16";
+  EXPECT_GT(make_plan(r).speed.memory_bytes[0].second, f8.speed.memory_bytes[0].second);
 }
 
 // Ring collectives: all-reduce of X bytes over G GPUs moves 2 (G-1)/G X per GPU over the link.

@@ -27,6 +27,7 @@ enum class Scratch : int {
   AttnDq = int(cuda_plan::ScratchSlot::AttnDqAcc),       // (B,T,Hq,Dp) F32 dq accumulator of attention_bwd
   AttnDelta = int(cuda_plan::ScratchSlot::AttnDelta),    // (B,Hq,T) F32 rowsum(dO*O) of attention_bwd
   Reduce = int(cuda_plan::ScratchSlot::ReducePartials),  // partial sums (sumsq, rmsnorm dw)
+  Fp8Act = int(cuda_plan::ScratchSlot::Fp8Act),          // matmul_fp8's activation amax, scale and e4m3 codes
   kCount = cuda_plan::kNumScratchSlots
 };
 
@@ -40,6 +41,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   DeviceKind device() const override { return DeviceKind::Cuda; }
   DType compute_dtype() const override { return DType::BF16; }
+  bool has_fp8_gemm() const override;  // compute capability 8.9 or later (cuda_fp8.cu)
 
   void* alloc(size_t bytes) override;
   void free(void* p) noexcept override;

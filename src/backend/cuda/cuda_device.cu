@@ -333,6 +333,7 @@ static const char* scratch_user(Scratch slot) {
     case Scratch::AttnDq:
     case Scratch::AttnDelta: return "attention_bwd";
     case Scratch::Reduce: return "sumsq/rmsnorm_bwd";
+    case Scratch::Fp8Act: return "matmul_fp8";
     case Scratch::kCount: break;
   }
   return "?";
