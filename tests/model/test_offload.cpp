@@ -97,6 +97,7 @@ TEST(ActivationOffload, CpuStepsEqualFullCheckpointingExactly) {
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << pf[i].name;
     }
   EXPECT_EQ(off->forward_loss(mbs[0]), full->forward_loss(mbs[0]));
+  EXPECT_TRUE(off->logits(mbs[1]) == full->logits(mbs[1])) << "the eval forward through the two slots";
 }
 
 // The schedule: per micro-batch each of layers 0 .. L-3 sends its input to the host once and gets
