@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "quant/block_scale_layout.h"
+#include "quant/quantize.h"
 
 namespace {
 
@@ -448,6 +452,103 @@ TEST(EmuCublasLt, FP8RejectsWhatCublasLtRejects) {
     const Mat An = make(CUDA_R_8F_E4M3, 16, 32, 0, false, 1, 0);
     const Mat* nn[4] = {&An, &B, &C, &C};
     Lt lt(false, false, nn);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+}
+
+// MXFP8 through cuBLASLt's block scaling on Blackwell: A (m,k) and B^T (n,k) quantized by the
+// repository's MXFP8 reference (e4m3 codes, an e8m0 scale per 32 of a row, stored row-major), the
+// scales rearranged into cuBLASLt's 128 x 4 tiles (quant/block_scale_layout.h), and the product
+// against the dequantized operands in double. m = 132 crosses a 128-row band, k = 96 pads its
+// three blocks to a tile of four. Then the rejections: another architecture, the other mode,
+// mixed modes, "NN", k % 32 != 0, and scale arrays missing or shorter than the tiles at matmul.
+TEST(EmuCublasLt, MXFP8BlockScaledOnBlackwell) {
+  const int64_t m = 132, n = 40, k = 96, kb = k / 32;  // FP8: D (f32) rows of 16-byte multiples
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> a(size_t(m * k)), b(size_t(n * k));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = nd(rng) * (i % 97 == 0 ? 40.0f : 1.0f);  // uneven block scales
+  for (float& v : b) v = 0.1f * nd(rng);
+  qlora::QuantParams p;
+  p.format = qlora::QuantFormat::MXFP8_E4M3;
+  const qlora::QuantizedTensor qa = qlora::quantize_ref(a.data(), m, k, p), qb = qlora::quantize_ref(b.data(), n, k, p);
+  std::vector<float> da_(a.size()), db_(b.size());
+  qlora::dequantize_ref(qa, da_.data());
+  qlora::dequantize_ref(qb, db_.data());
+  const auto ta = qlora::tile_block_scales(qa.scales.data(), m, kb), tb = qlora::tile_block_scales(qb.scales.data(), n, kb);
+  ASSERT_EQ(int64_t(ta.size()), 256 * 4);  // two 128-row bands, one tile of 4 blocks
+  // Column-major storage: A as (k, m), B as (k, n); both are our row-major (m,k) / (n,k) codes.
+  const Mat A = make(CUDA_R_8F_E4M3, k, m, 0, false, 1, 0), B = make(CUDA_R_8F_E4M3, k, n, 0, false, 1, 0);
+  const Mat D = make(CUDA_R_32F, m, n, 0, false, 1, 0);
+  const Mat* mats[4] = {&A, &B, &D, &D};
+  Dev dA(A.bytes()), dB(B.bytes()), dD(D.bytes()), dsa(ta.size()), dsb(tb.size()), dshort(ta.size() - 16);
+  dA.upload(qa.data), dB.upload(qb.data), dsa.upload(ta), dsb.upload(tb);
+  const int32_t vec32 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0, vec16 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3,
+                scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  auto block_lt = [&](Lt& lt, int32_t ma, int32_t mb) {
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, ma);
+    lt.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mb);
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dsa.p));
+    lt.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(dsb.p));
+  };
+  {
+    ArchScope arch("100");
+    Lt lt(true, false, mats);
+    block_lt(lt, vec32, vec32);
+    ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(lt.matmul(1, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> got(size_t(m * n));
+    std::memcpy(got.data(), dD.p, got.size() * 4);
+    double max_ref = 0, max_err = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0;
+        for (int64_t q = 0; q < k; ++q) ref += double(da_[size_t(i * k + q)]) * db_[size_t(j * k + q)];
+        max_ref = std::max(max_ref, std::fabs(ref));
+        max_err = std::max(max_err, std::fabs(got[size_t(i + j * m)] - ref));
+      }
+    EXPECT_LE(max_err, kF32Tol * max_ref);
+    // Without the block scales (or with the row-major ones read as tiles) the result is wrong.
+    Dev dsa_flat(ta.size());
+    std::vector<uint8_t> flat(ta.size(), 127);
+    std::copy(qa.scales.begin(), qa.scales.end(), flat.begin());
+    dsa_flat.upload(flat);
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dsa_flat.p));
+    ASSERT_EQ(lt.matmul(1, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
+    std::memcpy(got.data(), dD.p, got.size() * 4);
+    double wrong = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0;
+        for (int64_t q = 0; q < k; ++q) ref += double(da_[size_t(i * k + q)]) * db_[size_t(j * k + q)];
+        wrong = std::max(wrong, std::fabs(got[size_t(i + j * m)] - ref));
+      }
+    EXPECT_GT(wrong, 0.01 * max_ref) << "row-major scales read as tiles must not pass";
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dshort.p));
+    EXPECT_EQ(lt.matmul(1, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_INVALID_VALUE);  // shorter than the tiles
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(nullptr));
+    EXPECT_EQ(lt.matmul(1, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_INVALID_VALUE);  // no scales
+  }
+  struct Case {
+    const char* arch;
+    int32_t ma, mb;
+    bool ta, tb;
+    int64_t k;
+  } rejected[] = {
+      {"90", vec32, vec32, true, false, 96},       // block scaling is Blackwell's
+      {"100", vec16, vec16, true, false, 96},      // NVFP4's mode on FP8 data
+      {"100", vec32, scalar, true, false, 96},     // mixed modes
+      {"100", vec32, vec32, false, false, 96},     // "NN": A's blocks would run along M
+      {"100", vec32, vec32, true, false, 48},      // k % 32 != 0
+  };
+  for (const Case& c : rejected) {
+    SCOPED_TRACE(std::string(c.arch) + " k=" + std::to_string(c.k));
+    ArchScope arch(c.arch);
+    const Mat Ak = c.ta ? make(CUDA_R_8F_E4M3, c.k, m, 0, false, 1, 0) : make(CUDA_R_8F_E4M3, m, c.k, 0, false, 1, 0);
+    const Mat Bk = make(CUDA_R_8F_E4M3, c.k, n, 0, false, 1, 0);
+    const Mat* mk[4] = {&Ak, &Bk, &D, &D};
+    Lt lt(c.ta, c.tb, mk);
+    block_lt(lt, c.ma, c.mb);
     EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
   }
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/cuda/emu/emu_runtime.h"
+#include "quant/block_scale_layout.h"
 
 struct cublasLtContext {
   int unused = 0;
@@ -258,7 +259,13 @@ struct Gemm {
   int bias_type = CUDA_R_32F;
   int64_t bias_stride = 0;
   float* amax = nullptr;
+  // MXFP8 (VEC32_UE8M0): e8m0 scales of op(A)'s rows and op(B)'s columns per 32 of K, tiled as
+  // quant/block_scale_layout.h; null for per-tensor scaling.
+  const uint8_t *a_bs = nullptr, *b_bs = nullptr;
 };
+
+// 2^(e - 127): an e8m0 block scale (0xFF, NaN, never comes from a finite block).
+float e8m0(uint8_t e) { return e == 0xFF ? NAN : std::ldexp(1.0f, int(e) - 127); }
 
 float activation(uint32_t epilogue, float v) {
   if (epilogue & CUBLASLT_EPILOGUE_RELU) return v > 0.0f ? v : 0.0f;  // max(x, 0); NaN becomes 0
@@ -288,13 +295,18 @@ void run(const Gemm& g) {
     const void* C = batch_ptr(g.C, bi, g.c.stride, g.c.esize());
     void* D = const_cast<void*>(batch_ptr(g.D, bi, g.d.stride, g.d.esize()));
     const void* bias = batch_ptr(g.bias, bi, g.bias_stride, type_size(g.bias_type));
+    const int64_t kb = k / 32;  // block-scaled problems have k % 32 == 0
     for (int64_t i = 0; i < m; ++i)  // op(A), row-major m x k
-      for (int64_t q = 0; q < k; ++q) a[size_t(i * k + q)] = load(A, g.a.type, g.ta ? g.a.at(q, i) : g.a.at(i, q));
+      for (int64_t q = 0; q < k; ++q) {
+        a[size_t(i * k + q)] = load(A, g.a.type, g.ta ? g.a.at(q, i) : g.a.at(i, q));
+        if (g.a_bs) a[size_t(i * k + q)] *= e8m0(g.a_bs[block_scale_offset(i, q / 32, kb)]);
+      }
     for (int64_t j0 = 0; j0 < n; j0 += nb) {
       const int64_t w = std::min(nb, n - j0);
       for (int64_t q = 0; q < k; ++q)  // op(B) columns j0..j0+w, row-major k x w
         for (int64_t j = 0; j < w; ++j)
-          b[size_t(q * w + j)] = load(B, g.b.type, g.tb ? g.b.at(j0 + j, q) : g.b.at(q, j0 + j));
+          b[size_t(q * w + j)] = load(B, g.b.type, g.tb ? g.b.at(j0 + j, q) : g.b.at(q, j0 + j)) *
+                                 (g.b_bs ? e8m0(g.b_bs[block_scale_offset(j0 + j, q / 32, kb)]) : 1.0f);
       if (k > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(w), int(k), 1.0f, a.data(), int(k), b.data(),
                     int(w), 0.0f, p.data(), int(w));
@@ -317,6 +329,7 @@ struct Problem {
   Gemm g;
   uint32_t pointer_mode = 0;
   const void* scale[4] = {};  // A, B, C, D scale pointers
+  bool block_scaled = false;  // A and B in CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 (MXFP8)
 };
 
 cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const void* cd, const void* dd, Problem& pr) {
@@ -425,10 +438,23 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
   g.amax = o.value<float*>(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER);
   if (!fp8 && (pr.scale[0] || pr.scale[1] || pr.scale[2] || g.amax)) return CUBLAS_STATUS_INVALID_VALUE;
   if (pr.scale[3] && !is_fp8(dt)) return CUBLAS_STATUS_INVALID_VALUE;
-  for (int attr :
-       {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_DESC_C_SCALE_MODE,
-        CUBLASLT_MATMUL_DESC_D_SCALE_MODE, CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE})
+  for (int attr : {CUBLASLT_MATMUL_DESC_C_SCALE_MODE, CUBLASLT_MATMUL_DESC_D_SCALE_MODE,
+                   CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE})
     if (o.value<int32_t>(attr) != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // Block scaling of A and B (cuBLAS documentation: cublasLtMatmulMatrixScale_t, "1D Block Scaling
+  // Factors Layout"): one scale per 32 (VEC32_UE8M0) or 16 (VEC16_UE4M3) elements of the
+  // innermost dimension, which must be K, so A transposed and B not ("TN"); Blackwell (10.x).
+  // Emulated: MXFP8, both operands VEC32_UE8M0 with FP8 data, k % 32 == 0, one batch, a bf16/f16/f32
+  // D. NVFP4 (VEC16_UE4M3 on 4-bit e2m1 data) and MXFP4 need 4-bit operands, which this harness
+  // does not address: NOT_SUPPORTED, as is any mix of scalar and block modes.
+  const int32_t ma = o.value<int32_t>(CUBLASLT_MATMUL_DESC_A_SCALE_MODE),
+                mb = o.value<int32_t>(CUBLASLT_MATMUL_DESC_B_SCALE_MODE);
+  if (ma != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || mb != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+    if (ma != CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 || mb != ma || !fp8 || arch() / 10 != 10 || !(g.ta && !g.tb) ||
+        g.k % 32 != 0 || g.d.batch != 1 || is_fp8(dt) || g.amax)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    pr.block_scaled = true;
+  }
   if (o.value<const void*>(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER) ||
       o.value<const void*>(CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR))
     return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -637,7 +663,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
       return CUBLAS_STATUS_INVALID_VALUE;
   }
   float s[4] = {1, 1, 1, 1};
-  for (int i = 0; i < 4; ++i)
+  if (pr.block_scaled) {  // A/B scale pointers: the tiled e8m0 arrays, whole, in device memory
+    const int64_t kb = int64_t(g.k / 32);
+    for (int i = 0; i < 2; ++i) {
+      const uint64_t outer = i == 0 ? g.m : g.n;
+      if (!pr.scale[i] || !aligned(pr.scale[i], 16) ||
+          !is_device_range(pr.scale[i], uint64_t(qlora::block_scale_tiled_bytes(int64_t(outer), kb))))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    g.a_bs = static_cast<const uint8_t*>(pr.scale[0]);
+    g.b_bs = static_cast<const uint8_t*>(pr.scale[1]);
+  }
+  for (int i = pr.block_scaled ? 2 : 0; i < 4; ++i)
     if (pr.scale[i] && !read_scalar(pr.scale[i], true, s[i])) return CUBLAS_STATUS_INVALID_VALUE;
   g.scale_ab = s[0] * s[1], g.scale_c = s[2], g.scale_d = s[3];
   if (g.amax && (!aligned(g.amax, 4) || !is_device_range(g.amax, 4))) return CUBLAS_STATUS_INVALID_VALUE;
