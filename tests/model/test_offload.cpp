@@ -34,13 +34,13 @@ class CountingCpu : public testing_util::ForwardingCpu {
 
 // llama_gqa's shape with 5 layers and seeded random weights: three layer inputs go to the host.
 constexpr int64_t kLayers = 5;
-LlamaConfig five_layers() {
+LlamaConfig with_layers(int64_t n_layer) {
   LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
-  c.n_layer = kLayers;
+  c.n_layer = n_layer;
   return c;
 }
 
-std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt) {
+std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t n_layer = kLayers) {
   ModelPlanOptions po;
   po.micro_batch = 2;
   po.seq_len = 12;
@@ -48,7 +48,7 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt) {
   po.ce_chunk = 8;
   LoraSpec lora = testing_util::fixture_lora();
   lora.dropout = 0.1;  // the recompute regenerates the masks: offload must too
-  auto m = std::make_unique<LlamaModel>(five_layers(), be, po, lora);
+  auto m = std::make_unique<LlamaModel>(with_layers(n_layer), be, po, lora);
   m->load_base(random_tensor_source(7));
   m->init_lora(1);
   return m;
@@ -157,6 +157,32 @@ TEST(ActivationOffload, ArenaAllocatesThePlansHostBuffersOnTheHost) {
             (kLayers - 2) * per_layer);
   EXPECT_EQ(f->plan().host_bytes(), 0);
   EXPECT_EQ(f->arena().host_allocated(), 0);
+}
+
+// One or two layers: both inputs stay in the slots, nothing is planned on the host or copied, and
+// the steps still equal full checkpointing.
+TEST(ActivationOffload, OneOrTwoLayersOffloadNothing) {
+  for (int64_t layers : {1, 2}) {
+    SCOPED_TRACE(layers);
+    CountingCpu be;
+    auto be_full = make_cpu_backend();
+    auto off = build(be, "offload", layers), full = build(*be_full, "full", layers);
+    EXPECT_EQ(off->plan().host_bytes(), 0);
+    EXPECT_EQ(off->arena().host_allocated(), 0);
+    const auto mbs = micro_batches(off->config().vocab_size);
+    OptimHyper h;
+    for (int s = 0; s < 2; s++) {
+      const StepResult ro = train_step(*off, mbs, h, 1e-2, s, 5), rf = train_step(*full, mbs, h, 1e-2, s, 5);
+      EXPECT_EQ(ro.loss, rf.loss) << "step " << s;
+    }
+    EXPECT_EQ(be.to_host + be.to_device, 0);
+    auto& pf = full->lora_params();
+    auto& po = off->lora_params();
+    for (size_t i = 0; i < pf.size(); i++) {
+      const auto a = host_copy(*full, pf[i].w), b = host_copy(*off, po[i].w);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << pf[i].name;
+    }
+  }
 }
 
 }  // namespace
