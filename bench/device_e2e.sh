@@ -75,16 +75,19 @@ rm -f "$WORK"/*
 log() { echo "[device_e2e $(date +%T) +${SECONDS}s] $*" | tee -a "$LOG"; }
 show() { printf '%q ' "$@"; }
 
-# ---- the cases (the issue's three): name model seq micro_batch steps warmup ours_limit peer_limit
-# Shared: QLoRA, NF4 + double quant, r 16, alpha 32, all-linear, full checkpointing, seed 0.
+# ---- the cases: name model seq micro_batch steps warmup ours_limit peer_limit checkpointing
+# Shared: QLoRA, NF4 + double quant, r 16, alpha 32, all-linear, seed 0. The offload case is ours
+# only (peer_limit 0: the peer has no activation offload), at a context that full checkpointing
+# also reaches on an H100, so the two rows of ours show what offload costs.
 CASES=(
-  "llama3-8b_seq2048_mb4 llama3-8b 2048 4 6 2 180 210"
-  "llama3-8b_seq8192_mb1 llama3-8b 8192 1 6 2 180 210"
-  "llama3-70b_seq4096_mb1 llama3-70b 4096 1 3 1 300 300"
+  "llama3-8b_seq2048_mb4 llama3-8b 2048 4 6 2 180 210 full"
+  "llama3-8b_seq8192_mb1 llama3-8b 8192 1 6 2 180 210 full"
+  "llama3-70b_seq4096_mb1 llama3-70b 4096 1 3 1 300 300 full"
+  "llama3-8b_seq8192_mb1_offload llama3-8b 8192 1 6 2 180 0 offload"
 )
 COMMON_BENCH=(--method qlora --base-precision nf4 --double-quant --r 16 --lora-alpha 32 --target-modules all-linear
-  --gradient-checkpointing full --seed 0)
-COMMON_PLAN=(--method qlora --base-precision nf4 --double-quant --lora-r 16 --targets all-linear --checkpointing full)
+  --seed 0)
+COMMON_PLAN=(--method qlora --base-precision nf4 --double-quant --lora-r 16 --targets all-linear)
 
 selected() {  # selected INDEX NAME: in QLORA_E2E_CASES (names or 1-based indexes), or all when unset
   [ -z "${QLORA_E2E_CASES:-}" ] && return 0
@@ -162,24 +165,26 @@ names=()
 i=0
 for spec in "${CASES[@]}"; do
   i=$((i + 1))
-  read -r name model seq mb steps warm t_ours t_peer <<<"$spec"
+  read -r name model seq mb steps warm t_ours t_peer ckpt <<<"$spec"
   selected "$i" "$name" || continue
   names+=("$name")
   : >"$WORK/$name.runs"
-  printf '{"model": "%s", "method": "qlora", "base_precision": "nf4", "double_quant": true, "r": 16, "lora_alpha": 32, "target_modules": "all-linear", "seq_len": %s, "micro_batch": %s, "gradient_checkpointing": "full", "steps": %s, "warmup_steps": %s, "seed": 0, "gpus": 1}\n' \
-    "$model" "$seq" "$mb" "$steps" "$warm" >"$WORK/$name.config.json"
+  printf '{"model": "%s", "method": "qlora", "base_precision": "nf4", "double_quant": true, "r": 16, "lora_alpha": 32, "target_modules": "all-linear", "seq_len": %s, "micro_batch": %s, "gradient_checkpointing": "%s", "steps": %s, "warmup_steps": %s, "seed": 0, "gpus": 1}\n' \
+    "$model" "$seq" "$mb" "$ckpt" "$steps" "$warm" >"$WORK/$name.config.json"
   shape=(--model "$model" --seq-len "$seq" --micro-batch "$mb")
   [ "$DRY" = 1 ] && echo "case $i: $name"
   if [ -n "$GPU_KEY" ] || [ "$DRY" = 1 ]; then
     run_one "$name" plan 30 "$WORK/$name.plan.json" "$BIN" plan "${shape[@]}" --gpu "${GPU_KEY:-h100-sxm}" \
-      "${COMMON_PLAN[@]}" --json
+      "${COMMON_PLAN[@]}" --checkpointing "$ckpt" --json
   fi
   [ "${QLORA_E2E_SKIP_OURS:-0}" != 1 ] &&
     run_one "$name" ours "$t_ours" "$WORK/$name.ours.json" "$BIN" bench "${shape[@]}" "${COMMON_BENCH[@]}" \
-      --steps "$steps" --warmup-steps "$warm" --device cuda --json
-  [ "${QLORA_E2E_SKIP_PEER:-0}" != 1 ] &&
+      --gradient-checkpointing "$ckpt" --steps "$steps" --warmup-steps "$warm" --device cuda --json
+  [ "$t_peer" -eq 0 ] && echo "peer skipped 0" >>"$WORK/$name.runs"  # no peer for this case
+  [ "${QLORA_E2E_SKIP_PEER:-0}" != 1 ] && [ "$t_peer" -gt 0 ] &&
     run_one "$name" peer "$t_peer" "$WORK/$name.peer.json" env PYTHONUNBUFFERED=1 python3 tools/peers/hf_peft_bench.py \
-      "${shape[@]}" "${COMMON_BENCH[@]}" --steps "$steps" --warmup-steps "$warm" --device cuda --json
+      "${shape[@]}" "${COMMON_BENCH[@]}" --gradient-checkpointing "$ckpt" --steps "$steps" --warmup-steps "$warm" \
+      --device cuda --json
 done
 
 # ---- one JSON with everything --------------------------------------------------------------------
