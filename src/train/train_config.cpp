@@ -689,14 +689,22 @@ void resolve(const std::string& key, const YAML::Node& value, const Loc& loc, No
 }
 
 YAML::Node parse_yaml_text(const std::string& text, const std::string& origin) {
-  // YAML is UTF-8 text; yaml-cpp would pass other bytes through into paths and names.
-  if (size_t bad = 0; !unicode::is_valid_utf8(text, &bad)) {
+  auto reject = [&](size_t bad, const char* what, const char* hint) {
     size_t line = 1, col = 1;
     for (size_t i = 0; i < bad; i++) text[i] == '\n' ? (line++, col = 1) : col++;
     char byte[8];
     std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(text[bad]));
     fail(ErrorKind::Config, origin + ":" + std::to_string(line) + ":" + std::to_string(col),
-         std::string("invalid UTF-8 (byte ") + byte + ")", "save the file as UTF-8");
+         std::string(what) + " (byte " + byte + ")", hint);
+  };
+  // YAML is UTF-8 text; yaml-cpp would pass other bytes through into paths and names.
+  if (size_t bad = 0; !unicode::is_valid_utf8(text, &bad)) reject(bad, "invalid UTF-8", "save the file as UTF-8");
+  // YAML streams hold printable characters only (YAML 1.2, 5.1 c-printable): of the C0 controls
+  // just tab, line feed and carriage return. A NUL or \x01 would otherwise end up inside a path.
+  for (size_t i = 0; i < text.size(); i++) {
+    const unsigned char ch = static_cast<unsigned char>(text[i]);
+    if ((ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') || ch == 0x7f)
+      reject(i, "a control character, which YAML does not allow", "remove it");
   }
   try {
     return YAML::Load(text);
@@ -942,7 +950,7 @@ std::string dump_train_config(const TrainConfig& c) {
         row.field);
   }
   out << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+  return std::string(out.c_str(), out.size()) + "\n";  // a value may hold a NUL (a "\0" escape)
 }
 
 std::vector<ConfigKeyDoc> config_key_docs() {
