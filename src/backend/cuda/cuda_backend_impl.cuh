@@ -90,20 +90,26 @@ class CudaBackend final : public Backend {
   std::array<void*, size_t(cuda_plan::kStagingBuffers)> staging_{};
   std::array<cudaEvent_t, size_t(cuda_plan::kStagingBuffers)> staging_done_{};
   int staging_next_ = 0;
-  // Prefetched dequantizations run on side_ (made on first use); each output range is pending
-  // until the first matmul reading it makes stream_ wait for its `ready` event.
-  struct Prefetched {
-    const char *begin, *end;
-    cudaEvent_t ready;
+  // Work beside the main stream (cuda_side_stream.cu): a stream made on first use, after an event
+  // on stream_, and the device ranges its work writes or reads, pending until stream_ waits for
+  // them (side_wait). prefetch_: dequantizations (DequantizeArgs::prefetch), waited for by the
+  // first matmul reading them; copies_: activation offload copies, waited for by offload_wait.
+  struct SideStream {
+    struct Pending {
+      const char *begin, *end;
+      cudaEvent_t ready;
+    };
+    cudaStream_t s = nullptr;
+    std::vector<Pending> pending;
   };
-  cudaStream_t side_ = nullptr;
-  std::vector<Prefetched> prefetched_;
+  SideStream prefetch_, copies_;
   std::vector<cudaEvent_t> free_events_;
   cudaEvent_t take_event();  // from free_events_, or a new one
-  // Activation offload copies (offload_copy) run on copy_ (made on first use); each one's device
-  // range is pending until an offload_wait covering it makes stream_ wait for its `ready` event.
-  cudaStream_t copy_ = nullptr;
-  std::vector<Prefetched> copies_;
+  cudaStream_t side_begin(SideStream& side);  // the stream to issue on, after stream_'s work so far
+  void side_end(SideStream& side, const void* p, int64_t bytes);  // [p, p+bytes) pending until waited for
+  void side_wait(SideStream& side, const void* p, int64_t bytes);  // stream_ waits for pending overlaps
+  void side_sync(SideStream& side);                 // the host waits for what is still pending
+  void side_release(SideStream& side) noexcept;
   std::array<void*, size_t(Scratch::kCount)> scratch_{};
   std::array<size_t, size_t(Scratch::kCount)> scratch_size_{};
   std::array<bool, size_t(Scratch::kCount)> scratch_bound_{};  // the memory plan's buffer (not ours to free)

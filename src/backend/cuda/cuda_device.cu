@@ -193,19 +193,11 @@ CudaBackend::~CudaBackend() { release(); }
 // Destructors must not throw: errors here are ignored (the context is going away anyway). Safe
 // on a half-built backend: every handle starts null.
 void CudaBackend::release() noexcept {
-  if (copy_) cudaStreamSynchronize(copy_);
-  for (const Prefetched& p : copies_) cudaEventDestroy(p.ready);
-  copies_.clear();
-  if (copy_) cudaStreamDestroy(copy_);
-  copy_ = nullptr;
-  if (side_) cudaStreamSynchronize(side_);
+  side_release(copies_);
+  side_release(prefetch_);
   if (stream_) cudaStreamSynchronize(stream_);
-  for (const Prefetched& p : prefetched_) cudaEventDestroy(p.ready);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-  prefetched_.clear();
   free_events_.clear();
-  if (side_) cudaStreamDestroy(side_);
-  side_ = nullptr;
   for (size_t i = 0; i < scratch_.size(); i++) {
     if (scratch_[i] && !scratch_bound_[i]) cudaFree(scratch_[i]);  // a bound slot is the Arena's
     scratch_[i] = nullptr;
@@ -301,14 +293,8 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::synchronize() {
-  // A prefetch the main stream has waited for is done when the main stream is; only one no op
-  // has read yet needs the side stream synchronized.
-  if (!prefetched_.empty()) QLORA_CUDA_CHECK(cudaStreamSynchronize(side_));
-  for (const Prefetched& p : prefetched_) free_events_.push_back(p.ready);
-  prefetched_.clear();
-  if (!copies_.empty()) QLORA_CUDA_CHECK(cudaStreamSynchronize(copy_));  // offload copies no op waited for
-  for (const Prefetched& p : copies_) free_events_.push_back(p.ready);
-  copies_.clear();
+  side_sync(prefetch_);
+  side_sync(copies_);
   QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   check_device_errors();
 }

@@ -30,19 +30,8 @@ void* CudaBackend::alloc_host(size_t bytes) {
 // Copies that may still read or write the block finish first; errors surface elsewhere (as free).
 void CudaBackend::free_host(void* p) noexcept {
   if (!p) return;
-  if (copy_) cudaStreamSynchronize(copy_);
+  if (copies_.s) cudaStreamSynchronize(copies_.s);
   cudaFreeHost(p);
-}
-
-cudaEvent_t CudaBackend::take_event() {
-  cudaEvent_t e = nullptr;
-  if (!free_events_.empty()) {
-    e = free_events_.back();
-    free_events_.pop_back();
-  } else {
-    QLORA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
-  return e;
 }
 
 void CudaBackend::offload_copy(const OffloadCopyArgs& a) {
@@ -51,44 +40,17 @@ void CudaBackend::offload_copy(const OffloadCopyArgs& a) {
   if (a.bytes == 0) return;
   check_ptr(op, "dst", a.dst);
   check_ptr(op, "src", a.src);
-  if (!copy_) QLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   // After everything issued so far on the main stream: the producer of src, the readers of dst.
-  cudaEvent_t go = take_event();
-  QLORA_CUDA_CHECK(cudaEventRecord(go, stream_));
-  QLORA_CUDA_CHECK(cudaStreamWaitEvent(copy_, go, 0));
-  free_events_.push_back(go);  // a wait binds to the record made before it: reusable at once
   QLORA_CUDA_CHECK(cudaMemcpyAsync(a.dst, a.src, size_t(a.bytes),
-                                   a.to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copy_));
-  const char* b = static_cast<const char*>(a.to_host ? a.src : a.dst);
-  const char* e = b + a.bytes;
-  // A pending copy of an overlapping range is ordered before this one on copy_: waiting for this
-  // one waits for both.
-  for (size_t i = 0; i < copies_.size();)
-    if (copies_[i].begin < e && b < copies_[i].end) {
-      free_events_.push_back(copies_[i].ready);
-      copies_.erase(copies_.begin() + long(i));
-    } else {
-      i++;
-    }
-  cudaEvent_t ready = take_event();
-  QLORA_CUDA_CHECK(cudaEventRecord(ready, copy_));
-  copies_.push_back({b, e, ready});
+                                   a.to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, side_begin(copies_)));
+  side_end(copies_, a.to_host ? a.src : a.dst, a.bytes);
 }
 
 void CudaBackend::offload_wait(const OffloadWaitArgs& a) {
   check_dim("offload_wait", "bytes", a.bytes);
   if (a.bytes == 0) return;
   check_ptr("offload_wait", "p", a.p);
-  const char* b = static_cast<const char*>(a.p);
-  const char* e = b + a.bytes;
-  for (size_t i = 0; i < copies_.size();)
-    if (copies_[i].begin < e && b < copies_[i].end) {
-      QLORA_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_[i].ready, 0));
-      free_events_.push_back(copies_[i].ready);
-      copies_.erase(copies_.begin() + long(i));
-    } else {
-      i++;
-    }
+  side_wait(copies_, a.p, a.bytes);
 }
 
 }  // namespace qlora::cuda

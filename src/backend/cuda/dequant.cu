@@ -403,35 +403,8 @@ void CudaBackend::dequantize(const DequantizeArgs& a) {
     }
     // On the side stream, after everything issued so far (earlier readers of `out` included); the
     // first matmul that reads `out` makes the main stream wait for it (wait_prefetched).
-    if (!side_) QLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-    auto event = [&] {
-      cudaEvent_t e = nullptr;
-      if (!free_events_.empty()) {
-        e = free_events_.back();
-        free_events_.pop_back();
-      } else {
-        QLORA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      }
-      return e;
-    };
-    cudaEvent_t go = event();
-    QLORA_CUDA_CHECK(cudaEventRecord(go, stream_));
-    QLORA_CUDA_CHECK(cudaStreamWaitEvent(side_, go, 0));
-    free_events_.push_back(go);  // a wait binds to the record made before it: reusable at once
-    dequantize_bf16_on(*this, v, a.out.data, side_);
-    const char* b = static_cast<const char*>(a.out.data);
-    const char* e = b + n * 2;
-    // A pending range this one covers is ordered before it on the side stream: forget it.
-    for (size_t i = 0; i < prefetched_.size();)
-      if (prefetched_[i].begin < e && b < prefetched_[i].end) {
-        free_events_.push_back(prefetched_[i].ready);
-        prefetched_.erase(prefetched_.begin() + long(i));
-      } else {
-        i++;
-      }
-    cudaEvent_t ready = event();
-    QLORA_CUDA_CHECK(cudaEventRecord(ready, side_));
-    prefetched_.push_back({b, e, ready});
+    dequantize_bf16_on(*this, v, a.out.data, side_begin(prefetch_));
+    side_end(prefetch_, a.out.data, n * 2);
     return;
   }
   const QuantLayout L = quant_layout(p, a.rows, a.cols);
@@ -442,18 +415,6 @@ void CudaBackend::dequantize(const DequantizeArgs& a) {
   std::vector<float> f(static_cast<size_t>(n));
   dequantize_ref(q, f.data());
   copy_to_device(a.out.data, f.data(), f.size() * 4);
-}
-
-void CudaBackend::wait_prefetched(const void* p) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t i = 0; i < prefetched_.size();)
-    if (prefetched_[i].begin <= c && c < prefetched_[i].end) {
-      QLORA_CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetched_[i].ready, 0));
-      free_events_.push_back(prefetched_[i].ready);
-      prefetched_.erase(prefetched_.begin() + long(i));
-    } else {
-      i++;
-    }
 }
 
 }  // namespace qlora::cuda
