@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "emu_arch_scope.h"
 #include "quant/block_scale_layout.h"
 #include "quant/quantize.h"
 
@@ -88,16 +89,7 @@ struct Dev {
   }
 };
 
-// Emulated architecture for one scope (the harness reads QLORA_CUDA_EMU_ARCH on every call).
-struct ArchScope {
-  std::string old;
-  bool had = false;
-  explicit ArchScope(const char* a) {
-    if (const char* e = std::getenv("QLORA_CUDA_EMU_ARCH")) had = true, old = e;
-    setenv("QLORA_CUDA_EMU_ARCH", a, 1);
-  }
-  ~ArchScope() { had ? (void)setenv("QLORA_CUDA_EMU_ARCH", old.c_str(), 1) : (void)unsetenv("QLORA_CUDA_EMU_ARCH"); }
-};
+using qlora::emu_test::ArchScope;
 
 // ---- A matrix as stored: shape, order, leading dimension and batches.
 struct Mat {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "emu_arch_scope.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "io/safetensors.h"
@@ -27,15 +28,7 @@ namespace {
 
 std::string fixtures() { return QLORA_FIXTURES; }
 
-struct ArchScope {  // the harness reads QLORA_CUDA_EMU_ARCH on every call
-  std::string old;
-  bool had = false;
-  explicit ArchScope(const char* a) {
-    if (const char* e = std::getenv("QLORA_CUDA_EMU_ARCH")) had = true, old = e;
-    setenv("QLORA_CUDA_EMU_ARCH", a, 1);
-  }
-  ~ArchScope() { had ? (void)setenv("QLORA_CUDA_EMU_ARCH", old.c_str(), 1) : (void)unsetenv("QLORA_CUDA_EMU_ARCH"); }
-};
+using qlora::emu_test::ArchScope;
 
 struct Fp8Run {
   std::unique_ptr<Backend> be;
