@@ -16,7 +16,8 @@
 # End-to-end fine-tuning benchmark (bench/device_e2e.sh, docs/bench_e2e.md): QLORA_E2E=1 also
 # builds build-device/qlora and runs device_e2e.sh with the time left; QLORA_E2E_ONLY=1 (implies
 # QLORA_E2E=1) builds only qlora and skips the tests, sanitizers and kernel benchmarks;
-# QLORA_E2E_NORUN=1 builds it without running the cases.
+# QLORA_E2E_NORUN=1 builds it without running the cases. QLORA_LOWP_CTX=1 (with QLORA_E2E=1) runs
+# bench/device_lowp_ctx.sh: FP8/FP4 base GEMMs against bf16, the plan's longest context run for real.
 # Outputs in $OUT: cuda_results.json ({device, driver, git_sha, command, steps, cases: [{name,
 # config, ours, peer}]}), test_cuda.json (gtest), and build/test/sanitizer/bench logs.
 set -uo pipefail
@@ -266,6 +267,17 @@ if [ "$E2E" = 1 ] && [ "${QLORA_E2E_NORUN:-0}" != 1 ]; then
   t0=$SECONDS
   QLORA_BIN="$BUILD/qlora" QLORA_E2E_DEADLINE=$left QLORA_GIT_SHA="$GIT_SHA" OUT="$OUT" bash "$ROOT/bench/device_e2e.sh"
   echo "e2e $? $((SECONDS - t0))" >>"$STEPS"
+fi
+
+# ---- FP8/FP4 base GEMMs against bf16 and the longest context (bench/device_lowp_ctx.sh writes
+# $OUT/lowp_ctx_results.json): QLORA_LOWP_CTX=1 with QLORA_E2E=1 (it needs build-device/qlora);
+# QLORA_E2E_ONLY=1 QLORA_E2E_NORUN=1 QLORA_LOWP_CTX=1 builds only qlora and runs only these cases.
+if [ "${QLORA_LOWP_CTX:-0}" = 1 ] && [ -x "$BUILD/qlora" ]; then
+  left=$((580 - SECONDS))
+  log "low-precision GEMM and context cases with ${left}s left"
+  t0=$SECONDS
+  QLORA_BIN="$BUILD/qlora" QLORA_LOWP_DEADLINE=$left QLORA_GIT_SHA="$GIT_SHA" OUT="$OUT" bash "$ROOT/bench/device_lowp_ctx.sh"
+  echo "lowp_ctx $? $((SECONDS - t0))" >>"$STEPS"
 fi
 
 # ---- one JSON with everything ------------------------------------------------------------------
