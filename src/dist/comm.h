@@ -44,6 +44,10 @@ class Comm {
   // allgather_blocks gives every rank every block.
   virtual void reduce_scatter_blocks(float* data, const std::vector<size_t>& counts) = 0;
   virtual void allgather_blocks(float* data, const std::vector<size_t>& counts) = 0;
+  // FSDP's gather of a sharded blob of n bytes: this rank holds `shard`, its share slice_of(n, rank,
+  // size); afterwards `full` (n bytes, not overlapping shard) holds every rank's share in place.
+  // One process alone: a copy.
+  virtual void allgather_shards(const uint8_t* shard, uint8_t* full, size_t n) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job now (after an error on one rank that the others cannot see).

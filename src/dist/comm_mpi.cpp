@@ -79,6 +79,19 @@ class MpiComm final : public Comm {
     allgather(data, blocks(counts), MPI_FLOAT);
   }
 
+  void allgather_shards(const uint8_t* shard, uint8_t* full, size_t n) override {
+    const std::vector<Slice> blk = even_blocks(n);
+    std::vector<int> count(size_), displ(size_);
+    for (int q = 0; q < size_; q++) {
+      count[size_t(q)] = count_int(blk[size_t(q)].count);
+      displ[size_t(q)] = count_int(blk[size_t(q)].begin);
+    }
+    MPI_Request req;
+    check(MPI_Iallgatherv(shard, count[size_t(rank_)], MPI_BYTE, full, count.data(), displ.data(), MPI_BYTE, comm_, &req),
+          "all-gather");
+    wait(req, "all-gather");
+  }
+
   void broadcast(void* data, size_t bytes, int root) override {
     MPI_Request req;
     check(MPI_Ibcast(data, count_int(bytes), MPI_BYTE, root, comm_, &req), "broadcast");

@@ -45,6 +45,9 @@ class SingleComm final : public Comm {
   void allgather_slices(uint8_t*, size_t) override {}
   void reduce_scatter_blocks(float*, const std::vector<size_t>&) override {}
   void allgather_blocks(float*, const std::vector<size_t>&) override {}
+  void allgather_shards(const uint8_t* shard, uint8_t* full, size_t n) override {
+    if (n) std::memcpy(full, shard, n);
+  }
   void broadcast(void*, size_t, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }

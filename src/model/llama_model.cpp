@@ -2,8 +2,10 @@
 // Backward comments mark each output as "=" (overwritten) or "+=" (accumulated).
 #include "model/llama_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -69,6 +71,15 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     base_quant_ = base_quant_params(opts_.base_precision, opts_.quant_blocksize, opts_.double_quant);
     base_quant_.blocksize = quant_blocksize(base_quant_);
   }
+  fsdp_ = opts_.base_shards > 0;
+  if (fsdp_) {
+    blob_ = layer_base_blob(cfg_, opts_);
+    shard_ = slice_of(size_t(blob_.total), int(opts_.base_shard_rank), int(opts_.base_shards));
+    if (opts_.base_shards == 1) {
+      own_comm_ = make_single_comm();
+      base_comm_ = own_comm_.get();
+    }
+  }
 
   lora_slot_.assign(size_t(cfg_.n_layer * 7), -1);
   for (int64_t l = 0; l < cfg_.n_layer; l++)
@@ -119,6 +130,11 @@ void LlamaModel::resolve_views() {
     at += out * in;
   }
   layers_.assign(size_t(cfg_.n_layer), LayerViews{});
+  // fsdp: a layer's projections live in its fsdp.gather slot (l % 2) once gathered.
+  const DType float_base = opts_.base_precision.empty() ? opts_.compute_dtype
+                                                        : (quantized_base_ ? DType::U8 : float_precision_dtype(opts_.base_precision, opts_.compute_dtype));
+  shard_ptr_.clear();
+  gather_ = fsdp_ ? static_cast<uint8_t*>(ar.raw("fsdp.gather")) : nullptr;
   // A layer's input: its own buffer, or with offload the device slot of its parity.
   auto layer_input = [&](int64_t l) {
     return offload_ ? ar.get("act.offload_slot." + std::to_string(l % 2)) : ar.get("act.layers." + std::to_string(l) + ".x");
@@ -142,9 +158,18 @@ void LlamaModel::resolve_views() {
     L.next = l + 1 < cfg_.n_layer ? layer_input(l + 1) : v.final_x;
     L.ln1_w = ar.get(lp + "input_layernorm");
     L.ln2_w = ar.get(lp + "post_attention_layernorm");
+    if (fsdp_) shard_ptr_.push_back(static_cast<const uint8_t*>(ar.raw(lp + "base.shard")));
     for (int p = 0; p < 7; p++) {
-      if (quantized_base_) L.packed[p] = arena_->raw(lp + kProj[p]);
-      else L.w[p] = ar.get(lp + kProj[p]);
+      if (fsdp_) {
+        uint8_t* at = gather_ + (l % 2) * blob_.total + blob_.offset[p];
+        const auto [out, in] = projection_shape(cfg_, kProj[p]);
+        if (quantized_base_) L.packed[p] = at;
+        else L.w[p] = Tensor(at, float_base, {out, in});
+      } else if (quantized_base_) {
+        L.packed[p] = arena_->raw(lp + kProj[p]);
+      } else {
+        L.w[p] = ar.get(lp + kProj[p]);
+      }
     }
     if (cfg_.attention_bias)
       for (int p = 0; p <= V; p++) L.bias[p] = ar.get(lp + kProj[p] + ".bias");
@@ -183,14 +208,83 @@ void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
 // "layers.3.q_proj" -> "q_proj"
 static std::string projection_of(const std::string& buffer) { return buffer.substr(buffer.find('.', 7) + 1); }
 
+void LlamaModel::set_base_comm(Comm& comm) {
+  if (fsdp_ && (comm.size() != opts_.base_shards || comm.rank() != opts_.base_shard_rank))
+    fail(ErrorKind::Internal, "fsdp", "the model was planned as rank " + std::to_string(opts_.base_shard_rank) + " of " +
+                                          std::to_string(opts_.base_shards) + ", the Comm is rank " +
+                                          std::to_string(comm.rank()) + " of " + std::to_string(comm.size()));
+  base_comm_ = &comm;
+}
+
+int64_t LlamaModel::base_shard_bytes() const { return fsdp_ ? int64_t(shard_.count) * cfg_.n_layer : 0; }
+
+// fsdp: layer l's seven projections stored as planned into one host blob, of which this rank keeps
+// its share. Every rank reads the whole layer (the source is on every node) and keeps 1/N of it.
+void LlamaModel::load_layer_shard(const TensorSource& src, int64_t l, bool stored_as_planned, const std::string& buffer) {
+  std::vector<uint8_t> blob(size_t(blob_.total), 0);
+  std::vector<float> host;
+  for (int p = 0; p < 7; p++) {
+    const std::string hf = hf_weight_name("layers." + std::to_string(l) + "." + kProj[p]);
+    const auto [rows, cols] = projection_shape(cfg_, kProj[p]);
+    uint8_t* dst = blob.data() + blob_.offset[p];
+    if (quantized_base_) {
+      QuantizedTensor q;
+      if (!(stored_as_planned && src.read_quantized(hf, rows, cols, q))) {
+        host.resize(size_t(rows * cols));
+        src.read_f32(hf, {rows, cols}, host.data());
+        q = quantize_ref(host.data(), rows, cols, base_quant_);
+      } else if (!same_quant(q.params, base_quant_) || q.rows != rows || q.cols != cols) {
+        fail(ErrorKind::Format, src.description + ": tensor '" + hf + "'",
+             "is stored differently from the rest of the checkpoint's projections", "re-quantize the model with `qlora quantize`");
+      }
+      pack_quantized(q, dst);
+      continue;
+    }
+    host.resize(size_t(rows * cols));
+    src.read_f32(hf, {rows, cols}, host.data());
+    const DType dt = layers_[size_t(l)].w[p].dtype;
+    if (dt == DType::F32) std::memcpy(dst, host.data(), host.size() * 4);
+    else convert_from_f32(dt, host.data(), dst, rows * cols);
+  }
+  if (shard_.count > 0) be_.copy_to_device(arena_->raw(buffer), blob.data() + shard_.begin, shard_.count);
+}
+
+void LlamaModel::gather_layer(int64_t l) {
+  if (!fsdp_ || l < 0 || l >= cfg_.n_layer || gather_layer_[size_t(l % 2)] == l) return;
+  if (!base_comm_)
+    fail(ErrorKind::Internal, "fsdp", "the base is sharded over " + std::to_string(opts_.base_shards) +
+                                          " ranks but the model has no Comm to gather it with", "call set_base_comm");
+  uint8_t* slot = gather_ + (l % 2) * blob_.total;
+  const size_t n = size_t(blob_.total);
+  if (be_.device() == DeviceKind::Cpu) {  // device memory is host memory: MPI reads and writes the arena
+    base_comm_->allgather_shards(shard_ptr_[size_t(l)], slot, n);
+  } else {
+    // Through host memory: the slot's last reader (a dequantization, maybe on a side stream) must
+    // be done before the slot is overwritten.
+    be_.synchronize();
+    shard_host_.resize(shard_.count);
+    gather_host_.resize(n);
+    if (shard_.count > 0) be_.copy_to_host(shard_host_.data(), shard_ptr_[size_t(l)], shard_.count);
+    base_comm_->allgather_shards(shard_host_.data(), gather_host_.data(), n);
+    be_.copy_to_device(slot, gather_host_.data(), n);
+  }
+  gather_layer_[size_t(l % 2)] = l;
+  gathered_bytes_ += int64_t(n);
+}
+
 void LlamaModel::load_base(const TensorSource& src) {
   slot_layer_.fill(-1);
+  gather_layer_.fill(-1);
   // A checkpoint stored in exactly the planned format is copied; any other source is quantized here.
   const bool stored_as_planned = quantized_base_ && src.stored_quant && src.read_quantized &&
                                  same_quant(*src.stored_quant, base_quant_);
   std::vector<float> host;  // one tensor in f32 at a time
   for (const auto& b : plan_.buffers) {
     if (b.category != MemCategory::Weights) continue;
+    if (fsdp_ && b.name.size() > 11 && b.name.compare(b.name.size() - 11, 11, ".base.shard") == 0) {
+      load_layer_shard(src, std::stoll(b.name.substr(7)), stored_as_planned, b.name);
+      continue;
+    }
     const std::string hf = hf_weight_name(b.name);
     if (b.dtype == DType::U8) {  // a quantized projection (planned with add_bytes)
       QLORA_ASSERT(quantized_base_);
@@ -228,6 +322,14 @@ QuantizedTensor LlamaModel::base_quantized(int64_t l, const std::string& proj) {
   if (!quantized_base_) fail(ErrorKind::Internal, "base_quantized", "the base is not quantized");
   const auto [rows, cols] = projection_shape(cfg_, proj);
   QuantizedTensor q;
+  if (fsdp_) {
+    gather_layer(l);
+    const auto& t = all_linear_targets();
+    const size_t p = size_t(std::find(t.begin(), t.end(), proj) - t.begin());
+    QLORA_ASSERT(p < 7);
+    quant_io_.load(layers_[size_t(l)].packed[p], base_quant_, rows, cols, q);
+    return q;
+  }
   quant_io_.load(arena_->raw("layers." + std::to_string(l) + "." + proj), base_quant_, rows, cols, q);
   return q;
 }
@@ -280,8 +382,11 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
 // Dequantizes layer l's seven projections into its ws.dequant slot (l % 2) unless the slot holds
 // them already. ahead: the layer is needed only after the ops issued next, so the backend may run
 // the dequantization beside them (on a GPU, a side stream); the first op that reads it waits for it.
+// fsdp: the layer's blob is gathered first (a float base is used as gathered).
 void LlamaModel::prepare_layer(int64_t l, bool ahead) {
-  if (!quantized_base_ || l < 0 || l >= cfg_.n_layer || slot_layer_[size_t(l % 2)] == l) return;
+  if (!quantized_base_) return gather_layer(l);
+  if (l < 0 || l >= cfg_.n_layer || slot_layer_[size_t(l % 2)] == l) return;
+  gather_layer(l);
   const LayerViews& L = layers_[size_t(l)];
   const int64_t es = dtype_size(views_->dequant.dtype);
   char* slot = static_cast<char*>(views_->dequant.data) + (l % 2) * views_->dequant_slot * es;
@@ -300,8 +405,8 @@ void LlamaModel::prepare_layer(int64_t l, bool ahead) {
 // ws.dequant slot (prepare_layer).
 Tensor LlamaModel::base_weight(int64_t l, int p) {
   const LayerViews& L = layers_[size_t(l)];
-  if (!quantized_base_) return L.w[p];
   prepare_layer(l, false);  // a no-op when the forward or backward loop has prepared it
+  if (!quantized_base_) return L.w[p];
   const auto [out, in] = projection_shape(cfg_, kProj[p]);
   Tensor w = views_->dequant;
   w.data = static_cast<char*>(w.data) + ((l % 2) * views_->dequant_slot + views_->dequant_offset[p]) * dtype_size(w.dtype);
@@ -316,10 +421,12 @@ static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer)
 void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
                             uint64_t seed) {
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
-  if (opts_.gemm_dtype == "fp8")  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
+  if (opts_.gemm_dtype == "fp8") {  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
+    gather_layer(l);
     be_.matmul_fp8({y, x, layers_[size_t(l)].packed[p], n, out, in, Tensor()});
-  else
+  } else {
     be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
+  }
   if (p <= V && cfg_.attention_bias)
     be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
   const int li = lora_index(l, p);
@@ -556,6 +663,9 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
     if (opts_.gemm_dtype != "fp8") {  // fp8 base GEMMs read the stored weights: nothing to dequantize
       prepare_layer(l, false);
       prepare_layer(l + 1, true);  // the next layer's weights while this one computes
+    } else {  // fsdp: the stored fp8 weights are gathered all the same
+      gather_layer(l);
+      gather_layer(l + 1);
     }
     if (offload_) {
       // This layer's input goes to the host while the layer computes; the copy of the previous

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "dist/comm.h"
 #include "model/arena.h"
 #include "model/batch.h"
 #include "model/llama_config.h"
@@ -70,10 +71,23 @@ class LlamaModel {
   bool quantized_base() const { return quantized_base_; }
   const QuantParams& base_quant() const { return base_quant_; }
   // Host copy of a quantized projection as stored in the arena (proj: "q_proj" ... "down_proj").
+  // Under fsdp it gathers the layer first: a collective, every rank must call it.
   QuantizedTensor base_quantized(int64_t layer, const std::string& proj);
   // Host f32 copy of a frozen float tensor by its planned name ("embed_tokens", "norm", "lm_head",
   // "layers.3.input_layernorm", "layers.3.q_proj.bias", ...), converted from the arena's dtype.
   std::vector<float> weight_f32(const std::string& name);
+  // sharding fsdp (ModelPlanOptions::base_shards > 0): this rank holds its byte share of each decoder
+  // layer's frozen projections; a layer is all-gathered over `comm` into a fsdp.gather slot before
+  // it is used (prepare_layer), so every rank must run the same forwards and backwards. One shard
+  // needs no Comm (the gather is a copy). The Comm must outlive the model.
+  void set_base_comm(Comm& comm);
+  bool base_sharded() const { return fsdp_; }
+  // Bytes of decoder-layer base this rank stores (the sum of its layers.<l>.base.shard), and the
+  // bytes of whole layers all-gathered since the model was built (the engine's side of the
+  // planner's "all-gather base layers" volume).
+  int64_t base_shard_bytes() const;
+  int64_t base_blob_bytes() const { return blob_.total; }  // one whole layer's blob (fsdp)
+  int64_t gathered_base_bytes() const { return gathered_bytes_; }
   // PEFT init: A Kaiming-uniform (a=sqrt(5)), B zeros.
   void init_lora(uint64_t seed);
   std::vector<LoraParam>& lora_params() { return lora_params_; }
@@ -152,6 +166,19 @@ class LlamaModel {
   std::array<int64_t, 2> slot_layer_{-1, -1};  // the layer each ws.dequant slot holds (layer l: slot l % 2), -1 none
   int64_t dequantized_layers_ = 0;              // layers dequantized so far (dequantized_layers())
   void prepare_layer(int64_t layer, bool ahead);
+  // fsdp: layer l's blob all-gathered into fsdp.gather slot l % 2 unless the slot holds it already.
+  void gather_layer(int64_t layer);
+  void load_layer_shard(const TensorSource& src, int64_t layer, bool stored_as_planned, const std::string& buffer);
+  bool fsdp_ = false;
+  LayerBaseBlob blob_;                            // one layer's projections as stored, back to back
+  Slice shard_;                                   // this rank's share of a layer's blob
+  Comm* base_comm_ = nullptr;
+  std::unique_ptr<Comm> own_comm_;                // one shard: the single-process Comm
+  std::array<int64_t, 2> gather_layer_{-1, -1};   // the layer each fsdp.gather slot holds, -1 none
+  int64_t gathered_bytes_ = 0;
+  std::vector<const uint8_t*> shard_ptr_;         // per layer: this rank's share in the arena
+  uint8_t* gather_ = nullptr;                     // fsdp.gather (2, blob_.total)
+  std::vector<uint8_t> gather_host_, shard_host_;  // off the CPU: host staging of one gather
   bool decoding_ = false;           // forward() is a decode() chunk: k/v live in the KV cache
   int64_t kv_pos_ = 0;              // positions in the KV cache
   std::vector<Tensor> kv_k_, kv_v_;  // per layer (kv_cache_tokens, kv_dim); empty without a cache

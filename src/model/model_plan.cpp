@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "dist/comm.h"
 #include "model/quant_bytes.h"
 
 namespace qlora {
@@ -24,6 +25,20 @@ std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::st
   fail(ErrorKind::Config, "target_modules", "unknown projection '" + p + "'");
 }
 
+LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o) {
+  const std::string base = o.base_precision.empty() ? dtype_name(o.compute_dtype) : o.base_precision;
+  const bool quantized = !is_float_precision(base);
+  const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
+  LayerBaseBlob b;
+  for (size_t p = 0; p < 7; p++) {
+    const auto [out, in] = projection_shape(c, all_linear_targets()[p]);
+    b.offset[p] = b.total;
+    b.bytes[p] = quantized ? quant_storage_bytes(qp, out, in) : out * in * dtype_size(float_precision_dtype(base, o.compute_dtype));
+    b.total += MemoryPlan::aligned(b.bytes[p]);
+  }
+  return b;
+}
+
 int64_t dequant_layers_per_micro_step(int64_t n_layer) { return std::max<int64_t>(0, 2 * n_layer - 4); }
 
 static bool is_target(const ModelPlanOptions& o, const std::string& p) {
@@ -39,14 +54,23 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
   using MC = MemCategory;
 
-  // Frozen base weights.
+  // Frozen base weights. FSDP: a decoder layer's projections are one blob, of which this rank
+  // holds its share; embeddings, norms, biases and the LM head stay whole on every rank.
+  const bool fsdp = o.base_shards > 0;
+  const LayerBaseBlob blob = layer_base_blob(c, o);
+  if (fsdp && (o.base_shard_rank < 0 || o.base_shard_rank >= o.base_shards))
+    fail(ErrorKind::Internal, "fsdp plan", "rank " + std::to_string(o.base_shard_rank) + " of " + std::to_string(o.base_shards));
   plan.add("embed_tokens", MC::Weights, cd, {V, C});
   for (int64_t l = 0; l < c.n_layer; l++) {
     const std::string p = "layers." + std::to_string(l) + ".";
     plan.add(p + "input_layernorm", MC::Weights, cd, {C});
     plan.add(p + "post_attention_layernorm", MC::Weights, cd, {C});
+    if (fsdp)
+      plan.add_bytes(p + "base.shard", MC::Weights,
+                     int64_t(slice_of(size_t(blob.total), int(o.base_shard_rank), int(o.base_shards)).count));
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
+      if (fsdp) break;
       if (!quantized)
         plan.add(p + t, MC::Weights, float_precision_dtype(base, cd), {out, in});
       else  // packed codes + scales in one buffer (layout: model/quantized_weights.h)
@@ -157,6 +181,9 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     }
     plan.add("ws.dequant", MC::Workspace, cd, {2, layer}, Lifetime::Layer);
   }
+  // FSDP: two whole layers' blobs, gathered from the ranks' shares: slot l % 2 holds layer l (the
+  // layer in use and the next one, gathered ahead, like ws.dequant).
+  if (fsdp) plan.add_bytes("fsdp.gather", MC::Workspace, 2 * blob.total, Lifetime::Layer);
 
   // Generation (sample answers, `qlora generate`): every layer's keys, after RoPE, and values for
   // kv_cache_tokens positions. Decoding runs the training forward with these as its k and v.

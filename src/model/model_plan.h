@@ -24,6 +24,11 @@ struct ModelPlanOptions {
   // ZeRO-1 over this many data-parallel ranks: each AdamW moment is planned as "<name>.shard" of
   // ceil(elements / optimizer_shards) elements, this rank's share (as shard_plan() plans it).
   int64_t optimizer_shards = 1;
+  // sharding fsdp: the frozen projections of each decoder layer are one blob (layer_base_blob),
+  // split evenly in bytes over base_shards ranks; this rank (base_shard_rank) keeps its share,
+  // slice_of(blob, rank, shards), as "layers.<l>.base.shard", and "fsdp.gather" holds two whole
+  // layers, all-gathered before use. 0: not sharded (each projection is its own buffer).
+  int64_t base_shards = 0, base_shard_rank = 0;
   int64_t micro_batch = 1, seq_len = 2048;
   std::string checkpointing = "none";   // none | full | offload
   int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk
@@ -48,6 +53,16 @@ inline std::string base_gemm_dtype(const ModelPlanOptions& o, bool backend_has_f
 const std::vector<std::string>& all_linear_targets();
 // (out_features, in_features) of a projection.
 std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& proj);
+
+// One decoder layer's frozen projections back to back as they are stored (packed quantized bytes or
+// floats in the base's dtype): projection p (all_linear_targets order) at offset[p], bytes[p] long;
+// each offset and the total are 256-byte aligned, so a gathered layer's tensors are aligned as in
+// the arena.
+struct LayerBaseBlob {
+  int64_t offset[7] = {}, bytes[7] = {};
+  int64_t total = 0;
+};
+LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o);
 
 // Layers of a quantized base dequantized per micro-step in steady state. ws.dequant holds two layers:
 // the forward prepares layer l+1 while layer l computes, the backward l-1 while l computes (a layer

@@ -96,8 +96,14 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
 
 }  // namespace
 
-ModelPlanOptions model_plan_options(const PlanRequest& r) {
+ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   ModelPlanOptions o;
+  if (r.sharding == Sharding::Fsdp) {  // the engine's fsdp: ZeRO-1 moments and the base's layers split
+    const int w = r.topo.world();
+    o.base_shards = w;
+    o.base_shard_rank = rank < 0 ? w - 1 : rank;
+    o.optimizer_shards = w;
+  }
   o.method = r.method;
   // GPU precision policy: bf16 weights/activations, fp32 accumulate; the CPU backend is all f32.
   o.compute_dtype = r.gpu.is_cpu ? DType::F32 : DType::BF16;
@@ -150,7 +156,16 @@ PlanResult make_plan(const PlanRequest& in) {
   // On a GPU: the CUDA backend's own memory too (workspace, op scratch, upload staging).
   plan_engine_buffers(res.replica, r.model, model_plan_options(r), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
   if (r.method == "full") add_full_finetune_state(res.replica, r.optimizer_dtype == "bf16" ? DType::BF16 : DType::F32);
-  res.plan = shard_plan(res.replica, r.sharding, r.topo.world());
+  if (r.sharding == Sharding::Fsdp && r.method == "full")
+    fail(ErrorKind::Config, "--sharding fsdp", "shards the frozen base of LoRA/QLoRA; full fine-tuning trains the base",
+         "plan full fine-tuning with --sharding zero3");
+  res.plan = shard_plan(res.replica, r.sharding, r.topo.world());  // fsdp: the replica is already rank N-1's
+  if (r.sharding == Sharding::Fsdp)
+    for (int q = 0; q < r.topo.world(); q++) {
+      MemoryPlan p;
+      plan_engine_buffers(p, r.model, model_plan_options(r, q), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
+      res.per_rank_bytes.push_back(p.total_bytes());
+    }
   res.plan.overhead = overhead_lines(r, res.plan.total_bytes());
   for (int c = 0; c < kNumMemCategories; c++) res.categories[MemCategory(c)] = 0;
   for (const auto& [c, b] : res.plan.bytes_by_category()) res.categories[c] = b;

@@ -26,10 +26,14 @@ struct PlanResult {
   std::vector<std::string> warnings;
   std::vector<std::string> why;    // when it does not fit: what takes the memory
   SpeedEstimate speed;
+  // sharding fsdp: each rank's planned device bytes without overhead (ranks differ by the
+  // remainders of the even byte split); empty for the other shardings (every rank as `plan`).
+  std::vector<int64_t> per_rank_bytes;
 };
 
-// Options handed to plan_model_buffers for a request (GPU compute dtype bf16).
-ModelPlanOptions model_plan_options(const PlanRequest& req);
+// Options handed to plan_model_buffers for a request (GPU compute dtype bf16). Sharding fsdp:
+// those of rank `rank` (-1: the last, which holds the largest share).
+ModelPlanOptions model_plan_options(const PlanRequest& req, int rank = -1);
 
 // Adds, for every weight of `plan`, what full fine-tuning trains it with: fp32 master copy
 // (optimizer), fp32 gradient (grads) and AdamW m, v in `opt_dtype` (optimizer).

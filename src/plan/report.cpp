@@ -145,6 +145,12 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
   t += "  " + pad("headroom", 14) + pad(fmt_gib(double(p.headroom_bytes)), 14, true) +
        pad(fmt_fixed(100.0 * double(p.headroom_bytes) / double(p.device_bytes), 1) + "%", 8, true) + "\n";
   if (p.host_bytes > 0) t += "  " + pad("host (pinned)", 14) + pad(fmt_gib(double(p.host_bytes)), 14, true) + "\n";
+  if (!p.per_rank_bytes.empty()) {  // fsdp: the byte split's remainders go to the higher ranks
+    const auto [lo, hi] = std::minmax_element(p.per_rank_bytes.begin(), p.per_rank_bytes.end());
+    t += "  fsdp: each rank holds 1/" + std::to_string(p.per_rank_bytes.size()) +
+         " of every decoder layer's base; ranks' buffers " + std::to_string(*lo) + " to " + std::to_string(*hi) +
+         " bytes (the table shows the last rank's)\n";
+  }
   t += std::string("fits: ") + (p.fits ? "yes" : "NO") + "\n";
   for (const auto& w : p.why) t += "  why: " + w + "\n";
   if (!p.fits && !o.suggestions.empty()) {
@@ -160,7 +166,7 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
   t += "  FLOPs per step    " + fmt_si(s.flops_per_step, "FLOP") + " over " + fmt_si(s.tokens_per_step, "tokens") + " on " +
        std::to_string(r.topo.world()) + " GPU(s)\n";
   t += "  GEMMs             " + seconds(s.t_gemm) + "\n";
-  t += "  attention         " + seconds(s.t_attn) + "\n";
+  t += "  attention         " + seconds(s.t_attn) + (s.attention_path.empty() ? "" : " (" + s.attention_path + ")") + "\n";
   double traffic = 0;
   for (const auto& [k, v] : s.memory_bytes) traffic += v;
   if (s.t_dequant > 0)
@@ -222,6 +228,7 @@ json plan_json(const PlanResult& p, const ReportOptions& o) {
             {"tokens_per_second", s.tokens_per_second},
             {"tokens_per_second_per_gpu", s.tokens_per_second_per_gpu},
             {"mfu", s.mfu},
+            {"attention_path", s.attention_path},
             {"flops_per_step", s.flops_per_step},
             {"tokens_per_step", s.useful_tokens_per_step},
             {"flops_per_token", {{"forward", s.per_token.fwd.total()}, {"backward", s.per_token.bwd.total()},
@@ -232,6 +239,7 @@ json plan_json(const PlanResult& p, const ReportOptions& o) {
                         {"dequant", s.t_dequant}, {"dequant_exposed", s.t_dequant_exposed}}},
             {"memory_traffic_bytes", traffic},
             {"comm_bytes", comm},
+            {"per_rank_bytes", p.per_rank_bytes},
             {"request", request_json(p.req)},
             {"gpu", gpu_json(p.req.gpu)},
             {"assumptions", {{"measured", plan_assumptions().measured}, {"notes", describe_assumptions(plan_assumptions())}}},

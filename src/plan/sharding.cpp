@@ -15,6 +15,7 @@ const char* sharding_name(Sharding s) {
     case Sharding::Zero1: return "zero1";
     case Sharding::Zero2: return "zero2";
     case Sharding::Zero3: return "zero3";
+    case Sharding::Fsdp: return "fsdp";
   }
   return "?";
 }
@@ -23,20 +24,22 @@ Sharding parse_sharding(const std::string& s) {
   if (s == "none" || s == "ddp") return Sharding::None;
   if (s == "zero1" || s == "zero-1") return Sharding::Zero1;
   if (s == "zero2" || s == "zero-2") return Sharding::Zero2;
-  if (s == "zero3" || s == "zero-3" || s == "fsdp") return Sharding::Zero3;
+  if (s == "zero3" || s == "zero-3") return Sharding::Zero3;
+  if (s == "fsdp") return Sharding::Fsdp;
   const std::vector<std::string> choices = {"none", "zero1", "zero2", "zero3", "fsdp"};
   std::string close = closest_name(choices, s, 3);
   fail(ErrorKind::Config, "--sharding " + s, "unknown sharding '" + s + "'",
        (close.empty() ? std::string() : "did you mean '" + close + "'? ") +
-           "choose none, zero1 (optimizer), zero2 (+grads), zero3 or fsdp (+parameters)");
+           "choose none, zero1 (optimizer), zero2 (+grads), zero3 (+parameters) or fsdp (zero1 + the frozen "
+           "base's decoder layers, as training runs it)");
 }
 
 bool shards_category(Sharding s, MemCategory c) {
   switch (c) {
-    case MemCategory::Optimizer: return s >= Sharding::Zero1;
-    case MemCategory::Grads: return s >= Sharding::Zero2;
-    case MemCategory::Weights:
-    case MemCategory::Lora: return s >= Sharding::Zero3;
+    case MemCategory::Optimizer: return s != Sharding::None;
+    case MemCategory::Grads: return s == Sharding::Zero2 || s == Sharding::Zero3;
+    case MemCategory::Weights: return s == Sharding::Zero3 || s == Sharding::Fsdp;  // fsdp: decoder layers only
+    case MemCategory::Lora: return s == Sharding::Zero3;
     default: return false;
   }
 }
@@ -52,7 +55,7 @@ std::string shard_unit(const std::string& name) {
 
 MemoryPlan shard_plan(const MemoryPlan& replica, Sharding s, int world) {
   if (world < 1) fail(ErrorKind::Config, "--gpus-per-node/--nodes", "world size must be >= 1");
-  if (world == 1 || s == Sharding::None) return replica;
+  if (world == 1 || s == Sharding::None || s == Sharding::Fsdp) return replica;
   MemoryPlan out;
   out.overhead = replica.overhead;
   std::map<std::string, int64_t> param_unit, grad_unit;  // full (unsharded) bytes per unit
@@ -85,7 +88,7 @@ MemoryPlan shard_plan(const MemoryPlan& replica, Sharding s, int world) {
   if (s == Sharding::Zero3)
     for (int i = 0; i < 2; i++)
       out.add_bytes("zero3.gather." + std::to_string(i), MemCategory::Workspace, biggest(param_unit), Lifetime::Layer);
-  if (s >= Sharding::Zero2 && biggest(grad_unit) > 0)
+  if ((s == Sharding::Zero2 || s == Sharding::Zero3) && biggest(grad_unit) > 0)
     out.add_bytes("zero.grad_unit", MemCategory::Workspace, biggest(grad_unit), Lifetime::Layer);
   return out;
 }

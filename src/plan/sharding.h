@@ -7,11 +7,13 @@
 
 namespace qlora {
 
-// ZeRO-1 splits optimizer state, ZeRO-2 also gradients, ZeRO-3 (= FSDP full shard) also the
-// parameters: trainable and frozen base alike (4-bit bases are sharded as their stored bytes).
-enum class Sharding { None, Zero1, Zero2, Zero3 };
+// ZeRO-1 splits optimizer state, ZeRO-2 also gradients, ZeRO-3 also the parameters: trainable and
+// frozen base alike (4-bit bases are sharded as their stored bytes). Fsdp is what the engine runs
+// (sharding: fsdp): ZeRO-1's optimizer split plus an even byte split of each decoder layer's frozen
+// base (model_plan.h: base_shards); its plan is the engine's buffer list for a rank, not shard_plan's.
+enum class Sharding { None, Zero1, Zero2, Zero3, Fsdp };
 const char* sharding_name(Sharding s);
-// none | zero1 | zero2 | zero3 | fsdp (= zero3); Error(Config) with the closest choice otherwise.
+// none | zero1 | zero2 | zero3 | fsdp; Error(Config) with the closest choice otherwise.
 Sharding parse_sharding(const std::string& s);
 
 struct Topology {
@@ -29,7 +31,8 @@ std::string shard_unit(const std::string& buffer_name);
 // ceil(elements / world) elements; buffers sharding itself needs are added as workspace:
 //   zero3.gather.{0,1}  two full units of parameters (the layer in use and the prefetched next)
 //   zero.grad_unit      one full unit of gradients before its reduce-scatter (ZeRO-2/3)
-// With world == 1 or Sharding::None the plan is returned unchanged.
+// With world == 1, Sharding::None or Sharding::Fsdp (planned by the engine's list) the plan is
+// returned unchanged.
 MemoryPlan shard_plan(const MemoryPlan& replica, Sharding s, int world);
 
 }  // namespace qlora

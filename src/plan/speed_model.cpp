@@ -161,6 +161,17 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
         add("all-gather parameters (forward + backward, per micro-step)", double(weight_bytes), 1, 2 * ga);
         add("reduce-scatter gradients (per micro-step)", grads, 1, ga);
         break;
+      case Sharding::Fsdp: {
+        add("reduce-scatter gradients", grads, 1, 1);
+        add("all-gather updated parameters", params, 1, 1);
+        // Each layer's stored base bytes, gathered where the engine needs them (LlamaModel::
+        // prepare_layer): into two slots like the dequantization's, so as often, 2L - 4 layers
+        // per micro-step in steady state (the forward's last two and the backward's first two
+        // are reused), whatever the GEMM dtype.
+        const double blob = double(layer_base_blob(c, model_plan_options(r)).total);
+        add("all-gather base layers (per micro-step)", blob, 1, double(dequant_layers_per_micro_step(c.n_layer)) * ga);
+        break;
+      }
     }
   }
   const double t_compute = e.t_gemm + e.t_attn + e.t_memory + e.t_dequant_exposed;

@@ -188,10 +188,12 @@ const std::vector<KeyRow>& key_table() {
       {.name = "quant_blocksize", .field = &T::quant_blocksize, .def = "64",
        .choices = {"32", "64", "128", "256", "512", "1024", "2048", "4096"},
        .help = "Elements per absmax block for nf4/fp4."},
-      {.name = "gemm_dtype", .field = &T::gemm_dtype, .def = "bf16", .choices = {"bf16", "fp8"},
+      {.name = "gemm_dtype", .field = &T::gemm_dtype, .def = "bf16", .choices = {"bf16", "fp8", "fp4"},
        .help = "Tensor-core dtype of the frozen base's forward GEMMs: fp8 reads a base_precision: fp8 base as "
-               "stored (cuBLASLt FP8, sm_89 and later; the activation is quantized to e4m3 per tensor); bf16, "
-               "or fp8 elsewhere, dequantizes it."},
+               "stored (cuBLASLt FP8, sm_89 and later; the activation quantized to e4m3 per tensor); fp4 reads "
+               "an nvfp4 or mxfp4 base as stored (cuBLASLt's block-scaled NVFP4 GEMM, compute capability 10.x; "
+               "the activation quantized to NVFP4); bf16 dequantizes the base. Any other combination is an "
+               "error before the first step. The backward stays bf16."},
       {.name = "gradient_checkpointing", .field = &T::gradient_checkpointing, .def = "none",
        .choices = {"none", "full", "offload"},
        .help = "Recompute layer activations in backward: none, full, or offload layer inputs to host memory.",
@@ -204,11 +206,13 @@ const std::vector<KeyRow>& key_table() {
       {.name = "device", .field = &T::device, .def = "auto", .choices = {"auto", "cpu", "cuda"},
        .help = "Where to train; auto = cuda when a GPU is present.", .value_aliases = {{"gpu", "cuda"}}},
       {.name = "threads", .field = &T::threads, .def = "0", .range = {.lo = 0}, .help = "CPU threads; 0 = all cores."},
-      {.name = "sharding", .field = &T::sharding, .def = "none", .choices = {"none", "zero1"},
+      {.name = "sharding", .field = &T::sharding, .def = "none", .choices = {"none", "zero1", "fsdp"},
        .help = "Multi-rank runs: none = every rank holds everything; zero1 = the AdamW moments are split across "
-               "ranks (gradients reduce-scattered, weights all-gathered), as qlora plan --sharding zero1 plans.",
+               "ranks (gradients reduce-scattered, weights all-gathered); fsdp = zero1 and each rank also holds "
+               "1/N of every decoder layer's frozen base, all-gathered a layer ahead of use. As qlora plan "
+               "--sharding plans them.",
        .value_aliases = {{"ddp", "none"}, {"zero-1", "zero1"}},
-       .bad_value_hint = "none or zero1; zero2, zero3 and fsdp are planned by qlora plan --sharding but not "
+       .bad_value_hint = "none, zero1 or fsdp; zero2 and zero3 are planned by qlora plan --sharding but not "
                          "implemented in training yet"},
       {.name = "ddp_timeout", .field = &T::ddp_timeout, .def = "1800", .range = {.lo = 0},
        .help = "Multi-rank runs (mpirun, srun): seconds a rank waits for the others in a collective (gradient "

@@ -70,14 +70,15 @@ struct TrainConfig {
   std::string bnb_4bit_quant_type;  // nf4|fp4
   bool bnb_4bit_use_double_quant;
   int64_t quant_blocksize;
-  std::string gemm_dtype;              // bf16|fp8: the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
+  std::string gemm_dtype;              // bf16|fp8|fp4: the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
   std::string gradient_checkpointing;  // none|full|offload
   int64_t ce_chunk_size;               // tokens per cross-entropy chunk
   bool bf16;                           // informational: compute precision follows the backend
   // runtime
   std::string device;  // auto|cpu|cuda
   int64_t threads;     // 0 = all cores
-  std::string sharding;  // none|zero1: what data-parallel ranks split (zero1: the AdamW moments)
+  std::string sharding;  // none|zero1|fsdp: what data-parallel ranks split (zero1: the AdamW moments;
+                         // fsdp: those and each decoder layer's frozen base bytes)
   double ddp_timeout;  // seconds a rank waits for the others in a collective before failing (multi-rank runs)
 
   bool operator==(const TrainConfig&) const = default;

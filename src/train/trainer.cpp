@@ -44,7 +44,8 @@ void install_stop_signal_handlers() {
 }
 
 LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len, const LoraSpec* lora_override, int64_t optimizer_shards) {
+                                    int64_t seq_len, const LoraSpec* lora_override, int64_t optimizer_shards,
+                                    Comm* fsdp_comm) {
   LoraSpec lora;
   lora.r = cfg.r;
   lora.alpha = cfg.lora_alpha;
@@ -61,15 +62,20 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   po.micro_batch = micro_batch;
   po.seq_len = seq_len;
   po.checkpointing = cfg.gradient_checkpointing;
-  po.gemm_dtype = cfg.gemm_dtype;  // the model resolves it (base_gemm_dtype) against the base and device
+  po.gemm_dtype = cfg.gemm_dtype;  // the model resolves it (resolve_gemm_dtype) against the base and device
   po.ce_chunk = cfg.ce_chunk_size;
   po.optimizer_shards = optimizer_shards;
+  if (fsdp_comm) {
+    po.base_shards = fsdp_comm->size();
+    po.base_shard_rank = fsdp_comm->rank();
+  }
   // Sample answers decode through the training forward: a KV cache for a prompt as long as a
   // training row plus its answer.
   if (!cfg.sample_prompts.empty()) po.kv_cache_tokens = seq_len + cfg.sample_max_new_tokens;
   adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
   LoadedModel lm;
   lm.model = std::make_unique<LlamaModel>(src.config, be, po, lora);
+  if (fsdp_comm) lm.model->set_base_comm(*fsdp_comm);
   lm.model->load_base(src.tensors);
   lm.model->init_lora(uint64_t(cfg.seed));
   lm.encoder = src.encoder;
@@ -97,7 +103,27 @@ EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches
   return t;
 }
 
-double Trainer::evaluate(const std::vector<Batch>& batches) { return evaluate_batches(*lm_.model, batches).mean(); }
+// Several ranks: each evaluates its contiguous share of the batches; the per-batch loss sums are
+// gathered (a sum of one value and zeros is exact) and added in batch order, so the result is the
+// one process's bits. Under fsdp every rank runs the same number of forwards (each gathers the
+// layers with the others): a rank with one batch fewer repeats its last and drops the result.
+double Trainer::evaluate(const std::vector<Batch>& batches) {
+  LlamaModel& model = *lm_.model;
+  const int world = comm_->size();
+  if (world == 1) return evaluate_batches(model, batches).mean();
+  const Slice mine = slice_of(batches.size(), comm_->rank(), world);
+  std::vector<double> loss(batches.size(), 0.0);
+  for (size_t j = mine.begin; j < mine.end(); j++) loss[j] = model.forward_loss(batches[j]);
+  if (model.base_sharded() && mine.count < (batches.size() + size_t(world) - 1) / size_t(world))
+    model.forward_loss(batches[mine.count ? mine.end() - 1 : 0]);
+  comm_->allreduce_sum(loss.data(), loss.size());
+  EvalTotals t;
+  for (size_t j = 0; j < batches.size(); j++) {
+    t.loss_sum += loss[j];
+    t.tokens += batches[j].n_trained();
+  }
+  return t.mean();
+}
 
 bool Trainer::state_finite_everywhere() {
   double broken = optimizer_state_finite(*lm_.model) ? 0.0 : 1.0;  // ZeRO-1: each rank checks its share
@@ -282,8 +308,11 @@ TrainSummary Trainer::run() {
   }
 
   // ---- model
-  const bool zero1 = cfg_.sharding == "zero1" && comm_->size() > 1;
-  lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq, nullptr, zero1 ? comm_->size() : 1);
+  // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
+  const bool fsdp = cfg_.sharding == "fsdp";
+  const bool zero1 = (cfg_.sharding == "zero1" || fsdp) && comm_->size() > 1;
+  lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq, nullptr, zero1 ? comm_->size() : 1,
+                                fsdp ? comm_ : nullptr);
   LlamaModel& model = *lm_.model;
   if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, zero1, zero1 ? nullptr : device_reducer_);
   const int32_t pad = data.pad_id;
@@ -305,6 +334,16 @@ TrainSummary Trainer::run() {
                      " bytes of fp32 LoRA gradients and all-gather of the updated weights per step"
                : "all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step" +
                      (device_reducer_ ? " (NCCL, in device memory)" : "")));
+  if (fsdp) {  // what each rank keeps of the decoder layers' frozen base
+    std::vector<double> shard(size_t(world), 0.0);
+    shard[size_t(comm_->rank())] = double(model.base_shard_bytes());
+    comm_->allreduce_sum(shard.data(), shard.size());
+    std::string list;
+    for (int q = 0; q < world; q++) list += (q ? ", " : "") + std::to_string(int64_t(shard[size_t(q)]));
+    log("fsdp: the decoder layers' frozen base is " + std::to_string(model.base_blob_bytes() * model.config().n_layer) +
+        " bytes; each rank holds its share of every layer (bytes per rank: " + list +
+        "), all-gathered a layer ahead of use");
+  }
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
   if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`
     std::vector<double> per_rank(size_t(world), 0.0);
@@ -353,17 +392,18 @@ TrainSummary Trainer::run() {
 
   TrainSummary sum;
   sum.total_steps = total;
-  if (lead_ && start == 0 && !eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline to compare against
+  if ((lead_ || world > 1) && start == 0 && !eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline
     const double el = evaluate(eval_batches);
     write_metrics({{"step", 0}, {"eval_loss", el}});
     log("eval_loss " + std::to_string(el) + " before training");
   }
   // Sample answers before training (a resumed run keeps the first run's from samples.json).
   nlohmann::ordered_json samples_before;
-  if (lead_ && !cfg_.sample_prompts.empty()) {
+  // fsdp: every rank decodes (each forward gathers layers with the others); rank 0 prints and writes.
+  if ((lead_ || fsdp) && !cfg_.sample_prompts.empty()) {
     if (start == 0) {
       samples_before = print_sample_answers(sample_render, "before training");
-      write_samples_json(cfg_.output_dir, samples_before, nullptr);
+      if (lead_) write_samples_json(cfg_.output_dir, samples_before, nullptr);
     } else {
       samples_before = earlier_before_samples(cfg_.output_dir);
     }
@@ -380,6 +420,7 @@ TrainSummary Trainer::run() {
     std::vector<Batch> mbs;  // the whole global step, on every rank
     for (int64_t j = 0; j < micro_per_step; j++) mbs.push_back(stream.next());
     const double lr = lr_at(sp, step);
+    const int64_t gathered0 = model.gathered_base_bytes();
     const StepResult r = dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
                             : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
     const double loss = r.loss, gnorm = r.grad_norm;
@@ -407,6 +448,7 @@ TrainSummary Trainer::run() {
       fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
     }
     consecutive_skips = 0;
+    const int64_t gathered = model.gathered_base_bytes() - gathered0;  // fsdp: this step's all-gathers
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const int64_t done = step + 1;
     sum.last_loss = loss;
@@ -418,8 +460,12 @@ TrainSummary Trainer::run() {
       rec = {{"step", done}, {"loss", loss}, {"learning_rate", lr}, {"grad_norm", gnorm},
              {"tokens_per_second", double(r.tokens) / dt}, {"trained_tokens", r.trained_tokens},
              {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(train.size())))}};
+      if (fsdp) rec["fsdp_allgather_bytes"] = gathered;
     }
-    const bool eval_now = lead_ && !eval_batches.empty() && cfg_.eval_strategy != "no" &&
+    if (fsdp && done == start + 2)  // the first step after one in steady state (the first gathers every layer)
+      progress_message("fsdp: step " + std::to_string(done) + " all-gathered " + std::to_string(gathered) +
+                       " bytes of base layers");
+    const bool eval_now = (lead_ || world > 1) && !eval_batches.empty() && cfg_.eval_strategy != "no" &&
                           ((cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0) || done == total);
     if (eval_now) {
       const double el = evaluate(eval_batches);
@@ -448,6 +494,8 @@ TrainSummary Trainer::run() {
     comm_->barrier();  // every rank exits after the checkpoint exists
     return sum;
   }
+  nlohmann::ordered_json samples_after;
+  if ((lead_ || fsdp) && !cfg_.sample_prompts.empty()) samples_after = print_sample_answers(sample_render, "after training");
   if (!lead_) {
     sum.adapter_dir = cfg_.output_dir;
     comm_->barrier();  // rank 0 writes the adapter
@@ -462,7 +510,7 @@ TrainSummary Trainer::run() {
   write_peft_adapter(cfg_.output_dir, model, cfg_.model_name_or_path);
   sum.adapter_dir = cfg_.output_dir;
   if (!cfg_.sample_prompts.empty())
-    write_samples_json(cfg_.output_dir, samples_before, print_sample_answers(sample_render, "after training"));
+    write_samples_json(cfg_.output_dir, samples_before, samples_after);
   write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
   log("done: " + std::to_string(step) + " steps" +
       (sum.skipped_steps ? " (" + std::to_string(sum.skipped_steps) + " skipped: not finite)" : "") + ", loss " +

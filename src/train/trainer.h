@@ -39,8 +39,11 @@ struct LoadedModel {
 };
 // `lora` replaces the config's LoRA settings (eval of an adapter uses the adapter's own).
 // optimizer_shards: ZeRO-1 over that many ranks (the AdamW moments hold this rank's share).
+// fsdp_comm: sharding fsdp over the ranks of this Comm (this rank stores its share of each decoder
+// layer's frozen base and gathers layers over it); null: the whole base on this rank.
 LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len, const LoraSpec* lora = nullptr, int64_t optimizer_shards = 1);
+                                    int64_t seq_len, const LoraSpec* lora = nullptr, int64_t optimizer_shards = 1,
+                                    Comm* fsdp_comm = nullptr);
 
 // Forward-only loss over a fixed list of batches (no dropout), in order: the trainer's eval_loss
 // is loss_sum / tokens. on_batch (optional) is called after each batch with the totals so far.
@@ -56,7 +59,8 @@ EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches
 class Trainer {
  public:
   // comm: the ranks of a data-parallel job (null = this process alone). Every rank runs the same
-  // steps; only rank 0 logs, evaluates and writes files.
+  // steps; only rank 0 logs and writes files. Several ranks evaluate their shares of the eval set
+  // (sharded eval); under fsdp all ranks also decode the sample answers in lockstep.
   // device: sums gradients in device memory (NCCL) for a GPU backend; null: through `comm`.
   Trainer(TrainConfig cfg, Backend& be, Comm* comm = nullptr, DeviceReducer* device = nullptr);
   TrainSummary run();

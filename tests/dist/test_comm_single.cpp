@@ -70,6 +70,10 @@ TEST(Launcher, PlainProcessIsOneRankWithoutStartingMpi) {
   comm->allreduce_sum(f, 3);  // the sum over one rank is the value itself
   EXPECT_EQ(f[0], 1.5f);
   EXPECT_EQ(f[1], -2.f);
+  const uint8_t shard[5] = {9, 8, 7, 6, 5};  // one rank holds the whole blob: the gather is a copy
+  uint8_t full[5] = {};
+  comm->allgather_shards(shard, full, 5);
+  for (int i = 0; i < 5; i++) EXPECT_EQ(full[i], shard[i]) << i;
   int inited = 1;
   MPI_Initialized(&inited);
   EXPECT_EQ(inited, 0) << "a plain process must not start the MPI runtime";

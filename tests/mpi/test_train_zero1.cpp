@@ -48,8 +48,8 @@ TEST(MpiZero1, ThreeRanksEqualOneProcessAndCheckpointTheWholeOptimizerState) {
 }
 
 TEST(MpiZero1, UnimplementedShardingIsAConfigErrorNamingTheKey) {
-  const std::string out = temp_dir("z1_fsdp");
-  RunResult r = train(0, "max_steps=1 sharding=fsdp output_dir=" + out);
+  const std::string out = temp_dir("z1_zero3");
+  RunResult r = train(0, "max_steps=1 sharding=zero3 output_dir=" + out);
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("sharding"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("not implemented in training yet"), std::string::npos) << r.output;

@@ -97,6 +97,17 @@ TEST(CommRanks, AllgatherSlicesAssemblesEveryShare) {
   }
 }
 
+TEST(CommRanks, AllgatherShardsAssemblesTheBlobOutOfPlace) {
+  const int w = g_comm->size(), r = g_comm->rank();
+  for (size_t n : {1u, 2u, 10u, 4099u}) {  // n < ranks leaves some shares empty; 10 and 4099 split unevenly
+    const Slice mine = slice_of(n, r, w);
+    std::vector<uint8_t> shard(mine.count), full(n, 0xEE);
+    for (size_t i = 0; i < mine.count; i++) shard[i] = uint8_t((mine.begin + i) * 13 + 5);
+    g_comm->allgather_shards(shard.data(), full.data(), n);
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(full[i], uint8_t(i * 13 + 5)) << n << " " << i;
+  }
+}
+
 TEST(CommRanks, BlocksOfAnySizeIncludingEmpty) {
   const int w = g_comm->size(), r = g_comm->rank();
   std::vector<size_t> counts(static_cast<size_t>(w));
