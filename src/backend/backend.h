@@ -15,6 +15,7 @@ namespace qlora {
 #define QLORA_BACKEND_OPS(X)            \
   X(matmul, MatmulArgs)                 \
   X(matmul_fp8, MatmulFp8Args)          \
+  X(matmul_fp4, MatmulFp4Args)          \
   X(embedding_fwd, EmbeddingFwdArgs)    \
   X(embedding_bwd, EmbeddingBwdArgs)    \
   X(rmsnorm_fwd, RmsnormFwdArgs)        \
@@ -49,6 +50,9 @@ class Backend {
   // Whether matmul_fp8 runs on FP8 hardware (CUDA: sm_89 and later); the CPU computes its
   // semantics in f32. A plan asking for FP8 base GEMMs falls back to bf16 where this is false.
   virtual bool has_fp8_gemm() const { return true; }
+  // Whether matmul_fp4 runs on block-scaled FP4 hardware (CUDA: compute capability 10.x); the CPU
+  // computes its semantics in f32.
+  virtual bool has_fp4_gemm() const { return true; }
 
   // Memory on the backend's device. alloc returns zeroed, 256-byte aligned memory.
   virtual void* alloc(size_t bytes) = 0;

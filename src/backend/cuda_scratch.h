@@ -19,6 +19,7 @@ enum class ScratchSlot : int {
   AttnDelta,       // attention_bwd's f32 rowsum(dO*O), (B,Hq,T)
   ReducePartials,  // sumsq's f64 partial sums (and rmsnorm_bwd's f32 dw partials)
   Fp8Act,          // matmul_fp8's activation: amax partials, scale, e4m3 codes (fp8_act_bytes)
+  Fp4Act,          // matmul_fp4's activation: amax partials, scales, e2m1 codes, tiled e4m3 (fp4_act_bytes)
   kCount
 };
 constexpr int kNumScratchSlots = int(ScratchSlot::kCount);
@@ -31,6 +32,7 @@ inline const char* scratch_buffer_name(ScratchSlot s) {
     case ScratchSlot::AttnDelta: return "cuda.attn_delta";
     case ScratchSlot::ReducePartials: return "cuda.reduce_partials";
     case ScratchSlot::Fp8Act: return "cuda.fp8_act";
+    case ScratchSlot::Fp4Act: return "cuda.fp4_act";
     case ScratchSlot::kCount: break;
   }
   return "cuda.?";
@@ -68,6 +70,15 @@ inline constexpr int kFp8AmaxBlocks = 256;
 inline constexpr int64_t kFp8StatsOffset = int64_t(kFp8AmaxBlocks) * 4;
 inline constexpr int64_t kFp8CodesOffset = kFp8StatsOffset + 256;
 inline int64_t fp8_act_bytes(int64_t tokens, int64_t in) { return kFp8CodesOffset + tokens * in; }
+// matmul_fp4's scratch for x (tokens, in): kFp8AmaxBlocks f32 amax partials, then {amax, decode
+// scale, alpha, beta} at kFp8StatsOffset, the e2m1 codes (two a byte) at kFp8CodesOffset, then the
+// e4m3 block scales in cuBLASLt's tiled layout at fp4_act_scales_offset (both 256-byte aligned).
+inline int64_t fp4_act_scales_offset(int64_t tokens, int64_t in) {
+  return kFp8CodesOffset + (tokens * (in / 2) + 255) / 256 * 256;
+}
+inline int64_t fp4_act_bytes(int64_t tokens, int64_t in) {
+  return fp4_act_scales_offset(tokens, in) + (tokens + 127) / 128 * 128 * ((in / 16 + 3) / 4 * 4);
+}
 // Columns of one (row, head) of attention_bwd's dq accumulator: the backward kernel's tile width.
 inline int64_t attention_dq_cols(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 

@@ -42,6 +42,22 @@ struct MatmulFp8Args {
   Tensor amax;
 };
 
+// A base projection through the block-scaled FP4 GEMM (NVFP4 numerics), no dequantization:
+//   y (m,out) "=" q(x) w^T      x (m,in) in the compute dtype; y in the compute dtype
+// w is one packed NVFP4 or MXFP4 weight (out,in) (quant/quant_layout.h: its e2m1 codes first) and
+// w_scales its GEMM scales (quant/fp4_gemm.h: f32 decode scale, then e4m3 scales per 16, tiled).
+// q(x) is x quantized to NVFP4 with quant/nvfp4.cpp's recipe (TransformerEngine's): a per-tensor
+// decode scale amax / 2688 and an e4m3 scale per 16 of a row, codes e2m1 round-to-nearest-even.
+// Products of decoded codes times both block scales accumulate in f32, times both decode scales.
+// CUDA: cuBLASLt VEC16_UE4M3 on sm_100 (Backend::has_fp4_gemm), in % 32 == 0, out % 8 == 0,
+// x and y 16-byte aligned; anything else is Error(Unsupported). The CPU computes the same in f32.
+struct MatmulFp4Args {
+  Tensor y, x;
+  const void* w = nullptr;
+  const void* w_scales = nullptr;
+  int64_t m = 0, out = 0, in = 0;
+};
+
 // out[i,:] = table[tokens[i],:]     out (N,C) "="; table (V,C).
 struct EmbeddingFwdArgs {
   Tensor out, table;

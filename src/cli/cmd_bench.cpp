@@ -38,6 +38,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--seq-len,-t", o.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--micro-batch,-b", o.micro_batch, "sequences per step")->capture_default_str();
   app.add_option("--gradient-checkpointing", o.gradient_checkpointing, "none | full | offload")->capture_default_str();
+  app.add_option("--gemm-dtype", o.gemm_dtype,
+                 "bf16 | fp8 (an fp8 base, sm_89+) | fp4 (an nvfp4/mxfp4 base, sm_100): the base's forward GEMMs")
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "timed steps")->capture_default_str();
   app.add_option("--warmup-steps", o.warmup_steps, "steps run before timing starts")->capture_default_str();
   app.add_option("--device", device, "auto | cpu | cuda")->capture_default_str();

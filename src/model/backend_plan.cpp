@@ -36,6 +36,7 @@ std::string backend_buffer_description(const std::string& name) {
     case S::AttnDelta: return "attention bwd rowsum(dO*O)";
     case S::ReducePartials: return "sumsq partial sums";
     case S::Fp8Act: return "fp8 GEMM activation (e4m3) and its scale";
+    case S::Fp4Act: return "fp4 GEMM activation (e2m1, tiled e4m3 scales) and its scales";
     case S::kCount: break;
   }
   return "";
@@ -91,6 +92,13 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
     for (const auto& t : all_linear_targets()) in_max = std::max(in_max, projection_shape(c, t).second);
     plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp8Act), MC::Workspace, cp::fp8_act_bytes(N, in_max),
                    Lifetime::Layer);
+    plan.buffers.back().owner = BufferOwner::ArenaScratch;
+  }
+  // matmul_fp4 (FP4 base GEMMs): amax partials, scales, e2m1 codes and tiled e4m3 of the widest input.
+  if (o.gemm_dtype == "fp4") {
+    int64_t bytes = 0;
+    for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp4_act_bytes(N, projection_shape(c, t).second));
+    plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp4Act), MC::Workspace, bytes, Lifetime::Layer);
     plan.buffers.back().owner = BufferOwner::ArenaScratch;
   }
 

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/backend_plan.h"
+#include "model/gemm_dtype.h"
 #include "model/quant_bytes.h"
+#include "quant/fp4_gemm.h"
 
 namespace qlora {
 
@@ -30,6 +32,7 @@ struct LlamaModel::LayerViews {
   Tensor ln1_w, ln2_w;           // (C)
   Tensor w[7];                   // float base weights (out,in); empty when quantized
   const void* packed[7] = {};    // quantized base: the packed projection
+  const void* gemm_scales[7] = {};  // gemm_dtype fp4: the projection's GEMM scales (quant/fp4_gemm.h)
   Tensor bias[3];                // q/k/v biases (attention_bias models)
 };
 struct LlamaModel::StepViews {
@@ -61,7 +64,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.targets = lora_.targets;
   opts_.lora_dropout = lora_.dropout > 0;
   ckpt_ = opts_.checkpointing != "none";
-  opts_.gemm_dtype = base_gemm_dtype(opts_, be_.has_fp8_gemm());
+  {
+    GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
+    opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
+  }
   offload_ = opts_.checkpointing == "offload";
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
@@ -167,6 +173,7 @@ void LlamaModel::resolve_views() {
         else L.w[p] = Tensor(at, float_base, {out, in});
       } else if (quantized_base_) {
         L.packed[p] = arena_->raw(lp + kProj[p]);
+        if (opts_.gemm_dtype == "fp4") L.gemm_scales[p] = arena_->raw(lp + kProj[p] + ".gemm_scales");
       } else {
         L.w[p] = ar.get(lp + kProj[p]);
       }
@@ -281,6 +288,7 @@ void LlamaModel::load_base(const TensorSource& src) {
   std::vector<float> host;  // one tensor in f32 at a time
   for (const auto& b : plan_.buffers) {
     if (b.category != MemCategory::Weights) continue;
+    if (b.name.size() > 12 && b.name.compare(b.name.size() - 12, 12, ".gemm_scales") == 0) continue;  // with its projection
     if (fsdp_ && b.name.size() > 11 && b.name.compare(b.name.size() - 11, 11, ".base.shard") == 0) {
       load_layer_shard(src, std::stoll(b.name.substr(7)), stored_as_planned, b.name);
       continue;
@@ -301,6 +309,10 @@ void LlamaModel::load_base(const TensorSource& src) {
         q = quantize_ref(host.data(), rows, cols, base_quant_);
       }
       quant_io_.store(q, arena_->raw(b.name));
+      if (opts_.gemm_dtype == "fp4") {  // repacked once: the FP4 GEMM's scales beside the stored codes
+        const std::vector<uint8_t> sf = fp4_gemm_scales(q);
+        be_.copy_to_device(arena_->raw(b.name + ".gemm_scales"), sf.data(), sf.size());
+      }
       continue;
     }
     int64_t n = 1;
@@ -424,6 +436,8 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   if (opts_.gemm_dtype == "fp8") {  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
     gather_layer(l);
     be_.matmul_fp8({y, x, layers_[size_t(l)].packed[p], n, out, in, Tensor()});
+  } else if (opts_.gemm_dtype == "fp4") {  // the stored e2m1 codes, x quantized to NVFP4 (no dequantization)
+    be_.matmul_fp4({y, x, layers_[size_t(l)].packed[p], layers_[size_t(l)].gemm_scales[p], n, out, in});
   } else {
     be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
   }
@@ -660,7 +674,7 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
   const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
-    if (opts_.gemm_dtype != "fp8") {  // fp8 base GEMMs read the stored weights: nothing to dequantize
+    if (opts_.gemm_dtype == "bf16") {  // fp8/fp4 base GEMMs read the stored weights: nothing to dequantize
       prepare_layer(l, false);
       prepare_layer(l + 1, true);  // the next layer's weights while this one computes
     } else {  // fsdp: the stored fp8 weights are gathered all the same

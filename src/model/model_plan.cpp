@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "model/quant_bytes.h"
+#include "quant/fp4_gemm.h"
 
 namespace qlora {
 
@@ -76,6 +77,12 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
       else  // packed codes + scales in one buffer (layout: model/quantized_weights.h)
         plan.add_bytes(p + t, MC::Weights, quant_storage_bytes(qp, out, in));
     }
+    // FP4 base GEMMs: each projection's GEMM scales (decode scale, tiled e4m3 per 16), made at load.
+    if (o.gemm_dtype == "fp4")
+      for (const auto& t : all_linear_targets()) {
+        auto [out, in] = projection_shape(c, t);
+        plan.add_bytes(p + t + ".gemm_scales", MC::Weights, fp4_gemm_scales_bytes(out, in));
+      }
     if (c.attention_bias) {
       plan.add(p + "q_proj.bias", MC::Weights, cd, {c.q_dim()});
       plan.add(p + "k_proj.bias", MC::Weights, cd, {c.kv_dim()});

@@ -36,18 +36,12 @@ struct ModelPlanOptions {
   // (prompt + answer). 0: no KV cache (a run without sample answers).
   int64_t kv_cache_tokens = 0;
   // Tensor-core dtype of the frozen base's forward GEMMs (qlora plan --gemm-dtype): "bf16" (a
-  // quantized base is dequantized a layer ahead) or "fp8" (an fp8 base read as stored by the
-  // matmul_fp8 op, the activation quantized to e4m3; the backward's dy W stays bf16). Resolve it
-  // with base_gemm_dtype before planning: the planned scratch depends on it.
+  // quantized base is dequantized a layer ahead), "fp8" (an fp8 base read as stored by the
+  // matmul_fp8 op) or "fp4" (an NVFP4/MXFP4 base read as stored by matmul_fp4, with its GEMM
+  // scales planned beside it); the backward's dy W stays bf16. Resolve it with
+  // resolve_gemm_dtype (model/gemm_dtype.h) before planning: buffers and scratch depend on it.
   std::string gemm_dtype = "bf16";
 };
-
-// The base GEMM dtype the engine runs for these options: "fp8" when asked for, the base is stored
-// as fp8 (e4m3, per-tensor scale) and the backend has FP8 GEMMs (CUDA: sm_89 and later; the CPU
-// states the same arithmetic in f32); otherwise "bf16", the dequantizing path (sm_80, other bases).
-inline std::string base_gemm_dtype(const ModelPlanOptions& o, bool backend_has_fp8) {
-  return o.gemm_dtype == "fp8" && o.base_precision == "fp8" && backend_has_fp8 ? "fp8" : "bf16";
-}
 
 // The seven projection names in layer order.
 const std::vector<std::string>& all_linear_targets();
@@ -70,12 +64,12 @@ LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o);
 // still there for the backward, and the first two of the backward for the next forward: 2L - 4.
 int64_t dequant_layers_per_micro_step(int64_t n_layer);
 
-// The same with FP8 base GEMMs (gemm_dtype "fp8"): the forward and its recompute read the fp8
+// The same with FP8 or FP4 base GEMMs (gemm_dtype "fp8"/"fp4"): the forward and its recompute read the
 // weights as stored; only the backward's dy W (bf16: an "NN" product, which cuBLASLt's FP8 kernels
 // take only on sm_100) dequantizes, each layer once. From 4 layers on none of the two slots' layers
 // survives to be reused: L; below that the 2L - 4 rule's reuse applies.
 inline int64_t dequant_layers_per_micro_step(int64_t n_layer, const std::string& gemm_dtype) {
-  if (gemm_dtype != "fp8") return dequant_layers_per_micro_step(n_layer);
+  if (gemm_dtype == "bf16") return dequant_layers_per_micro_step(n_layer);
   return n_layer >= 4 ? n_layer : std::max<int64_t>(0, 2 * n_layer - 4);
 }
 

@@ -75,7 +75,7 @@ std::vector<GpuSpec> build_catalog() {
   s.name = "b200"; s.display = "NVIDIA B200 192GB"; s.aliases = {"b200-192gb", "b200-192"};
   s.mem_bytes = GiB(192); s.mem_bw = GBps(8000); s.bf16_tflops = 2250; s.fp8_tflops = 4500; s.fp4_tflops = 9000;
   s.link_bw = GBps(900); s.net_bw = GBps(50); s.host_bw = GBps(64);
-  s.source = "NVIDIA GTC 2024 Blackwell launch; HGX B200 spec table; DGX B200 datasheet";
+  s.source = "NVIDIA GTC 2024 Blackwell launch; HGX B200 spec table; DGX B200 datasheet"; s.sm100 = true;
   g.push_back(s);
   s.name = "b200-180gb"; s.display = "NVIDIA HGX B200 180GB"; s.aliases = {"hgx-b200", "dgx-b200", "b200-180"};
   s.mem_bytes = GiB(180);
@@ -89,7 +89,7 @@ std::vector<GpuSpec> build_catalog() {
   s.name = "b300"; s.display = "NVIDIA HGX B300 288GB"; s.aliases = {"b300-288gb", "hgx-b300", "dgx-b300"};
   s.mem_bytes = GiB(288); s.mem_bw = GBps(8000); s.bf16_tflops = 2250; s.fp8_tflops = 4500; s.fp4_tflops = 13500;
   s.link_bw = GBps(900); s.net_bw = GBps(100); s.host_bw = GBps(128);
-  s.source = "NVIDIA HGX B300 spec table; glennklockwood.com B300 page";
+  s.source = "NVIDIA HGX B300 spec table; glennklockwood.com B300 page"; s.sm100 = true;
   g.push_back(s);
 
   // GB200 (per GPU of an NVL72 rack): GB200 NVL72 spec table: up to 13.4 TB HBM3e / 72 = 186 GB,
@@ -99,7 +99,7 @@ std::vector<GpuSpec> build_catalog() {
   s.name = "gb200"; s.display = "NVIDIA GB200 (NVL72) 186GB"; s.aliases = {"gb200-nvl72"};
   s.mem_bytes = GiB(186); s.mem_bw = GBps(8000); s.bf16_tflops = 2500; s.fp8_tflops = 5000; s.fp4_tflops = 10000;
   s.link_bw = GBps(900); s.net_bw = GBps(50); s.host_bw = GBps(450); s.max_gpus_per_node = 72;
-  s.source = "NVIDIA GB200 NVL72 spec table; perf_anchors.md §8";
+  s.source = "NVIDIA GB200 NVL72 spec table; perf_anchors.md §8"; s.sm100 = true;
   g.push_back(s);
 
   // GB300 (per GPU of an NVL72 rack): GB300 NVL72 spec table: FP4 1,440 PF sparse / 1,080 dense,
@@ -110,7 +110,7 @@ std::vector<GpuSpec> build_catalog() {
   s.name = "gb300"; s.display = "NVIDIA GB300 (NVL72) 288GB"; s.aliases = {"gb300-nvl72"};
   s.mem_bytes = GiB(288); s.mem_bw = GBps(8000); s.bf16_tflops = 2500; s.fp8_tflops = 5000; s.fp4_tflops = 15000;
   s.link_bw = GBps(900); s.net_bw = GBps(100); s.host_bw = GBps(450); s.max_gpus_per_node = 72;
-  s.source = "NVIDIA GB300 NVL72 spec table; verda.com GB300 article";
+  s.source = "NVIDIA GB300 NVL72 spec table; verda.com GB300 article"; s.sm100 = true;
   g.push_back(s);
 
   // RTX 4090: NVIDIA Ada Lovelace architecture whitepaper: 24 GB GDDR6X, 1,008 GB/s; BF16 tensor
@@ -236,7 +236,7 @@ GpuSpec parse_custom_gpu(const std::string& spec) {
     else if (key == "bw") { g.mem_bw = parse_quantity(key, val, bw_units, "bw=3.35TB/s"); has_bw = true; }
     else if (key == "bf16") { g.bf16_tflops = parse_quantity(key, val, flop_units, "bf16=989"); has_bf16 = true; }
     else if (key == "fp8") g.fp8_tflops = parse_quantity(key, val, flop_units, "fp8=1979");
-    else if (key == "fp4") g.fp4_tflops = parse_quantity(key, val, flop_units, "fp4=9000");
+    else if (key == "fp4") { g.fp4_tflops = parse_quantity(key, val, flop_units, "fp4=9000"); g.sm100 = true; }
     else if (key == "link") { g.link_bw = parse_quantity(key, val, bw_units, "link=450GB/s"); has_link = true; }
     else if (key == "net") g.net_bw = parse_quantity(key, val, bw_units, "net=50GB/s");
     else if (key == "host") g.host_bw = parse_quantity(key, val, bw_units, "host=64GB/s");

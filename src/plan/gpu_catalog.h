@@ -16,6 +16,7 @@ struct GpuSpec {
   double bf16_tflops = 0;            // dense tensor-core peak with fp32 accumulate, TFLOP/s
   double fp8_tflops = 0;             // 0 = no such tensor-core path
   double fp4_tflops = 0;
+  bool sm100 = false;                // datacenter Blackwell (compute capability 10.x): the engine's FP4 GEMM runs
   double link_bw = 0;                // GPU-GPU inside a node, bytes/s per direction
   double net_bw = 0;                 // node-to-node per GPU (its NIC share), bytes/s per direction
   double host_bw = 0;                // host <-> device (activation offload), bytes/s per direction

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/backend_plan.h"
+#include "model/gemm_dtype.h"
 #include "plan/units.h"
 
 namespace qlora {
@@ -120,7 +121,10 @@ ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   o.ce_chunk = r.ce_chunk;
   o.kv_cache_tokens = r.kv_cache_tokens;
   o.gemm_dtype = r.gemm_dtype;
-  o.gemm_dtype = base_gemm_dtype(o, true);  // --gemm-dtype fp8 was checked against the GPU's FP8 peak
+  // The engine's own rule (model/gemm_dtype.h), against this GPU: the plan prices the GEMMs it runs.
+  GemmCaps caps;
+  if (!r.gpu.is_cpu) caps = {r.gpu.fp8_tflops > 0, r.gpu.fp4_tflops > 0 && r.gpu.sm100, r.gpu.display};
+  o.gemm_dtype = resolve_gemm_dtype(o, r.model, caps);
   return o;
 }
 

@@ -63,10 +63,12 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // Compute: base GEMMs at the chosen tensor-core dtype; LoRA, LM head and attention in bf16.
   const FlopCounts& f = e.per_token;
   const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base;
-  // The engine's FP8 base GEMMs (an fp8 base, --gemm-dtype fp8: model_plan_options' gemm_dtype)
-  // cover the forward and its recompute; the backward's dy W runs in bf16 on the dequantized layer.
-  const bool fp8_base_gemm = base_gemm_dtype(model_plan_options(r), true) == "fp8";
-  const double bf16_base = fp8_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
+  // The engine's FP8/FP4 base GEMMs (an fp8 base with --gemm-dtype fp8, an NVFP4/MXFP4 base with
+  // fp4: model_plan_options' resolved gemm_dtype) cover the forward and its recompute; the
+  // backward's dy W runs in bf16 on the dequantized layer.
+  const std::string gemm = model_plan_options(r).gemm_dtype;
+  const bool lowp_base_gemm = gemm != "bf16";
+  const double bf16_base = lowp_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
   const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.fwd.lora + f.bwd.lora + f.recompute.lora;
   const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn;
   const double bf16_peak = r.gpu.bf16_tflops * 1e12;
@@ -87,9 +89,9 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // micro-step (2L - 4: a layer once for the forward, once for its recompute and gradients, the
   // two layers at each turn kept), each reading the stored bytes and writing the GEMM operand.
   // With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
-  const double layers = double(dequant_layers_per_micro_step(c.n_layer, fp8_base_gemm ? "fp8" : "bf16"));
+  const double layers = double(dequant_layers_per_micro_step(c.n_layer, gemm));
   const double operand =
-      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, fp8_base_gemm ? std::string("bf16") : r.gemm_dtype);
+      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, lowp_base_gemm ? std::string("bf16") : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
   if (operand > 0 || (r.gpu.is_cpu && is_quantized_precision(r.base_precision)))
     for (const auto& t : all_linear_targets()) {
@@ -116,6 +118,17 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   const double act_bytes = r.gpu.is_cpu ? 4.0 : 2.0;
   const double ew = act_bytes * double(10 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size);
   e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)", ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
+  // FP8/FP4 base GEMMs quantize each projection's bf16 input per call (forward and recompute): the
+  // amax pass and the quantize pass each read it, and the codes (1 byte; fp4: half a byte and an
+  // e4m3 scale per 16) are written and read once by the GEMM. As the engine does it: q, k, v and
+  // gate, up each quantize their shared input again.
+  if (lowp_base_gemm && !r.gpu.is_cpu) {
+    const double code = gemm == "fp8" ? 1.0 : 0.5 + 1.0 / 16.0;
+    double per_token = 0;
+    for (const auto& t : all_linear_targets()) per_token += double(projection_shape(c, t).second) * (2.0 * 2.0 + 2.0 * code);
+    e.memory_bytes.push_back({"activation quantization (" + gemm + " GEMMs)",
+                              per_token * double(c.n_layer) * (1.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
+  }
   // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM. On the
   // CPU the exponentials, not the bytes, bound it: a calibrated logits-per-second rate.
   if (r.gpu.is_cpu) t_cpu_work += double(c.vocab_size) * tok_gpu / r.gpu.ce_elems_per_s;

@@ -8,13 +8,20 @@
 #include <cstdint>
 #include <vector>
 
+// The two index functions also compile for the device (the FP4 GEMM's activation quantizer).
+#if defined(__CUDACC__)
+#define QLORA_BSL_HD __host__ __device__
+#else
+#define QLORA_BSL_HD
+#endif
+
 namespace qlora {
 
-inline int64_t block_scale_tiled_bytes(int64_t outer, int64_t k_blocks) {
+QLORA_BSL_HD inline int64_t block_scale_tiled_bytes(int64_t outer, int64_t k_blocks) {
   return (outer + 127) / 128 * 128 * ((k_blocks + 3) / 4 * 4);
 }
 
-inline int64_t block_scale_offset(int64_t row, int64_t block, int64_t k_blocks) {
+QLORA_BSL_HD inline int64_t block_scale_offset(int64_t row, int64_t block, int64_t k_blocks) {
   const int64_t tiles_k = (k_blocks + 3) / 4;
   return ((row / 128) * tiles_k + block / 4) * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + block % 4;
 }

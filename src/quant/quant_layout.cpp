@@ -55,11 +55,13 @@ QuantLayout quant_layout(const QuantParams& p, int64_t rows, int64_t cols) {
     s.count = count;
     at += count * elem;
   };
-  // FP8 codes whose count is a multiple of 4 go first, at the buffer's 256-byte alignment: an FP8
-  // GEMM reads them in place, and cuBLASLt's FP8 kernels take only 16-byte aligned operands. The
-  // f32 scales after them stay 4-byte aligned. (Any shape an FP8 GEMM takes has cols % 16 == 0.)
-  const bool fp8 = p.format == QuantFormat::FP8_E4M3 || p.format == QuantFormat::FP8_E5M2;
-  const bool data_first = fp8 && n_data % 4 == 0;
+  // FP8 and e2m1 (NVFP4, MXFP4) codes whose byte count is a multiple of 4 go first, at the
+  // buffer's 256-byte alignment: the FP8 and block-scaled FP4 GEMMs read them in place, and
+  // cuBLASLt takes only 16-byte aligned operands there. The f32 scales after them stay 4-byte
+  // aligned. (Any shape those GEMMs take has cols % 16 == 0.)
+  const bool gemm_codes = p.format == QuantFormat::FP8_E4M3 || p.format == QuantFormat::FP8_E5M2 ||
+                          p.format == QuantFormat::NVFP4 || p.format == QuantFormat::MXFP4;
+  const bool data_first = gemm_codes && n_data % 4 == 0;
   if (data_first) place(L.data, n_data, 1);
   place(L.absmax, n_absmax, 4);
   place(L.nested_absmax, n_nested, 4);

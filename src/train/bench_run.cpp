@@ -164,6 +164,8 @@ BenchOptions normalize_bench_options(const BenchOptions& in, const std::string& 
   const std::vector<std::string> ckpt = {"none", "full", "offload"};
   if (std::find(ckpt.begin(), ckpt.end(), o.gradient_checkpointing) == ckpt.end())
     bad_choice("--gradient-checkpointing", o.gradient_checkpointing, ckpt);
+  const std::vector<std::string> gemm = {"bf16", "fp8", "fp4"};
+  if (std::find(gemm.begin(), gemm.end(), o.gemm_dtype) == gemm.end()) bad_choice("--gemm-dtype", o.gemm_dtype, gemm);
   LoraSpec::resolve_targets(split_commas(o.target_modules));  // throws on a name that is no projection
   return o;
 }
@@ -220,6 +222,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   po.micro_batch = o.micro_batch;
   po.seq_len = o.seq_len;
   po.checkpointing = o.gradient_checkpointing;
+  po.gemm_dtype = o.gemm_dtype;  // the model resolves it against the base and the device
 
   const double t_load = now_s();
   LlamaModel model(cfg, be, po, lora);
@@ -330,6 +333,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     req.micro_batch = o.micro_batch;
     req.seq_len = o.seq_len;
     req.checkpointing = o.gradient_checkpointing;
+    req.gemm_dtype = o.gemm_dtype;
     req.packing = true;
     req.avg_doc_len = 0;
     const PlanResult plan = make_plan(req);
@@ -371,6 +375,7 @@ nlohmann::ordered_json bench_json(const BenchResult& r) {
                  {"seq_len", o.seq_len},
                  {"micro_batch", o.micro_batch},
                  {"gradient_checkpointing", o.gradient_checkpointing},
+                 {"gemm_dtype", o.gemm_dtype},
                  {"steps", o.steps},
                  {"warmup_steps", o.warmup_steps},
                  {"seed", o.seed}};
@@ -410,7 +415,8 @@ std::string bench_text(const BenchResult& r) {
        (o.double_quant.value_or(false) ? " (double quant)" : "") + ", r " + std::to_string(o.r) + ", alpha " +
        fmt("%g", o.lora_alpha) + ", targets " + o.target_modules + "\n";
   s += "shape      micro-batch " + std::to_string(o.micro_batch) + " x seq " + std::to_string(o.seq_len) +
-       ", checkpointing " + o.gradient_checkpointing + ", " + std::to_string(o.steps) + " timed steps after " +
+       ", checkpointing " + o.gradient_checkpointing + ", base GEMMs " + o.gemm_dtype + ", " + std::to_string(o.steps) +
+       " timed steps after " +
        std::to_string(o.warmup_steps) + " warmup\n";
   s += "device     " + r.device + "\n";
   s += "speed      " + fmt("%.1f", r.tokens_per_second) + " tokens/s, step " + fmt("%.4f", r.step_mean_s) +

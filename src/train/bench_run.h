@@ -27,6 +27,7 @@ struct BenchOptions {
   std::string target_modules = "all-linear";  // comma list or all-linear
   int64_t seq_len = 2048, micro_batch = 4;
   std::string gradient_checkpointing = "none";  // none | full | offload
+  std::string gemm_dtype = "bf16";  // bf16 | fp8 | fp4: the base's forward GEMMs (model/gemm_dtype.h)
   int64_t steps = 10, warmup_steps = 2;
   uint64_t seed = 0;
   double learning_rate = 2e-4;  // constant; AdamW and clipping at the trainer's defaults

@@ -13,7 +13,7 @@ namespace {
 // Ops with a CpuOps.<op>_* test. Adding an op to QLORA_BACKEND_OPS without a test (and an entry
 // here) fails EveryOpHasATest.
 const std::vector<std::string> kTestedOps = {
-    "matmul",    "matmul_fp8",    "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
+    "matmul",    "matmul_fp8",    "matmul_fp4",    "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd",
     "rope_fwd",  "rope_bwd",      "attention_fwd", "attention_bwd", "swiglu_fwd",
     "swiglu_bwd", "add",          "bias_add",      "scale",        "dropout_fwd",
     "dropout_bwd", "cross_entropy_fwd_bwd", "adamw", "sumsq", "dequantize",

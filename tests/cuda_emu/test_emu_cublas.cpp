@@ -545,6 +545,116 @@ TEST(EmuCublasLt, MXFP8BlockScaledOnBlackwell) {
   }
 }
 
+// NVFP4: e2m1 codes two to a byte (even element in the low nibble), an e4m3 scale per 16 of K in
+// the tiled layout, the per-tensor decode scales in alpha; against the repository's NVFP4
+// reference (quant/nvfp4.cpp), whose stored codes and nibble order are what cuBLASLt reads.
+TEST(EmuCublasLt, NVFP4BlockScaledOnBlackwell) {
+  const int64_t m = 136, n = 24, k = 96, kb = k / 16;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> a(size_t(m * k)), b(size_t(n * k));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = nd(rng) * (i % 89 == 0 ? 30.0f : 1.0f);  // uneven block scales
+  for (float& v : b) v = 0.2f * nd(rng);
+  qlora::QuantParams p;
+  p.format = qlora::QuantFormat::NVFP4;
+  const qlora::QuantizedTensor qa = qlora::quantize_ref(a.data(), m, k, p), qb = qlora::quantize_ref(b.data(), n, k, p);
+  std::vector<float> da_(a.size()), db_(b.size());
+  qlora::dequantize_ref(qa, da_.data());
+  qlora::dequantize_ref(qb, db_.data());
+  const auto ta = qlora::tile_block_scales(qa.scales.data(), m, kb), tb = qlora::tile_block_scales(qb.scales.data(), n, kb);
+  ASSERT_EQ(int64_t(ta.size()), 256 * 8);  // two 128-row bands, two tiles of 4 blocks
+  Mat A = make(CUDA_R_4F_E2M1, k, m, 0, false, 1, 0), B = make(CUDA_R_4F_E2M1, k, n, 0, false, 1, 0);
+  const Mat D = make(CUDA_R_32F, m, n, 0, false, 1, 0);
+  const Mat* mats[4] = {&A, &B, &D, &D};
+  Dev dA(qa.data.size()), dB(qb.data.size()), dD(D.bytes()), dsa(ta.size()), dsb(tb.size());
+  dA.upload(qa.data), dB.upload(qb.data), dsa.upload(ta), dsb.upload(tb);
+  const int32_t vec16 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3, vec32 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0,
+                scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  auto block_lt = [&](Lt& lt, int32_t ma, int32_t mb) {
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, ma);
+    lt.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mb);
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dsa.p));
+    lt.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(dsb.p));
+  };
+  auto max_err = [&](const std::vector<float>& got, double& max_ref) {
+    double err = 0;
+    max_ref = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0;
+        for (int64_t q = 0; q < k; ++q) ref += double(da_[size_t(i * k + q)]) * db_[size_t(j * k + q)];
+        max_ref = std::max(max_ref, std::fabs(ref));
+        err = std::max(err, std::fabs(got[size_t(i + j * m)] - ref));
+      }
+    return err;
+  };
+  {
+    ArchScope arch("100");
+    Lt lt(true, false, mats);
+    block_lt(lt, vec16, vec16);
+    ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+    const float alpha = qa.scales_f32[0] * qb.scales_f32[0];  // the two per-tensor decode scales
+    ASSERT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> got(size_t(m * n));
+    std::memcpy(got.data(), dD.p, got.size() * 4);
+    double max_ref = 0;
+    const double err = max_err(got, max_ref);
+    ASSERT_GT(max_ref, 0.0);
+    EXPECT_LE(err, kF32Tol * max_ref);
+    // The nibbles swapped (bitsandbytes' order: even element high) give another product.
+    std::vector<uint8_t> swapped(qa.data);
+    for (uint8_t& x : swapped) x = uint8_t((x << 4) | (x >> 4));
+    dA.upload(swapped);
+    ASSERT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
+    std::memcpy(got.data(), dD.p, got.size() * 4);
+    const double ref_mag = max_ref;
+    EXPECT_GT(max_err(got, max_ref), 0.05 * ref_mag) << "swapped nibbles must not pass";
+    dA.upload(qa.data);
+    // Row-major scales read as tiles must not pass either.
+    Dev dsa_flat(ta.size());
+    std::vector<uint8_t> flat(ta.size(), 0x38);  // e4m3 1.0
+    std::copy(qa.scales.begin(), qa.scales.end(), flat.begin());
+    dsa_flat.upload(flat);
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dsa_flat.p));
+    ASSERT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
+    std::memcpy(got.data(), dD.p, got.size() * 4);
+    EXPECT_GT(max_err(got, max_ref), 0.05 * ref_mag) << "row-major scales read as tiles must not pass";
+    Dev dshort(ta.size() - 16);
+    lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dshort.p));
+    EXPECT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_INVALID_VALUE);  // shorter than the tiles
+  }
+  struct Case {
+    const char* what;
+    const char* arch;
+    int32_t ma, mb;
+    bool ta;
+    int64_t k;
+    cudaDataType_t bt, dt;
+  } rejected[] = {
+      {"block scaling is Blackwell's", "90", vec16, vec16, true, 96, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"sm_120 is not 10.x", "120", vec16, vec16, true, 96, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"e2m1 without block scales", "100", scalar, scalar, true, 96, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"MXFP4 (ue8m0 per 32 on e2m1)", "100", vec32, vec32, true, 96, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"mixed modes", "100", vec16, scalar, true, 96, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"NN: A's blocks would run along M", "100", vec16, vec16, false, 96, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"k % 32 != 0: rows of 8 bytes", "100", vec16, vec16, true, 48, CUDA_R_4F_E2M1, CUDA_R_32F},
+      {"e2m1 x e4m3", "100", vec16, vec16, true, 96, CUDA_R_8F_E4M3, CUDA_R_32F},
+      {"an e2m1 D is not emulated", "100", vec16, vec16, true, 96, CUDA_R_4F_E2M1, CUDA_R_4F_E2M1},
+  };
+  for (const Case& c : rejected) {
+    SCOPED_TRACE(c.what);
+    ArchScope arch(c.arch);
+    const Mat Ak = c.ta ? make(CUDA_R_4F_E2M1, c.k, m, 0, false, 1, 0) : make(CUDA_R_4F_E2M1, m, c.k, 0, false, 1, 0);
+    const Mat Bk = make(c.bt, c.k, n, 0, false, 1, 0);
+    const Mat Dk = make(c.dt, m, n, 0, false, 1, 0);
+    const Mat Ck = make(CUDA_R_16BF, Dk.rows, n, 0, false, 1, 0);
+    const Mat* mk[4] = {&Ak, &Bk, c.dt == CUDA_R_4F_E2M1 ? &Ck : &Dk, &Dk};
+    Lt lt(c.ta, false, mk);
+    block_lt(lt, c.ma, c.mb);
+    EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+}
+
 TEST(EmuCublasLt, HeuristicRejectsUnsupportedAndInvalidProblems) {
   const Mat A = make(CUDA_R_16BF, 8, 4, 0, false, 1, 0), B32 = make(CUDA_R_32F, 4, 6, 0, false, 1, 0);
   const Mat B = make(CUDA_R_16BF, 4, 6, 0, false, 1, 0), C = make(CUDA_R_16BF, 8, 6, 0, false, 1, 0);

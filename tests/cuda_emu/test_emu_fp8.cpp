@@ -1,7 +1,8 @@
 // FP8 base GEMMs under the host harness: the model planned with gemm_dtype fp8 on an fp8 base
 // trains on the CUDA backend (matmul_fp8: cuBLASLt FP8, the activation quantized on the device) as
 // on the CPU backend (the same arithmetic in f32); the activation quantization kernel is bit-exact
-// with the CPU reference; sm_80 falls back to the dequantizing bf16 path.
+// with the CPU reference; on sm_80 the options are refused before the first step, as qlora plan
+// refuses --gemm-dtype fp8 on an A100.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "emu_arch_scope.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
 #include "io/safetensors.h"
 #include "model/llama_model.h"
 #include "model/peft_io.h"
@@ -199,17 +201,22 @@ void compare_fp8_training(const std::string& ckpt) {
 TEST(CudaEmuFp8, Fp8BaseLoraStepsMatchTheCpu) { compare_fp8_training("none"); }
 TEST(CudaEmuFp8, Fp8BaseLoraStepsWithCheckpointingMatchTheCpu) { compare_fp8_training("full"); }
 
-// sm_80 has no FP8 tensor cores: the same options plan and run the dequantizing bf16 path.
-TEST(CudaEmuFp8, Sm80KeepsTheDequantPath) {
+// sm_80 has no FP8 tensor cores: gemm_dtype fp8 is an Error(Config) when the model is made, as
+// qlora plan --gemm-dtype fp8 is on an A100, so the plan and the run never assume different GEMMs.
+TEST(CudaEmuFp8, Sm80RefusesFp8GemmsBeforeTheFirstStep) {
   ArchScope arch("80");
   std::string why;
-  Fp8Run r = make_run(make_cuda_backend(&why), "none");
-  EXPECT_FALSE(r.model->backend().has_fp8_gemm());
-  EXPECT_FALSE(plans(*r.model, "cuda.fp8_act"));
-  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
-  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
-  EXPECT_TRUE(std::isfinite(r.model->forward_loss(batch)));
-  EXPECT_GT(r.model->dequantized_layers(), 0);
+  auto be = make_cuda_backend(&why);
+  ASSERT_TRUE(be) << why;
+  EXPECT_FALSE(be->has_fp8_gemm());
+  try {
+    make_run(std::move(be), "none");
+    ADD_FAILURE() << "gemm_dtype fp8 accepted on sm_80";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("gemm_dtype fp8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no FP8 tensor cores"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ enum class Scratch : int {
   AttnDelta = int(cuda_plan::ScratchSlot::AttnDelta),    // (B,Hq,T) F32 rowsum(dO*O) of attention_bwd
   Reduce = int(cuda_plan::ScratchSlot::ReducePartials),  // partial sums (sumsq, rmsnorm dw)
   Fp8Act = int(cuda_plan::ScratchSlot::Fp8Act),          // matmul_fp8's activation amax, scale and e4m3 codes
+  Fp4Act = int(cuda_plan::ScratchSlot::Fp4Act),          // matmul_fp4's activation scales, e2m1 codes, tiles
   kCount = cuda_plan::kNumScratchSlots
 };
 
@@ -41,7 +42,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   DeviceKind device() const override { return DeviceKind::Cuda; }
   DType compute_dtype() const override { return DType::BF16; }
-  bool has_fp8_gemm() const override;  // compute capability 8.9 or later (cuda_fp8.cu)
+  bool has_fp8_gemm() const override { return cc_ >= 89; }     // compute capability 8.9 or later
+  bool has_fp4_gemm() const override { return cc_ / 10 == 10; }  // block-scaled FP4: 10.x (sm_100/103)
 
   void* alloc(size_t bytes) override;
   void free(void* p) noexcept override;
@@ -77,6 +79,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int sm_count_ = 0;
+  int cc_ = 0;  // compute capability major * 10 + minor, read once when the backend is made
   size_t smem_optin_ = 0;  // largest dynamic shared memory a block may opt in to
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

@@ -170,6 +170,7 @@ void CudaBackend::init() {
   cudaDeviceProp p{};
   QLORA_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
   sm_count_ = p.multiProcessorCount;
+  cc_ = p.major * 10 + p.minor;
   smem_optin_ = p.sharedMemPerBlockOptin;
   QLORA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS)
@@ -320,6 +321,7 @@ static const char* scratch_user(Scratch slot) {
     case Scratch::AttnDelta: return "attention_bwd";
     case Scratch::Reduce: return "sumsq/rmsnorm_bwd";
     case Scratch::Fp8Act: return "matmul_fp8";
+    case Scratch::Fp4Act: return "matmul_fp4";
     case Scratch::kCount: break;
   }
   return "?";

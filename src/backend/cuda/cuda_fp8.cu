@@ -80,13 +80,6 @@ void fp8_check(cublasStatus_t s, const char* what) {
 
 }  // namespace
 
-bool CudaBackend::has_fp8_gemm() const {
-  int major = 0, minor = 0;
-  QLORA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
-  QLORA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
-  return major * 10 + minor >= 89;
-}
-
 void CudaBackend::matmul_fp8(const MatmulFp8Args& a) {
   const char* op = "matmul_fp8";
   check_dim(op, "m", a.m);

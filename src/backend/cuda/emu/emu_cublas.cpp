@@ -168,18 +168,32 @@ struct Pref : cublasLtMatmulPreferenceOpaque_t {
 
 // ---- Element types.
 bool is_fp8(int t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+bool is_fp4(int t) { return t == CUDA_R_4F_E2M1; }
+// Bits per element: 4 for e2m1, two to a byte, the element of even index in the low nibble (the
+// order of cuda_fp4.h's __nv_fp4x2_storage_t and of PTX cvt.rn.satfinite.e2m1x2.f32).
+size_t type_bits(int t) { return is_fp4(t) ? 4 : 0; }
 size_t type_size(int t) {
   switch (t) {
     case CUDA_R_32F: return 4;
     case CUDA_R_16F:
     case CUDA_R_16BF: return 2;
     case CUDA_R_8F_E4M3:
-    case CUDA_R_8F_E5M2: return 1;
+    case CUDA_R_8F_E5M2:
+    case CUDA_R_4F_E2M1: return 1;  // e2m1: the smallest addressable unit holds two elements
     default: return 0;
   }
 }
+// e2m1 (OCP): sign, 2 exponent bits (bias 1), 1 mantissa bit; no inf or NaN.
+float e2m1_value(uint8_t code) {
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (code & 8) ? -kMag[code & 7] : kMag[code & 7];
+}
 float load(const void* base, int t, int64_t i) {
   switch (t) {
+    case CUDA_R_4F_E2M1: {
+      const uint8_t b = static_cast<const uint8_t*>(base)[i / 2];
+      return e2m1_value(i % 2 == 0 ? uint8_t(b & 0x0F) : uint8_t(b >> 4));
+    }
     case CUDA_R_32F: return static_cast<const float*>(base)[i];
     case CUDA_R_16F: return __half2float(static_cast<const __half*>(base)[i]);
     case CUDA_R_16BF: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
@@ -209,11 +223,12 @@ struct Mat {
   int32_t batch = 1;
   int64_t stride = 0;
   size_t esize() const { return type_size(type); }
+  size_t bits() const { return type_bits(type) ? type_bits(type) : 8 * type_size(type); }
   int64_t at(int64_t r, int64_t c) const { return row_major ? r * ld + c : r + c * ld; }
   int64_t span() const {
     return row_major ? int64_t(rows - 1) * ld + int64_t(cols) : int64_t(cols - 1) * ld + int64_t(rows);
   }
-  uint64_t bytes() const { return (uint64_t(batch - 1) * uint64_t(stride) + uint64_t(span())) * esize(); }
+  uint64_t bytes() const { return ((uint64_t(batch - 1) * uint64_t(stride) + uint64_t(span())) * bits() + 7) / 8; }
   bool same(const Mat& o) const {
     return type == o.type && row_major == o.row_major && rows == o.rows && cols == o.cols && ld == o.ld &&
            batch == o.batch && (batch == 1 || stride == o.stride);
@@ -259,13 +274,21 @@ struct Gemm {
   int bias_type = CUDA_R_32F;
   int64_t bias_stride = 0;
   float* amax = nullptr;
-  // MXFP8 (VEC32_UE8M0): e8m0 scales of op(A)'s rows and op(B)'s columns per 32 of K, tiled as
-  // quant/block_scale_layout.h; null for per-tensor scaling.
+  // Block scaling: one scale of op(A)'s rows and op(B)'s columns per `block` of K, tiled as
+  // quant/block_scale_layout.h: e8m0 per 32 (VEC32_UE8M0, MXFP8) or e4m3 per 16 (VEC16_UE4M3,
+  // NVFP4); null for per-tensor scaling.
   const uint8_t *a_bs = nullptr, *b_bs = nullptr;
+  int64_t block = 32;
+  bool ue4m3 = false;
 };
 
 // 2^(e - 127): an e8m0 block scale (0xFF, NaN, never comes from a finite block).
 float e8m0(uint8_t e) { return e == 0xFF ? NAN : std::ldexp(1.0f, int(e) - 127); }
+// A block scale of the problem's kind: ue4m3 (an e4m3 byte, read through half, which holds every
+// e4m3 value exactly) or e8m0.
+float block_scale(const Gemm& g, uint8_t v) {
+  return g.ue4m3 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3))) : e8m0(v);
+}
 
 float activation(uint32_t epilogue, float v) {
   if (epilogue & CUBLASLT_EPILOGUE_RELU) return v > 0.0f ? v : 0.0f;  // max(x, 0); NaN becomes 0
@@ -295,18 +318,18 @@ void run(const Gemm& g) {
     const void* C = batch_ptr(g.C, bi, g.c.stride, g.c.esize());
     void* D = const_cast<void*>(batch_ptr(g.D, bi, g.d.stride, g.d.esize()));
     const void* bias = batch_ptr(g.bias, bi, g.bias_stride, type_size(g.bias_type));
-    const int64_t kb = k / 32;  // block-scaled problems have k % 32 == 0
+    const int64_t bk = g.block, kb = k / bk;  // block-scaled problems have k % block == 0
     for (int64_t i = 0; i < m; ++i)  // op(A), row-major m x k
       for (int64_t q = 0; q < k; ++q) {
         a[size_t(i * k + q)] = load(A, g.a.type, g.ta ? g.a.at(q, i) : g.a.at(i, q));
-        if (g.a_bs) a[size_t(i * k + q)] *= e8m0(g.a_bs[block_scale_offset(i, q / 32, kb)]);
+        if (g.a_bs) a[size_t(i * k + q)] *= block_scale(g, g.a_bs[block_scale_offset(i, q / bk, kb)]);
       }
     for (int64_t j0 = 0; j0 < n; j0 += nb) {
       const int64_t w = std::min(nb, n - j0);
       for (int64_t q = 0; q < k; ++q)  // op(B) columns j0..j0+w, row-major k x w
         for (int64_t j = 0; j < w; ++j)
           b[size_t(q * w + j)] = load(B, g.b.type, g.tb ? g.b.at(j0 + j, q) : g.b.at(q, j0 + j)) *
-                                 (g.b_bs ? e8m0(g.b_bs[block_scale_offset(j0 + j, q / 32, kb)]) : 1.0f);
+                                 (g.b_bs ? block_scale(g, g.b_bs[block_scale_offset(j0 + j, q / bk, kb)]) : 1.0f);
       if (k > 0)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(w), int(k), 1.0f, a.data(), int(k), b.data(),
                     int(w), 0.0f, p.data(), int(w));
@@ -329,7 +352,7 @@ struct Problem {
   Gemm g;
   uint32_t pointer_mode = 0;
   const void* scale[4] = {};  // A, B, C, D scale pointers
-  bool block_scaled = false;  // A and B in CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 (MXFP8)
+  bool block_scaled = false;  // A and B block-scaled: MXFP8 (VEC32_UE8M0) or NVFP4 (VEC16_UE4M3)
 };
 
 cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const void* cd, const void* dd, Problem& pr) {
@@ -385,7 +408,8 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
     return CUBLAS_STATUS_NOT_SUPPORTED;
   // Types: the cublasLtMatmul "Datatypes supported" tables for CUBLAS_COMPUTE_32F / CUDA_R_32F.
   const int at = g.a.type, bt = g.b.type, ct = g.c.type, dt = g.d.type;
-  const bool fp8 = is_fp8(at) || is_fp8(bt);
+  const bool fp4 = is_fp4(at) || is_fp4(bt);
+  const bool fp8 = is_fp8(at) || is_fp8(bt) || fp4;  // the narrow types share FP8's rules below
   int bias_default = dt;
   if (!fp8) {
     const bool ok =
@@ -394,7 +418,11 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
          (at == CUDA_R_16F && (dt == CUDA_R_16F || dt == CUDA_R_32F)) || (at == CUDA_R_32F && dt == CUDA_R_32F));
     if (!ok) return CUBLAS_STATUS_NOT_SUPPORTED;
   } else {
-    if (!is_fp8(at) || !is_fp8(bt) || (at == CUDA_R_8F_E5M2 && bt == CUDA_R_8F_E5M2))
+    // e2m1 pairs only with e2m1 (cublasLtMatmul's block-scaled type table; an FP4 D, with its own
+    // D_OUT scales, is not emulated).
+    if (fp4 && !(is_fp4(at) && is_fp4(bt) && ct == dt && (dt == CUDA_R_16BF || dt == CUDA_R_16F || dt == CUDA_R_32F)))
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!fp4 && (!is_fp8(at) || !is_fp8(bt) || (at == CUDA_R_8F_E5M2 && bt == CUDA_R_8F_E5M2)))
       return CUBLAS_STATUS_NOT_SUPPORTED;
     const bool wide_out = ct == dt && (dt == CUDA_R_16BF || dt == CUDA_R_16F || dt == CUDA_R_32F);
     const bool fp8_out =
@@ -411,8 +439,8 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
     if (cc < 89) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (cc / 10 != 10 && !(g.ta && !g.tb)) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (g.a.row_major || g.b.row_major) return CUBLAS_STATUS_NOT_SUPPORTED;
-    for (const Mat* x : mats)
-      if ((x->rows * x->esize()) % 16 != 0 || (uint64_t(x->ld) * x->esize()) % 16 != 0)
+    for (const Mat* x : mats)  // 16 bytes = 128 bits: 32 e2m1, 16 fp8, 8 bf16 elements
+      if ((x->rows * x->bits()) % 128 != 0 || (uint64_t(x->ld) * x->bits()) % 128 != 0)
         return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   // Epilogue: bias (a packed vector of D's rows) and/or RELU / GELU; no AUX or gradient outputs.
@@ -444,16 +472,22 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
   // Block scaling of A and B (cuBLAS documentation: cublasLtMatmulMatrixScale_t, "1D Block Scaling
   // Factors Layout"): one scale per 32 (VEC32_UE8M0) or 16 (VEC16_UE4M3) elements of the
   // innermost dimension, which must be K, so A transposed and B not ("TN"); Blackwell (10.x).
-  // Emulated: MXFP8, both operands VEC32_UE8M0 with FP8 data, k % 32 == 0, one batch, a bf16/f16/f32
-  // D. NVFP4 (VEC16_UE4M3 on 4-bit e2m1 data) and MXFP4 need 4-bit operands, which this harness
-  // does not address: NOT_SUPPORTED, as is any mix of scalar and block modes.
+  // Emulated: MXFP8 (both operands VEC32_UE8M0 on FP8 data, k % 32 == 0) and NVFP4 (both
+  // VEC16_UE4M3 on e2m1 data; k % 32 == 0 already follows from 16-byte rows), one batch, a
+  // bf16/f16/f32 D. e2m1 data has no kernel without block scales, and VEC32_UE8M0 on e2m1 (MXFP4)
+  // is not among cublasLtMatmul's block-scaled type combinations as NVIDIA's samples and this
+  // harness read them (LtNvfp4Matmul, LtMxfp8Matmul; a device run confirms): NOT_SUPPORTED, as is
+  // any mix of scalar and block modes. NVFP4's per-tensor scales go into alpha.
   const int32_t ma = o.value<int32_t>(CUBLASLT_MATMUL_DESC_A_SCALE_MODE),
                 mb = o.value<int32_t>(CUBLASLT_MATMUL_DESC_B_SCALE_MODE);
-  if (ma != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || mb != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
-    if (ma != CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 || mb != ma || !fp8 || arch() / 10 != 10 || !(g.ta && !g.tb) ||
-        g.k % 32 != 0 || g.d.batch != 1 || is_fp8(dt) || g.amax)
+  if (ma != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || mb != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || fp4) {
+    const int32_t want = fp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+    if (ma != want || mb != ma || !fp8 || arch() / 10 != 10 || !(g.ta && !g.tb) || g.k % 32 != 0 ||
+        g.d.batch != 1 || is_fp8(dt) || g.amax)
       return CUBLAS_STATUS_NOT_SUPPORTED;
     pr.block_scaled = true;
+    g.block = fp4 ? 16 : 32;
+    g.ue4m3 = fp4;
   }
   if (o.value<const void*>(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER) ||
       o.value<const void*>(CUBLASLT_MATMUL_DESC_EMULATION_DESCRIPTOR))
@@ -603,7 +637,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   const int align_attrs[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   uint64_t align = 0;
-  const bool fp8 = is_fp8(pr.g.a.type);
+  const bool fp8 = is_fp8(pr.g.a.type) || is_fp4(pr.g.a.type);
   for (int i = 0; i < 4; ++i) {
     const uint32_t al = p.value<uint32_t>(align_attrs[i]);
     if (al == 0 || (al & (al - 1)) != 0 || al < mats[i]->esize() || (fp8 && al < 16))
@@ -637,7 +671,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     if (algo->data[0] != kAlgoMagic || algo->data[2] != type_sig(g)) return CUBLAS_STATUS_INVALID_VALUE;
     for (int i = 0; i < 4; ++i)
       align[i] = std::max<uint64_t>(align[i], uint64_t(1) << ((algo->data[1] >> (8 * i)) & 63));
-  } else if (is_fp8(g.a.type)) {
+  } else if (is_fp8(g.a.type) || is_fp4(g.a.type)) {
     std::fill(std::begin(align), std::end(align), 16);
   }
   if (workspace_bytes > 0 && (!workspace || !is_device_range(workspace, workspace_bytes)))
@@ -663,8 +697,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
       return CUBLAS_STATUS_INVALID_VALUE;
   }
   float s[4] = {1, 1, 1, 1};
-  if (pr.block_scaled) {  // A/B scale pointers: the tiled e8m0 arrays, whole, in device memory
-    const int64_t kb = int64_t(g.k / 32);
+  if (pr.block_scaled) {  // A/B scale pointers: the tiled block-scale arrays, whole, in device memory
+    const int64_t kb = int64_t(g.k) / g.block;
     for (int i = 0; i < 2; ++i) {
       const uint64_t outer = i == 0 ? g.m : g.n;
       if (!pr.scale[i] || !aligned(pr.scale[i], 16) ||

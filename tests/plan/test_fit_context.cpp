@@ -1,0 +1,39 @@
+// qlora plan --fit's longest context per checkpointing mode for Llama-3-8B and 70B (QLoRA NF4) on
+// one H100 and one B200, the numbers docs/planning.md section 5 lists: each is the planner's own
+// answer, tight against make_plan (fits at T, not at T + 128), not a figure kept anywhere.
+#include <gtest/gtest.h>
+
+#include "plan/fit.h"
+#include "plan/planner.h"
+
+using namespace qlora;
+
+TEST(FitContext, LongestContextPerCheckpointingIsThePlannersAnswer) {
+  for (const char* model : {"llama3-8b", "llama3-70b"})
+    for (const char* gpu : {"h100-sxm", "b200"}) {
+      PlanRequest r;
+      r.model = preset_config(model);
+      r.model_label = model;
+      r.gpu = resolve_gpu(gpu);
+      r.method = "qlora";
+      r.base_precision = "nf4";
+      r.micro_batch = 1;
+      const FitReport f = fit_search(r);
+      ASSERT_EQ(f.max_seq_len_by_checkpointing.size(), 3u);
+      int64_t prev = 0;
+      for (const auto& [ckpt, T] : f.max_seq_len_by_checkpointing) {
+        SCOPED_TRACE(std::string(model) + " on " + gpu + ", checkpointing " + ckpt);
+        PlanRequest q = r;
+        q.checkpointing = ckpt;
+        EXPECT_EQ(T, max_seq_len_that_fits(q));
+        ASSERT_GT(T, 0);
+        EXPECT_EQ(T % 128, 0);
+        q.seq_len = T;
+        EXPECT_TRUE(make_plan(q).fits);
+        q.seq_len = T + 128;
+        EXPECT_FALSE(make_plan(q).fits);
+        EXPECT_GT(T, prev) << "none < full < offload";
+        prev = T;
+      }
+    }
+}
