@@ -115,7 +115,8 @@ PlanRequest normalize_request(const PlanRequest& in) {
   if (std::find(ckpt.begin(), ckpt.end(), r.checkpointing) == ckpt.end()) bad_choice("--checkpointing", r.checkpointing, ckpt);
   const std::vector<std::string> gemm = {"bf16", "fp8", "fp4"};
   if (std::find(gemm.begin(), gemm.end(), r.gemm_dtype) == gemm.end()) bad_choice("--gemm-dtype", r.gemm_dtype, gemm);
-  if (r.gpu.peak_tflops(r.gemm_dtype) <= 0)
+  // The CPU backend computes FP8/FP4 GEMMs' arithmetic in f32 (at its calibrated f32 rate).
+  if (!r.gpu.is_cpu && r.gpu.peak_tflops(r.gemm_dtype) <= 0)
     fail(ErrorKind::Config, "--gemm-dtype " + r.gemm_dtype, r.gpu.display + " has no " + r.gemm_dtype + " tensor cores",
          "use --gemm-dtype bf16" + std::string(r.gpu.fp8_tflops > 0 ? " or fp8" : ""));
   if (r.gpu.mem_bytes <= 0 || r.gpu.bf16_tflops <= 0 || r.gpu.mem_bw <= 0)

@@ -345,7 +345,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
       for (const auto& [what, bytes] : plan.speed.memory_bytes)
         if (what == "base weight dequant/cast") res.planned_dequant_bytes_per_step = bytes;
     } else if (model.quantized_base()) {  // the CPU term counts elements at a calibrated rate
-      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer)) * layer_bytes;
+      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer, o.gemm_dtype)) * layer_bytes;
     }
     res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
                          {"dequant_side_stream_s", plan.speed.t_dequant}, {"dequant_exposed_s", plan.speed.t_dequant_exposed},

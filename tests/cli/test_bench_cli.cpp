@@ -122,6 +122,25 @@ TEST(BenchCli, Smollm2Nf4ReportsEveryField) {
   EXPECT_DOUBLE_EQ(dm["planned_dequant_bytes_per_step"].get<double>(), dm["dequant_bytes_per_step"].get<double>());
 }
 
+// --gemm-dtype reaches the model and its plan: with FP4 base GEMMs on an NVFP4 base the forward
+// reads the stored codes, so a step dequantizes only for the backward, L = 30 layers instead of
+// 2L - 4 = 56, as the planner counts; a combination the engine refuses is an error naming it.
+TEST(BenchCli, GemmDtypeReachesTheModelAndThePlan) {
+  const json j = bench_json(" --base-precision nvfp4 --gemm-dtype fp4");
+  EXPECT_EQ(j["config"]["gemm_dtype"], "fp4");
+  const json& dm = j["data_movement"];
+  EXPECT_EQ(dm["dequant_layers_per_step"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(dm["planned_dequant_bytes_per_step"].get<double>(), dm["dequant_bytes_per_step"].get<double>());
+  EXPECT_TRUE(std::isfinite(j["loss_last"].get<double>()));
+  RunResult r = run_qlora(std::string(kArgs) + " --base-precision nf4 --gemm-dtype fp4");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("gemm_dtype fp4: reads an NVFP4 or MXFP4 base as stored, but base_precision is 'nf4'"),
+            std::string::npos)
+      << r.output;
+  r = run_qlora(std::string(kArgs) + " --gemm-dtype fp16");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--gemm-dtype"), std::string::npos) << r.output;
+}
 
 TEST(BenchCli, TextSummaryWithoutJson) {
   RunResult r = run_qlora("bench --model smollm2-135m --seq-len 8 --micro-batch 1 --steps 1 --warmup-steps 0 --device cpu"
