@@ -15,7 +15,8 @@ using namespace qlora::testing_util;
 
 namespace {
 
-ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::string& ckpt = "none") {
+ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::string& ckpt = "none",
+                      const std::string& gemm = "bf16") {
   ModelPlanOptions po;
   po.method = precision == "fp32" ? "lora" : "qlora";
   po.base_precision = precision;
@@ -25,6 +26,7 @@ ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::s
   po.seq_len = 12;
   po.checkpointing = ckpt;
   po.base_shards = shards;
+  po.gemm_dtype = gemm;
   return po;
 }
 
@@ -80,11 +82,14 @@ TensorSource folded(const TensorSource& base) {
 TEST(FsdpEngine, OneShardComputesExactlyWhatTheWholeBaseComputes) {
   const ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
   const Batch batch = fixture_batch();
-  for (const std::string precision : {"nf4", "fp4", "fp8", "fp32"})
+  // fp8 with gemm_dtype fp8: the forward reads the gathered fp8 bytes as stored (no dequantization).
+  const std::pair<std::string, std::string> kBases[] = {{"nf4", "bf16"}, {"fp4", "bf16"}, {"fp8", "bf16"},
+                                                        {"fp8", "fp8"},  {"fp32", "bf16"}};
+  for (const auto& [precision, gemm] : kBases)
     for (const std::string ckpt : {"none", "full"}) {
-      SCOPED_TRACE(precision + " / " + ckpt);
-      FsdpRun whole = make_run(src.config, src.tensors, opts(precision, 0, ckpt));
-      FsdpRun fsdp = make_run(src.config, src.tensors, opts(precision, 1, ckpt));
+      SCOPED_TRACE(precision + " / gemm " + gemm + " / " + ckpt);
+      FsdpRun whole = make_run(src.config, src.tensors, opts(precision, 0, ckpt, gemm));
+      FsdpRun fsdp = make_run(src.config, src.tensors, opts(precision, 1, ckpt, gemm));
       ASSERT_TRUE(fsdp.model->base_sharded());
       EXPECT_FALSE(fsdp.model->arena().has("layers.0.q_proj"));  // the projections live in the layer's blob
       const LayerBaseBlob blob = layer_base_blob(src.config, opts(precision, 1));

@@ -59,6 +59,17 @@ TEST(MpiFsdp, ThreeRanksEqualOneProcessAndResumeOnTwo) {
   }
   EXPECT_EQ(sum, whole);
 
+  // One process with fsdp: one shard, its gather a copy: the whole base's run bit for bit.
+  const std::string single = temp_dir("fsdp_single");
+  RunResult r0 = train(0, kCommon + "gradient_accumulation_steps=6 sharding=fsdp output_dir=" + single);
+  ASSERT_EQ(r0.code, 0) << r0.output;
+  EXPECT_EQ(read_file(single + "/adapter_model.safetensors"), read_file(one + "/adapter_model.safetensors"));
+  for (const auto& [step, rec] : metrics(single)) {
+    ASSERT_TRUE(m1.count(step)) << "step " << step;
+    if (!std::isnan(rec.loss)) EXPECT_EQ(rec.loss, m1.at(step).loss) << "step " << step;
+    if (!std::isnan(rec.eval_loss)) EXPECT_EQ(rec.eval_loss, m1.at(step).eval_loss) << "step " << step;
+  }
+
   // The 3-rank fsdp checkpoint resumes on 2 ranks with fsdp (same global batch of 12 rows).
   fs::copy(three + "/checkpoint-3", two + "/checkpoint-3", fs::copy_options::recursive);
   RunResult r2 = train(2, kCommon + "gradient_accumulation_steps=3 sharding=fsdp output_dir=" + two +
