@@ -109,7 +109,8 @@ gemm_case() {  # NAME BASE GEMM MIN_CC MAX_CC WHY
   r1=$(run "$name.ours" 240 "$WORK/$name.ours.json" "$BIN" "${common[@]}" --gemm-dtype "$gemm")
   r2=$(run "$name.peer" 240 "$WORK/$name.peer.json" "$BIN" "${common[@]}" --gemm-dtype bf16)
   local status=ok
-  [ "$r1" != 0 ] || [ "$r2" != 0 ] && status="failed (ours rc $r1, peer rc $r2)"
+  { [ "$r1" != 0 ] || [ "$r2" != 0 ]; } && status="failed (ours rc $r1, peer rc $r2)"
+  [ "$DRY" = 1 ] && status=dry-run
   case_line "$name" "$status" "ours: $gemm base GEMMs; peer: the same engine with bf16 GEMMs on the dequantized base" \
     "$cfg" "$WORK/$name.ours.json" "$WORK/$name.peer.json"
 }
@@ -138,6 +139,7 @@ else
       --seq-len "$T" --micro-batch 1 --gradient-checkpointing "$ck" --steps 1 --warmup-steps 0 --device cuda --json)
     status=ok
     [ "$r" != 0 ] && status="failed (rc $r: 124 is the time limit; see $name.log for an out-of-memory error)"
+    [ "$DRY" = 1 ] && status=dry-run
     case_line "$name" "$status" "ours: one step at the plan's longest length (peak_memory_bytes against planned_peak_memory_bytes); no peer" \
       "$cfg" "$WORK/$name.json" ""
   done
