@@ -1,0 +1,127 @@
+// sharding fsdp on the CUDA backend under the host harness, one shard: each layer's blob is
+// "gathered" through host memory (the shard copied to the host, the collective, the whole layer
+// copied into its fsdp.gather slot on the device, after a synchronize) and dequantized from there,
+// so the steps must equal the whole base's bit for bit; the device holds exactly the fsdp plan.
+// What a GPU alone can show (the gather's cost, several GPUs) is not tested here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/emu/emu_runtime.h"
+#include "model/llama_model.h"
+#include "train/bench_run.h"
+#include "train/model_source.h"
+#include "train/step.h"
+
+namespace qlora {
+namespace {
+
+std::unique_ptr<LlamaModel> build(Backend& be, const std::string& precision, const std::string& ckpt, int64_t shards) {
+  LlamaConfig c = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa").config;
+  c.n_layer = 5;
+  ModelPlanOptions po;
+  po.method = precision.empty() ? "lora" : "qlora";
+  po.base_precision = precision;
+  po.double_quant = precision == "nf4";
+  po.quant_blocksize = 64;
+  po.micro_batch = 2;
+  po.seq_len = 12;
+  po.checkpointing = ckpt;
+  po.ce_chunk = 8;
+  po.base_shards = shards;
+  LoraSpec lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.targets = LoraSpec::resolve_targets({"all-linear"});
+  auto m = std::make_unique<LlamaModel>(c, be, po, lora);
+  m->load_base(random_tensor_source(7));
+  m->init_lora(1);
+  return m;
+}
+
+std::vector<Batch> micro_batches(int64_t vocab) {
+  std::vector<Batch> mbs;
+  for (int j = 0; j < 2; j++) {
+    std::vector<int32_t> ids(24), labels(24);
+    for (int i = 0; i < 24; i++) {
+      ids[size_t(i)] = int32_t((i * 7 + j * 13 + 3) % vocab);
+      labels[size_t(i)] = i % 5 == 0 ? -100 : int32_t((i * 11 + j + 1) % vocab);
+    }
+    mbs.push_back(Batch::from_hf(2, 12, ids, labels));
+  }
+  return mbs;
+}
+
+std::vector<unsigned char> bytes_of(LlamaModel& m, const Tensor& t) {
+  std::vector<unsigned char> v(size_t(t.numel() * dtype_size(t.dtype)));
+  m.backend().copy_to_host(v.data(), t.data, v.size());
+  return v;
+}
+
+void fsdp_equals_whole(const std::string& precision, const std::string& ckpt) {
+  SCOPED_TRACE((precision.empty() ? std::string("bf16") : precision) + " / " + ckpt);
+  std::string why;
+  auto be_whole = make_cuda_backend(&why), be_fsdp = make_cuda_backend(&why);
+  ASSERT_TRUE(be_whole && be_fsdp) << why;
+  auto whole = build(*be_whole, precision, ckpt, 0);
+  auto fsdp = build(*be_fsdp, precision, ckpt, 1);
+  ASSERT_TRUE(fsdp->base_sharded());
+  const auto mbs = micro_batches(whole->config().vocab_size);
+  OptimHyper h;
+  for (int s = 0; s < 2; s++) {
+    const int64_t g0 = fsdp->gathered_base_bytes();
+    const StepResult rw = train_step(*whole, mbs, h, 1e-2, s, 5);
+    const StepResult rf = train_step(*fsdp, mbs, h, 1e-2, s, 5);
+    ASSERT_TRUE(std::isfinite(rw.loss)) << "step " << s;
+    EXPECT_EQ(rf.loss, rw.loss) << "step " << s;
+    EXPECT_EQ(rf.grad_norm, rw.grad_norm) << "step " << s;
+    const int64_t L = whole->config().n_layer;
+    const int64_t layers = s == 0 ? (L + (L - 2)) + dequant_layers_per_micro_step(L) : 2 * dequant_layers_per_micro_step(L);
+    EXPECT_EQ(fsdp->gathered_base_bytes() - g0, layers * fsdp->base_blob_bytes()) << "step " << s;
+  }
+  auto& pw = whole->lora_params();
+  auto& pf = fsdp->lora_params();
+  ASSERT_EQ(pw.size(), pf.size());
+  for (size_t i = 0; i < pw.size(); i++)
+    for (auto member : {&LoraParam::w, &LoraParam::m, &LoraParam::v})
+      EXPECT_TRUE(bytes_of(*whole, pw[i].*member) == bytes_of(*fsdp, pf[i].*member)) << pw[i].name;
+  EXPECT_EQ(fsdp->forward_loss(mbs[0]), whole->forward_loss(mbs[0]));
+}
+
+TEST(CudaEmuFsdp, QloraNf4OneShardEqualsTheWholeBaseBitForBit) {
+  fsdp_equals_whole("nf4", "none");
+  fsdp_equals_whole("nf4", "full");
+}
+
+TEST(CudaEmuFsdp, LoraBf16OneShardEqualsTheWholeBaseBitForBit) { fsdp_equals_whole("", "full"); }
+
+// The device holds the fsdp plan (the layers' shares and the two gather slots instead of the
+// projections) before and after training, with no transient allocation beyond it.
+TEST(CudaEmuFsdp, DeviceBytesEqualThePlan) {
+  const size_t base = emu::device_bytes_in_use();
+  emu::reset_device_peak();
+  std::string why;
+  std::unique_ptr<Backend> be = make_cuda_backend(&why);
+  ASSERT_TRUE(be) << why;
+  auto m = build(*be, "nf4", "full", 1);
+  const MemoryPlan& plan = m->plan();
+  ASSERT_NE(plan.find("fsdp.gather"), nullptr);
+  EXPECT_EQ(plan.find("layers.0.q_proj"), nullptr);
+  EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after building the model";
+  OptimHyper h;
+  const auto mbs = micro_batches(m->config().vocab_size);
+  for (int s = 0; s < 2; s++) ASSERT_TRUE(std::isfinite(train_step(*m, mbs, h, 1e-2, s, 5).loss));
+  be->synchronize();
+  EXPECT_EQ(int64_t(emu::device_bytes_peak() - base), plan.total_bytes()) << "a transient allocation";
+  m.reset();
+  be.reset();
+  EXPECT_EQ(emu::device_bytes_in_use(), base) << "device memory left behind";
+}
+
+}  // namespace
+}  // namespace qlora
