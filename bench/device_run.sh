@@ -7,7 +7,9 @@
 #   bench/device_run.sh --pack-deps     here: bundle OpenBLAS + GoogleTest (and, for the `qlora`
 #                                       binary of the end-to-end run, nlohmann-json, CLI11,
 #                                       yaml-cpp, PCRE2, utf8proc) into build-devdeps/ (carried to
-#                                       the GPU machine, used only if it lacks them)
+#                                       the GPU machine, used only if it lacks them) and the cuDNN
+#                                       frontend headers (cuDNN attention; or carry
+#                                       .cache/qlora/cudnn-frontend-1.32.0 itself)
 #
 # Environment: OUT (results folder, default build-device/out), QLORA_GIT_SHA (when .git is absent),
 # CUDA_ARCH (default 90a), JOBS, QLORA_SKIP_SANITIZER=1, QLORA_BENCH_QUICK=1,
@@ -42,6 +44,10 @@ if [ "${1:-}" = "--pack-deps" ]; then
   # PCRE2 and utf8proc (static: nothing to find at run time).
   cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/yaml-cpp "$stage/include/" || exit 1
   cp /usr/include/pcre2.h /usr/include/utf8proc.h "$stage/include/" || exit 1
+  # The cuDNN frontend headers (cuDNN fused attention), fetched by cmake into the cache.
+  cfe="$ROOT/.cache/qlora/cudnn-frontend-1.32.0/include"
+  if [ -f "$cfe/cudnn_frontend.h" ]; then cp -r "$cfe/." "$stage/include/" || exit 1
+  else echo "warning: $cfe missing (configure the main build once); the bundle has no cuDNN frontend" >&2; fi
   cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a "$stage/lib/" || exit 1
   tar -cJf "$dest/qlora_devdeps.tar.xz" -C "$stage" include lib
   rm -rf "$stage"
@@ -135,6 +141,19 @@ if [ "$E2E" = 1 ] && { [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_cli_dep
   fi
 fi
 
+# The cuDNN frontend headers for the cuDNN attention path: the configure-time cache (carried with
+# the tree when .cache/qlora is carried) or the bundle; libcudnn from the toolkit, the system or
+# the nvidia-cudnn wheel of the machine's Python. Without them the backend builds without cuDNN.
+CFE_INC=""
+[ -f "$ROOT/.cache/qlora/cudnn-frontend-1.32.0/include/cudnn_frontend.h" ] && CFE_INC="$ROOT/.cache/qlora/cudnn-frontend-1.32.0/include"
+if [ -z "$CFE_INC" ]; then
+  bundle="${QLORA_DEVICE_DEPS:-$ROOT/build-devdeps}/qlora_devdeps.tar.xz"
+  [ -f /tmp/qdeps/include/cudnn_frontend.h ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
+  [ -f /tmp/qdeps/include/cudnn_frontend.h ] && CFE_INC=/tmp/qdeps/include
+fi
+CUDNN_HINT="$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null || true)"
+log "cuDNN frontend headers: ${CFE_INC:-none}; cuDNN wheel: ${CUDNN_HINT:-none}"
+
 # ---- build: a small CMake project over the repository's sources (only what test_cuda and the
 # benchmark need: core, quant, cpu and cuda backends), so the GPU image needs no yaml-cpp, CLI11,
 # PCRE2 or nlohmann-json. Flags follow the main CMakeLists.txt.
@@ -178,6 +197,16 @@ target_link_libraries(qlora_backend_cuda PUBLIC qlora_core CUDA::cudart CUDA::cu
 target_compile_definitions(qlora_backend_cuda PUBLIC QLORA_HAVE_CUDA=1)
 target_compile_definitions(qlora_backend_cuda PRIVATE QLORA_CUDA_ARCHS="sm_$ARCH")
 target_compile_options(qlora_backend_cuda PRIVATE \$<\$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+find_library(CUDNN_LIB NAMES cudnn libcudnn.so.9 HINTS \${CUDAToolkit_LIBRARY_DIR} "$CUDNN_HINT/lib")
+find_path(CUDNN_INC cudnn_graph.h HINTS \${CUDAToolkit_INCLUDE_DIRS} "$CUDNN_HINT/include")
+if(CUDNN_LIB AND CUDNN_INC AND EXISTS "$CFE_INC/cudnn_frontend.h")
+  target_include_directories(qlora_backend_cuda SYSTEM PUBLIC "$CFE_INC" \${CUDNN_INC})
+  target_compile_definitions(qlora_backend_cuda PUBLIC QLORA_HAVE_CUDNN=1)
+  target_link_libraries(qlora_backend_cuda PUBLIC \${CUDNN_LIB} CUDA::nvrtc)
+  message(STATUS "cuDNN attention path: \${CUDNN_LIB}, frontend $CFE_INC")
+else()
+  message(WARNING "cuDNN attention path off (libcudnn \${CUDNN_LIB}, cudnn_graph.h \${CUDNN_INC}, frontend '$CFE_INC')")
+endif()
 add_executable(test_cuda \${tests})
 target_compile_definitions(test_cuda PRIVATE QLORA_FIXTURES="\${R}/tests/fixtures" QLORA_SOURCE_DIR="\${R}" QLORA_BIN="")
 target_link_libraries(test_cuda PRIVATE qlora_backend_cuda qlora_backend_cpu qlora_quant)

@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/dequant.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -167,6 +169,71 @@ void bench_attention(Backend& be, bool quick) {
   std::fprintf(stderr, "%-28s %8.3f ms %8.1f TFLOP/s\n", "attention bwd", ms_b, 2.5 * fwd_flops / (ms_b * 1e9));
 }
 
+// cuDNN's fused attention against the own kernel on the same packed batch (QLORA_ATTENTION_KERNEL
+// set per timing): Llama-3-8B heads (32 q, 8 kv, head dim 128), one row of 8192 tokens (quick:
+// 2048) packed with four documents of 1/2, 1/4, 1/8 and 1/8 of the row, forward + backward.
+// FLOPs are counted per document (causal: 4 Hq D L^2 / 2 forward, 2.5x that backward), so
+// TFLOP/s are comparable with the unpacked cases. `cudnn_calls` shows the cuDNN path really ran.
+void bench_attention_paths(Backend& be, bool quick) {
+  const int64_t B = 1, T = quick ? 2048 : 8192, Hq = 32, Hkv = 8, D = 128;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const std::vector<int64_t> docs{T / 2, T / 4, T / 8, T / 8};
+  std::vector<int32_t> seg;
+  double fwd_flops = 0;
+  for (size_t i = 0; i < docs.size(); i++) {
+    seg.insert(seg.end(), size_t(docs[i]), int32_t(i));
+    fwd_flops += 4.0 * double(Hq) * double(D) * double(docs[i]) * double(docs[i]) / 2.0;
+  }
+  Buf q(be, DType::BF16, B * T * Hq * D, 11), k(be, DType::BF16, B * T * Hkv * D, 12), v(be, DType::BF16, B * T * Hkv * D, 13);
+  Buf dout(be, DType::BF16, B * T * Hq * D, 14);
+  Buf out(be, DType::BF16, B * T * Hq * D, 15), lse(be, DType::F32, B * Hq * T, 16);
+  Buf dq(be, DType::BF16, B * T * Hq * D, 17), dk(be, DType::BF16, B * T * Hkv * D, 18), dv(be, DType::BF16, B * T * Hkv * D, 19);
+  void* d_seg = be.alloc(seg.size() * 4);
+  be.copy_to_device(d_seg, seg.data(), seg.size() * 4);
+  const auto* sp = static_cast<const int32_t*>(d_seg);
+  const int64_t n_docs = int64_t(docs.size());
+  const AttentionFwdArgs fa{out.t({B, T, Hq, D}), lse.t({B, Hq, T}), q.t({B, T, Hq, D}), k.t({B, T, Hkv, D}),
+                            v.t({B, T, Hkv, D}), sp, B, T, Hq, Hkv, D, scale, 0, n_docs};
+  const AttentionBwdArgs ba{dq.t({B, T, Hq, D}), dk.t({B, T, Hkv, D}), dv.t({B, T, Hkv, D}), dout.t({B, T, Hq, D}),
+                            q.t({B, T, Hq, D}), k.t({B, T, Hkv, D}), v.t({B, T, Hkv, D}), out.t({B, T, Hq, D}),
+                            lse.t({B, Hq, T}), sp, B, T, Hq, Hkv, D, scale, n_docs};
+  struct Timing {
+    double fwd = 0, bwd = 0;
+    int64_t cudnn_calls = 0;
+  };
+  auto timed = [&](const char* kernel) -> Timing {
+    setenv("QLORA_ATTENTION_KERNEL", kernel, 1);
+    Timing t;
+    const int64_t c0 = cuda::cudnn_attention_runs(be);
+    try {
+      t.fwd = time_ms(be, [&] { be.attention_fwd(fa); });
+      be.attention_fwd(fa);
+      t.bwd = time_ms(be, [&] { be.attention_bwd(ba); });
+    } catch (const Error& e) {
+      std::fprintf(stderr, "attention (%s): %s: %s\n", kernel, e.where().c_str(), e.message().c_str());
+      t.fwd = t.bwd = -1;
+    }
+    t.cudnn_calls = cuda::cudnn_attention_runs(be) - c0;
+    unsetenv("QLORA_ATTENTION_KERNEL");
+    return t;
+  };
+  const Timing own = timed("own"), cudnn = timed("cudnn");
+  be.free(d_seg);
+  auto side = [&](const Timing& t) {
+    if (t.fwd < 0) return std::string("\"error\": \"not available on this device or build (see bench.log)\"");
+    return "\"fwd_ms\": " + num(t.fwd) + ", \"bwd_ms\": " + num(t.bwd) + ", \"fwd_tflops\": " + num(fwd_flops / (t.fwd * 1e9)) +
+           ", \"bwd_tflops\": " + num(2.5 * fwd_flops / (t.bwd * 1e9)) + ", \"fwd_bwd_tflops\": " +
+           num(3.5 * fwd_flops / ((t.fwd + t.bwd) * 1e9)) + ", \"cudnn_calls\": " + std::to_string(t.cudnn_calls);
+  };
+  const std::string cfg = "\"b\": 1, \"t\": " + std::to_string(T) + ", \"hq\": 32, \"hkv\": 8, \"d\": 128, \"docs\": [" +
+                          std::to_string(docs[0]) + ", " + std::to_string(docs[1]) + ", " + std::to_string(docs[2]) + ", " +
+                          std::to_string(docs[3]) + "], \"causal\": true, \"dtype\": \"bf16\", \"fwd_flops\": " +
+                          num(fwd_flops) + ", \"peer_is\": \"the own flash-attention kernel (QLORA_ATTENTION_KERNEL=own)\"";
+  emit("attention_cudnn_vs_own_llama8b_packed_t" + std::to_string(T), "attention_fwd_bwd", cfg, side(cudnn), side(own));
+  std::fprintf(stderr, "%-28s cuDNN fwd %8.3f bwd %8.3f ms | own fwd %8.3f bwd %8.3f ms\n", "attention packed",
+               cudnn.fwd, cudnn.bwd, own.fwd, own.bwd);
+}
+
 void bench_cross_entropy(Backend& be, bool quick) {
   const int64_t n = quick ? 256 : 4096, V = 128256;
   Buf logits(be, DType::F32, n * V, 11, 2.0f), losses(be, DType::F32, n, 12);
@@ -253,6 +320,7 @@ int main(int argc, char** argv) {
   try {
     bench_dequant(*be, quick);
     bench_attention(*be, quick);
+    bench_attention_paths(*be, quick);
     bench_cross_entropy(*be, quick);
     bench_gemm(*be, quick);
     bench_pointwise(*be, quick);

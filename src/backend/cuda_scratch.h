@@ -79,6 +79,11 @@ inline int64_t fp4_act_scales_offset(int64_t tokens, int64_t in) {
 inline int64_t fp4_act_bytes(int64_t tokens, int64_t in) {
   return fp4_act_scales_offset(tokens, in) + (tokens + 127) / 128 * 128 * ((in / 16 + 3) / 4 * 4);
 }
+// The cuDNN attention path (sm_90/sm_100) keeps its ragged offsets and sequence lengths (int32:
+// entries + 3 (entries+1)) in the AttnDelta slot, which it does not otherwise use; entries is a
+// power of two >= the documents of the call, at most kAttnMaxEntries.
+inline constexpr int64_t kAttnMaxEntries = 2048;
+inline int64_t attention_ragged_bytes(int64_t entries) { return 4 * (entries + 3 * (entries + 1)); }
 // Columns of one (row, head) of attention_bwd's dq accumulator: the backward kernel's tile width.
 inline int64_t attention_dq_cols(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 

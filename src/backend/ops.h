@@ -105,6 +105,9 @@ struct AttentionFwdArgs {
   int64_t b = 0, t = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   float scale = 0.0f;
   int64_t t_kv = 0;
+  // Documents (runs of equal seg along a row) in the whole call, when the caller knows them (0:
+  // unknown). The CUDA backend's cuDNN path needs it for a packed call (docs/cuda_backend.md).
+  int64_t n_docs = 0;
 };
 // dq "=" (B,T,Hq,D); dk, dv "=" (B,T,Hkv,D); dout, out (B,T,Hq,D); lse from fwd.
 struct AttentionBwdArgs {
@@ -112,6 +115,7 @@ struct AttentionBwdArgs {
   const int32_t* seg = nullptr;
   int64_t b = 0, t = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   float scale = 0.0f;
+  int64_t n_docs = 0;  // as in AttentionFwdArgs
 };
 
 // out = silu(gate) * up.  all (N,F).

@@ -107,8 +107,10 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::AttnDqAcc), MC::Workspace, DType::F32,
            {N, c.n_head, cp::attention_dq_cols(c.head_dim)}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
-  plan.add(cp::scratch_buffer_name(cp::ScratchSlot::AttnDelta), MC::Workspace, DType::F32, {c.n_head, N},
-           Lifetime::Layer);
+  // On sm_90/sm_100 the cuDNN path runs instead (no plan knows the device): its workspace goes
+  // to the dq slot (a larger request is an Internal error) and its ragged offsets to the delta slot.
+  plan.add(cp::scratch_buffer_name(cp::ScratchSlot::AttnDelta), MC::Workspace, DType::F32,
+           {std::max(c.n_head * N, cp::attention_ragged_bytes(cp::kAttnMaxEntries) / 4)}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
 
   // sumsq: one f64 partial per block of each tensor plus the total. The largest call of the

@@ -159,6 +159,7 @@ class LlamaModel {
   int64_t n_labeled_ = 0;
   const int32_t* d_positions_ = nullptr;
   const int32_t* d_seg_ = nullptr;
+  int64_t n_docs_ = 0;  // documents of the packed batch (runs of equal seg per row), for attention
   int64_t cur_b_ = 0, cur_t_ = 0;
   bool quantized_base_ = false;
   QuantParams base_quant_;          // blocksize resolved

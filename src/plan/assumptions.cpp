@@ -16,7 +16,9 @@ std::vector<std::string> describe_assumptions(const PlanAssumptions& a) {
   return {
       "bf16 GEMM efficiency " + pct(a.gemm_efficiency) + " of peak (" + tag + "; GEMM microbenchmark ~790/989 TFLOP/s on H100)",
       "fp8/fp4 GEMM efficiency " + pct(a.lowp_gemm_efficiency) + " of peak (" + tag + "; guess)",
-      "attention efficiency " + pct(a.attention_efficiency) + " of bf16 peak (" + tag + "; FA3/cuDNN-class causal kernels)",
+      "attention efficiency " + pct(a.attention_efficiency) + " of bf16 peak with cuDNN fused attention on sm_90/sm_100, " +
+          pct(a.own_attention_efficiency) + " with the own kernel elsewhere (" + tag +
+          "; FlashAttention-3 paper's cuDNN figures on H100, FlashAttention-2 paper on A100)",
       "memory-bound kernels at " + pct(a.memory_bw_efficiency) + " of bandwidth (" + tag + "; ~2.5 of 3.35 TB/s dequant on H100)",
       "collectives at " + pct(a.comm_efficiency) + " of link/NIC bandwidth, " + pct(a.comm_overlap) +
           " of compute time hides them (" + tag + ")",

@@ -6,6 +6,7 @@
 #include "model/backend_plan.h"
 #include "model/model_plan.h"
 #include "model/quant_bytes.h"
+#include "plan/attention_path.h"
 #include "plan/planner.h"
 
 namespace qlora {
@@ -55,6 +56,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   fo.attn_len = r.packing && r.avg_doc_len > 0 ? r.avg_doc_len : r.seq_len;
   fo.recompute = recompute;
   e.per_token = flops_per_token(c, fo);
+  e.attention_path = attention_path(r.gpu, a).description;
   e.tokens_per_step = tok_gpu * world;
   const double useful_frac = !r.packing && r.avg_doc_len > 0 ? double(r.avg_doc_len) / double(r.seq_len) : 1.0;
   e.useful_tokens_per_step = e.tokens_per_step * useful_frac;
@@ -81,7 +83,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   } else {
     e.t_gemm = tok_gpu * ((base_flops - bf16_base) / (base_peak * base_eff) +
                           (bf16_flops + bf16_base) / (bf16_peak * a.gemm_efficiency));
-    e.t_attn = tok_gpu * attn_flops / (bf16_peak * a.attention_efficiency);
+    e.t_attn = tok_gpu * attn_flops / (bf16_peak * attention_path(r.gpu, a).efficiency);
   }
 
   // Memory-bound traffic per GPU per step. The base is converted to the GEMM dtype a layer at a

@@ -19,6 +19,7 @@ struct SpeedEstimate {
   double flops_per_step = 0;         // all GPUs
   // Seconds per optimizer step on one GPU (every GPU does the same work).
   double t_gemm = 0, t_attn = 0, t_memory = 0;
+  std::string attention_path;        // the engine's attention on this GPU (plan/attention_path.h)
   double t_comm = 0, t_comm_exposed = 0;
   double t_offload = 0, t_offload_exposed = 0;
   // Base-weight dequantization on a GPU: on a side stream, hidden under the base GEMMs up to

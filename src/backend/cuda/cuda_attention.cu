@@ -5,6 +5,7 @@
 
 #include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/cuda_backend_impl.cuh"
+#include "backend/cuda/cudnn_attention.h"
 
 namespace qlora::cuda {
 
@@ -110,6 +111,7 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   check_tensor(op, "v", a.v, nkv, true, false);
   if (g.b == 0 || g.t == 0) return;
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
+  if (cudnn_attention_fwd(*this, a, tk)) return;  // sm_90/sm_100: cuDNN's fused attention
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
   p.t_kv = tk;
   p.out = static_cast<attn::bf16*>(a.out.data);
@@ -134,6 +136,7 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dout", &a.dout}, {"q", &a.q},
                          {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
     check_vec_aligned(op, name, *t);
+  if (cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention
 
   const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
   auto* dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(rows * dp) * 4));          // (B,T,Hq,Dp)

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <vector>
 #include <set>
 #include <tuple>
@@ -132,6 +133,10 @@ class CudaBackend final : public Backend {
     cublasLtMatmulAlgo_t algo{};
   };
   std::map<GemmKey, LtPlan> lt_plans_;
+  // cuDNN fused attention (cudnn_attention.cu): the device's compute capability, the cuDNN handle
+  // and the built graphs by shape, made on the first attention call.
+  std::shared_ptr<struct CudnnAttnState> cudnn_attn_;
+  friend struct CudnnAttnAccess;
   std::set<GemmKey> no_lt_algo_;     // problems cuBLASLt has no kernel for: cublasGemmEx instead
   cublasHandle_t blas_ = nullptr;    // created on first use of that fallback
   friend void lt_matmul(CudaBackend& be, const MatmulArgs& a, const void* a_ptr, DType a_t, const void* b_ptr,

@@ -156,7 +156,8 @@ struct DeviceErrorRecord {
   int value;     // the offending id
   long long index;  // its row
 };
-enum DeviceError : int { kErrNone = 0, kErrTokenRange = 1, kErrLabelRange = 2 };
+// kErrAttnDocs: a packed attention call had more documents (index) than its cuDNN entries (value).
+enum DeviceError : int { kErrNone = 0, kErrTokenRange = 1, kErrLabelRange = 2, kErrAttnDocs = 3 };
 
 __device__ __forceinline__ void record_device_error(DeviceErrorRecord* rec, int code, long long index, int value) {
   if (atomicCAS(&rec->code, 0, -1) == 0) {  // -1 = being written; only the first writer fills in

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_impl.cuh"
+#include "backend/cuda/cudnn_attention.h"
 
 namespace qlora {
 
@@ -197,6 +198,7 @@ void CudaBackend::release() noexcept {
   side_release(copies_);
   side_release(prefetch_);
   if (stream_) cudaStreamSynchronize(stream_);
+  cudnn_attention_release(*this);  // the cuDNN handle, before the stream it runs on
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   free_events_.clear();
   for (size_t i = 0; i < scratch_.size(); i++) {
@@ -305,6 +307,11 @@ void CudaBackend::check_device_errors() {
   QLORA_CUDA_CHECK(cudaMemcpy(&rec, d_err_, sizeof(rec), cudaMemcpyDeviceToHost));
   if (rec.code == kErrNone) return;
   QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, sizeof(DeviceErrorRecord)));
+  if (rec.code == kErrAttnDocs)
+    fail(ErrorKind::Internal, "cuda op attention_fwd/attention_bwd (cuDNN path)",
+         "the packed batch has " + std::to_string(rec.index) + " documents but the call said at most " +
+             std::to_string(rec.value) + " (AttentionFwdArgs::n_docs); its attention output is wrong",
+         "pass the batch's document count, or set QLORA_ATTENTION_KERNEL=own");
   if (rec.code == kErrTokenRange)
     fail(ErrorKind::Data, "cuda op embedding_fwd/embedding_bwd, token " + std::to_string(rec.index),
          "token id " + std::to_string(rec.value) + " is outside the vocabulary",
