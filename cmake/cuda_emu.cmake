@@ -87,7 +87,7 @@ endif()
 if(QLORA_TESTS AND NOT QLORA_NO_SANITIZE_TESTS)
   qlora_cuda_emu("_tsan" -fsanitize=thread -g)
   qlora_cuda_emu("_asan" -fsanitize=address -fno-omit-frame-pointer -g)
-  set(_san_filter "CudaOps.attention*:CudaOps.cross_entropy*:CudaOps.rmsnorm*:CudaOps.rope*:CudaOps.sumsq*:CudaOps.embedding*:CudaDequant.*:CudaOps.matmul_fp8*:CudaEmuFp8.ActivationCodes*:CudaEmuCudnn.PackedForwardBackward*")
+  set(_san_filter "CudaOps.attention*:CudaOps.cross_entropy*:CudaOps.rmsnorm*:CudaOps.rope*:CudaOps.sumsq*:CudaOps.embedding*:CudaDequant.*:CudaOps.matmul_fp8*:CudaEmuFp8.ActivationCodes*:CudaEmuFp4.ActivationCodes*:CudaEmuCudnn.PackedForwardBackward*")
   foreach(_s tsan asan)
     add_test(NAME cuda_emu_${_s} COMMAND test_cuda_emu_${_s} --gtest_filter=${_san_filter}
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
