@@ -12,6 +12,8 @@ message(STATUS "CUDA host harness: on")
 
 file(GLOB _emu_kernel_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu)
 file(GLOB _emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/*.cpp)
+# emu_nccl.cpp (NCCL over MPI) goes into qlora_nccl_emu below, for the ranks that use it.
+list(FILTER _emu_srcs EXCLUDE REGEX "emu_nccl\\.cpp$")
 # cuDNN: the real frontend graph descriptions (validated with libcudnn, which needs no device for
 # that); emu/emu_cudnn.cpp stands in for cudnn_sdpa_exec.cpp (building and running plans).
 if(NOT DEFINED QLORA_HAVE_CUDNN)
@@ -66,6 +68,37 @@ endfunction()
 
 find_package(Threads REQUIRED)
 qlora_cuda_emu("")
+
+# NCCL under the harness (emu/emu_nccl.cpp: NCCL's calls by their documented semantics, over MPI)
+# and the real DeviceReducer built on it; qlora_emu is the qlora command on the harness backend
+# with it, which tests/mpi_emu and test_nccl_emu_ranks run under mpirun (docs/distributed.md).
+add_library(qlora_nccl_emu STATIC ${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/emu_nccl.cpp
+                                  ${CMAKE_SOURCE_DIR}/src/dist/nccl/nccl_reducer.cpp)
+target_link_libraries(qlora_nccl_emu PUBLIC qlora_backend_cuda_emu qlora_dist)
+target_compile_definitions(qlora_nccl_emu PUBLIC QLORA_HAVE_NCCL=1)
+add_executable(qlora_emu ${cli_srcs})
+target_link_libraries(qlora_emu PRIVATE qlora_train CLI11::CLI11 qlora_nccl_emu)
+if(QLORA_TESTS)
+  add_executable(test_nccl_emu_ranks ${CMAKE_SOURCE_DIR}/tests/mpi_ranks/test_nccl_emu_ranks.cpp)
+  target_link_libraries(test_nccl_emu_ranks PRIVATE qlora_nccl_emu GTest::gtest)
+  foreach(np 2 3)
+    add_test(NAME nccl_emu_ranks_np${np} COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${np}
+             $<TARGET_FILE:test_nccl_emu_ranks>)
+    set_tests_properties(nccl_emu_ranks_np${np} PROPERTIES LABELS "mpi;cuda-emu" TIMEOUT 120
+                         ENVIRONMENT "${QLORA_MPI_ENV}" ENVIRONMENT_MODIFICATION "ASAN_OPTIONS=string_append::detect_leaks=0")
+  endforeach()
+  file(GLOB _mpi_emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi_emu/*.cpp)
+  add_executable(test_mpi_emu ${_mpi_emu_srcs})
+  target_link_libraries(test_mpi_emu PRIVATE qlora_train GTest::gtest GTest::gtest_main)
+  target_compile_definitions(test_mpi_emu PRIVATE QLORA_BIN="$<TARGET_FILE:qlora_emu>" QLORA_MPIEXEC="${MPIEXEC_EXECUTABLE}"
+                                                  QLORA_SOURCE_DIR="${CMAKE_SOURCE_DIR}" QLORA_FIXTURES="${CMAKE_SOURCE_DIR}/tests/fixtures")
+  add_dependencies(test_mpi_emu qlora_emu)
+  # Named tests (gtest discovery in CMake 3.25 cannot give a test two labels).
+  foreach(_t TwoGpuRanksEqualOneProcessAndRerunsRepeatEveryBit ThreeGpuRanksEqualOneProcess RanksOnOneDeviceAreRefusedAtTheBootstrap)
+    add_test(NAME NcclEmuTrain.${_t} COMMAND test_mpi_emu --gtest_filter=NcclEmuTrain.${_t} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(NcclEmuTrain.${_t} PROPERTIES LABELS "mpi;cuda-emu" TIMEOUT 900)
+  endforeach()
+endif()
 if(QLORA_TESTS)
   gtest_discover_tests(test_cuda_emu DISCOVERY_TIMEOUT 60 WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}
                        PROPERTIES LABELS cuda-emu)

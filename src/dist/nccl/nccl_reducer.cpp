@@ -20,9 +20,16 @@ namespace qlora {
 
 namespace {
 
+// NCCL's message for the code, with its last error's detail (ncclGetLastError) when there is one.
 void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInProgress)
-    fail(ErrorKind::Io, std::string("NCCL ") + what, ncclGetErrorString(r), "another rank has probably died; see its output");
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  std::string msg = ncclGetErrorString(r);
+  if (const char* last = ncclGetLastError(nullptr); last && *last) msg += std::string(": ") + last;
+  const bool misuse = r == ncclInvalidUsage || r == ncclInvalidArgument;
+  fail(ErrorKind::Io, std::string("NCCL ") + what, msg,
+       misuse ? "every rank needs a GPU of its own (at most as many ranks per node as GPUs; CUDA_VISIBLE_DEVICES, "
+                "srun --gpus-per-task) and the same collectives; see docs/distributed.md"
+              : "another rank has probably died; see its output");
 }
 
 void check_cuda(cudaError_t e, const char* what) {

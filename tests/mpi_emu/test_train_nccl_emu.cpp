@@ -1,0 +1,81 @@
+// `mpirun -np 2 / -np 3 qlora_emu train` on the CUDA backend under the host harness: the qlora
+// command built on the harness (cmake/cuda_emu.cmake), whose GPU ranks bootstrap the real NCCL
+// DeviceReducer (rank 0's ncclUniqueId over MPI, one emulated device per local rank) and sum
+// their LoRA gradients with the harness's NCCL (emu_nccl.cpp). Against one process with the same
+// global batch on the same backend: the same loss curve, grad norms and adapter within fp32
+// summation-order tolerance, bit-identical reruns.
+#include "../mpi/mpi_util.h"
+
+using namespace qlora::mpi_test;
+
+namespace {
+
+// As tests/mpi (the CPU ranks): the gradient sum's order is the only difference between one
+// process (micro-batches accumulated into one buffer) and N ranks (each rank's micro-batches,
+// then NCCL's sum in rank order). The CUDA backend computes in bf16 with fp32 accumulation, but
+// each micro-batch's forward and backward is the same computation on either side.
+constexpr double kLossRtol = 1e-5;
+constexpr double kAdapterRtol = 2e-4;
+
+std::string emu_train_command(int np, const std::string& overrides) {
+  const std::string train = std::string(QLORA_BIN) + " train " + QLORA_SOURCE_DIR + "/examples/tiny.yaml " +
+                            "device=cuda threads=1 logging_steps=1 max_length=64 save_steps=0 per_device_train_batch_size=2 " +
+                            overrides;
+  if (np == 0) return train;
+  return mpi_env() + QLORA_MPIEXEC + " --oversubscribe -np " + std::to_string(np) + " " + train;
+}
+
+RunResult emu_train(int np, const std::string& overrides) { return run_command(emu_train_command(np, overrides) + " 2>&1"); }
+
+void ranks_equal_one_process(int np) {
+  const std::string tag = "nccl_emu_np" + std::to_string(np);
+  const std::string one = temp_dir(tag + "_one"), many = temp_dir(tag + "_many");
+  const std::string common = "max_steps=3 eval_steps=3 ";
+  RunResult r1 = emu_train(0, common + "gradient_accumulation_steps=" + std::to_string(2 * np) + " output_dir=" + one);
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  RunResult rn = emu_train(np, common + "gradient_accumulation_steps=2 output_dir=" + many);
+  ASSERT_EQ(rn.code, 0) << rn.output;
+  // The ranks ran the CUDA backend and summed through NCCL, not through host memory over MPI.
+  EXPECT_NE(rn.output.find("backend cuda"), std::string::npos) << rn.output;
+  EXPECT_NE(rn.output.find("fp32 LoRA gradients per step (NCCL, in device memory)"), std::string::npos) << rn.output;
+  EXPECT_NE(rn.output.find("| " + std::to_string(np) + " ranks |"), std::string::npos) << rn.output;
+  expect_same_curves(one, many, kLossRtol);
+  expect_same_adapter(many, one, kAdapterRtol);
+  // Training moved the adapter: the comparison above is not between two initial adapters.
+  const auto m = metrics(many);
+  ASSERT_TRUE(m.count(3));
+  EXPECT_NE(m.at(1).loss, m.at(3).loss);
+}
+
+}  // namespace
+
+TEST(NcclEmuTrain, TwoGpuRanksEqualOneProcessAndRerunsRepeatEveryBit) {
+  ranks_equal_one_process(2);
+  // Deterministic for a given world size: NCCL's sum gives every rank the same bits, run to run.
+  const std::string a = temp_dir("nccl_emu_rerun_a"), b = temp_dir("nccl_emu_rerun_b");
+  RunResult ra = emu_train(2, "max_steps=2 eval_steps=0 gradient_accumulation_steps=1 output_dir=" + a);
+  ASSERT_EQ(ra.code, 0) << ra.output;
+  RunResult rb = emu_train(2, "max_steps=2 eval_steps=0 gradient_accumulation_steps=1 output_dir=" + b);
+  ASSERT_EQ(rb.code, 0) << rb.output;
+  EXPECT_EQ(read_file(a + "/adapter_model.safetensors"), read_file(b + "/adapter_model.safetensors"));
+  const auto ma = metrics(a), mb = metrics(b);
+  for (const auto& [step, rec] : ma) {
+    if (std::isnan(rec.loss)) continue;
+    EXPECT_EQ(rec.loss, mb.at(step).loss) << "step " << step;
+    EXPECT_EQ(rec.grad_norm, mb.at(step).grad_norm) << "step " << step;
+  }
+}
+
+TEST(NcclEmuTrain, ThreeGpuRanksEqualOneProcess) { ranks_equal_one_process(3); }
+
+// A multi-rank launch whose ranks would share one device fails at NCCL's bootstrap with the
+// rank and NCCL's reason, instead of training on one GPU twice (real NCCL refuses the same).
+TEST(NcclEmuTrain, RanksOnOneDeviceAreRefusedAtTheBootstrap) {
+  const std::string out = temp_dir("nccl_emu_dup");
+  // One visible device entry per rank that names the same device: bind_local_gpu picks entry
+  // local_rank of the list, so both ranks land on device 0.
+  RunResult r = run_command("CUDA_VISIBLE_DEVICES=0,0 " + emu_train_command(2, "max_steps=1 eval_steps=0 output_dir=" + out) + " 2>&1");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("NCCL communicator"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Duplicate GPU detected : rank 0 and rank 1 both on CUDA device"), std::string::npos) << r.output;
+}
