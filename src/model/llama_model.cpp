@@ -68,6 +68,13 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
     opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
   }
+  // Both GPU attention paths (the own flash kernel, cuDNN's fused attention) take head dims that are
+  // multiples of 8 up to 128: refuse others here, before anything is allocated or any step runs.
+  if (be_.device() == DeviceKind::Cuda && (cfg_.head_dim % 8 != 0 || cfg_.head_dim > 128))
+    fail(ErrorKind::Unsupported, "model '" + cfg_.name + "', head_dim " + std::to_string(cfg_.head_dim),
+         "the cuda backend's attention (its own flash kernel and cuDNN's fused attention) takes head dims that are "
+         "multiples of 8 up to 128",
+         "use device: cpu for this model");
   offload_ = opts_.checkpointing == "offload";
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);

@@ -319,6 +319,37 @@ void packed_training_matches_cpu(const char* arch) {
 }
 
 TEST(CudaEmuCudnn, PackedTrainingStepsMatchCpuOnSm90) { packed_training_matches_cpu("90"); }
+
+// A head dim no GPU attention path takes is refused when the model is made on the CUDA backend
+// (docs/errors.md), before any allocation or step; the CPU backend takes it.
+TEST(CudaEmuCudnn, UnsupportedHeadDimIsRefusedWhenTheModelIsMade) {
+  const ModelSource src = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa");
+  ModelPlanOptions po;
+  po.method = "lora";
+  po.micro_batch = 1;
+  po.seq_len = 8;
+  LoraSpec lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.targets = LoraSpec::resolve_targets({"q_proj"});
+  std::string why;
+  auto cu = make_cuda_backend(&why);
+  ASSERT_TRUE(cu) << why;
+  for (int64_t d : {100, 136}) {
+    LlamaConfig c = src.config;
+    c.head_dim = d;
+    try {
+      LlamaModel m(c, *cu, po, lora);
+      ADD_FAILURE() << "head_dim " << d << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("multiples of 8 up to 128"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("head_dim " + std::to_string(d)), std::string::npos) << e.what();
+    }
+    auto cpu = make_cpu_backend();
+    EXPECT_NO_THROW(LlamaModel(c, *cpu, po, lora)) << d;
+  }
+}
 TEST(CudaEmuCudnn, PackedTrainingStepsMatchCpuOnSm100) { packed_training_matches_cpu("100"); }
 
 }  // namespace

@@ -226,10 +226,24 @@ const sdpa::Plan* plan_for(CudaBackend& be, const sdpa::Shape& sh) {
 
 void* ptr(const Tensor& t) { return t.data; }
 
-void run(CudaBackend& be, const char* op, const sdpa::Plan& p, std::unordered_map<int64_t, void*>& pack) {
-  // cuDNN's workspace is the own kernel's dq accumulator slot (unused by this path), planned at
-  // (B,T,Hq,Dp) f32; a plan that asks for more is an Internal error naming both sizes.
-  void* ws = p.workspace_bytes > 0 ? be.scratch(Scratch::AttnDq, size_t(p.workspace_bytes), op) : nullptr;
+// cuDNN's workspace is the own kernel's dq accumulator slot (unused by this path), planned at
+// (B,T,Hq,Dp) f32. A plan that asks for more: under auto the shape is refused (the own kernel runs
+// it from then on), under QLORA_ATTENTION_KERNEL=cudnn the slot's Internal error (both sizes) stands.
+// Returns false when refused.
+bool workspace_for(CudaBackend& be, const char* op, const sdpa::Plan& p, void*& ws) {
+  ws = nullptr;
+  if (p.workspace_bytes == 0) return true;
+  try {
+    ws = be.scratch(Scratch::AttnDq, size_t(p.workspace_bytes), op);
+  } catch (const Error& e) {
+    if (attention_kernel_setting() == AttnKernel::Cudnn) throw;
+    CudnnAttnAccess::state(be).refused.emplace(p.shape, e.what());
+    return false;
+  }
+  return true;
+}
+
+void run(CudaBackend& be, const sdpa::Plan& p, std::unordered_map<int64_t, void*>& pack, void* ws) {
   CudnnAttnState& s = CudnnAttnAccess::state(be);
   sdpa::execute(s.handle, p, pack, ws);
   s.runs++;
@@ -246,14 +260,15 @@ bool cudnn_attention_fwd(CudaBackend& be, const AttentionFwdArgs& a, int64_t t_k
   const int64_t entries = sdpa::entries_bucket(a.seg ? docs : a.b);
   sdpa::Shape sh{entries, a.t, a.b * a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, false};
   const sdpa::Plan* p = plan_for(be, sh);
-  if (!p) return false;
+  void* ws = nullptr;
+  if (!p || !workspace_for(be, op, *p, ws)) return false;
   const Ragged r = ragged_offsets(be, op, a.seg, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, entries);
   using namespace sdpa;
   std::unordered_map<int64_t, void*> pack{
       {kQ, ptr(a.q)},          {kK, ptr(a.k)},          {kV, ptr(a.v)},          {kO, ptr(a.out)},
       {kStats, ptr(a.lse)},    {kSeqLenQ, r.seq},       {kSeqLenKv, r.seq},      {kOffQ, r.off_q},
       {kOffK, r.off_kv},       {kOffV, r.off_kv},       {kOffO, r.off_q},        {kOffStats, r.off_st}};
-  run(be, op, *p, pack);
+  run(be, *p, pack, ws);
   return true;
 #else
   return false;
@@ -268,7 +283,8 @@ bool cudnn_attention_bwd(CudaBackend& be, const AttentionBwdArgs& a) {
   const int64_t entries = sdpa::entries_bucket(a.seg ? docs : a.b);
   sdpa::Shape sh{entries, a.t, a.b * a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, true};
   const sdpa::Plan* p = plan_for(be, sh);
-  if (!p) return false;
+  void* ws = nullptr;
+  if (!p || !workspace_for(be, op, *p, ws)) return false;
   const Ragged r = ragged_offsets(be, op, a.seg, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, entries);
   using namespace sdpa;
   std::unordered_map<int64_t, void*> pack{
@@ -276,7 +292,7 @@ bool cudnn_attention_bwd(CudaBackend& be, const AttentionBwdArgs& a) {
       {kStats, ptr(a.lse)}, {kdQ, ptr(a.dq)},      {kdK, ptr(a.dk)},       {kdV, ptr(a.dv)},     {kSeqLenQ, r.seq},
       {kSeqLenKv, r.seq},   {kOffQ, r.off_q},      {kOffK, r.off_kv},      {kOffV, r.off_kv},    {kOffO, r.off_q},
       {kOffdO, r.off_q},    {kOffdQ, r.off_q},     {kOffdK, r.off_kv},     {kOffdV, r.off_kv},   {kOffStats, r.off_st}};
-  run(be, op, *p, pack);
+  run(be, *p, pack, ws);
   return true;
 #else
   return false;
