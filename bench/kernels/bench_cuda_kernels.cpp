@@ -158,12 +158,15 @@ void bench_attention(Backend& be, bool quick) {
   const std::string cfg = "\"b\": " + std::to_string(B) + ", \"t\": " + std::to_string(T) + ", \"hq\": " +
                           std::to_string(Hq) + ", \"hkv\": " + std::to_string(Hkv) + ", \"d\": " + std::to_string(D) +
                           ", \"causal\": true, \"dtype\": \"bf16\"";
+  const int64_t cudnn0 = cuda::cudnn_attention_runs(be);
   const double ms_f = time_ms(be, [&] { be.attention_fwd(fa); });
   be.attention_fwd(fa);
   const double ms_b = time_ms(be, [&] { be.attention_bwd(ba); });
-  emit("attention_fwd_d128_t" + std::to_string(T), "attention_fwd", cfg + ", \"flops\": " + num(fwd_flops),
+  // The backend's default path on this device (cuDNN's fused attention on sm_90/sm_100).
+  const std::string path = std::string(", \"path\": \"") + (cuda::cudnn_attention_runs(be) > cudnn0 ? "cudnn" : "own") + "\"";
+  emit("attention_fwd_d128_t" + std::to_string(T), "attention_fwd", cfg + path + ", \"flops\": " + num(fwd_flops),
        "\"ms\": " + num(ms_f) + ", \"tflops\": " + num(fwd_flops / (ms_f * 1e9)));
-  emit("attention_bwd_d128_t" + std::to_string(T), "attention_bwd", cfg + ", \"flops\": " + num(2.5 * fwd_flops),
+  emit("attention_bwd_d128_t" + std::to_string(T), "attention_bwd", cfg + path + ", \"flops\": " + num(2.5 * fwd_flops),
        "\"ms\": " + num(ms_b) + ", \"tflops\": " + num(2.5 * fwd_flops / (ms_b * 1e9)));
   std::fprintf(stderr, "%-28s %8.3f ms %8.1f TFLOP/s\n", "attention fwd", ms_f, fwd_flops / (ms_f * 1e9));
   std::fprintf(stderr, "%-28s %8.3f ms %8.1f TFLOP/s\n", "attention bwd", ms_b, 2.5 * fwd_flops / (ms_b * 1e9));
