@@ -94,7 +94,8 @@ if(QLORA_TESTS)
                                                   QLORA_SOURCE_DIR="${CMAKE_SOURCE_DIR}" QLORA_FIXTURES="${CMAKE_SOURCE_DIR}/tests/fixtures")
   add_dependencies(test_mpi_emu qlora_emu)
   # Named tests (gtest discovery in CMake 3.25 cannot give a test two labels).
-  foreach(_t TwoGpuRanksEqualOneProcessAndRerunsRepeatEveryBit ThreeGpuRanksEqualOneProcess RanksOnOneDeviceAreRefusedAtTheBootstrap)
+  foreach(_t TwoGpuRanksEqualOneProcessAndRerunsRepeatEveryBit ThreeGpuRanksEqualOneProcess RanksOnOneDeviceAreRefusedAtTheBootstrap
+             FsdpTwoGpuRanksGatherThroughNcclAndEqualOneProcess FsdpThreeGpuRanksGatherThroughNcclAndEqualOneProcess)
     add_test(NAME NcclEmuTrain.${_t} COMMAND test_mpi_emu --gtest_filter=NcclEmuTrain.${_t} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
     set_tests_properties(NcclEmuTrain.${_t} PROPERTIES LABELS "mpi;cuda-emu" TIMEOUT 900)
   endforeach()

@@ -33,9 +33,11 @@ static int train_on_ranks(const std::string& config, const std::vector<std::stri
     if (cfg.threads == 0) cfg.threads = std::max(1, omp_get_num_procs() / comm.local_size());
   }
   auto be = select_backend(cfg.device, int(cfg.threads), /*quiet=*/comm.rank() != 0);  // rank 0 speaks for all
-  std::unique_ptr<DeviceReducer> nccl;  // GPU ranks sum gradients in device memory
+  // GPU ranks sum gradients (sharding none) or gather fsdp's base layers in device memory; ZeRO-1's
+  // reduce-scatter and all-gather of the gradients go through host memory over MPI.
+  std::unique_ptr<DeviceReducer> nccl;
 #ifdef QLORA_HAVE_NCCL
-  if (comm.size() > 1 && be->device() == DeviceKind::Cuda && cfg.sharding == "none")
+  if (comm.size() > 1 && be->device() == DeviceKind::Cuda && (cfg.sharding == "none" || cfg.sharding == "fsdp"))
     nccl = make_nccl_reducer(comm, cfg.ddp_timeout);
 #endif
   Trainer trainer(cfg, *be, &comm, nccl.get());

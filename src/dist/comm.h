@@ -54,12 +54,16 @@ class Comm {
   [[noreturn]] virtual void abort(int code) = 0;
 };
 
-// Sums buffers in device memory over the ranks of a Comm, in place (NCCL on GPUs). Every rank
-// gets the same bits. Blocks until done; fails (never hangs) when a rank stops answering.
+// Collectives on buffers in device memory over the ranks of a Comm (NCCL on GPUs). Each blocks
+// until done; fails (never hangs) when a rank stops answering.
 class DeviceReducer {
  public:
   virtual ~DeviceReducer() = default;
+  // Sums over ranks, in place; every rank gets the same bits.
   virtual void allreduce_sum(const std::vector<std::pair<float*, size_t>>& device_buffers) = 0;
+  // Comm::allgather_shards with device pointers: `shard` (this rank's share slice_of(n, rank,
+  // size)) is sent to every rank, `full` (n bytes, not overlapping shard) receives every share in place.
+  virtual void allgather_shards(const uint8_t* shard, uint8_t* full, size_t n) = 0;
 };
 
 // The launcher that started this process, read from its environment (mpirun/mpiexec of Open MPI,

@@ -272,6 +272,11 @@ void LlamaModel::gather_layer(int64_t l) {
   const size_t n = size_t(blob_.total);
   if (be_.device() == DeviceKind::Cpu) {  // device memory is host memory: MPI reads and writes the arena
     base_comm_->allgather_shards(shard_ptr_[size_t(l)], slot, n);
+  } else if (base_device_) {
+    // NCCL from the shard into the slot, device to device; the slot's last reader (a dequantization,
+    // maybe on a side stream) must be done first, and the gather is waited for before any reader.
+    be_.synchronize();
+    base_device_->allgather_shards(shard_ptr_[size_t(l)], slot, n);
   } else {
     // Through host memory: the slot's last reader (a dequantization, maybe on a side stream) must
     // be done before the slot is overwritten.

@@ -81,6 +81,9 @@ class LlamaModel {
   // it is used (prepare_layer), so every rank must run the same forwards and backwards. One shard
   // needs no Comm (the gather is a copy). The Comm must outlive the model.
   void set_base_comm(Comm& comm);
+  // On GPU ranks: gather through `device` (NCCL) straight into the device slot instead of through
+  // host memory over the Comm; the same ranks as the Comm, and it must outlive the model.
+  void set_base_device(DeviceReducer* device) { base_device_ = device; }
   bool base_sharded() const { return fsdp_; }
   // Bytes of decoder-layer base this rank stores (the sum of its layers.<l>.base.shard), and the
   // bytes of whole layers all-gathered since the model was built (the engine's side of the
@@ -174,6 +177,7 @@ class LlamaModel {
   LayerBaseBlob blob_;                            // one layer's projections as stored, back to back
   Slice shard_;                                   // this rank's share of a layer's blob
   Comm* base_comm_ = nullptr;
+  DeviceReducer* base_device_ = nullptr;          // GPU ranks with NCCL: gathers in device memory
   std::unique_ptr<Comm> own_comm_;                // one shard: the single-process Comm
   std::array<int64_t, 2> gather_layer_{-1, -1};   // the layer each fsdp.gather slot holds, -1 none
   int64_t gathered_bytes_ = 0;

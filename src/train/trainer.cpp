@@ -314,6 +314,9 @@ TrainSummary Trainer::run() {
   lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq, nullptr, zero1 ? comm_->size() : 1,
                                 fsdp ? comm_ : nullptr);
   LlamaModel& model = *lm_.model;
+  // GPU ranks with NCCL: fsdp's layer gathers go device to device (its gradients stay ZeRO-1's, over the Comm).
+  const bool fsdp_nccl = fsdp && device_reducer_ && comm_->size() > 1 && be_.device() == DeviceKind::Cuda;
+  if (fsdp_nccl) model.set_base_device(device_reducer_);
   if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, zero1, zero1 ? nullptr : device_reducer_);
   const int32_t pad = data.pad_id;
   DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
@@ -342,7 +345,7 @@ TrainSummary Trainer::run() {
     for (int q = 0; q < world; q++) list += (q ? ", " : "") + std::to_string(int64_t(shard[size_t(q)]));
     log("fsdp: the decoder layers' frozen base is " + std::to_string(model.base_blob_bytes() * model.config().n_layer) +
         " bytes; each rank holds its share of every layer (bytes per rank: " + list +
-        "), all-gathered a layer ahead of use");
+        "), all-gathered a layer ahead of use" + (fsdp_nccl ? " (NCCL, into the device slot)" : ""));
   }
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
   if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`

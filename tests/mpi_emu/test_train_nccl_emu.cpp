@@ -68,6 +68,51 @@ TEST(NcclEmuTrain, TwoGpuRanksEqualOneProcessAndRerunsRepeatEveryBit) {
 
 TEST(NcclEmuTrain, ThreeGpuRanksEqualOneProcess) { ranks_equal_one_process(3); }
 
+namespace {
+
+// sharding fsdp on GPU ranks: every decoder layer's base is gathered by NCCL (one grouped
+// ncclBroadcast per rank's uneven share) from the shard straight into the device fsdp.gather slot.
+// The gathered bytes are the whole base's, so the run equals one process with the whole base
+// within the same summation-order tolerance (ZeRO-1's gradient split is the only other change).
+void fsdp_ranks_equal_one_process(int np, const std::string& base) {
+  const std::string tag = "nccl_emu_fsdp_np" + std::to_string(np);
+  const std::string one = temp_dir(tag + "_one"), many = temp_dir(tag + "_many");
+  const std::string common = "max_steps=2 eval_steps=2 " + base + " ";
+  RunResult r1 = emu_train(0, common + "gradient_accumulation_steps=" + std::to_string(np) + " output_dir=" + one);
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  RunResult rn = emu_train(np, common + "sharding=fsdp gradient_accumulation_steps=1 output_dir=" + many);
+  ASSERT_EQ(rn.code, 0) << rn.output;
+  EXPECT_NE(rn.output.find("backend cuda"), std::string::npos) << rn.output;
+  EXPECT_NE(rn.output.find("all-gathered a layer ahead of use (NCCL, into the device slot)"), std::string::npos) << rn.output;
+  expect_same_curves(one, many, kLossRtol);
+  expect_same_adapter(many, one, kAdapterRtol);
+  // The ranks' shares as logged ("bytes per rank: a, b, c"): uneven ones go through the per-rank broadcasts.
+  const size_t at = rn.output.find("bytes per rank: ");
+  ASSERT_NE(at, std::string::npos) << rn.output;
+  std::istringstream shares(rn.output.substr(at + 16, rn.output.find(')', at) - at - 16));
+  std::vector<int64_t> per_rank;
+  for (std::string v; std::getline(shares, v, ',');) per_rank.push_back(std::stoll(v));
+  ASSERT_EQ(per_rank.size(), size_t(np));
+  if (np == 3) {
+    EXPECT_NE(per_rank.front(), per_rank.back()) << "the NF4 blob does not split evenly over 3 ranks";
+  }
+  // The engine gathered the layers the planner counts: every step moved whole layer blobs.
+  const auto m = metrics(many);
+  ASSERT_TRUE(m.count(2));
+  std::istringstream in(read_file(many + "/metrics.jsonl"));
+  int64_t gathered = 0;
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty() && nlohmann::json::parse(l).contains("fsdp_allgather_bytes"))
+      gathered += nlohmann::json::parse(l)["fsdp_allgather_bytes"].get<int64_t>();
+  EXPECT_GT(gathered, 0);
+}
+
+}  // namespace
+
+// bf16 base on 2 ranks (even shares); NF4 base on 3 ranks (101,632-byte layer blobs: uneven shares).
+TEST(NcclEmuTrain, FsdpTwoGpuRanksGatherThroughNcclAndEqualOneProcess) { fsdp_ranks_equal_one_process(2, ""); }
+TEST(NcclEmuTrain, FsdpThreeGpuRanksGatherThroughNcclAndEqualOneProcess) { fsdp_ranks_equal_one_process(3, "base_precision=nf4"); }
+
 // A multi-rank launch whose ranks would share one device fails at NCCL's bootstrap with the
 // rank and NCCL's reason, instead of training on one GPU twice (real NCCL refuses the same).
 TEST(NcclEmuTrain, RanksOnOneDeviceAreRefusedAtTheBootstrap) {

@@ -1,4 +1,5 @@
-// The NCCL DeviceReducer: one grouped ncclAllReduce per call on a stream of its own, waited on
+// The NCCL DeviceReducer: one grouped ncclAllReduce (or, for FSDP's layer gather, one grouped
+// ncclBroadcast per rank) per call on a stream of its own, waited on
 // with a deadline (a dead peer makes NCCL wait forever; ncclCommAbort ends that). Built only with
 // CUDA and NCCL.
 //
@@ -38,7 +39,7 @@ void check_cuda(cudaError_t e, const char* what) {
 
 class NcclReducer final : public DeviceReducer {
  public:
-  NcclReducer(Comm& comm, double timeout_s) : timeout_s_(timeout_s) {
+  NcclReducer(Comm& comm, double timeout_s) : timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()) {
     ncclUniqueId id{};
     if (comm.rank() == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
     comm.broadcast(&id, sizeof id, 0);
@@ -54,19 +55,40 @@ class NcclReducer final : public DeviceReducer {
     check_nccl(ncclGroupStart(), "group");
     for (const auto& [p, n] : bufs) check_nccl(ncclAllReduce(p, p, n, ncclFloat32, ncclSum, nccl_, stream_), "all-reduce");
     check_nccl(ncclGroupEnd(), "group");
+    wait("all-reduce");
+  }
+
+  // One ncclBroadcast per rank, grouped: rank q's share of the shares slice_of(n, q, size) lands
+  // at its offset in `full` on every rank. The shares differ by up to a byte, which ncclAllGather's
+  // equal counts cannot express without a padded staging buffer of size x max share; the
+  // broadcasts write the planned slot directly.
+  void allgather_shards(const uint8_t* shard, uint8_t* full, size_t n) override {
+    check_nccl(ncclGroupStart(), "group");
+    for (int q = 0; q < size_; q++) {
+      const Slice s = slice_of(n, q, size_);
+      const void* send = q == rank_ ? static_cast<const void*>(shard) : full + s.begin;
+      check_nccl(ncclBroadcast(send, full + s.begin, s.count, ncclUint8, q, nccl_, stream_), "all-gather of shards");
+    }
+    check_nccl(ncclGroupEnd(), "group");
+    wait("all-gather of shards");
+  }
+
+ private:
+  // Until the stream's collectives are done, or the deadline (then the communicator is aborted).
+  void wait(const char* what) {
     const auto t0 = std::chrono::steady_clock::now();
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) check_cuda(q, "all-reduce");
+      if (q != cudaErrorNotReady) check_cuda(q, what);
       ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(nccl_, &async), "all-reduce");
-      check_nccl(async, "all-reduce");
+      check_nccl(ncclCommGetAsyncError(nccl_, &async), what);
+      check_nccl(async, what);
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (timeout_s_ > 0 && waited > timeout_s_) {
         ncclCommAbort(nccl_);
         nccl_ = nullptr;
-        fail(ErrorKind::Io, "NCCL all-reduce",
+        fail(ErrorKind::Io, std::string("NCCL ") + what,
              "no answer from the other ranks in " + std::to_string(int(timeout_s_)) + " s: a rank has died or hangs",
              "the job stops here; see the other ranks' output (ddp_timeout sets the wait)");
       }
@@ -74,8 +96,8 @@ class NcclReducer final : public DeviceReducer {
     }
   }
 
- private:
   double timeout_s_;
+  int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   ncclComm_t nccl_ = nullptr;
 };
