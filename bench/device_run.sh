@@ -309,6 +309,14 @@ if [ "${QLORA_LOWP_CTX:-0}" = 1 ] && [ -x "$BUILD/qlora" ]; then
   echo "lowp_ctx $? $((SECONDS - t0))" >>"$STEPS"
 fi
 
+# ---- several GPUs (bench/device_multi_gpu.sh writes $OUT/multi_gpu_results.json): mpirun -np
+# <GPUs> qlora train, data parallel and fsdp, against 1 GPU; on 1 GPU the cases are recorded as skipped.
+if [ "${QLORA_E2E_ONLY:-0}" != 1 ]; then
+  t0=$SECONDS
+  QLORA_MGPU_DEADLINE=$((590 - SECONDS)) QLORA_GIT_SHA="$GIT_SHA" OUT="$OUT" bash "$ROOT/bench/device_multi_gpu.sh"
+  echo "multi_gpu $? $((SECONDS - t0))" >>"$STEPS"
+fi
+
 # ---- one JSON with everything ------------------------------------------------------------------
 python3 - "$OUT" "$DEVICE" "$DRIVER" "$GIT_SHA" "bench/device_run.sh ${*:-}" <<'PY'
 import json, os, sys
