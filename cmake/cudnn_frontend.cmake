@@ -18,6 +18,7 @@ set(_cfe_dir ${QLORA_CACHE_DIR}/cudnn-frontend-${QLORA_CUDNN_FRONTEND_VERSION})
 
 if(NOT EXISTS ${_cfe_dir}/include/cudnn_frontend.h)
   set(_whl ${_cfe_dir}/${_cfe_wheel})
+  file(MAKE_DIRECTORY ${_cfe_dir})
   if(QLORA_CUDNN_FRONTEND_WHEEL)
     file(SHA256 ${QLORA_CUDNN_FRONTEND_WHEEL} _got)
     if(_got STREQUAL _cfe_sha256)

@@ -3,7 +3,9 @@
 // device), and the backend's cuDNN path under the host harness (the real wrapper: ragged offsets
 // from the seg kernel, variant pack, strides, stats; emu/emu_cudnn.cpp executes the graph by its
 // documented semantics) against the CPU reference op.
+#if QLORA_HAVE_CUDNN
 #include <cudnn_frontend.h>
+#endif
 
 #include <cstdlib>
 
@@ -22,13 +24,16 @@
 namespace qlora::test {
 namespace {
 
+#if QLORA_HAVE_CUDNN
 using cuda::sdpa::Shape;
+#endif
 
 struct EnvScope {
   explicit EnvScope(const char* v) { v ? (void)setenv("QLORA_ATTENTION_KERNEL", v, 1) : (void)unsetenv("QLORA_ATTENTION_KERNEL"); }
   ~EnvScope() { unsetenv("QLORA_ATTENTION_KERNEL"); }
 };
 
+#if QLORA_HAVE_CUDNN  // the frontend graphs and the cuDNN path exist only in a build with cuDNN
 // Every head dim the own kernel takes (multiples of 8 up to 128: Llama 128, SmolLM2 64, the fixture
 // model 32), with the GQA ratios of Llama-3-8B (32/8), SmolLM2-135M (9/3), MHA and MQA, for packed
 // batches of one and of many entries: forward and backward validate on sm_90 and sm_100.
@@ -58,6 +63,8 @@ TEST(CudnnGraphs, RefusalsThatKeepTheOwnKernel) {
   wide.d = 256;
   EXPECT_NE(cuda::sdpa::validate(*cuda::sdpa::describe(wide, 100)).find("hidden_dim"), std::string::npos);
 }
+
+#endif
 
 struct Case {
   const char* name;
@@ -104,7 +111,7 @@ std::vector<Case> cases() {
 
 // Forward and backward through the cuDNN path equal the CPU op within the bf16 tolerances of the
 // own kernel's tests; the path is taken (runs counted) and one graph per (shape, direction) built.
-void check_matches_cpu(const char* arch) {
+[[maybe_unused]] void check_matches_cpu(const char* arch) {
   emu_test::ArchScope scope(arch);
   EnvScope env(nullptr);
   std::string why;
@@ -166,8 +173,10 @@ void check_matches_cpu(const char* arch) {
   EXPECT_EQ(cuda::cudnn_attention_graphs(*cu), 2 * int64_t(cases().size()));
 }
 
+#if QLORA_HAVE_CUDNN
 TEST(CudaEmuCudnn, PackedForwardBackwardMatchCpuOnSm90) { check_matches_cpu("90"); }
 TEST(CudaEmuCudnn, PackedForwardBackwardMatchCpuOnSm100) { check_matches_cpu("100"); }
+#endif
 
 // Where cuDNN does not apply the own kernel runs (no cuDNN call): sm_80, a KV cache, an unknown
 // document count, and QLORA_ATTENTION_KERNEL=own on sm_90.
@@ -192,6 +201,7 @@ TEST(CudaEmuCudnn, OwnKernelWhereCudnnDoesNotApply) {
   }
 }
 
+#if QLORA_HAVE_CUDNN
 // QLORA_ATTENTION_KERNEL=cudnn where cuDNN does not apply is an Unsupported error saying why; an
 // unknown value is a Config error; a call with more documents than it declared fails at the next
 // synchronize (docs/errors.md).
@@ -249,6 +259,7 @@ TEST(CudaEmuCudnn, ErrorsOfTheCudnnPath) {
   }();
   EXPECT_NE(few.find("has 3 documents but the call said at most 1"), std::string::npos) << few;
 }
+#endif
 
 // Whole LoRA training steps on a packed batch (documents and padding as train/data.cpp packs
 // them) through the cuDNN path on sm_90 and sm_100 against the CPU backend: the losses and
@@ -279,7 +290,7 @@ Run make_run(std::unique_ptr<Backend> be) {
   return r;
 }
 
-void packed_training_matches_cpu(const char* arch) {
+[[maybe_unused]] void packed_training_matches_cpu(const char* arch) {
   emu_test::ArchScope scope(arch);
   EnvScope env(nullptr);
   std::string why;
@@ -318,7 +329,9 @@ void packed_training_matches_cpu(const char* arch) {
   EXPECT_EQ(cuda::cudnn_attention_runs(gpu.model->backend()), 3 * 2 * gpu.src.config.n_layer);
 }
 
+#if QLORA_HAVE_CUDNN
 TEST(CudaEmuCudnn, PackedTrainingStepsMatchCpuOnSm90) { packed_training_matches_cpu("90"); }
+#endif
 
 // A head dim no GPU attention path takes is refused when the model is made on the CUDA backend
 // (docs/errors.md), before any allocation or step; the CPU backend takes it.
@@ -350,7 +363,9 @@ TEST(CudaEmuCudnn, UnsupportedHeadDimIsRefusedWhenTheModelIsMade) {
     EXPECT_NO_THROW(LlamaModel(c, *cpu, po, lora)) << d;
   }
 }
+#if QLORA_HAVE_CUDNN
 TEST(CudaEmuCudnn, PackedTrainingStepsMatchCpuOnSm100) { packed_training_matches_cpu("100"); }
+#endif
 
 }  // namespace
 }  // namespace qlora::test
