@@ -124,8 +124,11 @@ struct CudnnAttnAccess {
   static void reset(CudaBackend& be) noexcept { be.cudnn_attn_.reset(); }
 };
 
-std::string cudnn_attention_refusal(CudaBackend& be, int64_t b, int64_t t, int64_t t_kv, int64_t hq, int64_t d,
+std::string cudnn_attention_refusal(Backend& backend, int64_t b, int64_t t, int64_t t_kv, int64_t hq, int64_t d,
                                     bool seg, int64_t n_docs) {
+  auto* cu = dynamic_cast<CudaBackend*>(&backend);
+  if (!cu) return "not the CUDA backend";
+  CudaBackend& be = *cu;
 #if !QLORA_HAVE_CUDNN
   (void)be, (void)b, (void)t, (void)t_kv, (void)hq, (void)d, (void)seg, (void)n_docs;
   return "this build has no cuDNN (cmake found no libcudnn, cudnn_graph.h or cuDNN frontend headers)";
