@@ -10,12 +10,16 @@ using namespace qlora::mpi_test;
 
 namespace {
 
-// As tests/mpi (the CPU ranks): the gradient sum's order is the only difference between one
-// process (micro-batches accumulated into one buffer) and N ranks (each rank's micro-batches,
-// then NCCL's sum in rank order). The CUDA backend computes in bf16 with fp32 accumulation, but
-// each micro-batch's forward and backward is the same computation on either side.
+// The gradient sum's order is the only difference between one process (micro-batches accumulated
+// into one buffer) and N ranks (each rank's micro-batches, then NCCL's sum in rank order); each
+// micro-batch's forward and backward is the same computation on either side. Measured on these
+// runs: training losses and grad norms within 2.9e-9 relative, adapter tensors within 1.7e-7
+// (fsdp on 2 ranks: equal), eval losses within 3.3e-6 (the forward reads the updated LoRA
+// weights in bf16, where a last-bit difference of the fp32 master can round to a different bf16).
+// The loss bound is the eval loss's with 3x room (the CPU ranks' bound, tests/mpi); the adapter's
+// leaves 30x room.
 constexpr double kLossRtol = 1e-5;
-constexpr double kAdapterRtol = 2e-4;
+constexpr double kAdapterRtol = 5e-6;
 
 std::string emu_train_command(int np, const std::string& overrides) {
   const std::string train = std::string(QLORA_BIN) + " train " + QLORA_SOURCE_DIR + "/examples/tiny.yaml " +
@@ -123,4 +127,6 @@ TEST(NcclEmuTrain, RanksOnOneDeviceAreRefusedAtTheBootstrap) {
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("NCCL communicator"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Duplicate GPU detected : rank 0 and rank 1 both on CUDA device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("] io error: NCCL communicator: invalid usage"), std::string::npos) << r.output;  // names the rank
+  EXPECT_NE(r.output.find("hint: every rank needs a GPU of its own"), std::string::npos) << r.output;
 }
