@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <exception>
 #include <string>
 #include <thread>
 
@@ -47,7 +48,9 @@ class NcclReducer final : public DeviceReducer {
     check_nccl(ncclCommInitRank(&nccl_, comm.size(), id, comm.rank()), "communicator");
   }
   ~NcclReducer() override {
-    if (nccl_) ncclCommDestroy(nccl_);
+    // Unwinding after an error (this rank's or a collective's): the other ranks may never join a
+    // flush, so abort rather than destroy (which finalizes, waiting for outstanding operations).
+    if (nccl_) std::uncaught_exceptions() > 0 ? ncclCommAbort(nccl_) : ncclCommDestroy(nccl_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
