@@ -31,11 +31,14 @@ if [ "${1:-}" = "--pack-deps" ]; then
   dest="${2:-$ROOT/build-devdeps}"
   stage="$(mktemp -d)"
   mkdir -p "$stage/include" "$stage/lib" "$dest"
-  inc=/usr/include/x86_64-linux-gnu/openblas-pthread
+  # Debian's OpenBLAS comes in a pthread and an OpenMP build (the Makefile installs the latter).
+  variant=openblas-pthread
+  [ -d /usr/include/x86_64-linux-gnu/$variant ] || variant=openblas-openmp
+  inc=/usr/include/x86_64-linux-gnu/$variant
   lib=/usr/lib/x86_64-linux-gnu
   cp "$inc"/cblas.h "$inc"/openblas_config.h "$stage/include/" || exit 1
   cp -r /usr/include/gtest "$stage/include/" || exit 1
-  cp "$(readlink -f $lib/openblas-pthread/libopenblas.so.0)" "$stage/lib/libopenblas.so.0" || exit 1
+  cp "$(readlink -f $lib/$variant/libopenblas.so.0)" "$stage/lib/libopenblas.so.0" || exit 1
   ln -s libopenblas.so.0 "$stage/lib/libopenblas.so"
   cp "$(readlink -f $lib/libgfortran.so.5)" "$stage/lib/libgfortran.so.5" || exit 1
   cp "$(readlink -f $lib/libquadmath.so.0)" "$stage/lib/libquadmath.so.0" || exit 1
@@ -49,6 +52,15 @@ if [ "${1:-}" = "--pack-deps" ]; then
   if [ -f "$cfe/cudnn_frontend.h" ]; then cp -r "$cfe/." "$stage/include/" || exit 1
   else echo "warning: $cfe missing (configure the main build once); the bundle has no cuDNN frontend" >&2; fi
   cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a "$stage/lib/" || exit 1
+  # Open MPI's headers and shared libraries: qlora links MPI (src/dist/); a single process never
+  # starts the MPI runtime, so the libraries need only load (no mpirun, no MCA plugins).
+  mkdir -p "$stage/include/openmpi" "$stage/lib/mpi"
+  cp /usr/lib/x86_64-linux-gnu/openmpi/include/*.h "$stage/include/openmpi/" || exit 1
+  for so in libmpi.so.40 libopen-rte.so.40 libopen-pal.so.40 libhwloc.so.15 libevent_core-2.1.so.7 \
+            libevent_pthreads-2.1.so.7; do
+    cp "$(readlink -f $lib/$so)" "$stage/lib/mpi/$so" || exit 1
+  done
+  ln -s libmpi.so.40 "$stage/lib/mpi/libmpi.so"
   tar -cJf "$dest/qlora_devdeps.tar.xz" -C "$stage" include lib
   rm -rf "$stage"
   ls -l "$dest/qlora_devdeps.tar.xz"
@@ -129,6 +141,9 @@ have_cli_deps() {
     g++ -std=c++20 -x c++ - -o /dev/null -lyaml-cpp -lpcre2-8 -lutf8proc >/dev/null 2>&1
 }
 CLI_INC="" CLI_LIBS="yaml-cpp;pcre2-8;utf8proc"
+# MPI for src/dist/ (the qlora CLI links it): the system's, else the bundle's Open MPI libraries.
+have_mpi() { command -v mpicxx >/dev/null 2>&1 || [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ]; }
+MPI_INC="" MPI_LIB=""
 if [ "$E2E" = 1 ] && { [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_cli_deps; }; then
   bundle="${QLORA_DEVICE_DEPS:-$ROOT/build-devdeps}/qlora_devdeps.tar.xz"
   [ -f /tmp/qdeps/lib/libyaml-cpp.a ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
@@ -138,6 +153,17 @@ if [ "$E2E" = 1 ] && { [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_cli_dep
     CLI_LIBS="/tmp/qdeps/lib/libyaml-cpp.a;/tmp/qdeps/lib/libpcre2-8.a;/tmp/qdeps/lib/libutf8proc.a"
   else
     log "warning: the qlora CLI's libraries are missing and $bundle lacks them (remake it with --pack-deps)"
+  fi
+fi
+if [ "$E2E" = 1 ] && { [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_mpi; }; then
+  bundle="${QLORA_DEVICE_DEPS:-$ROOT/build-devdeps}/qlora_devdeps.tar.xz"
+  [ -f /tmp/qdeps/lib/mpi/libmpi.so ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
+  if [ -f /tmp/qdeps/lib/mpi/libmpi.so ]; then
+    log "MPI missing here: qlora links the bundle's Open MPI libraries (single process: the runtime never starts)"
+    MPI_INC=/tmp/qdeps/include/openmpi MPI_LIB=/tmp/qdeps/lib/mpi/libmpi.so
+    export LD_LIBRARY_PATH="/tmp/qdeps/lib/mpi${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    log "warning: MPI is missing and $bundle lacks it (remake it with --pack-deps); qlora will not link"
   fi
 fi
 
@@ -232,20 +258,31 @@ endif()
 list(GET CLI_LIBS 0 YAML_LIB)
 list(GET CLI_LIBS 1 PCRE2_LIB)
 list(GET CLI_LIBS 2 UTF8PROC_LIB)
-foreach(area io text model plan train)
+foreach(area io text model plan train dist)
   file(GLOB srcs_\${area} \${R}/src/\${area}/*.cpp)
 endforeach()
+set(MPI_INC "$MPI_INC")
+set(MPI_LIB "$MPI_LIB")
+add_library(qlora_dist STATIC \${srcs_dist})
+target_compile_definitions(qlora_dist PUBLIC OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+if(MPI_LIB)
+  target_include_directories(qlora_dist PUBLIC \${MPI_INC})
+  target_link_libraries(qlora_dist PUBLIC qlora_core \${MPI_LIB})
+else()
+  find_package(MPI REQUIRED COMPONENTS CXX)
+  target_link_libraries(qlora_dist PUBLIC qlora_core MPI::MPI_CXX)
+endif()
 add_library(qlora_io STATIC \${srcs_io})
 target_link_libraries(qlora_io PUBLIC qlora_core \${YAML_LIB})
 add_library(qlora_text STATIC \${srcs_text})
 target_link_libraries(qlora_text PUBLIC qlora_io \${PCRE2_LIB} \${UTF8PROC_LIB})
 target_compile_definitions(qlora_text PRIVATE QLORA_HAVE_UTF8PROC=1)
 add_library(qlora_model STATIC \${srcs_model})
-target_link_libraries(qlora_model PUBLIC qlora_io qlora_quant qlora_backend_cpu)
+target_link_libraries(qlora_model PUBLIC qlora_io qlora_quant qlora_backend_cpu qlora_dist)
 add_library(qlora_plan STATIC \${srcs_plan})
 target_link_libraries(qlora_plan PUBLIC qlora_model)
 add_library(qlora_train STATIC \${srcs_train})
-target_link_libraries(qlora_train PUBLIC qlora_model qlora_text qlora_plan)
+target_link_libraries(qlora_train PUBLIC qlora_model qlora_text qlora_plan qlora_dist)
 file(GLOB cli \${R}/src/cli/*.cpp)
 add_executable(qlora \${cli})
 target_link_libraries(qlora PRIVATE qlora_train qlora_backend_cuda)
