@@ -280,7 +280,7 @@ std::string fit_text(const FitReport& f, const PlanRequest& in) {
            (T > 0 ? std::to_string(T) : std::string("none fits"));
     t += "\n";
   }
-  t += "  largest micro-batch at " + std::to_string(r.seq_len) + " tokens: " +
+  t += "  largest micro-batch at " + std::to_string(r.seq_len) + " tokens (checkpointing " + r.checkpointing + "): " +
        (f.max_micro_batch > 0 ? std::to_string(f.max_micro_batch) : std::string("none fits")) + "\n";
   t += "  fastest configuration (" + std::to_string(f.fitting) + " of " + std::to_string(f.candidates) +
        " candidates fit; searched " + f.space + "):\n";
