@@ -133,6 +133,11 @@ class CudaBackend final : public Backend {
     cublasLtMatmulAlgo_t algo{};
   };
   std::map<GemmKey, LtPlan> lt_plans_;
+  // The low-precision GEMMs' (matmul_fp8, matmul_fp4) last step of making a plan: the preference
+  // (the workspace, 16-byte alignment of every operand) and the heuristic's algorithm. Where
+  // cuBLASLt has none, the plan's descriptors are destroyed and `op` fails as Unsupported naming
+  // the problem; `kind` says which kernel is missing ("FP8", "block-scaled FP4").
+  void lt_choose_lowp_algo(LtPlan& plan, const char* op, const char* kind, int64_t m, int64_t in, int64_t out);
   // cuDNN fused attention (cudnn_attention.cu): the device's compute capability, the cuDNN handle
   // and the built graphs by shape, made on the first attention call.
   std::shared_ptr<struct CudnnAttnState> cudnn_attn_;

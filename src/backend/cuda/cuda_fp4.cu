@@ -164,6 +164,8 @@ void CudaBackend::matmul_fp4(const MatmulFp4Args& a) {
   QLORA_CUDA_LAUNCH_CHECK();
   // Descriptors, layouts and algorithm once per shape, kept with the bf16 plans (a_t = -2 marks FP4).
   GemmKey key{a.out, a.m, a.in, 1, 0, -2, -2, int(DType::BF16), 16, 16, 16, 1};
+  const void* sa = static_cast<const char*>(a.w_scales) + kFp4GemmHeaderBytes;  // the weight's scale tiles
+  const void* sb = tiles;
   auto it = lt_plans_.find(key);
   if (it == lt_plans_.end()) {
     LtPlan plan;
@@ -179,42 +181,14 @@ void CudaBackend::matmul_fp4(const MatmulFp4Args& a) {
     fp4_check(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_4F_E2M1, uint64_t(a.in), uint64_t(a.out), a.in), "layout A");
     fp4_check(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_4F_E2M1, uint64_t(a.in), uint64_t(a.m), a.in), "layout B");
     fp4_check(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_16BF, uint64_t(a.out), uint64_t(a.m), a.out), "layout C");
-    cublasLtMatmulPreference_t pref = nullptr;
-    fp4_check(cublasLtMatmulPreferenceCreate(&pref), "preference create");
-    const uint64_t ws = lt_workspace_bytes_;
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    const uint32_t al = 16;
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
     // The heuristic wants the scale pointers set (a scale mode needs its pointer): this call's.
-    const void* sa = static_cast<const char*>(a.w_scales) + kFp4GemmHeaderBytes;
-    const void* sb = tiles;
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
-    cublasLtMatmulHeuristicResult_t res{};
-    int count = 0;
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &res, &count);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || count == 0) {
-      cublasLtMatrixLayoutDestroy(plan.c);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatmulDescDestroy(plan.op);
-      fail(ErrorKind::Unsupported,
-           "cuda op matmul_fp4, (" + std::to_string(a.m) + "," + std::to_string(a.in) + ") x (" + std::to_string(a.out) +
-               "," + std::to_string(a.in) + ")^T",
-           "cuBLASLt has no block-scaled FP4 kernel for this problem (status " + std::to_string(int(s)) + ")",
-           "plan the base GEMMs in bf16 (gemm_dtype bf16)");
-    }
-    plan.algo = res.algo;
+    fp4_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "set A scale");
+    fp4_check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "set B scale");
+    lt_choose_lowp_algo(plan, "matmul_fp4", "block-scaled FP4", a.m, a.in, a.out);
     it = lt_plans_.emplace(key, plan).first;
   }
   // The weight's scale tiles change per call; the activation's stay in the scratch slot.
   const LtPlan& pl = it->second;
-  const void* sa = static_cast<const char*>(a.w_scales) + kFp4GemmHeaderBytes;
-  const void* sb = tiles;
   fp4_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "set A scale");
   fp4_check(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "set B scale");
   fp4_check(cublasLtMatmul(lt_, pl.op, stats + 2, a.w, pl.a, codes, pl.b, stats + 3, a.y.data, pl.c, a.y.data, pl.c,

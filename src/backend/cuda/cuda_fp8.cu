@@ -139,31 +139,7 @@ void CudaBackend::matmul_fp8(const MatmulFp8Args& a) {
     fp8_check(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, uint64_t(a.in), uint64_t(a.out), a.in), "layout A");
     fp8_check(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, uint64_t(a.in), uint64_t(a.m), a.in), "layout B");
     fp8_check(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_16BF, uint64_t(a.out), uint64_t(a.m), a.out), "layout C");
-    cublasLtMatmulPreference_t pref = nullptr;
-    fp8_check(cublasLtMatmulPreferenceCreate(&pref), "preference create");
-    const uint64_t ws = lt_workspace_bytes_;
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    const uint32_t al = 16;
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
-    cublasLtMatmulHeuristicResult_t res{};
-    int count = 0;
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &res, &count);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || count == 0) {
-      cublasLtMatrixLayoutDestroy(plan.c);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatmulDescDestroy(plan.op);
-      fail(ErrorKind::Unsupported,
-           "cuda op matmul_fp8, (" + std::to_string(a.m) + "," + std::to_string(a.in) + ") x (" + std::to_string(a.out) +
-               "," + std::to_string(a.in) + ")^T",
-           "cuBLASLt has no FP8 kernel for this problem (status " + std::to_string(int(s)) + ")",
-           "plan the base GEMMs in bf16 (gemm_dtype bf16)");
-    }
-    plan.algo = res.algo;
+    lt_choose_lowp_algo(plan, "matmul_fp8", "FP8", a.m, a.in, a.out);
     it = lt_plans_.emplace(key, plan).first;
   }
   // The scale pointers change per call (the weight's own scale_inv, this activation's), so they
@@ -177,6 +153,36 @@ void CudaBackend::matmul_fp8(const MatmulFp8Args& a) {
   fp8_check(cublasLtMatmul(lt_, pl.op, &alpha, w_codes, pl.a, codes, pl.b, &beta, a.y.data, pl.c, a.y.data, pl.c,
                            &pl.algo, lt_workspace_, lt_workspace_bytes_, stream_),
             "cublasLtMatmul");
+}
+
+void CudaBackend::lt_choose_lowp_algo(LtPlan& plan, const char* op, const char* kind, int64_t m, int64_t in,
+                                      int64_t out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
+  const uint64_t ws = lt_workspace_bytes_;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  const uint32_t al = 16;
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
+  cublasLtMatmulHeuristicResult_t res{};
+  int count = 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &res, &count);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || count == 0) {
+    cublasLtMatrixLayoutDestroy(plan.c);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatmulDescDestroy(plan.op);
+    fail(ErrorKind::Unsupported,
+         std::string("cuda op ") + op + ", (" + std::to_string(m) + "," + std::to_string(in) + ") x (" +
+             std::to_string(out) + "," + std::to_string(in) + ")^T",
+         std::string("cuBLASLt has no ") + kind + " kernel for this problem (status " + std::to_string(int(s)) + ")",
+         "plan the base GEMMs in bf16 (gemm_dtype bf16)");
+  }
+  plan.algo = res.algo;
 }
 
 }  // namespace qlora::cuda
