@@ -22,7 +22,8 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1
-BNB_VERSION="${QLORA_BNB_VERSION:-0.50.2}"  # ships libbitsandbytes_cuda130.so (the image: torch 2.11+cu130)
+BNB_VERSION=0.50.2  # ships libbitsandbytes_cuda130.so (the image: torch 2.11+cu130)
+BNB_SHA256=55348a9a4a21bfd99cf8c7b32fe67b4030ae5c2a05738e03c1747f65fa6ec283  # its manylinux_2_24_x86_64 wheel
 WHEELS="${QLORA_WHEELS:-$ROOT/build-wheels}"
 
 # ---- --pack-wheels: runs here (any machine with pip and internet), needs no GPU --------------
@@ -31,9 +32,11 @@ if [ "${1:-}" = "--pack-wheels" ]; then
   mkdir -p "$dest"
   rm -f "$dest"/bitsandbytes-*.whl
   PY="${PYTHON:-python3}"
-  "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d "$dest" "bitsandbytes==$BNB_VERSION" || exit 1
+  # By package name and pinned version through pip (the configured index or mirror applies), the
+  # wheel sha256-checked before it is slimmed.
+  . "$ROOT/tools/pypi_wheel.sh"
+  pypi_wheel bitsandbytes "$BNB_VERSION" "$BNB_SHA256" "$dest/bitsandbytes-$BNB_VERSION-py3-none-manylinux_2_24_x86_64.whl" \
+    -q --python-version 3.12 --implementation cp --platform manylinux_2_24_x86_64 || exit 1
   # The wheel carries a library per CUDA/ROCm/XPU version (43 MB); keep the CPU one and CUDA 13.x
   # (the image's torch is cu130), drop the rest and their RECORD lines: the carry limit is 64 MiB.
   "$PY" - "$dest"/bitsandbytes-*.whl <<'PY' || exit 1

@@ -68,6 +68,11 @@ if [ "${1:-}" = "--pack-deps" ]; then
   exit 0
 fi
 
+# --build-only: configure and build (test_cuda, bench_cuda_kernels, and qlora with QLORA_E2E=1), run
+# nothing: the fallback of bench/device_window.sh when the prebuilt binaries do not start.
+# --configure-only: configure and stop (the rehearsal checks the configure with the image's cmake).
+MODE=all
+case "${1:-}" in --build-only) MODE=build ;; --configure-only) MODE=configure ;; esac
 OUT="${OUT:-$ROOT/build-device/out}"
 mkdir -p "$OUT"
 ARCH="${CUDA_ARCH:-90a}"
@@ -78,7 +83,9 @@ E2E_ONLY="${QLORA_E2E_ONLY:-0}"
 [ "$E2E_ONLY" = 1 ] && E2E=1
 STEPS="$OUT/.steps"
 : >"$STEPS"
-DEADLINE=540  # seconds; later steps are skipped past this, so the call ends inside 10 minutes
+# Seconds; later steps are skipped past this. QLORA_DEVICE_DEADLINE follows the device call's
+# timeout_s (leave 30 s for the JSON).
+DEADLINE="${QLORA_DEVICE_DEADLINE:-540}"
 
 log() { echo "[device_run $(date +%T) +${SECONDS}s] $*"; }
 # step NAME TIMEOUT_S LOGFILE CMD...: runs with a timeout, records rc and seconds for the JSON.
@@ -177,7 +184,9 @@ if [ -z "$CFE_INC" ]; then
   [ -f /tmp/qdeps/include/cudnn_frontend.h ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
   [ -f /tmp/qdeps/include/cudnn_frontend.h ] && CFE_INC=/tmp/qdeps/include
 fi
-CUDNN_HINT="$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))' 2>/dev/null || true)"
+# In the CUDA 13 wheels nvidia.cudnn is a namespace package (no __file__): its folder comes from the
+# import system's search locations.
+CUDNN_HINT="$(python3 -c 'import importlib.util as u; s = u.find_spec("nvidia.cudnn"); print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else "")' 2>/dev/null || true)"
 log "cuDNN frontend headers: ${CFE_INC:-none}; cuDNN wheel: ${CUDNN_HINT:-none}"
 
 # ---- build: a small CMake project over the repository's sources (only what test_cuda and the
@@ -189,13 +198,15 @@ cmake_minimum_required(VERSION 3.24)
 # CMake < 3.26 has no C++20 flag for nvcc; newer versions overwrite these with their own.
 set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION -std=c++20)
 set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION -std=c++20)
-project(qlora_device LANGUAGES C CXX CUDA)
+project(qlora_device LANGUAGES C CXX)
 set(CMAKE_CXX_STANDARD 20)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
-set(CMAKE_CUDA_STANDARD 20)
 set(R "$ROOT")
 add_compile_options(-Wall -Wextra -Wno-unused-parameter)
-find_package(OpenMP REQUIRED)
+# OpenMP before CUDA is enabled: with CUDA enabled, CMake >= 3.31 also asks for OpenMP for CUDA.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+enable_language(CUDA)
+set(CMAKE_CUDA_STANDARD 20)
 find_package(CUDAToolkit REQUIRED)
 file(GLOB core \${R}/src/core/*.cpp)
 file(GLOB quant \${R}/src/quant/*.cpp)
@@ -292,11 +303,17 @@ GEN=""
 command -v ninja >/dev/null && GEN="-G Ninja"
 step configure 120 "$OUT/build.log" cmake -S "$BUILD/src" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$NVCC"
+[ "$MODE" = configure ] && exit $?
 targets=(test_cuda bench_cuda_kernels)
 [ "$E2E" = 1 ] && targets+=(qlora)
 [ "$E2E_ONLY" = 1 ] && targets=(qlora)
-step build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
-BUILT=$?
+# One target at a time: a link failure of one (qlora's MPI, say) leaves the others built.
+BUILT=0
+for t in "${targets[@]}"; do
+  step "build_$t" 300 "$OUT/build.log" cmake --build "$BUILD" -j "$JOBS" --target "$t" || BUILT=1
+done
+[ "$MODE" = build ] && exit $BUILT
+[ "$E2E_ONLY" != 1 ] && [ -x "$BUILD/test_cuda" ] && BUILT=0
 
 # ---- tests -------------------------------------------------------------------------------------
 if [ $BUILT -eq 0 ] && [ "$E2E_ONLY" != 1 ]; then
