@@ -112,6 +112,14 @@ if(QLORA_TESTS)
     set_tests_properties(cuda_emu_sm${_arch} PROPERTIES LABELS cuda-emu
                          ENVIRONMENT "QLORA_CUDA_EMU_ARCH=${_arch};QLORA_CUDA_TEST_SMALL=1")
   endforeach()
+  # cuBLASLt's heuristic finding no algorithm (as the real one does for shapes it has no kernel
+  # for): every bf16/f32 GEMM of the matmul tests and of a training run through the cublasGemmEx
+  # fallback (FP8/FP4 GEMMs have none: they are refused, CudaOps.matmul_fp8_unsupported_shape_*).
+  add_test(NAME cuda_emu_lt_no_algorithm COMMAND test_cuda_emu
+           --gtest_filter=CudaOps.matmul*:CudaEmuTraining.LoraBf16StepsMatchTheCpu-CudaOps.matmul_fp8*:CudaOps.matmul_fp4*
+           WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(cuda_emu_lt_no_algorithm PROPERTIES LABELS cuda-emu
+                       ENVIRONMENT "QLORA_CUDA_EMU_LT_HEURISTIC=none;QLORA_CUDA_TEST_SMALL=1")
 endif()
 
 # The kernels with shared memory, on small shapes, with each CUDA thread an OS thread: under

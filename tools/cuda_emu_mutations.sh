@@ -18,18 +18,27 @@ mkdir -p "$work/tree"
 cmake -S "$work/tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DQLORA_CUDA=OFF -DQLORA_NO_SANITIZE_TESTS=OFF >/dev/null
 fwd="src/backend/cuda/cuda_attention_fwd.cu"
 mma="src/backend/cuda/attention_mma.cuh"
+side="src/backend/cuda/cuda_side_stream.cu"
+dev="src/backend/cuda/cuda_device.cu"
+loss="src/backend/cuda/cuda_loss_optim.cu"
+mm="src/backend/cuda/cuda_matmul.cu"
 
-# name | file | sed expression   (each runs the attention tests in fast mode; "tsan:" also under
-# ThreadSanitizer, which must report the race)
+# name | gtest filter (empty: the attention forward tests) | file | sed expression, each run in fast
+# mode; "tsan:" also under ThreadSanitizer, which must report the race.
 mutations=(
-  "tsan:missing __syncthreads before a stage is refilled|$fwd|s|^    __syncthreads();  // this stage is refilled.*|    // (barrier removed)|"
-  "cp.async wait skipped in the main loop|$fwd|s|^      cp_async_wait<1>();\$|      // (wait removed)|"
-  "shared buffer one K/V stage too small|$mma|s|kSmemBytes = kQBytes + 4 \\* kKVBytes;|kSmemBytes = kQBytes + 3 * kKVBytes;|"
+  "tsan:missing __syncthreads before a stage is refilled||$fwd|s|^    __syncthreads();  // this stage is refilled.*|    // (barrier removed)|"
+  "cp.async wait skipped in the main loop||$fwd|s|^      cp_async_wait<1>();\$|      // (wait removed)|"
+  "shared buffer one K/V stage too small||$mma|s|kSmemBytes = kQBytes + 4 \\* kKVBytes;|kSmemBytes = kQBytes + 3 * kKVBytes;|"
+  "stream wait removed before a prefetched layer is read|CudaEmuTraining.Qlora*|$side|s|^      QLORA_CUDA_CHECK(cudaStreamWaitEvent(stream_, side.pending\\[i\\].ready, 0));|      // (wait removed)|"
+  "error record cleared by a memset on the legacy stream, racing the compute stream|CudaOps.cross_entropy*|$dev|s|^  QLORA_CUDA_CHECK(cudaMemsetAsync(d_err_, 0, size_t(cuda_plan::kErrorRecordBytes), stream_));|  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, size_t(cuda_plan::kErrorRecordBytes)));|"
+  "a host pointer passed to a kernel|CudaOps.sumsq*|$loss|s|total_blocks, partial);|total_blocks, a.out);|"
+  "a cuBLASLt call that ignores its algorithm's workspace requirement|CudaOps.matmul*|$mm|s|be.lt_workspace_, be.lt_workspace_bytes_, be.stream_),|nullptr, 0, be.stream_),|"
 )
 
 missed=0
 for m in "${mutations[@]}"; do
-  IFS='|' read -r name file expr <<<"$m"
+  IFS='|' read -r name filter file expr <<<"$m"
+  filter="${filter:-CudaOps.attention_fwd*}"
   tsan=0
   if [[ "$name" == tsan:* ]]; then tsan=1; name="${name#tsan:}"; fi
   cp "$src/$file" "$work/tree/$file"
@@ -40,7 +49,7 @@ for m in "${mutations[@]}"; do
   fi
   cmake --build "$work/build" -j "$(nproc)" --target test_cuda_emu >/dev/null
   log="$work/$(echo "$name" | tr -c 'a-zA-Z0-9' '_').log"
-  if QLORA_CUDA_TEST_SMALL=1 "$work/build/test_cuda_emu" --gtest_filter='CudaOps.attention_fwd*' >"$log" 2>&1; then
+  if QLORA_CUDA_TEST_SMALL=1 "$work/build/test_cuda_emu" --gtest_filter="$filter" >"$log" 2>&1; then
     echo "MISSED  $name"
     missed=1
   else
@@ -50,7 +59,7 @@ for m in "${mutations[@]}"; do
   if [ "$tsan" = 1 ]; then
     cmake --build "$work/build" -j "$(nproc)" --target test_cuda_emu_tsan >/dev/null
     if QLORA_CUDA_TEST_SMALL=1 OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
-        "$work/build/test_cuda_emu_tsan" --gtest_filter='CudaOps.attention_fwd*' >"$log.tsan" 2>&1; then
+        "$work/build/test_cuda_emu_tsan" --gtest_filter="$filter" >"$log.tsan" 2>&1; then
       echo "MISSED  $name (ThreadSanitizer)"
       missed=1
     else

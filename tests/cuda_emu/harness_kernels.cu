@@ -76,6 +76,85 @@ void smem_overflow(const float* in) { launch(smem_overflow_kernel, {1, 32, 32 * 
 void deadlock(float* out) { launch(deadlock_kernel, {1, 32, 0, nullptr}, out); }
 void early_exit_shuffle(float* out) { launch(early_exit_shuffle_kernel, {1, 32, 0, nullptr}, out); }
 void empty(unsigned threads, size_t smem) { launch(empty_kernel, {1, threads, smem, nullptr}, 0); }
+
+// out[i] = v, and out[i] = in[i] + 1, one thread per element: the stream tests' producer and consumer.
+__global__ void __launch_bounds__(256) fill_kernel(float* out, int n, float v) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = v;
+}
+__global__ void __launch_bounds__(256) add_one_kernel(const float* in, float* out, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = in[i] + 1.0f;
+}
+// ---- known answers for the PTX wrappers of attention_mma.cuh, from the PTX ISA's fragment tables
+// (mma.m16n8k16 with .bf16 A/B and .f32 C/D; ldmatrix.m8n8.x4[.trans].b16). groupID = lane >> 2,
+// threadID_in_group = lane & 3. Every element distinct and exact in bf16 (integers below 256).
+
+// A (16x16, row): a[r][c] = r * 16 + c. Register j holds elements 2j (low half) and 2j + 1:
+// element i sits at row groupID (+8 for i in {2,3,6,7}), column 2 * threadID_in_group + (i & 1)
+// (+8 for i >= 4). B (16x8, col): b[k][n] = k * 8 + n + 1; element i at row (k)
+// 2 * threadID_in_group + (i & 1) (+8 for i >= 2), column (n) groupID. C/D (16x8): element i at
+// row groupID (+8 for i >= 2), column 2 * threadID_in_group + (i & 1); C starts as 1000 + r * 8 + n.
+__global__ void __launch_bounds__(32) mma_known_answer_kernel(float* d_out) {
+  const int lane = int(threadIdx.x), g = lane >> 2, t = lane & 3;
+  uint32_t a[4], b[2];
+  for (int j = 0; j < 4; j++) {
+    float v[2];
+    for (int h = 0; h < 2; h++) {
+      const int i = 2 * j + h;
+      const int row = g + ((i == 2 || i == 3 || i == 6 || i == 7) ? 8 : 0);
+      const int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+      v[h] = float(row * 16 + col);
+    }
+    a[j] = attn::pack_bf16(v[0], v[1]);
+  }
+  for (int j = 0; j < 2; j++) {
+    float v[2];
+    for (int h = 0; h < 2; h++) {
+      const int i = 2 * j + h;
+      const int k = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
+      v[h] = float(k * 8 + g + 1);
+    }
+    b[j] = attn::pack_bf16(v[0], v[1]);
+  }
+  float d[4];
+  for (int i = 0; i < 4; i++) d[i] = float(1000 + (g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1));
+  attn::mma16816(d, a, b[0], b[1]);
+  for (int i = 0; i < 4; i++) d_out[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = d[i];
+}
+void mma_known_answer(float* d_out) { launch(mma_known_answer_kernel, {1, 32, 0, nullptr}, d_out); }
+
+// Four 8x8 b16 matrices in shared memory, rows of 16 bytes: m[j][r][c] = j * 64 + r * 8 + c. Lanes
+// 8j..8j+7 give the addresses of matrix j's rows 0..7. Without .trans, register j of a lane holds
+// m[j][groupID][2 * threadID_in_group] (low half) and [.. + 1]; with .trans, m[j][2 *
+// threadID_in_group][groupID] and m[j][2 * threadID_in_group + 1][groupID]. out[lane * 8 + 2j + h].
+__global__ void __launch_bounds__(32) ldmatrix_known_answer_kernel(float* out, int trans) {
+  QLORA_DYNAMIC_SMEM(raw, 16);
+  __nv_bfloat16* s = reinterpret_cast<__nv_bfloat16*>(raw);
+  const int lane = int(threadIdx.x);
+  for (int e = lane; e < 256; e += 32) s[e] = __float2bfloat16_rn(float(e));  // e = j * 64 + r * 8 + c
+  __syncthreads();
+  const uint32_t addr = attn::smem_addr(s + (lane >> 3) * 64 + (lane & 7) * 8);
+  uint32_t r[4];
+  if (trans) attn::ldsm_x4_t(r, addr);
+  else attn::ldsm_x4(r, addr);
+  for (int j = 0; j < 4; j++) {
+    __nv_bfloat162 v;
+    memcpy(&v, &r[j], 4);
+    out[lane * 8 + 2 * j] = __bfloat162float(v.x);
+    out[lane * 8 + 2 * j + 1] = __bfloat162float(v.y);
+  }
+}
+void ldmatrix_known_answer(float* out, bool trans) {
+  launch(ldmatrix_known_answer_kernel, {1, 32, 512, nullptr}, out, trans ? 1 : 0);
+}
+
+void fill(float* out, int n, float v, cudaStream_t s) {
+  launch(fill_kernel, {unsigned((n + 255) / 256), 256, 0, s}, out, n, v);
+}
+void add_one(const float* in, float* out, int n, cudaStream_t s) {
+  launch(add_one_kernel, {unsigned((n + 255) / 256), 256, 0, s}, in, out, n);
+}
 cudaError_t allow_smem(size_t bytes) {
   return cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }

@@ -14,5 +14,9 @@ void deadlock(float* out);                                          // out[32]
 void early_exit_shuffle(float* out);                                // out[32]
 void empty(unsigned threads, size_t smem);
 cudaError_t allow_smem(size_t bytes);  // cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of empty's kernel
+void mma_known_answer(float* d_out);                   // d_out[16 * 8]: one mma16816 from the ISA's tables
+void ldmatrix_known_answer(float* out, bool trans);    // out[32 * 8]: each lane's 4 registers of ldsm_x4(_t)
+void fill(float* out, int n, float v, cudaStream_t s);                  // out[n] = v
+void add_one(const float* in, float* out, int n, cudaStream_t s);       // out[n] = in[n] + 1
 
 }  // namespace qlora::emu_test

@@ -723,6 +723,46 @@ TEST(EmuCublasLt, MatmulRejectsBadPointers) {
   cublasLtMatrixLayoutDestroy(l2);
 }
 
+// The heuristic's algorithm asks for workspace up to the preference's MAX_WORKSPACE_BYTES, the
+// GEMM refuses less and overwrites what it gets; QLORA_CUDA_EMU_LT_HEURISTIC=none finds nothing
+// (the backend then takes its cublasGemmEx fallback: the cuda_emu_lt_no_algorithm test entry).
+TEST(EmuCublasLt, AlgorithmsNeedTheWorkspaceTheHeuristicReports) {
+  const Mat A = make(CUDA_R_16BF, 8, 4, 0, false, 1, 0), B = make(CUDA_R_16BF, 4, 6, 0, false, 1, 0);
+  const Mat C = make(CUDA_R_16BF, 8, 6, 0, false, 1, 0);
+  const Mat* mats[4] = {&A, &B, &C, &C};
+  Dev da(A.bytes()), db(B.bytes()), dc(C.bytes());
+  Lt lt(false, false, mats, 16);
+  const uint64_t none = 0;
+  ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &none, 8),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(lt.res.workspaceSize, 0u);  // the preference allows none
+  const uint64_t allowed = uint64_t(1) << 20;
+  ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &allowed, 8),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(lt.count, 1);
+  EXPECT_EQ(lt.res.workspaceSize, allowed);
+  const float one = 1.0f, zero = 0.0f;
+  auto run = [&](void* ws, size_t bytes) {
+    return cublasLtMatmul(lt.h, lt.op, &one, da.p, lt.l[0], db.p, lt.l[1], &zero, dc.p, lt.l[2], dc.p, lt.l[3],
+                          &lt.res.algo, ws, bytes, nullptr);
+  };
+  EXPECT_EQ(run(nullptr, 0), CUBLAS_STATUS_INVALID_VALUE);  // the workspace requirement ignored
+  Dev ws(allowed);
+  EXPECT_EQ(run(ws.p, allowed / 2), CUBLAS_STATUS_INVALID_VALUE);
+  ASSERT_EQ(cudaMemset(ws.p, 0, allowed), cudaSuccess);
+  EXPECT_EQ(run(ws.p, allowed), CUBLAS_STATUS_SUCCESS);
+  const auto after = ws.download();
+  EXPECT_EQ(after[0], 0xff);  // the GEMM's scratch: the zeros are gone
+  EXPECT_EQ(after[allowed - 1], 0xff);
+  ASSERT_EQ(setenv("QLORA_CUDA_EMU_LT_HEURISTIC", "none", 1), 0);
+  EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(lt.count, 0);
+  unsetenv("QLORA_CUDA_EMU_LT_HEURISTIC");
+  EXPECT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
+}
+
 TEST(EmuCublasLt, AttributeSizesAreChecked) {
   cublasLtMatmulDesc_t op;
   ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);

@@ -27,8 +27,10 @@ struct Dev {
   T* p = nullptr;
 };
 
-// The message of a sticky fault, which the fixture then clears.
+// The message of a sticky fault, which the fixture then clears. A fault inside a kernel shows at
+// the first call after the kernel ran: the synchronize runs it.
 std::string fault_text() {
+  cudaDeviceSynchronize();
   const cudaError_t e = cudaGetLastError();
   const std::string s = e == cudaSuccess ? std::string() : cudaGetErrorString(e);
   emu::clear_errors_for_tests();
@@ -118,6 +120,8 @@ TEST_F(Harness, FullMaskShuffleAfterLanesExitedIsAFault) {
 TEST_F(Harness, AFaultIsStickyUntilCleared) {
   Dev<float> out(32);
   deadlock(out.p);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the kernel has not run yet: nothing ordered it
+  cudaDeviceSynchronize();
   EXPECT_NE(cudaGetLastError(), cudaSuccess);
   void* p = nullptr;
   EXPECT_NE(cudaMalloc(&p, 16), cudaSuccess);  // every later call fails, as after a device fault
@@ -153,6 +157,157 @@ TEST_F(Harness, CopiesAreCheckedAgainstTheirKind) {
 TEST_F(Harness, FreshDeviceMemoryIsNaN) {
   Dev<float> d(8);
   for (float v : d.get()) EXPECT_TRUE(std::isnan(v));
+}
+
+// ---- PTX known answers: every element of every fragment where the PTX ISA's tables put it ----
+
+TEST_F(Harness, MmaM16n8k16MatchesTheIsaFragmentTables) {
+  Dev<float> d(16 * 8);
+  mma_known_answer(d.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const auto got = d.get();
+  for (int r = 0; r < 16; r++)
+    for (int n = 0; n < 8; n++) {
+      double want = 1000 + r * 8 + n;  // C
+      for (int k = 0; k < 16; k++) want += double(r * 16 + k) * double(k * 8 + n + 1);
+      ASSERT_EQ(got[size_t(r * 8 + n)], float(want)) << "D[" << r << "][" << n << "]";
+    }
+}
+
+TEST_F(Harness, LdmatrixX4MatchesTheIsaFragmentTables) {
+  for (bool trans : {false, true}) {
+    Dev<float> out(32 * 8);
+    ldmatrix_known_answer(out.p, trans);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const auto got = out.get();
+    for (int lane = 0; lane < 32; lane++)
+      for (int j = 0; j < 4; j++)
+        for (int h = 0; h < 2; h++) {
+          const int g = lane >> 2, t = lane & 3;
+          const int row = trans ? 2 * t + h : g, col = trans ? g : 2 * t + h;
+          ASSERT_EQ(got[size_t(lane * 8 + 2 * j + h)], float(j * 64 + row * 8 + col))
+              << (trans ? ".trans" : "") << " lane " << lane << " register " << j << " half " << h;
+        }
+  }
+}
+
+// ---- streams are queues ---------------------------------------------------------------------
+
+struct Stream {
+  explicit Stream(unsigned flags) { EXPECT_EQ(cudaStreamCreateWithFlags(&s, flags), cudaSuccess); }
+  ~Stream() { cudaStreamDestroy(s); }
+  cudaStream_t s = nullptr;
+};
+struct Event {
+  Event() { EXPECT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess); }
+  ~Event() { cudaEventDestroy(e); }
+  cudaEvent_t e = nullptr;
+};
+constexpr int kN = 300;  // two blocks
+
+TEST_F(Harness, NonBlockingStreamRunsOnlyWhenOrdered) {
+  Dev<float> d(kN);
+  Stream s(cudaStreamNonBlocking);
+  fill(d.p, kN, 3.0f, s.s);
+  EXPECT_EQ(cudaStreamQuery(s.s), cudaErrorNotReady);
+  // cudaMemcpy runs on the legacy default stream, which does not wait for a non-blocking stream:
+  // the fill has not run.
+  for (float v : d.get()) ASSERT_TRUE(std::isnan(v)) << v;
+  ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  EXPECT_EQ(cudaStreamQuery(s.s), cudaSuccess);
+  for (float v : d.get()) ASSERT_EQ(v, 3.0f);
+}
+
+TEST_F(Harness, BlockingStreamIsOrderedWithTheLegacyStream) {
+  Dev<float> d(kN);
+  Stream s(cudaStreamDefault);
+  fill(d.p, kN, 5.0f, s.s);
+  for (float v : d.get()) ASSERT_EQ(v, 5.0f);  // the legacy copy waits for the blocking stream's work
+  // ... and a legacy memset orders the blocking stream's later work after it.
+  ASSERT_EQ(cudaMemset(d.p, 0, kN * sizeof(float)), cudaSuccess);
+  Dev<float> e(kN);
+  add_one(d.p, e.p, kN, s.s);
+  ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  for (float v : e.get()) ASSERT_EQ(v, 1.0f);
+}
+
+TEST_F(Harness, LegacyMemsetRacesANonBlockingStream) {
+  // The bug class of a memset issued on the legacy stream for memory that work on a non-blocking
+  // stream reads: nothing orders the two, and the harness runs the memset as late as allowed.
+  Dev<float> d(kN), e(kN);
+  Stream s(cudaStreamNonBlocking);
+  ASSERT_EQ(cudaMemset(d.p, 0, kN * sizeof(float)), cudaSuccess);
+  add_one(d.p, e.p, kN, s.s);
+  ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  for (float v : e.get()) ASSERT_TRUE(std::isnan(v)) << "the memset ran before the kernel: " << v;
+  // On the stream itself it is ordered.
+  ASSERT_EQ(cudaMemsetAsync(d.p, 0, kN * sizeof(float), s.s), cudaSuccess);
+  add_one(d.p, e.p, kN, s.s);
+  ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  for (float v : e.get()) ASSERT_EQ(v, 1.0f);
+}
+
+TEST_F(Harness, StreamWaitEventOrdersASideStream) {
+  Dev<float> d(kN), out(kN);
+  Stream side(cudaStreamNonBlocking), main(cudaStreamNonBlocking);
+  Event done;
+  // With the wait: the consumer on `main` sees the producer's data, although only `main` is
+  // synchronized.
+  fill(d.p, kN, 7.0f, side.s);
+  ASSERT_EQ(cudaEventRecord(done.e, side.s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(done.e), cudaErrorNotReady);
+  ASSERT_EQ(cudaStreamWaitEvent(main.s, done.e, 0), cudaSuccess);
+  add_one(d.p, out.p, kN, main.s);
+  ASSERT_EQ(cudaStreamSynchronize(main.s), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(done.e), cudaSuccess);
+  for (float v : out.get()) ASSERT_EQ(v, 8.0f);
+  // Without it: the side stream's work has not run when the consumer reads.
+  fill(d.p, kN, 9.0f, side.s);
+  add_one(d.p, out.p, kN, main.s);
+  ASSERT_EQ(cudaStreamSynchronize(main.s), cudaSuccess);
+  for (float v : out.get()) ASSERT_EQ(v, 8.0f) << "read the side stream's unfinished write";
+  ASSERT_EQ(cudaEventSynchronize(done.e), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (float v : d.get()) ASSERT_EQ(v, 9.0f);
+}
+
+TEST_F(Harness, AsyncCopiesFollowTheirStreamAndPageableRules) {
+  Dev<float> d(kN);
+  Stream s(cudaStreamNonBlocking);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), kN * sizeof(float)), cudaSuccess);
+  std::vector<float> pageable(kN, 2.0f);
+  // From pageable memory the bytes are taken at the call: changing them afterwards changes nothing.
+  ASSERT_EQ(cudaMemcpyAsync(d.p, pageable.data(), kN * sizeof(float), cudaMemcpyHostToDevice, s.s), cudaSuccess);
+  pageable.assign(kN, -1.0f);
+  // Into pinned memory the copy lands when the stream runs it, not at the call.
+  for (int i = 0; i < kN; i++) pinned[i] = 0.5f;
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d.p, kN * sizeof(float), cudaMemcpyDeviceToHost, s.s), cudaSuccess);
+  for (int i = 0; i < kN; i++) ASSERT_EQ(pinned[i], 0.5f);
+  ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+  for (int i = 0; i < kN; i++) ASSERT_EQ(pinned[i], 2.0f);
+  // Into pageable memory the call returns only when the copy is done.
+  fill(d.p, kN, 4.0f, s.s);
+  ASSERT_EQ(cudaMemcpyAsync(pageable.data(), d.p, kN * sizeof(float), cudaMemcpyDeviceToHost, s.s), cudaSuccess);
+  for (float v : pageable) ASSERT_EQ(v, 4.0f);
+  cudaFreeHost(pinned);
+}
+
+TEST_F(Harness, AHostPointerPassedToAKernelIsAFaultNamingTheArgument) {
+  std::vector<float> host(kN);
+  fill(host.data(), kN, 1.0f, nullptr);
+  const std::string msg = fault_text();
+  EXPECT_NE(msg.find("argument 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("harness_kernels.cu"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("neither device memory"), std::string::npos) << msg;
+  for (float v : host) ASSERT_EQ(v, 0.0f);  // the kernel did not run
+  // Pinned host memory is reachable from the device (unified addressing).
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), kN * sizeof(float)), cudaSuccess);
+  fill(pinned, kN, 1.0f, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(pinned[kN - 1], 1.0f);
+  cudaFreeHost(pinned);
 }
 
 }  // namespace

@@ -39,9 +39,15 @@ struct Launch {
 template <class... P, class... A>
 void launch(void (*kernel)(P...), const Launch& cfg, A&&... args) {
 #ifdef QLORA_CUDA_EMU
-  const std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+  // The arguments are copied, as a device launch copies them: the blocks run when the stream
+  // reaches the launch, after the caller's locals are gone.
+  std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+  std::apply([&](const auto&... a) {
+    int i = 0;
+    (::qlora::emu::check_arg(a, i++, cfg.where), ...);
+  }, params);
   ::qlora::emu::launch(reinterpret_cast<const void*>(kernel), cfg.grid, cfg.block, cfg.smem, cfg.stream,
-                       [&] { std::apply(kernel, params); }, cfg.where);
+                       [kernel, params = std::move(params)] { std::apply(kernel, params); }, cfg.where);
 #else
   kernel<<<cfg.grid, cfg.block, cfg.smem, cfg.stream>>>(std::forward<A>(args)...);
 #endif

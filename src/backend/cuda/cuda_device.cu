@@ -182,7 +182,9 @@ void CudaBackend::init() {
   lt_workspace_bytes_ = size_t(cuda_plan::kLtWorkspaceBytes);
   QLORA_CUDA_CHECK(cudaMalloc(&lt_workspace_, lt_workspace_bytes_));
   QLORA_CUDA_CHECK(cudaMalloc(&d_err_, size_t(cuda_plan::kErrorRecordBytes)));
-  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, size_t(cuda_plan::kErrorRecordBytes)));
+  // On the compute stream: it is non-blocking, so nothing orders it after legacy-stream work.
+  QLORA_CUDA_CHECK(cudaMemsetAsync(d_err_, 0, size_t(cuda_plan::kErrorRecordBytes), stream_));
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (attention_fwd_smem_bytes(128) > smem_optin_ || attention_bwd_smem_bytes(128) > smem_optin_)
     fail(ErrorKind::Unsupported, "cuda backend",
          "the device allows " + std::to_string(smem_optin_) + " bytes of shared memory per block; attention needs " +
@@ -303,10 +305,14 @@ void CudaBackend::synchronize() {
 }
 
 void CudaBackend::check_device_errors() {
+  // The record is read and cleared on the compute stream, which the kernels that write it run on
+  // (a non-blocking stream: legacy-stream copies and memsets would not be ordered with them). A
+  // copy into pageable memory (`rec`) returns only when it is done: no synchronize is needed.
   DeviceErrorRecord rec{};
-  QLORA_CUDA_CHECK(cudaMemcpy(&rec, d_err_, sizeof(rec), cudaMemcpyDeviceToHost));
+  QLORA_CUDA_CHECK(cudaMemcpyAsync(&rec, d_err_, sizeof(rec), cudaMemcpyDeviceToHost, stream_));
   if (rec.code == kErrNone) return;
-  QLORA_CUDA_CHECK(cudaMemset(d_err_, 0, sizeof(DeviceErrorRecord)));
+  QLORA_CUDA_CHECK(cudaMemsetAsync(d_err_, 0, sizeof(DeviceErrorRecord), stream_));
+  QLORA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (rec.code == kErrAttnDocs)
     fail(ErrorKind::Internal, "cuda op attention_fwd/attention_bwd (cuDNN path)",
          "the packed batch has " + std::to_string(rec.index) + " documents but the call said at most " +

@@ -65,7 +65,18 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint3
 
 // Runs `body` once per thread of every block. `fn` identifies the kernel (its attributes) and
 // `where` the launch site for messages. Configuration errors go to cudaGetLastError.
-void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const std::function<void()>& body,
+// A kernel argument that is a pointer must name device memory (cudaMalloc) or pinned host memory
+// (cudaMallocHost, reachable through unified addressing), or be null; anything else (a host
+// stack, heap or static address) faults as the device would on its first access, naming the
+// launch and the argument. Pointers inside argument structs are not seen.
+void check_pointer_arg(const void* p, int index, const std::source_location& where);
+template <class T>
+void check_arg(const T& v, int index, const std::source_location& where) {
+  if constexpr (std::is_pointer_v<T> && std::is_object_v<std::remove_pointer_t<T>>)
+    check_pointer_arg(static_cast<const void*>(v), index, where);
+}
+
+void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, std::function<void()> body,
             const std::source_location& where);
 
 template <class T>

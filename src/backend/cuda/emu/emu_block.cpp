@@ -622,27 +622,21 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint3
   std::memcpy(d, out, 16);
 }
 
-void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t, const std::function<void()>& body,
-            const std::source_location& where) {
-  const std::string site = std::string(where.file_name()) + ":" + std::to_string(where.line());
-  auto bad = [&](cudaError_t e, const std::string& why) { set_launch_error(e, "launch at " + site + ": " + why); };
-  const unsigned long long nthreads = 1ull * block.x * block.y * block.z;
-  if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0)
-    return bad(cudaErrorInvalidConfiguration, "a grid or block dimension is 0");
-  if (block.x > 1024 || block.y > 1024 || block.z > 64 || nthreads > 1024)
-    return bad(cudaErrorInvalidConfiguration, "block of " + std::to_string(nthreads) + " threads (" +
-                                                  std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
-                                                  std::to_string(block.z) + ") exceeds the device limits");
-  if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
-    return bad(cudaErrorInvalidConfiguration, "grid dimension above the device limits");
-  const size_t allowed = std::max<size_t>(48 * 1024, size_t(max_dynamic_smem(fn)));
-  if (smem > allowed)
-    return bad(cudaErrorInvalidValue, std::to_string(smem) + " bytes of dynamic shared memory requested, " +
-                                          std::to_string(allowed) +
-                                          " allowed (above 48 KiB needs cudaFuncSetAttribute "
-                                          "MaxDynamicSharedMemorySize)");
-  if (sticky_error() != cudaSuccess) return;
+void check_pointer_arg(const void* p, int index, const std::source_location& where) {
+  if (!p || is_device_range(p, 0) || is_pinned_range(p, 0)) return;
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "%p", p);
+  fault(cudaErrorIllegalAddress, "kernel launched at " + std::string(where.file_name()) + ":" +
+                                     std::to_string(where.line()) + ": argument " + std::to_string(index) + " is " + addr +
+                                     ", which is neither device memory (cudaMalloc) nor pinned host memory: the "
+                                     "device cannot read a host address");
+}
 
+namespace {
+// Runs a launch's blocks one after another (each block's threads as fibers or OS threads).
+void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body, const std::string& site) {
+  if (sticky_error() != cudaSuccess) return;  // after a fault nothing more runs on the device
+  const unsigned long long nthreads = 1ull * block.x * block.y * block.z;
   for (unsigned bz = 0; bz < grid.z; bz++)
     for (unsigned by = 0; by < grid.y; by++)
       for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -681,6 +675,31 @@ void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t, co
         }
       }
 }
+}  // namespace
 
+// The launch's configuration is checked at the call (errors returned by cudaGetLastError as on a
+// device); the blocks run when the stream reaches the launch (emu_runtime.h: streams are queues).
+void launch(const void* fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, std::function<void()> body,
+            const std::source_location& where) {
+  const std::string site = std::string(where.file_name()) + ":" + std::to_string(where.line());
+  auto bad = [&](cudaError_t e, const std::string& why) { set_launch_error(e, "launch at " + site + ": " + why); };
+  const unsigned long long nthreads = 1ull * block.x * block.y * block.z;
+  if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0)
+    return bad(cudaErrorInvalidConfiguration, "a grid or block dimension is 0");
+  if (block.x > 1024 || block.y > 1024 || block.z > 64 || nthreads > 1024)
+    return bad(cudaErrorInvalidConfiguration, "block of " + std::to_string(nthreads) + " threads (" +
+                                                  std::to_string(block.x) + "x" + std::to_string(block.y) + "x" +
+                                                  std::to_string(block.z) + ") exceeds the device limits");
+  if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    return bad(cudaErrorInvalidConfiguration, "grid dimension above the device limits");
+  const size_t allowed = std::max<size_t>(48 * 1024, size_t(max_dynamic_smem(fn)));
+  if (smem > allowed)
+    return bad(cudaErrorInvalidValue, std::to_string(smem) + " bytes of dynamic shared memory requested, " +
+                                          std::to_string(allowed) +
+                                          " allowed (above 48 KiB needs cudaFuncSetAttribute "
+                                          "MaxDynamicSharedMemorySize)");
+  if (sticky_error() != cudaSuccess) return;
+  enqueue(stream, [grid, block, smem, body = std::move(body), site] { run_grid(grid, block, smem, body, site); });
+}
 
 }  // namespace qlora::emu

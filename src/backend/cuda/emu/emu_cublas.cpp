@@ -21,8 +21,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -497,6 +499,7 @@ cublasStatus_t lt_problem(const void* op, const void* ad, const void* bd, const 
 
 // The algorithm records what it was chosen for: the problem's types and the pointer alignments.
 constexpr uint64_t kAlgoMagic = 0x514c454d55414c47ull;  // "QLEMUALG"
+constexpr uint64_t kAlgoWorkspace = uint64_t(4) << 20;  // what the heuristic's algorithm asks for
 uint64_t type_sig(const Gemm& g) {
   return uint64_t(g.a.type) | uint64_t(g.b.type) << 8 | uint64_t(g.c.type) << 16 | uint64_t(g.d.type) << 24;
 }
@@ -619,9 +622,13 @@ cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t p
   return static_cast<Pref*>(pref)->a.get(attr, buf, size, written);
 }
 
-// One algorithm (workspace 0) for every valid, supported problem; NOT_SUPPORTED and no result
-// otherwise. The preference's minimum alignments must be powers of two no smaller than the
-// element (and 16 bytes for FP8); cublasLtMatmul then requires the pointers to honour them.
+// One algorithm for every valid, supported problem; NOT_SUPPORTED and no result otherwise. The
+// preference's minimum alignments must be powers of two no smaller than the element (and 16 bytes
+// for FP8); cublasLtMatmul then requires the pointers to honour them. The algorithm asks for
+// workspace, as most of the real ones do, as much as the preference's MAX_WORKSPACE_BYTES allows up
+// to kAlgoWorkspace (none when it allows none); cublasLtMatmul then requires it and overwrites it.
+// QLORA_CUDA_EMU_LT_HEURISTIC=none makes the heuristic find no algorithm for any problem, as the
+// real one does for shapes it has no kernel for (the caller's fallback then runs).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
                                               cublasLtMatrixLayout_t ad, cublasLtMatrixLayout_t bd,
                                               cublasLtMatrixLayout_t cd, cublasLtMatrixLayout_t dd,
@@ -644,11 +651,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
       return CUBLAS_STATUS_NOT_SUPPORTED;
     align |= uint64_t(std::countr_zero(al)) << (8 * i);
   }
+  if (const char* h = std::getenv("QLORA_CUDA_EMU_LT_HEURISTIC"); h && std::string(h) == "none")
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint64_t ws = std::min<uint64_t>(p.value<uint64_t>(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES), kAlgoWorkspace);
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].algo.data[0] = kAlgoMagic;
   results[0].algo.data[1] = align;
   results[0].algo.data[2] = type_sig(pr.g);
-  results[0].workspaceSize = 0;
+  results[0].algo.data[3] = ws;
+  results[0].workspaceSize = ws;
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *count = 1;
@@ -659,8 +670,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
                               cublasLtMatrixLayout_t ad, const void* B, cublasLtMatrixLayout_t bd, const void* beta,
                               const void* C, cublasLtMatrixLayout_t cd, void* D, cublasLtMatrixLayout_t dd,
                               const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes,
-                              cudaStream_t /*stream: execution is synchronous on the host*/) {
+                              cudaStream_t stream) {
   if (!is_live(handle, Kind::LtHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  // The stream's earlier work first (device-side scales and operands), then the GEMM at the call.
+  drain_stream(stream);
   Problem pr;
   if (cublasStatus_t s = lt_problem(op, ad, bd, cd, dd, pr); s != CUBLAS_STATUS_SUCCESS) return s;
   Gemm& g = pr.g;
@@ -676,6 +689,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
   }
   if (workspace_bytes > 0 && (!workspace || !is_device_range(workspace, workspace_bytes)))
     return CUBLAS_STATUS_INVALID_VALUE;
+  // An algorithm from the heuristic needs the workspace it reported ("workspaceSizeInBytes less than
+  // the workspace required by the configured algo" is CUBLAS_STATUS_INVALID_VALUE).
+  const uint64_t ws_needed = algo ? algo->data[3] : 0;
+  if (workspace_bytes < ws_needed) return CUBLAS_STATUS_INVALID_VALUE;
   // Scalars: fp32, host or device as the pointer mode says.
   const bool dev = pr.pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
   if (!read_scalar(alpha, dev, g.alpha) || !read_scalar(beta, dev, g.beta)) return CUBLAS_STATUS_INVALID_VALUE;
@@ -712,6 +729,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
     if (pr.scale[i] && !read_scalar(pr.scale[i], true, s[i])) return CUBLAS_STATUS_INVALID_VALUE;
   g.scale_ab = s[0] * s[1], g.scale_c = s[2], g.scale_d = s[3];
   if (g.amax && (!aligned(g.amax, 4) || !is_device_range(g.amax, 4))) return CUBLAS_STATUS_INVALID_VALUE;
+  // The kernel's scratch: whatever the workspace held is gone (NaN bytes), so a workspace shared
+  // with live data shows.
+  if (ws_needed > 0) std::memset(workspace, 0xff, ws_needed);
   run(g);
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -778,6 +798,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long strideC, int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo) {
   if (!is_live(handle, Kind::BlasHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  drain_stream(handle->stream);  // the stream's earlier work first, then the GEMM at the call
   auto valid_op = [](cublasOperation_t x) { return x == CUBLAS_OP_N || x == CUBLAS_OP_T || x == CUBLAS_OP_C; };
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
   if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0 || batchCount < 0 ||

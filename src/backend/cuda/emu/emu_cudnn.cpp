@@ -5,23 +5,30 @@
 // by the padding mask) of scale * q.k, times V; stats = the natural-log log-sum-exp of the scaled
 // scores. Tensors are read at their ragged offsets and strides; query head h reads key/value head
 // h / (hq / hkv) (GQA). The backward computes dQ, dK, dV of the same function from O, dO and the
-// stats. Arithmetic in f32 with f64 sums, outputs rounded to bf16 once. Execution is synchronous.
+// stats. Arithmetic in f32 with f64 sums, outputs rounded to bf16 once. Execution runs at the call,
+// after the earlier work of the handle's stream (emu_runtime.h: streams are queues).
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <utility>
 #include <cstring>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cudnn_sdpa_exec.h"
+#include "backend/cuda/emu/emu_runtime.h"
 #include "core/error.h"
 
 namespace qlora::cuda::sdpa {
 
 namespace {
 
-int g_handles = 0;  // live emulated handles
+// A live emulated handle: the stream it was made for (each backend has its own).
+struct Handle {
+  cudaStream_t stream = nullptr;
+};
+std::set<const Handle*> g_handles;
 
 void* need(const std::unordered_map<int64_t, void*>& pack, int64_t uid, const Plan& p) {
   auto it = pack.find(uid);
@@ -41,13 +48,14 @@ struct Entries {
 
 }  // namespace
 
-void* create_handle(cudaStream_t) {
-  g_handles++;
-  return &g_handles;
+void* create_handle(cudaStream_t stream) {
+  auto* h = new Handle{stream};
+  g_handles.insert(h);
+  return h;
 }
 
 void destroy_handle(void* handle) noexcept {
-  if (handle) g_handles--;
+  if (handle && g_handles.erase(static_cast<const Handle*>(handle))) delete static_cast<Handle*>(handle);
 }
 
 void build(void* handle, Plan& p) {
@@ -62,7 +70,9 @@ void build(void* handle, Plan& p) {
 }
 
 void execute(void* handle, const Plan& p, std::unordered_map<int64_t, void*>& pack, void* workspace) {
-  if (handle != &g_handles) fail(ErrorKind::Internal, "host harness cuDNN", "execute on an unknown handle");
+  if (!g_handles.count(static_cast<const Handle*>(handle)))
+    fail(ErrorKind::Internal, "host harness cuDNN", "execute on an unknown handle");
+  qlora::emu::drain_stream(static_cast<const Handle*>(handle)->stream);
   const Shape& s = p.shape;
   const int64_t hq = s.hq, hkv = s.hkv, d = s.d, group = hq / hkv;
   // Strides of the (entries, h, s, d) views: token-major (B,T,H,D), and (B,Hq,T) for stats.

@@ -165,13 +165,18 @@ ncclResult_t check_reduction(const char* fn, ncclDataType_t t, ncclRedOp_t op) {
   return ncclSuccess;
 }
 
-// Runs now, or at the end of the enclosing group.
-ncclResult_t enqueue(std::function<ncclResult_t()> op) {
+// Runs now, or at the end of the enclosing group, after the earlier work of its stream (the
+// harness runs a collective at the call, in stream order: emu_runtime.h).
+ncclResult_t enqueue(cudaStream_t stream, std::function<ncclResult_t()> op) {
+  auto on_stream = [stream, op = std::move(op)]() -> ncclResult_t {
+    qlora::emu::drain_stream(stream);
+    return op();
+  };
   if (g_group_depth > 0) {
-    g_group_ops.push_back(std::move(op));
+    g_group_ops.push_back(std::move(on_stream));
     return ncclSuccess;
   }
-  return op();
+  return on_stream();
 }
 
 ncclResult_t in_group_error(ncclResult_t r) {
@@ -331,7 +336,7 @@ ncclResult_t ncclGroupEnd() {
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclAllReduce";
   ncclResult_t r = check_common(fn, comm, t);
   if (r == ncclSuccess) r = check_reduction(fn, t, op);
@@ -341,7 +346,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   if (r == ncclSuccess && sendbuff != recvbuff && overlap(sendbuff, bytes, recvbuff, bytes))
     r = error(ncclInvalidArgument, "ncclAllReduce: sendbuff and recvbuff overlap without being equal (in place means sendbuff == recvbuff)");
   if (r != ncclSuccess) return in_group_error(r);
-  return enqueue([=]() -> ncclResult_t {
+  return enqueue(stream, [=]() -> ncclResult_t {
     if (ncclResult_t a = agree(comm, {0, int64_t(count), int64_t(t), int64_t(op), -1}); a != ncclSuccess) return a;
     std::vector<unsigned char> all;
     if (ncclResult_t g = gather_all(comm, sendbuff, bytes, all); g != ncclSuccess) return g;
@@ -351,7 +356,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t t, ncclRedOp_t op,
-                               ncclComm_t comm, cudaStream_t) {
+                               ncclComm_t comm, cudaStream_t stream) {
   const char* fn = "ncclReduceScatter";
   ncclResult_t r = check_common(fn, comm, t);
   if (r == ncclSuccess) r = check_reduction(fn, t, op);
@@ -362,7 +367,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   if (r == ncclSuccess && recvbuff != in_place && overlap(sendbuff, bytes * size_t(comm->nranks), recvbuff, bytes))
     r = error(ncclInvalidArgument, "ncclReduceScatter: recvbuff overlaps sendbuff but is not sendbuff + rank * recvcount (the in-place layout)");
   if (r != ncclSuccess) return in_group_error(r);
-  return enqueue([=]() -> ncclResult_t {
+  return enqueue(stream, [=]() -> ncclResult_t {
     if (ncclResult_t a = agree(comm, {2, int64_t(recvcount), int64_t(t), int64_t(op), -1}); a != ncclSuccess) return a;
     std::vector<unsigned char> all;
     const size_t n = recvcount * size_t(comm->nranks);
@@ -373,7 +378,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t t, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   const char* fn = "ncclAllGather";
   ncclResult_t r = check_common(fn, comm, t);
   const size_t bytes = sendcount * type_size(t);
@@ -383,7 +388,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   if (r == ncclSuccess && sendbuff != in_place && overlap(sendbuff, bytes, recvbuff, bytes * size_t(comm->nranks)))
     r = error(ncclInvalidArgument, "ncclAllGather: sendbuff overlaps recvbuff but is not recvbuff + rank * sendcount (the in-place layout)");
   if (r != ncclSuccess) return in_group_error(r);
-  return enqueue([=]() -> ncclResult_t {
+  return enqueue(stream, [=]() -> ncclResult_t {
     if (ncclResult_t a = agree(comm, {1, int64_t(sendcount), int64_t(t), 0, -1}); a != ncclSuccess) return a;
     std::vector<unsigned char> all;
     if (ncclResult_t g = gather_all(comm, sendbuff, bytes, all); g != ncclSuccess) return g;
@@ -393,7 +398,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   const char* fn = "ncclBroadcast";
   ncclResult_t r = check_common(fn, comm, t);
   if (r == ncclSuccess && (root < 0 || root >= comm->nranks))
@@ -404,7 +409,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   if (r == ncclSuccess && comm->rank == root && sendbuff != recvbuff && overlap(sendbuff, bytes, recvbuff, bytes))
     r = error(ncclInvalidArgument, "ncclBroadcast: sendbuff and recvbuff overlap without being equal");
   if (r != ncclSuccess) return in_group_error(r);
-  return enqueue([=]() -> ncclResult_t {
+  return enqueue(stream, [=]() -> ncclResult_t {
     if (ncclResult_t a = agree(comm, {3, int64_t(count), int64_t(t), 0, root}); a != ncclSuccess) return a;
     if (bytes > size_t(INT32_MAX)) return comm->async = error(ncclInternalError, "harness limit: a broadcast above 2 GiB");
     std::vector<unsigned char> buf(bytes);

@@ -1,8 +1,9 @@
 // The CUDA runtime API for the host harness: device memory as exact-size host allocations filled
 // with NaN bytes (as uninitialized device memory is garbage), copies checked against their
-// direction and the allocations they touch, streams and events executed in order at once, the
-// device properties of the emulated architecture, and CUDA's error model (a launch error is
-// returned once by cudaGetLastError; a fault inside a kernel is sticky).
+// direction and the allocations they touch, streams as queues that run only when the program
+// orders them (emu_runtime.h), the device properties of the emulated architecture, and CUDA's
+// error model (a launch error is returned once by cudaGetLastError; a fault inside a kernel is
+// sticky).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,10 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/emu/emu_runtime.h"
 
@@ -31,13 +35,75 @@ std::string g_sticky_detail;
 cudaError_t g_launch = cudaSuccess;
 std::string g_launch_detail;
 
+// A stream's queued work, each item numbered in issue order across all streams.
+struct Cmd {
+  uint64_t seq;
+  std::function<void()> run;
+};
 struct Stream {
-  unsigned flags;
+  unsigned flags = cudaStreamDefault;
+  bool legacy = false, live = true;
+  std::deque<Cmd> q;
 };
+// An event is the point of its last record in its stream's queue; it fires when that point runs.
 struct Event {
-  std::chrono::steady_clock::time_point t;
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  bool fired = true;
   bool recorded = false;
+  std::chrono::steady_clock::time_point t;
 };
+// Streams and events stay allocated until exit: a queued wait or record may name one that the
+// program has destroyed (CUDA lets pending work complete after destroy).
+std::recursive_mutex g_sched;
+uint64_t g_seq = 0;
+Stream g_legacy_stream;
+std::vector<std::unique_ptr<Stream>> g_stream_store;
+std::vector<std::unique_ptr<Event>> g_event_store;
+
+Stream* stream_of(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    g_legacy_stream.legacy = true;
+    return &g_legacy_stream;
+  }
+  return reinterpret_cast<Stream*>(s);
+}
+
+void run_until(Stream* s, uint64_t limit);
+// The legacy default stream's implicit order: its work waits for the earlier work of every
+// blocking stream, and a blocking stream's work waits for the legacy stream's earlier work.
+// Streams made with cudaStreamNonBlocking take no part.
+void implicit_order(const Stream* s, uint64_t seq) {
+  if (s->legacy) {
+    for (auto& o : g_stream_store)
+      if (o->live && o->flags == cudaStreamDefault) run_until(o.get(), seq - 1);
+  } else if (s->flags == cudaStreamDefault) {
+    run_until(&g_legacy_stream, seq - 1);
+  }
+}
+// Runs the stream's queued work numbered up to `limit`, in order.
+void run_until(Stream* s, uint64_t limit) {
+  while (!s->q.empty() && s->q.front().seq <= limit) {
+    Cmd c = std::move(s->q.front());
+    s->q.pop_front();
+    implicit_order(s, c.seq);
+    c.run();
+  }
+}
+// QLORA_CUDA_EMU_EAGER=1: every stream runs its work at the call, in issue order (a diagnostic:
+// a test that passes only this way depends on an order the program does not ask for).
+bool eager() {
+  static const bool e = [] {
+    const char* v = std::getenv("QLORA_CUDA_EMU_EAGER");
+    return v && *v == '1';
+  }();
+  return e;
+}
+uint64_t enqueue_locked(Stream* s, std::function<void()> work) {
+  s->q.push_back(Cmd{++g_seq, std::move(work)});
+  if (eager()) run_until(s, g_seq);
+  return g_seq;
+}
 
 bool device_range_locked(const void* p, size_t n) {
   const auto a = reinterpret_cast<uintptr_t>(p);
@@ -65,6 +131,36 @@ size_t smem_optin_bytes() { return arch() == 80 ? 166912 : arch() == 86 || arch(
 bool is_device_range(const void* p, size_t n) {
   std::lock_guard<std::mutex> lk(g_mu);
   return device_range_locked(p, n);
+}
+
+bool is_pinned_range(const void* p, size_t n) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_pinned.upper_bound(a);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return a >= it->first && a + n <= it->first + it->second;
+}
+
+void enqueue(cudaStream_t s, std::function<void()> work) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  enqueue_locked(stream_of(s), std::move(work));
+}
+
+void drain_stream(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  run_until(stream_of(s), g_seq);
+}
+
+// Side streams last: the later-created streams (the backend's prefetch and copy streams) run after
+// the ones made before them, the legacy stream at the end.
+void drain_all() {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  const uint64_t limit = g_seq;
+  for (auto& o : g_stream_store)
+    if (o->live) run_until(o.get(), limit);
+  run_until(&g_legacy_stream, limit);
+  for (auto& o : g_stream_store) run_until(o.get(), limit);  // destroyed streams' pending work
 }
 
 void fault(cudaError_t e, const std::string& detail) {
@@ -229,6 +325,7 @@ cudaError_t cudaMalloc(void** p, size_t n) {
 
 cudaError_t cudaFree(void* p) {
   if (!p) return ret(cudaSuccess);
+  drain_all();  // cudaFree synchronizes the device
   std::lock_guard<std::mutex> lk(g_mu);
   auto it = g_device.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_device.end()) return g_sticky != cudaSuccess ? g_sticky : cudaErrorInvalidDevicePointer;
@@ -251,6 +348,7 @@ cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) { return cudaMallocH
 
 cudaError_t cudaFreeHost(void* p) {
   if (!p) return ret(cudaSuccess);
+  drain_all();  // as cudaFree: pending copies may still read or write it
   std::lock_guard<std::mutex> lk(g_mu);
   auto it = g_pinned.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_pinned.end()) return cudaErrorInvalidValue;
@@ -268,7 +366,8 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 }
 
 namespace {
-cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+// The argument checks of a copy, at the call (errors are returned by the call, not later).
+cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   if (sticky_error() != cudaSuccess) return sticky_error();
   if (n == 0) return cudaSuccess;
   bool dst_dev, src_dev;
@@ -284,12 +383,38 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
                                             "runs past the end of its device allocation");
     return cudaErrorInvalidValue;
   }
-  std::memmove(dst, src, n);
   return cudaSuccess;
+}
+
+// Queues the copy on the stream. Pageable host memory follows CUDA's rules: a copy from it reads
+// the bytes at the call (they are staged), a copy into it returns only when done.
+cudaError_t queue_copy(void* dst, const void* src, size_t n, cudaStream_t stream, bool blocking) {
+  const bool src_pageable = !is_device_range(src, n) && !is_pinned_range(src, n);
+  const bool dst_pageable = !is_device_range(dst, n) && !is_pinned_range(dst, n);
+  std::function<void()> work;
+  if (src_pageable) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                                static_cast<const unsigned char*>(src) + n);
+    work = [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); };
+  } else {
+    work = [dst, src, n] {
+      if (sticky_error() == cudaSuccess) std::memmove(dst, src, n);
+    };
+  }
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  Stream* s = stream_of(stream);
+  const uint64_t seq = enqueue_locked(s, std::move(work));
+  if (blocking || dst_pageable) run_until(s, seq);
+  return ret(cudaSuccess);
 }
 }  // namespace
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) { return copy(dst, src, n, kind); }
+// On the legacy default stream, and synchronous with the host.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  const cudaError_t e = check_copy(dst, src, n, kind);
+  if (e != cudaSuccess || n == 0) return e;
+  return queue_copy(dst, src, n, nullptr, true);
+}
 
 std::atomic<long> g_async_copies[4] = {};  // indexed by cudaMemcpyKind (HostToHost .. DeviceToDevice)
 long qlora::emu::async_copies(cudaMemcpyKind direction) {
@@ -297,38 +422,45 @@ long qlora::emu::async_copies(cudaMemcpyKind direction) {
   return k >= 0 && k < 4 ? g_async_copies[k].load(std::memory_order_relaxed) : 0;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
-  const cudaError_t e = copy(dst, src, n, kind);
-  if (e == cudaSuccess && n > 0) {
-    const bool d = is_device_range(dst, n), s = is_device_range(src, n);
-    g_async_copies[s ? (d ? 3 : 2) : (d ? 1 : 0)].fetch_add(1, std::memory_order_relaxed);
-  }
-  return e;
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  const cudaError_t e = check_copy(dst, src, n, kind);
+  if (e != cudaSuccess || n == 0) return e;
+  const bool d = is_device_range(dst, n), s = is_device_range(src, n);
+  g_async_copies[s ? (d ? 3 : 2) : (d ? 1 : 0)].fetch_add(1, std::memory_order_relaxed);
+  return queue_copy(dst, src, n, stream, false);
 }
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
   if (sticky_error() != cudaSuccess) return sticky_error();
   if (n == 0) return cudaSuccess;
   if (!is_device_range(p, n)) {
     set_launch_error(cudaErrorInvalidValue, "cudaMemset outside a device allocation");
     return cudaErrorInvalidValue;
   }
-  std::memset(p, value, n);
+  enqueue(stream, [p, value, n] {
+    if (sticky_error() == cudaSuccess) std::memset(p, value, n);
+  });
   return cudaSuccess;
 }
 
+// On the legacy default stream; like a kernel, it returns before it runs.
 cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-  *s = reinterpret_cast<cudaStream_t>(new Stream{flags});
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  g_stream_store.push_back(std::make_unique<Stream>());
+  g_stream_store.back()->flags = flags & cudaStreamNonBlocking;
+  *s = reinterpret_cast<cudaStream_t>(g_stream_store.back().get());
   return ret(cudaSuccess);
 }
-cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+// Returns at once; the stream's pending work still runs (when the program next orders it).
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<Stream*>(s);
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  stream_of(s)->live = false;
   return ret(cudaSuccess);
 }
-// Work runs when it is enqueued, so every stream is always idle; synchronizations are counted.
+// Explicit synchronizations are counted (tests of how often a step waits for the device).
 std::atomic<long> g_syncs{0};
 long qlora::emu::synchronizations() { return g_syncs.load(std::memory_order_relaxed); }
 size_t qlora::emu::device_bytes_in_use() {
@@ -347,42 +479,72 @@ size_t qlora::emu::pinned_bytes_in_use() {
   std::lock_guard<std::mutex> lk(g_mu);
   return g_pinned_used;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   g_syncs.fetch_add(1, std::memory_order_relaxed);
+  drain_stream(s);
   return ret(cudaSuccess);
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return ret(cudaSuccess); }
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  return ret(stream_of(s)->q.empty() ? cudaSuccess : cudaErrorNotReady);
+}
 cudaError_t cudaDeviceSynchronize(void) {
   g_syncs.fetch_add(1, std::memory_order_relaxed);
+  drain_all();
   return ret(cudaSuccess);
 }
 std::atomic<long> g_stream_waits{0};
 long qlora::emu::stream_waits() { return g_stream_waits.load(std::memory_order_relaxed); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
+// The wait is queued on `s`: when `s` reaches it, the event's stream runs up to the event's
+// record (as the record stood when cudaStreamWaitEvent was called).
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   g_stream_waits.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  const Event* ev = reinterpret_cast<Event*>(e);
+  Stream* es = ev->s;
+  const uint64_t upto = ev->seq;
+  enqueue_locked(stream_of(s), [es, upto] {
+    if (es) run_until(es, upto);
+  });
   return ret(cudaSuccess);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
-  *e = reinterpret_cast<cudaEvent_t>(new Event{});
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  g_event_store.push_back(std::make_unique<Event>());
+  *e = reinterpret_cast<cudaEvent_t>(g_event_store.back().get());
   return ret(cudaSuccess);
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<Event*>(e);
-  return ret(cudaSuccess);
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventDestroy(cudaEvent_t) { return ret(cudaSuccess); }  // kept: a queued record may name it
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
   auto* ev = reinterpret_cast<Event*>(e);
-  ev->t = std::chrono::steady_clock::now();
+  ev->s = stream_of(s);
+  ev->fired = false;
   ev->recorded = true;
+  ev->seq = enqueue_locked(ev->s, [ev, seq = g_seq + 1] {
+    if (ev->seq != seq) return;  // recorded again since: that later record fires it
+    ev->fired = true;
+    ev->t = std::chrono::steady_clock::now();
+  });
   return ret(cudaSuccess);
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return ret(cudaSuccess); }
-cudaError_t cudaEventQuery(cudaEvent_t) { return ret(cudaSuccess); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  const Event* ev = reinterpret_cast<Event*>(e);
+  if (ev->s) run_until(ev->s, ev->seq);
+  return ret(cudaSuccess);
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
+  return ret(reinterpret_cast<Event*>(e)->fired ? cudaSuccess : cudaErrorNotReady);
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  std::lock_guard<std::recursive_mutex> lk(g_sched);
   auto *ea = reinterpret_cast<Event*>(a), *eb = reinterpret_cast<Event*>(b);
   if (!ea->recorded || !eb->recorded) return cudaErrorInvalidResourceHandle;
+  if (!ea->fired || !eb->fired) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(eb->t - ea->t).count();
   return ret(cudaSuccess);
 }

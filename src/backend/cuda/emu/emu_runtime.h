@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace qlora::emu {
@@ -15,6 +16,21 @@ size_t smem_optin_bytes();
 
 // True when bytes [p, p + n) lie inside one live cudaMalloc allocation.
 bool is_device_range(const void* p, size_t n);
+// True when bytes [p, p + n) lie inside one live cudaMallocHost allocation (pinned host memory).
+bool is_pinned_range(const void* p, size_t n);
+
+// Streams are queues. Device work (kernels, async copies and memsets, event records, stream waits)
+// is appended to its stream and runs only when something orders it: a synchronize, a blocking
+// copy, cudaFree, a stream waiting on an event of another stream, the legacy default stream's
+// implicit order with blocking streams (none with cudaStreamNonBlocking ones), or a vendor call on
+// the stream (cuBLAS, cuDNN and NCCL run their work at the call, after the stream's earlier work).
+// So work on a side stream runs as late as the program allows, and a missing wait reads what the
+// memory held before.
+void enqueue(cudaStream_t s, std::function<void()> work);
+// Runs everything issued to `s` so far, and what that work waits on.
+void drain_stream(cudaStream_t s);
+// Runs everything issued to every stream so far.
+void drain_all();
 
 // A fault found while running device code or a vendor call (out-of-bounds shared address,
 // deadlock, missing lanes): printed at once, then every later runtime call returns `e` with
