@@ -161,8 +161,19 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     if (json_bool_or(j, "attention_bias", false, where))
       fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "llama attention biases (q/k/v/o) are not supported");
   }
-  // Mistral's sliding_window (non-null in v0.1: 4096) is ignored: sequences longer than it would attend
-  // further back than the original model does. Qwen2's use_sliding_window defaults to false.
+  // Mistral's sliding_window (non-null in v0.1: 4096; MistralAttention applies it to every layer).
+  // Qwen2 applies its sliding_window only with use_sliding_window, to the layers from
+  // max_window_layers on. Kept so that rows longer than the window are refused.
+  const json* sw = json_find(j, "sliding_window");
+  const bool sw_set = sw && !sw->is_null();
+  if (c.model_type == "mistral" && sw_set) {
+    c.sliding_window = json_int(j, "sliding_window", where);
+  } else if (c.model_type == "qwen2" && sw_set && json_bool_or(j, "use_sliding_window", false, where) &&
+             json_int_or(j, "max_window_layers", c.n_layer, where) < c.n_layer) {
+    c.sliding_window = json_int(j, "sliding_window", where);
+  }
+  if (c.sliding_window < 0)
+    fail(ErrorKind::Config, where + ": key 'sliding_window'", "must be positive or null, got " + std::to_string(c.sliding_window));
 
   c.bos_token_id = token_id(j, "bos_token_id", where);
   c.eos_token_id = token_id(j, "eos_token_id", where);

@@ -30,6 +30,10 @@ struct LlamaConfig {
   RopeScaling rope_scaling;
   bool attention_bias = false;     // qwen2: q/k/v have bias
   bool tie_word_embeddings = false;
+  // Attention to the last sliding_window keys only (Mistral v0.1's sliding_window, Qwen2's with
+  // use_sliding_window); 0: every earlier key. The engine attends to the whole row, so a row longer
+  // than the window is refused (plan_model_buffers), never approximated.
+  int64_t sliding_window = 0;
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string torch_dtype = "float32";
   std::string name;                // preset name or source path, for messages

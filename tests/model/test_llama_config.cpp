@@ -7,7 +7,9 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/memory_plan.h"
 #include "io/json_util.h"
+#include "model/model_plan.h"
 
 using namespace qlora;
 
@@ -106,6 +108,8 @@ TEST(LlamaConfigHf, TransformersConfigsMatchTheirModels) {
   LlamaConfig m = load_hf_config(kFix + "/hf_configs/mistral.json");
   EXPECT_EQ(m.model_type, "mistral");
   EXPECT_EQ(m.n_head_kv, 1);
+  EXPECT_EQ(m.sliding_window, 32);
+  EXPECT_EQ(q.sliding_window, 0);  // use_sliding_window false
 }
 
 TEST(LlamaConfigHf, ShardedFixtureConfig) {
@@ -255,4 +259,36 @@ TEST(LlamaConfigRope, Llama3ScalingHasAllThreeBands) {
   EXPECT_GT(blended, 0);
   EXPECT_EQ(kept + divided + blended, 64);
   EXPECT_EQ(p[0], 1.0f);
+}
+
+// Sliding-window attention is not implemented: a row longer than the window (training rows or the
+// sample answers' KV cache) is refused when the model is planned, naming the key; rows within the
+// window, where full causal attention is the same math, are planned.
+TEST(LlamaConfigHf, SlidingWindowShorterThanARowIsRefused) {
+  LlamaConfig m = load_hf_config(kFix + "/hf_configs/mistral.json");
+  m.sliding_window = 16;
+  ModelPlanOptions o;
+  o.seq_len = 48;
+  MemoryPlan plan;
+  Error e = config_error([&] { plan_model_buffers(plan, m, o); }, ErrorKind::Unsupported);
+  EXPECT_TRUE(contains(e.where(), "key 'sliding_window'")) << e.where();
+  EXPECT_TRUE(contains(e.message(), "16")) << e.message();
+  EXPECT_TRUE(contains(e.message(), "48")) << e.message();
+  o.seq_len = 16;
+  MemoryPlan within;
+  plan_model_buffers(within, m, o);
+  EXPECT_GT(within.total_bytes(), 0);
+  o.kv_cache_tokens = 17;
+  MemoryPlan decode;
+  config_error([&] { plan_model_buffers(decode, m, o); }, ErrorKind::Unsupported);
+
+  // Mistral with sliding_window null (v0.2 on), and Qwen2's window: only with use_sliding_window
+  // and on layers from max_window_layers on.
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"mistral","sliding_window":null})"), "m.json").sliding_window, 0);
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"mistral","sliding_window":4096})"), "m.json").sliding_window, 4096);
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen2","sliding_window":64,"use_sliding_window":true,"max_window_layers":4})"),
+                            "q.json").sliding_window, 64);
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen2","sliding_window":64,"use_sliding_window":true,"max_window_layers":16})"),
+                            "q.json").sliding_window, 0);  // 16 layers, none from 16 on
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen2","sliding_window":64,"use_sliding_window":false})"), "q.json").sliding_window, 0);
 }
