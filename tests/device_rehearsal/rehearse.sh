@@ -192,4 +192,19 @@ PATH="$venv/bin:$PATH" OUT="$fb/out" QLORA_DEVICE_BUILD="$fb/build" QLORA_E2E=1 
 grep -q "cuDNN attention path: .*$site/nvidia/cudnn" "$fb/out/build.log" ||
   { grep -i cudnn "$fb/out/build.log"; fail "the fallback build did not find the wheel's cuDNN ($site/nvidia/cudnn)"; }
 echo "rehearsal: the fallback build configures with $("$venv/bin/cmake" --version | head -1) and the wheel's cuDNN"
+
+# 4. The end-to-end stage's commands, as the window calls device_e2e.sh (a dry run prints them), name
+#    the archive's qlora, and the carried bitsandbytes wheel installs the way device_e2e.sh does it.
+pkg="$R/window/qlora-device"
+dry="$(QLORA_BIN="$pkg/bin/qlora" QLORA_WHEELS="$pkg/wheels" QLORA_E2E_CASES=1 OUT="$R/e2e_dry" \
+  bash "$ROOT/bench/device_e2e.sh" --dry-run 2>&1)" || fail "device_e2e.sh --dry-run failed: $dry"
+grep -q "\[ours, limit [0-9]*s\] $pkg/bin/qlora bench --model llama3-8b --seq-len 2048" <<<"$dry" ||
+  fail "the end-to-end stage would not run the archive's qlora on llama3-8b at T=2048: $dry"
+grep -q "\[peer, limit [0-9]*s\] .*tools/peers/hf_peft_bench.py" <<<"$dry" || fail "the end-to-end stage has no peer run: $dry"
+ls "$pkg"/wheels/bitsandbytes-*.whl >/dev/null 2>&1 || fail "the archive has no bitsandbytes wheel for the peer"
+"$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile --target "$R/bnb_site" "$pkg"/wheels/*.whl ||
+  fail "the carried bitsandbytes wheel does not install"
+ls "$R"/bnb_site/bitsandbytes/libbitsandbytes_cuda13*.so >/dev/null 2>&1 ||
+  fail "the carried bitsandbytes wheel has no CUDA 13 library (the image's torch is cu130)"
+echo "rehearsal: the end-to-end stage runs the archive's qlora and the peer; bitsandbytes installs with its CUDA 13 library"
 echo "rehearsal: passed"
