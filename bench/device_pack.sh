@@ -10,6 +10,8 @@
 #       driver): OpenBLAS, Open MPI and what they load, each with RUNPATH $ORIGIN
 #   qlora-device/wheels/      bitsandbytes for the end-to-end peer, slimmed to its CPU and CUDA 13
 #       libraries (bench/device_e2e.sh --pack-wheels; the image has no bitsandbytes)
+#   qlora-device/devdeps/     the fallback build's dependencies (bench/device_run.sh --pack-deps), used
+#       only when the prebuilt binaries do not start there
 #   qlora-device/manifest.json  git sha, CUDA architectures, cuDNN/NCCL linked or not, the versions
 #       compiled against, what was bundled and why
 #
@@ -91,6 +93,10 @@ ver() {  # ver HEADER MACRO...: the values of the macros, joined by dots
   echo "$out"
 }
 cuda_inc="$(dirname "$(readlink -f "$(command -v nvcc)")")/../include"
+# For the fallback build on the device (bench/device_run.sh --build-only): OpenBLAS, GoogleTest, the
+# qlora CLI's libraries, Open MPI's headers and libraries, the cuDNN frontend headers.
+bash "$ROOT/bench/device_run.sh" --pack-deps "$pkg/devdeps" >"$stage/devdeps.log" 2>&1 ||
+  { cat "$stage/devdeps.log" >&2; die "bench/device_run.sh --pack-deps failed"; }
 if [ "${QLORA_PACK_NO_WHEELS:-0}" != 1 ]; then
   bash "$ROOT/bench/device_e2e.sh" --pack-wheels "$pkg/wheels" >/dev/null 2>"$stage/wheels.log" ||
     { cat "$stage/wheels.log" >&2; die "the bitsandbytes wheel could not be fetched (QLORA_PACK_NO_WHEELS=1 packs without it)"; }

@@ -129,7 +129,7 @@ if ! loads && [ -n "$DEVICE" ]; then
   # The fallback: build on the device (bench/device_run.sh --build-only), and say so.
   log "the prebuilt binaries do not start here: building on the device (bench/device_run.sh --build-only)"
   t0=$SECONDS
-  QLORA_E2E=1 OUT="$WORK/fallback" timeout $((DEADLINE - SECONDS - 60 > 30 ? DEADLINE - SECONDS - 60 : 30)) \
+  QLORA_E2E=1 OUT="$WORK/fallback" QLORA_DEVICE_DEPS="$PKG/devdeps" timeout $((DEADLINE - SECONDS - 60 > 30 ? DEADLINE - SECONDS - 60 : 30)) \
     bash "$ROOT/bench/device_run.sh" --build-only >>"$LOGS/fallback_build.log" 2>&1
   rc=$?
   printf '{"reason": "the prebuilt binaries did not start (probe.json loads)", "rc": %d, "seconds": %d}\n' \

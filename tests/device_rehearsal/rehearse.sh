@@ -182,11 +182,13 @@ print("rehearsal: deadline clipping:", ", ".join(f"{k} {v}" for k, v in st.items
 PY
 [ -n "$BREAK" ] && exit 0
 
-# 3. The fallback build on the device configures with the image's cmake (>= 3.31) and finds the
-#    wheel's cuDNN.
+# 3. The fallback build on the device configures with the image's cmake (>= 3.31), the archive's
+#    dependency bundle in place of the system's OpenBLAS, GoogleTest and CLI libraries, and finds
+#    the wheel's cuDNN.
 fb="$R/fallback"
 rm -rf "$fb"
-PATH="$venv/bin:$PATH" OUT="$fb/out" QLORA_DEVICE_BUILD="$fb/build" QLORA_E2E=1 \
+PATH="$venv/bin:$PATH" OUT="$fb/out" QLORA_DEVICE_BUILD="$fb/build" QLORA_E2E=1 QLORA_FORCE_DEPS_BUNDLE=1 \
+  QLORA_DEVICE_DEPS="$R/window/qlora-device/devdeps" \
   bash "$ROOT/bench/device_run.sh" --configure-only >"$R/fallback.log" 2>&1 ||
   { tail -30 "$fb/out/build.log" "$R/fallback.log"; fail "the fallback build's configure failed with $("$venv/bin/cmake" --version | head -1)"; }
 grep -q "cuDNN attention path: .*$site/nvidia/cudnn" "$fb/out/build.log" ||
