@@ -184,9 +184,9 @@ if [ -z "$CFE_INC" ]; then
   [ -f /tmp/qdeps/include/cudnn_frontend.h ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
   [ -f /tmp/qdeps/include/cudnn_frontend.h ] && CFE_INC=/tmp/qdeps/include
 fi
-# In the CUDA 13 wheels nvidia.cudnn is a namespace package (no __file__): its folder comes from the
-# import system's search locations.
-CUDNN_HINT="$(python3 -c 'import importlib.util as u; s = u.find_spec("nvidia.cudnn"); print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else "")' 2>/dev/null || true)"
+# The wheel's folder from the same lookup the GPU window uses (bench/window_results.py libdirs:
+# nvidia.cudnn is a namespace package in the CUDA 13 wheels, with no __file__).
+CUDNN_HINT="$(python3 "$ROOT/bench/window_results.py" libdirs 2>/dev/null | tr ':' '\n' | sed -n 's|/lib$||; /nvidia\/cudnn$/p' | head -1)"
 log "cuDNN frontend headers: ${CFE_INC:-none}; cuDNN wheel: ${CUDNN_HINT:-none}"
 
 # ---- build: a small CMake project over the repository's sources (only what test_cuda and the

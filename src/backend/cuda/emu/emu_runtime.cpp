@@ -57,15 +57,16 @@ struct Event {
 // program has destroyed (CUDA lets pending work complete after destroy).
 std::recursive_mutex g_sched;
 uint64_t g_seq = 0;
-Stream g_legacy_stream;
+Stream g_legacy_stream = [] {
+  Stream s;
+  s.legacy = true;
+  return s;
+}();
 std::vector<std::unique_ptr<Stream>> g_stream_store;
 std::vector<std::unique_ptr<Event>> g_event_store;
 
 Stream* stream_of(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) {
-    g_legacy_stream.legacy = true;
-    return &g_legacy_stream;
-  }
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return &g_legacy_stream;
   return reinterpret_cast<Stream*>(s);
 }
 
@@ -366,11 +367,11 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 }
 
 namespace {
-// The argument checks of a copy, at the call (errors are returned by the call, not later).
-cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+// The argument checks of a copy, at the call (errors are returned by the call, not later); says
+// which of the two pointers name device memory.
+cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, bool& dst_dev, bool& src_dev) {
   if (sticky_error() != cudaSuccess) return sticky_error();
   if (n == 0) return cudaSuccess;
-  bool dst_dev, src_dev;
   {
     std::lock_guard<std::mutex> lk(g_mu);
     dst_dev = device_range_locked(dst, n);
@@ -388,9 +389,10 @@ cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind
 
 // Queues the copy on the stream. Pageable host memory follows CUDA's rules: a copy from it reads
 // the bytes at the call (they are staged), a copy into it returns only when done.
-cudaError_t queue_copy(void* dst, const void* src, size_t n, cudaStream_t stream, bool blocking) {
-  const bool src_pageable = !is_device_range(src, n) && !is_pinned_range(src, n);
-  const bool dst_pageable = !is_device_range(dst, n) && !is_pinned_range(dst, n);
+cudaError_t queue_copy(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev, cudaStream_t stream,
+                       bool blocking) {
+  const bool src_pageable = !src_dev && !is_pinned_range(src, n);
+  const bool dst_pageable = !dst_dev && !is_pinned_range(dst, n);
   std::function<void()> work;
   if (src_pageable) {
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
@@ -411,9 +413,10 @@ cudaError_t queue_copy(void* dst, const void* src, size_t n, cudaStream_t stream
 
 // On the legacy default stream, and synchronous with the host.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-  const cudaError_t e = check_copy(dst, src, n, kind);
+  bool d = false, s = false;
+  const cudaError_t e = check_copy(dst, src, n, kind, d, s);
   if (e != cudaSuccess || n == 0) return e;
-  return queue_copy(dst, src, n, nullptr, true);
+  return queue_copy(dst, src, n, d, s, nullptr, true);
 }
 
 std::atomic<long> g_async_copies[4] = {};  // indexed by cudaMemcpyKind (HostToHost .. DeviceToDevice)
@@ -423,11 +426,11 @@ long qlora::emu::async_copies(cudaMemcpyKind direction) {
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
-  const cudaError_t e = check_copy(dst, src, n, kind);
+  bool d = false, s = false;
+  const cudaError_t e = check_copy(dst, src, n, kind, d, s);
   if (e != cudaSuccess || n == 0) return e;
-  const bool d = is_device_range(dst, n), s = is_device_range(src, n);
   g_async_copies[s ? (d ? 3 : 2) : (d ? 1 : 0)].fetch_add(1, std::memory_order_relaxed);
-  return queue_copy(dst, src, n, stream, false);
+  return queue_copy(dst, src, n, d, s, stream, false);
 }
 
 cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t stream) {
