@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(64) handoff_kernel(float* out, int with_barrie
 
 // Every thread adds its index with block_sum (warp shuffles + shared memory + barriers).
 __global__ void __launch_bounds__(256) block_sum_kernel(double* out) {
-  __shared__ double red[32];
+  QLORA_SHARED(double[32], red);
   const double v = cuda::block_sum(double(threadIdx.x + 1), red);
   if (threadIdx.x == 0) out[blockIdx.x] = v;
 }
@@ -67,6 +67,37 @@ __global__ void __launch_bounds__(32) early_exit_shuffle_kernel(float* out) {
 
 __global__ void __launch_bounds__(1024) empty_kernel(int) {}
 
+// Block 0 writes its static shared variable; every block then reads its own.
+__global__ void __launch_bounds__(32) static_shared_kernel(float* out) {
+  QLORA_SHARED(float, s);
+  if (blockIdx.x == 0 && threadIdx.x == 0) s = 7.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// Thread 0 of each block takes a ticket when the block starts and another after a barrier.
+__global__ void __launch_bounds__(64) block_order_kernel(int* counter, int* starts, int* ends) {
+  if (threadIdx.x == 0) starts[blockIdx.x] = atomicAdd(counter, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) ends[blockIdx.x] = atomicAdd(counter, 1);
+}
+
+// Blocks 0 and 1 each raise a flag and wait (a bounded spin) for the other's: both see it only
+// when the two blocks run at the same time.
+__global__ void __launch_bounds__(32) handshake_kernel(int* flags, int* seen) {
+  if (threadIdx.x != 0) return;
+  const int me = int(blockIdx.x), other = 1 - me;
+  atomicExch(&flags[me], 1);
+  int v = 0;
+  for (long i = 0; i < 20000000 && v == 0; i++) v = atomicCAS(&flags[other], 2, 2);
+  seen[me] = v;
+}
+
+void static_shared(float* out, int blocks) { launch(static_shared_kernel, {unsigned(blocks), 32, 0, nullptr}, out); }
+void block_order(int* counter, int* starts, int* ends, int blocks) {
+  launch(block_order_kernel, {unsigned(blocks), 64, 0, nullptr}, counter, starts, ends);
+}
+void handshake(int* flags, int* seen) { launch(handshake_kernel, {2, 32, 0, nullptr}, flags, seen); }
 void handoff(float* out, bool with_barrier) { launch(handoff_kernel, {1, 64, 32 * 4, nullptr}, out, with_barrier ? 1 : 0); }
 void block_sum(double* out, int blocks) { launch(block_sum_kernel, {unsigned(blocks), 256, 0, nullptr}, out); }
 void cp_async_roundtrip(const float* in, float* out, bool wait) {

@@ -204,7 +204,7 @@ double run_case(const Spec& s) {
   Dev da(A.bytes()), db(B.bytes()), dc(C.bytes()), dd(D.bytes()), dbias(hbias.size()), dscale(16);
   da.upload(ha), db.upload(hb), dc.upload(hc), dbias.upload(hbias);
   const float scales[4] = {s.scale_a, s.scale_b, s.scale_d, -1.0f};  // A, B, D scales; amax of D
-  std::memcpy(dscale.p, scales, 16);                                 // device memory is host-addressable in the harness
+  EXPECT_EQ(cudaMemcpy(dscale.p, scales, 16, cudaMemcpyHostToDevice), cudaSuccess);
   const Mat* mats[4] = {&A, &B, &C, &D};
   Lt lt(s.ta, s.tb, mats, s.batch > 1 ? 0 : 16);
   lt.set(CUBLASLT_MATMUL_DESC_EPILOGUE, s.epilogue);
@@ -245,7 +245,9 @@ double run_case(const Spec& s) {
         max_err = std::max(max_err, std::fabs(got - ref));
       }
   if (fp8_d) {
-    EXPECT_NEAR(dscale.at<float>()[3], amax, 1e-5 * amax) << "amax of D before its scale";
+    float amax_d = 0;
+    EXPECT_EQ(cudaMemcpy(&amax_d, dscale.at<float>(12), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_NEAR(amax_d, amax, 1e-5 * amax) << "amax of D before its scale";
   }
   return max_err / std::max(max_ref, 1e-30);
 }
@@ -392,7 +394,7 @@ TEST(EmuCublasLt, FP8RejectsWhatCublasLtRejects) {
     ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
     Dev da(A.bytes() + 64), db(B.bytes()), dc(C.bytes()), ds(64);
     const float scales[2] = {0.5f, 2.0f};
-    std::memcpy(ds.p, scales, 8);
+    ASSERT_EQ(cudaMemcpy(ds.p, scales, 8, cudaMemcpyHostToDevice), cudaSuccess);
     lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(ds.at<float>()));
     lt.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(ds.at<float>(4)));
     EXPECT_EQ(lt.matmul(1, da.p, db.p, 0, dc.p, dc.p), CUBLAS_STATUS_SUCCESS);
@@ -490,7 +492,7 @@ TEST(EmuCublasLt, MXFP8BlockScaledOnBlackwell) {
     ASSERT_EQ(lt.heuristic(), CUBLAS_STATUS_SUCCESS);
     ASSERT_EQ(lt.matmul(1, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
     std::vector<float> got(size_t(m * n));
-    std::memcpy(got.data(), dD.p, got.size() * 4);
+    ASSERT_EQ(cudaMemcpy(got.data(), dD.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     double max_ref = 0, max_err = 0;
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
@@ -507,7 +509,7 @@ TEST(EmuCublasLt, MXFP8BlockScaledOnBlackwell) {
     dsa_flat.upload(flat);
     lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dsa_flat.p));
     ASSERT_EQ(lt.matmul(1, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
-    std::memcpy(got.data(), dD.p, got.size() * 4);
+    ASSERT_EQ(cudaMemcpy(got.data(), dD.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     double wrong = 0;
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
@@ -596,7 +598,7 @@ TEST(EmuCublasLt, NVFP4BlockScaledOnBlackwell) {
     const float alpha = qa.scales_f32[0] * qb.scales_f32[0];  // the two per-tensor decode scales
     ASSERT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
     std::vector<float> got(size_t(m * n));
-    std::memcpy(got.data(), dD.p, got.size() * 4);
+    ASSERT_EQ(cudaMemcpy(got.data(), dD.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     double max_ref = 0;
     const double err = max_err(got, max_ref);
     ASSERT_GT(max_ref, 0.0);
@@ -606,7 +608,7 @@ TEST(EmuCublasLt, NVFP4BlockScaledOnBlackwell) {
     for (uint8_t& x : swapped) x = uint8_t((x << 4) | (x >> 4));
     dA.upload(swapped);
     ASSERT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
-    std::memcpy(got.data(), dD.p, got.size() * 4);
+    ASSERT_EQ(cudaMemcpy(got.data(), dD.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     const double ref_mag = max_ref;
     EXPECT_GT(max_err(got, max_ref), 0.05 * ref_mag) << "swapped nibbles must not pass";
     dA.upload(qa.data);
@@ -617,7 +619,7 @@ TEST(EmuCublasLt, NVFP4BlockScaledOnBlackwell) {
     dsa_flat.upload(flat);
     lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dsa_flat.p));
     ASSERT_EQ(lt.matmul(alpha, dA.p, dB.p, 0, dD.p, dD.p), CUBLAS_STATUS_SUCCESS);
-    std::memcpy(got.data(), dD.p, got.size() * 4);
+    ASSERT_EQ(cudaMemcpy(got.data(), dD.p, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_GT(max_err(got, max_ref), 0.05 * ref_mag) << "row-major scales read as tiles must not pass";
     Dev dshort(ta.size() - 16);
     lt.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(dshort.p));

@@ -3,6 +3,7 @@
 // the same bugs are reports of the sanitizer instead (tools/cuda_emu_mutations.sh shows both).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -308,6 +309,92 @@ TEST_F(Harness, AHostPointerPassedToAKernelIsAFaultNamingTheArgument) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(pinned[kN - 1], 1.0f);
   cudaFreeHost(pinned);
+}
+
+// cudaMalloc memory is closed to host code between device work: a dereference from the host is a
+// fault naming the allocation, as it is an invalid access on a device; a copy reads it.
+TEST_F(Harness, HostCodeTouchingDeviceMemoryIsAFault) {
+  Dev<float> d(16);
+  fill(d.p, 16, 2.0f, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        volatile float x = d.p[3];
+        (void)x;
+      },
+      "host code touched device memory at .* \\(byte 12 of a cudaMalloc allocation of 64 bytes\\)");
+  EXPECT_EQ(d.get()[3], 2.0f);
+}
+
+TEST_F(Harness, StaticSharedMemoryIsPerBlockAndPoisoned) {
+  // One copy per block, NaN until written: a block never sees another block's static shared data
+  // (blocks run concurrently in sanitizer mode, in varying order in fast mode).
+  for (int mode : {0, 1}) {
+    emu::set_os_threads_for_tests(mode);
+    Dev<float> out(4);
+    static_shared(out.p, 4);
+    const auto h = out.get();
+    EXPECT_EQ(h[0], 7.0f) << "mode " << mode;
+    for (size_t b = 1; b < 4; b++) EXPECT_TRUE(std::isnan(h[b])) << "block " << b << " mode " << mode << ": " << h[b];
+  }
+  emu::set_os_threads_for_tests(-1);
+}
+
+// Fast mode: each launch runs its blocks forward, in reverse, or interleaved (several in flight,
+// each to its next barrier in turn), chosen per launch site and grid; all three occur.
+TEST_F(Harness, BlocksRunForwardReversedAndInterleaved) {
+  emu::set_os_threads_for_tests(0);
+  int seen[3] = {0, 0, 0};  // forward, reverse, interleaved
+  for (int g = 5; g <= 24; g++) {
+    Dev<int> counter(1), starts{size_t(g)}, ends{size_t(g)};
+    counter.put({0});
+    block_order(counter.p, starts.p, ends.p, g);
+    const auto s = starts.get(), e = ends.get();
+    bool fwd = true, rev = true;
+    for (int b = 0; b < g; b++) {
+      fwd = fwd && s[size_t(b)] == 2 * b && e[size_t(b)] == 2 * b + 1;
+      rev = rev && s[size_t(b)] == 2 * (g - 1 - b) && e[size_t(b)] == 2 * (g - 1 - b) + 1;
+    }
+    // Interleaved: block 0 starts first and blocks 1..3 start before it passes its barrier.
+    const bool inter = s[0] == 0 && s[1] < e[0] && s[2] < e[0] && s[3] < e[0];
+    std::string tickets;
+    for (int b = 0; b < g; b++) tickets += " " + std::to_string(s[size_t(b)]) + "/" + std::to_string(e[size_t(b)]);
+    ASSERT_TRUE(fwd || rev || inter) << "grid " << g << ": an order the harness does not make:" << tickets;
+    seen[fwd ? 0 : rev ? 1 : 2]++;
+    std::vector<int> all(s);
+    all.insert(all.end(), e.begin(), e.end());
+    std::sort(all.begin(), all.end());
+    for (int i = 0; i < 2 * g; i++) ASSERT_EQ(all[size_t(i)], i) << "grid " << g << ": every ticket once";
+  }
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_GT(seen[2], 0);
+  emu::set_os_threads_for_tests(-1);
+}
+
+// Sanitizer mode: blocks of a grid run at the same time with no ordering between them but the
+// kernel's own, so each of two blocks sees the flag the other raised while it waited (and
+// ThreadSanitizer sees two blocks that touch one address without an atomic as a race:
+// tools/cuda_emu_mutations.sh).
+TEST_F(Harness, BlocksOfAGridRunConcurrentlyInSanitizerMode) {
+  emu::set_os_threads_for_tests(1);
+  Dev<int> flags(2), seen(2);
+  flags.put({0, 0});
+  seen.put({0, 0});
+  handshake(flags.p, seen.p);
+  const auto h = seen.get();
+  EXPECT_EQ(h[0], 1);
+  EXPECT_EQ(h[1], 1);
+  emu::set_os_threads_for_tests(-1);
+  // Fast mode runs one block at a time: the first block's wait ends unseen.
+  emu::set_os_threads_for_tests(0);
+  flags.put({0, 0});
+  seen.put({0, 0});
+  handshake(flags.p, seen.p);
+  const auto f = seen.get();
+  EXPECT_EQ(f[0] + f[1], 1) << f[0] << " " << f[1];
+  emu::set_os_threads_for_tests(-1);
 }
 
 }  // namespace

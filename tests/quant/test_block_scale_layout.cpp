@@ -3,7 +3,10 @@
 // MXFP8 test alone could not catch a wrong formula).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 
 #include "quant/block_scale_layout.h"
 
@@ -43,6 +46,24 @@ TEST(BlockScaleLayout, TilingIsAPermutationIntoThePaddedArray) {
   const auto t = tile_block_scales(s.data(), rows, kb);
   EXPECT_EQ(t[size_t(block_scale_offset(150, 6, kb))], s[size_t(150 * kb + 6)]);
   EXPECT_EQ(t[size_t(block_scale_tiled_bytes(rows, kb) - 1)], 0) << "padding is zero";
+}
+
+// tools/make_block_scale_fixtures.py writes the layout from NVIDIA's description as array reshapes
+// (checked there against nvmath-python's documented example offsets), independently of this C++.
+TEST(BlockScaleLayout, EqualsTheLayoutWrittenFromTheCublasDocumentation) {
+  std::ifstream f(std::string(QLORA_FIXTURES) + "/quant/block_scale_layout.json");
+  ASSERT_TRUE(f) << "tests/fixtures/quant/block_scale_layout.json missing";
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_GE(j.at("cases").size(), 5u);
+  for (const auto& c : j.at("cases")) {
+    const int64_t outer = c.at("outer").get<int64_t>(), kb = c.at("k_blocks").get<int64_t>();
+    const auto want = c.at("tiled").get<std::vector<int>>();
+    std::vector<uint8_t> s(size_t(outer * kb));
+    for (size_t i = 0; i < s.size(); i++) s[i] = uint8_t(1 + i % 251);
+    const auto got = tile_block_scales(s.data(), outer, kb);
+    ASSERT_EQ(got.size(), want.size()) << outer << "x" << kb;
+    for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(int(got[i]), want[i]) << outer << "x" << kb << " byte " << i;
+  }
 }
 
 }  // namespace

@@ -53,6 +53,16 @@ void launch(void (*kernel)(P...), const Launch& cfg, A&&... args) {
 #endif
 }
 
+// A static shared variable of type T (an array type too: QLORA_SHARED(float[32], red)), one per
+// block. The host harness gives each block its own copy, poisoned until written.
+#ifdef QLORA_CUDA_EMU
+#define QLORA_SHARED(T, name)                                                          \
+  static const int name##_site_ = ::qlora::emu::static_smem_site();                     \
+  std::type_identity_t<T>& name = *static_cast<std::type_identity_t<T>*>(::qlora::emu::static_smem(name##_site_, sizeof(T)))
+#else
+#define QLORA_SHARED(T, name) __shared__ std::type_identity_t<T> name
+#endif
+
 // The block's dynamic shared memory as `unsigned char* name`, aligned to `align` bytes.
 #ifdef QLORA_CUDA_EMU
 #define QLORA_DYNAMIC_SMEM(name, align) unsigned char* name = ::qlora::emu::dynamic_smem()

@@ -35,7 +35,7 @@ static_assert(cuda_plan::kFp8AmaxBlocks <= kFp4Threads, "one thread per amax par
 // partial[blockIdx.x] = max |x| over the block's grid-stride share.
 __global__ void __launch_bounds__(kFp4Threads)
     fp4_amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, float* __restrict__ partial) {
-  __shared__ float red[32];
+  QLORA_SHARED(float[32], red);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float m = 0.0f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kFp4Threads)
     fp4_quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t m, int64_t in, const float* __restrict__ partial,
                         int n_partial, const float* __restrict__ w_decode, float* __restrict__ stats,
                         uint8_t* __restrict__ codes, uint8_t* __restrict__ tiles) {
-  __shared__ float red[32];
-  __shared__ float s_enc_sh;
+  QLORA_SHARED(float[32], red);
+  QLORA_SHARED(float, s_enc_sh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float mx = int(threadIdx.x) < n_partial ? partial[threadIdx.x] : 0.0f;
   mx = warp_max(mx);

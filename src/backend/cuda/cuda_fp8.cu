@@ -28,7 +28,7 @@ static_assert(cuda_plan::kFp8AmaxBlocks <= kFp8Threads, "one thread per amax par
 // partial[blockIdx.x] = max |x| over the block's grid-stride share (NaN ignored, as fmaxf does).
 __global__ void __launch_bounds__(kFp8Threads)
     fp8_amax_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, float* __restrict__ partial) {
-  __shared__ float red[32];
+  QLORA_SHARED(float[32], red);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float m = 0.0f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kFp8Threads)
 __global__ void __launch_bounds__(kFp8Threads)
     fp8_quantize_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, const float* __restrict__ partial,
                         int n_partial, float* __restrict__ stats, __nv_fp8_storage_t* __restrict__ q) {
-  __shared__ float red[32];
-  __shared__ float scale;
+  QLORA_SHARED(float[32], red);
+  QLORA_SHARED(float, scale);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float m = int(threadIdx.x) < n_partial ? partial[threadIdx.x] : 0.0f;
   m = warp_max(m);

@@ -40,7 +40,7 @@ __device__ __forceinline__ void push(MaxSum& a, float x) {
 __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(FPtr logits, FPtr dlogits, float* __restrict__ losses,
                                                                    const int32_t* __restrict__ labels, int64_t vocab,
                                                                    float grad_scale, int vec, DeviceErrorRecord* err) {
-  __shared__ MaxSum red[32];
+  QLORA_SHARED(MaxSum[32], red);
   const int64_t row = int64_t(blockIdx.x) * vocab;
   const int32_t y = labels[blockIdx.x];
   const bool ignored = y == kIgnoreIndex;
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_kernel(float* __restrict__
 
 // Stage 1 of sumsq: per-block double partial sums (fixed grid, so the result is reproducible).
 __global__ void __launch_bounds__(kSumsqThreads) sumsq_partial_kernel(FPtr x, int64_t n, double* __restrict__ partial) {
-  __shared__ double red[32];
+  QLORA_SHARED(double[32], red);
   double s = 0.0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const double v = ldf(x, i);
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kSumsqThreads) sumsq_partial_kernel(FPtr x, in
 // Stage 2: one block adds the partials in a fixed order.
 __global__ void __launch_bounds__(kSumsqThreads)
     sumsq_final_kernel(const double* __restrict__ partial, int n_partial, double* __restrict__ out) {
-  __shared__ double red[32];
+  QLORA_SHARED(double[32], red);
   double s = 0.0;
   for (int i = threadIdx.x; i < n_partial; i += blockDim.x) s += partial[i];
   s = block_sum(s, red);

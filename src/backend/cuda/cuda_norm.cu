@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kRowThreads)
 // One block per row: sum of squares, then out = w * (x * rstd) as HF's LlamaRMSNorm computes it.
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, FPtr w, int64_t c, float eps, int vec) {
-  __shared__ float red[32];
+  QLORA_SHARED(float[32], red);
   const int64_t row = int64_t(blockIdx.x) * c;
   float ss = 0.0f;
   if (vec) {
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kRowThreads)
 // 40 registers on sm_90a and spills 8 bytes; at 4 blocks it uses 46 and spills nothing.
 __global__ void __launch_bounds__(kRowThreads, 4)
     rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, const float* __restrict__ rstd, int64_t c, int vec) {
-  __shared__ float red[32];
+  QLORA_SHARED(float[32], red);
   const int64_t row = int64_t(blockIdx.x) * c;
   float dot = 0.0f;
   if (vec) {
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kRowThreads, 4)
 __global__ void __launch_bounds__(kDwCols * kDwRowLanes)
     rmsnorm_dw_partial_kernel(float* __restrict__ partial, FPtr dout, FPtr x, const float* __restrict__ rstd, int64_t n,
                               int64_t c) {
-  __shared__ float acc[kDwRowLanes][kDwCols + 1];
+  QLORA_SHARED(float[kDwRowLanes][kDwCols + 1], acc);
   const int64_t col = int64_t(blockIdx.x) * kDwCols + threadIdx.x;
   float s = 0.0f;
   if (col < c)

@@ -42,8 +42,8 @@ constexpr int kRaggedThreads = 1024;  // sdpa_ragged_kernel's one block
 __global__ void __launch_bounds__(kRaggedThreads)
     sdpa_ragged_kernel(const int32_t* __restrict__ seg, int64_t b, int64_t t, int entries, int hq, int hkv, int d,
                        int32_t* __restrict__ out, DeviceErrorRecord* err) {
-  __shared__ int scan[kRaggedThreads];
-  __shared__ int base;
+  QLORA_SHARED(int[kRaggedThreads], scan);
+  QLORA_SHARED(int, base);
   int32_t* seq = out;
   int32_t* off_q = seq + entries;
   int32_t* off_kv = off_q + entries + 1;
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kRaggedThreads)
   if (docs > entries && tid == 0) record_device_error(err, kErrAttnDocs, docs, entries);
   const int used = docs < entries ? docs : entries;
   // token0 of every entry (n past the last document) into shared memory, then the scaled offsets.
-  __shared__ int32_t tok[cuda_plan::kAttnMaxEntries + 1];
+  QLORA_SHARED(int32_t[cuda_plan::kAttnMaxEntries + 1], tok);
   for (int e = tid; e <= entries; e += kRaggedThreads) tok[e] = e < used ? off_q[e] : int32_t(n);
   __syncthreads();
   for (int e = tid; e <= entries; e += kRaggedThreads) {

@@ -82,8 +82,8 @@ __device__ __forceinline__ float bnb_absmax(const QuantDeviceView& q, const floa
 
 __global__ void __launch_bounds__(kThreads)
     bnb4_kernel(const QuantDeviceView q, __nv_bfloat16* __restrict__ out, int64_t n, int vec) {
-  __shared__ float code[16];
-  __shared__ float nested[256];
+  QLORA_SHARED(float[16], code);
+  QLORA_SHARED(float[256], nested);
   const float offset = q.offset_dev ? *q.offset_dev : q.offset;
   if (threadIdx.x < 16) code[threadIdx.x] = q.code4[threadIdx.x];
   if (q.params.double_quant)

@@ -3,8 +3,8 @@
 // CUDA headers (types, enums, bf16 conversions) and maps the device-only parts of CUDA C++ onto
 // the harness: thread and block indices, barriers, warp collectives, atomics, the PTX the kernels
 // use (cp.async, ldmatrix, mma) and kernel launches. The kernels' own source stays CUDA: the only
-// harness hooks in it are launch() and QLORA_DYNAMIC_SMEM in cuda_common.cuh and the #if in the
-// PTX wrappers of attention_mma.cuh.
+// harness hooks in it are launch(), QLORA_SHARED and QLORA_DYNAMIC_SMEM in cuda_common.cuh and the
+// #if in the PTX wrappers of attention_mma.cuh.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,8 +20,9 @@
 
 #define QLORA_CUDA_EMU 1
 
-// Kernels and device functions are plain host functions; shared memory is static storage that the
-// executor gives to one block at a time (blocks of a launch run one after another).
+// Kernels and device functions are plain host functions. Static shared variables are declared with
+// QLORA_SHARED (cuda_common.cuh), which gives each block its own poisoned copy; a bare __shared__
+// does not compile here (blocks run concurrently, so one static variable would be shared by them).
 #undef __global__
 #undef __device__
 #undef __host__
@@ -30,7 +31,7 @@
 #define __global__
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ __shared__declarations_need_QLORA_SHARED_in_the_host_harness
 #define __launch_bounds__(...)
 
 namespace qlora::emu {
@@ -53,6 +54,10 @@ int lane_id();
 
 // Dynamic shared memory of the running block (exact size of the launch's request).
 unsigned char* dynamic_smem();
+// Static shared memory: a process-wide number for each QLORA_SHARED declaration, and the running
+// block's copy of that variable (`bytes` long, NaN bits until written; one per block and site).
+int static_smem_site();
+void* static_smem(int site, size_t bytes);
 // Generic → shared-window address and back; out-of-window addresses are faults.
 uint32_t cvta_shared(const void* p);
 
@@ -151,6 +156,7 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 inline float atomicAdd(float* p, float v) { return ::qlora::emu::atomic_add_float(p, v); }
 inline double atomicAdd(double* p, double v) { return ::qlora::emu::atomic_add_float(p, v); }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) { return ::qlora::emu::atomic_add_float(p, v); }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline int atomicCAS(int* p, int compare, int val) {
   __atomic_compare_exchange_n(p, &compare, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return compare;

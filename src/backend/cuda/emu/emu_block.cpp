@@ -56,13 +56,16 @@ void tsan_write(const void*, size_t) {}
 void tsan_read(const void*, size_t) {}
 #endif
 
+std::atomic<int> g_mode_override{-1};  // set_os_threads_for_tests: -1 none, 0 fibers, 1 threads
+
 bool use_os_threads() {
   static const bool v = [] {
     const char* m = std::getenv("QLORA_CUDA_EMU_MODE");
     // Sanitizers need each CUDA thread on its own stack and OS thread (no fiber switching).
     return kSanitizerBuild || (m && std::string(m) == "threads");
   }();
-  return v;
+  const int o = g_mode_override.load(std::memory_order_relaxed);
+  return o < 0 ? v : o == 1;
 }
 
 // A harness-detected error inside device code; unwinds the CUDA thread that found it.
@@ -130,6 +133,16 @@ struct Block {
   const char* kernel = "";
   std::mutex mu;  // sanitizer mode: __syncthreads
   std::condition_variable cv;
+  // Static __shared__ variables (QLORA_SHARED): one exact-size allocation per site and block,
+  // made on the first thread's declaration and poisoned with NaN bits, as shared memory starts
+  // undefined on the device. The lock is taken only at declarations (kernel tops), so the
+  // happens-before edges it makes order nothing a thread did before.
+  std::mutex statics_mu;
+  std::vector<std::pair<int, std::unique_ptr<unsigned char, void (*)(void*)>>> statics;
+  // The device allocations as the launch saw them (immutable while the grid runs, so device code
+  // checks addresses without the runtime's lock, which would order the threads for TSan).
+  const DeviceRanges* ranges = nullptr;
+  std::unique_ptr<unsigned char, void (*)(void*)> smem_owner{nullptr, std::free};
 };
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -418,7 +431,7 @@ ctx::pooled_fixedsize_stack& stacks() {
   return s;
 }
 
-void run_block_fibers(Block& b, const std::function<void()>& body) {
+void start_fibers(Block& b, const std::function<void()>& body) {
   for (auto& t : b.threads) {
     Thread* tp = &t;
     t.fib = ctx::fiber(std::allocator_arg, stacks(), [tp, &body](ctx::fiber&& sink) {
@@ -427,103 +440,123 @@ void run_block_fibers(Block& b, const std::function<void()>& body) {
       return std::move(tp->sink);
     });
   }
-  // Schedule: each warp runs as far as it can (until every lane waits at __syncthreads or has
-  // exited) before the next warp starts, in warp order on even blocks and in reverse on odd ones.
-  // That is a legal schedule with the most skew between warps, so a missing barrier shows up: a
-  // warp that runs ahead overwrites (cp.async poisons with NaN) or reads shared data the others
-  // have not finished with or written yet.
-  const int n_warps = b.n_warps;
-  const bool reverse = ((b.idx.x + b.idx.y + b.idx.z) & 1) != 0;
-  for (;;) {
-    bool ran = false, alive = false;
-    for (int wi = 0; wi < n_warps; wi++) {
-      const int w = reverse ? n_warps - 1 - wi : wi;
-      for (bool progress = true; progress;) {
-        progress = false;
-        for (int l = 0; l < 32; l++) {
-          const int i = w * 32 + l;
-          if (i >= b.n) break;
-          Thread& t = b.threads[size_t(i)];
-          if (t.done) continue;
-          alive = true;
-          if (t.waiting && !b.aborted.load(kRelaxed)) continue;
-          if (t.waiting) {  // aborted: wake it so it unwinds
-            t.waiting = false;
-            b.waiting.fetch_sub(1, kRelaxed);
-          }
-          ran = progress = true;
-          t_cur = &t;
-          t.fib = std::move(t.fib).resume();
-          t_cur = nullptr;
-        }
-      }
-    }
-    if (!alive) break;
-    if (!ran) abort_block(b, deadlock_fault(b));
-  }
 }
 
-// Sanitizer mode: CUDA thread i of every block runs on pool thread i. The pool persists across
-// blocks and launches (creating 256 OS threads per block would dominate the run time); its mutex
-// orders one block's threads before the next block's, as the device's kernel boundaries do.
+// One scheduling round of a block in fiber mode: each warp runs as far as it can (until every lane
+// waits at __syncthreads or has exited) before the next warp starts, in warp order on even blocks
+// and in reverse on odd ones. That is a legal schedule with the most skew between warps, so a
+// missing barrier shows up: a warp that runs ahead overwrites (cp.async poisons with NaN) or reads
+// shared data the others have not finished with or written yet. False once every thread exited.
+bool step_fibers(Block& b) {
+  const int n_warps = b.n_warps;
+  const bool reverse = ((b.idx.x + b.idx.y + b.idx.z) & 1) != 0;
+  bool ran = false, alive = false;
+  for (int wi = 0; wi < n_warps; wi++) {
+    const int w = reverse ? n_warps - 1 - wi : wi;
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int l = 0; l < 32; l++) {
+        const int i = w * 32 + l;
+        if (i >= b.n) break;
+        Thread& t = b.threads[size_t(i)];
+        if (t.done) continue;
+        alive = true;
+        if (t.waiting && !b.aborted.load(kRelaxed)) continue;
+        if (t.waiting) {  // aborted: wake it so it unwinds
+          t.waiting = false;
+          b.waiting.fetch_sub(1, kRelaxed);
+        }
+        ran = progress = true;
+        t_cur = &t;
+        t.fib = std::move(t.fib).resume();
+        t_cur = nullptr;
+      }
+    }
+  }
+  if (alive && !ran) abort_block(b, deadlock_fault(b));
+  return alive;
+}
+
+// Sanitizer mode: every CUDA thread of the blocks in flight runs on its own pool thread. The pool
+// persists across launches (creating OS threads per block would dominate the run time). Each
+// worker has its own lock, taken only by it and the launching thread, so the pool makes
+// happens-before edges between the launcher and each worker and none between two workers: the
+// threads of concurrent blocks are ordered only by what the kernel itself does (its atomics), and
+// ThreadSanitizer reports two blocks that touch one address without them.
 class ThreadPool {
  public:
   ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+    for (auto& w : workers_) {
+      {
+        std::lock_guard<std::mutex> lk(w->mu);
+        w->stop = true;
+      }
+      w->cv.notify_all();
+      w->th.join();
     }
-    cv_.notify_all();
-    for (auto& w : workers_) w.join();
   }
-  void run(Block& b, const std::function<void()>& body) {
-    std::unique_lock<std::mutex> lk(mu_);
-    while (int(workers_.size()) < b.n) {
-      const int i = int(workers_.size());
-      workers_.emplace_back([this, i] { work(i); });
+  // Runs every thread of `blocks` at once and returns when all have exited.
+  void run(const std::vector<Block*>& blocks, const std::function<void()>& body) {
+    size_t k = 0;
+    for (Block* b : blocks)
+      for (auto& t : b->threads) {
+        if (k == workers_.size()) {
+          workers_.push_back(std::make_unique<Worker>());
+          Worker* w = workers_.back().get();
+          w->th = std::thread([w] { work(*w); });
+        }
+        Worker& w = *workers_[k++];
+        {
+          std::lock_guard<std::mutex> lk(w.mu);
+          w.job = &t;
+          w.body = &body;
+          w.done = false;
+        }
+        w.cv.notify_all();
+      }
+    for (size_t i = 0; i < k; i++) {
+      Worker& w = *workers_[i];
+      std::unique_lock<std::mutex> lk(w.mu);
+      w.cv.wait(lk, [&] { return w.done; });
     }
-    block_ = &b;
-    body_ = &body;
-    remaining_ = b.n;
-    gen_++;
-    cv_.notify_all();
-    done_.wait(lk, [&] { return remaining_ == 0; });
-    block_ = nullptr;
   }
 
  private:
-  void work(int i) {
-    unsigned seen = 0;
-    std::unique_lock<std::mutex> lk(mu_);
+  struct Worker {
+    std::thread th;
+    std::mutex mu;
+    std::condition_variable cv;
+    Thread* job = nullptr;
+    const std::function<void()>* body = nullptr;
+    bool done = false, stop = false;
+  };
+  static void work(Worker& w) {
+    std::unique_lock<std::mutex> lk(w.mu);
     for (;;) {
-      cv_.wait(lk, [&] { return stop_ || gen_ != seen; });
-      if (stop_) return;
-      seen = gen_;
-      if (!block_ || i >= block_->n) continue;
-      Block* b = block_;
-      const std::function<void()>* body = body_;
+      w.cv.wait(lk, [&] { return w.stop || w.job; });
+      if (w.stop) return;
+      Thread* t = w.job;
+      const std::function<void()>* body = w.body;
       lk.unlock();
-      run_thread(b->threads[size_t(i)], *body);
+      run_thread(*t, *body);
       lk.lock();
-      if (--remaining_ == 0) done_.notify_all();
+      w.job = nullptr;
+      w.done = true;
+      w.cv.notify_all();
     }
   }
-  std::mutex mu_;
-  std::condition_variable cv_, done_;
-  std::vector<std::thread> workers_;
-  Block* block_ = nullptr;
-  const std::function<void()>* body_ = nullptr;
-  int remaining_ = 0;
-  unsigned gen_ = 0;
-  bool stop_ = false;
+  std::vector<std::unique_ptr<Worker>> workers_;
 };
 
-void run_block_threads(Block& b, const std::function<void()>& body) {
-  static ThreadPool pool;
-  pool.run(b, body);
+ThreadPool& pool() {
+  static ThreadPool p;
+  return p;
 }
 
 }  // namespace
+
+bool os_threads_mode() { return use_os_threads(); }
+void set_os_threads_for_tests(int mode) { g_mode_override.store(mode, std::memory_order_relaxed); }
 
 const uint3& thread_idx() { return cur().tid; }
 const uint3& block_idx() { return cur().b->idx; }
@@ -531,6 +564,23 @@ const dim3& block_dim() { return cur().b->dim; }
 const dim3& grid_dim() { return cur().b->grid; }
 int lane_id() { return cur().lane; }
 unsigned char* dynamic_smem() { return cur().b->smem; }
+
+int static_smem_site() {
+  static std::atomic<int> n{0};
+  return n.fetch_add(1);
+}
+
+void* static_smem(int site, size_t bytes) {
+  Block& b = *cur().b;
+  std::lock_guard<std::mutex> lk(b.statics_mu);
+  for (auto& [s, p] : b.statics)
+    if (s == site) return p.get();
+  auto* m = static_cast<unsigned char*>(std::malloc(bytes ? bytes : 1));
+  if (!m) raise(cudaErrorMemoryAllocation, "no host memory for a block's static shared variable");
+  std::memset(m, 0xff, bytes);  // undefined until written: NaN bits, as dynamic shared memory
+  b.statics.emplace_back(site, std::unique_ptr<unsigned char, void (*)(void*)>(m, std::free));
+  return m;
+}
 
 void syncthreads() {
   Thread& t = cur();
@@ -580,7 +630,7 @@ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   }
   if (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16)
     raise(cudaErrorMisalignedAddress, "cp.async 16-byte source not 16-byte aligned");
-  if (src_bytes > 0 && !is_device_range(src, size_t(src_bytes)))
+  if (src_bytes > 0 && !t.b->ranges->contains(src, size_t(src_bytes)))
     raise(cudaErrorIllegalAddress, "cp.async source outside device memory");
   // Until its group is waited for, the destination holds NaN: a read that misses the wait sees it.
   tsan_write(d, 16);
@@ -633,47 +683,125 @@ void check_pointer_arg(const void* p, int index, const std::source_location& whe
 }
 
 namespace {
-// Runs a launch's blocks one after another (each block's threads as fibers or OS threads).
+
+// The order in which a launch's blocks run. The device promises none, so a kernel must not depend
+// on one; the harness varies it. Fiber mode: per launch site and grid, forward, reverse, or
+// interleaved (four blocks in flight, each run to its next barrier in turn);
+// QLORA_CUDA_EMU_BLOCK_ORDER=forward|reverse|interleaved fixes one. The choice is a function of
+// the launch, so a rerun repeats every bit. Sanitizer mode: windows of blocks in flight at once
+// (blocks_in_flight), forward.
+enum class BlockOrder { Forward, Reverse, Interleaved };
+
+BlockOrder block_order(const std::string& site, dim3 grid) {
+  static const int forced = [] {
+    const char* v = std::getenv("QLORA_CUDA_EMU_BLOCK_ORDER");
+    if (!v || !*v) return -1;
+    const std::string m(v);
+    if (m == "forward") return int(BlockOrder::Forward);
+    if (m == "reverse") return int(BlockOrder::Reverse);
+    if (m == "interleaved") return int(BlockOrder::Interleaved);
+    std::fprintf(stderr, "qlora CUDA harness: QLORA_CUDA_EMU_BLOCK_ORDER=%s is not forward, reverse or interleaved\n", v);
+    std::abort();
+  }();
+  if (forced >= 0) return BlockOrder(forced);
+  const size_t h = std::hash<std::string>{}(site) ^ (size_t(grid.x) * 0x9e3779b1u + size_t(grid.y) * 131u + grid.z);
+  return BlockOrder(h % 3);
+}
+
+constexpr size_t kInterleavedBlocks = 4;
+
+// Sanitizer mode: how many blocks run at once. At least two (so a race between blocks has two
+// sides), at most four, and about 1024 OS threads in all.
+size_t blocks_in_flight(unsigned long long threads_per_block) {
+  return std::clamp<size_t>(size_t(1024 / threads_per_block), 2, 4);
+}
+
+std::unique_ptr<Block> make_block(dim3 grid, dim3 block, size_t smem, unsigned long long linear, const std::string& site,
+                                  const DeviceRanges* ranges) {
+  auto b = std::make_unique<Block>();
+  b->dim = block;
+  b->grid = grid;
+  b->idx = uint3{unsigned(linear % grid.x), unsigned((linear / grid.x) % grid.y), unsigned(linear / (1ull * grid.x * grid.y))};
+  b->kernel = site.c_str();
+  b->ranges = ranges;
+  b->n = int(1ull * block.x * block.y * block.z);
+  b->live.store(b->n, kRelaxed);
+  b->smem_bytes = smem;
+  b->smem_owner.reset(static_cast<unsigned char*>(std::malloc(smem ? smem : 1)));
+  b->smem = b->smem_owner.get();
+  std::memset(b->smem, 0xff, smem);  // shared memory starts as NaN, not zeros
+  b->threads.resize(size_t(b->n));
+  b->n_warps = (b->n + 31) / 32;
+  b->warps = std::make_unique<Warp[]>(size_t(b->n_warps));
+  for (int i = 0; i < b->n_warps; i++) b->warps[i].block = b.get();
+  for (int i = 0; i < b->n; i++) {
+    Thread& t = b->threads[size_t(i)];
+    t.b = b.get();
+    t.linear = i;
+    t.tid = uint3{unsigned(i) % block.x, (unsigned(i) / block.x) % block.y, unsigned(i) / (block.x * block.y)};
+    t.lane = i & 31;
+    t.warp = i >> 5;
+    b->warps[t.warp].live_mask |= lane_bit(t.lane);
+  }
+  return b;
+}
+
+// Runs a launch's blocks (each block's threads as fibers or OS threads) in the order above. The
+// first block to fault (in that order) makes the sticky error; the blocks in flight with it are
+// unwound, and no later block runs.
 void run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body, const std::string& site) {
   if (sticky_error() != cudaSuccess) return;  // after a fault nothing more runs on the device
-  const unsigned long long nthreads = 1ull * block.x * block.y * block.z;
-  for (unsigned bz = 0; bz < grid.z; bz++)
-    for (unsigned by = 0; by < grid.y; by++)
-      for (unsigned bx = 0; bx < grid.x; bx++) {
-        Block b;
-        b.dim = block;
-        b.grid = grid;
-        b.idx = uint3{bx, by, bz};
-        b.kernel = site.c_str();
-        b.n = int(nthreads);
-        b.live.store(b.n, kRelaxed);
-        b.smem_bytes = smem;
-        std::unique_ptr<unsigned char, void (*)(void*)> mem(static_cast<unsigned char*>(std::malloc(smem ? smem : 1)),
-                                                            std::free);
-        b.smem = mem.get();
-        std::memset(b.smem, 0xff, smem);  // shared memory starts as NaN, not zeros
-        b.threads.resize(size_t(b.n));
-        b.n_warps = (b.n + 31) / 32;
-        b.warps = std::make_unique<Warp[]>(size_t(b.n_warps));
-        for (int i = 0; i < b.n_warps; i++) b.warps[i].block = &b;
-        for (int i = 0; i < b.n; i++) {
-          Thread& t = b.threads[size_t(i)];
-          t.b = &b;
-          t.linear = i;
-          t.tid = uint3{unsigned(i) % block.x, (unsigned(i) / block.x) % block.y, unsigned(i) / (block.x * block.y)};
-          t.lane = i & 31;
-          t.warp = i >> 5;
-          b.warps[t.warp].live_mask |= lane_bit(t.lane);
-        }
-        if (use_os_threads())
-          run_block_threads(b, body);
-        else
-          run_block_fibers(b, body);
-        if (b.aborted.load(kRelaxed)) {
-          fault(b.first.code, "kernel launched at " + site + ": " + b.first.what);
-          return;
-        }
+  const unsigned long long n_blocks = 1ull * grid.x * grid.y * grid.z;
+  const std::shared_ptr<const DeviceRanges> ranges = device_ranges();
+  const bool threads = use_os_threads();
+  const BlockOrder order = threads ? BlockOrder::Forward : block_order(site, grid);
+  const size_t window = std::min<unsigned long long>(
+      n_blocks, threads ? blocks_in_flight(1ull * block.x * block.y * block.z)
+                        : order == BlockOrder::Interleaved ? kInterleavedBlocks : 1);
+  auto linear_of = [&](unsigned long long k) { return order == BlockOrder::Reverse ? n_blocks - 1 - k : k; };
+  auto report = [&](const Block& b) { fault(b.first.code, "kernel launched at " + site + ": " + b.first.what); };
+  std::vector<std::unique_ptr<Block>> live;
+  unsigned long long next = 0;
+  if (threads) {
+    while (next < n_blocks) {
+      live.clear();
+      std::vector<Block*> run;
+      while (live.size() < window && next < n_blocks) {
+        live.push_back(make_block(grid, block, smem, linear_of(next++), site, ranges.get()));
+        run.push_back(live.back().get());
       }
+      pool().run(run, body);
+      for (const auto& b : live)
+        if (b->aborted.load(kRelaxed)) return report(*b);
+    }
+    return;
+  }
+  const Block* failed = nullptr;
+  while (!live.empty() || (next < n_blocks && !failed)) {
+    while (!failed && live.size() < window && next < n_blocks) {
+      live.push_back(make_block(grid, block, smem, linear_of(next++), site, ranges.get()));
+      start_fibers(*live.back(), body);
+    }
+    for (size_t i = 0; i < live.size();) {
+      Block& b = *live[i];
+      if (step_fibers(b)) {
+        i++;
+        continue;
+      }
+      if (b.aborted.load(kRelaxed) && !failed) {
+        report(b);
+        failed = &b;
+        for (auto& other : live)  // unwind the other blocks in flight
+          if (other.get() != &b) abort_block(*other, Fault{b.first.code, "another block of the launch faulted"});
+      }
+      if (&b == failed) {
+        i++;  // kept until the others have unwound (the message above refers to it)
+        continue;
+      }
+      live.erase(live.begin() + std::ptrdiff_t(i));
+    }
+    if (failed && live.size() == 1) break;
+  }
 }
 }  // namespace
 

@@ -674,6 +674,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
   if (!is_live(handle, Kind::LtHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   // The stream's earlier work first (device-side scales and operands), then the GEMM at the call.
   drain_stream(stream);
+  DeviceAccess device_work;
   Problem pr;
   if (cublasStatus_t s = lt_problem(op, ad, bd, cd, dd, pr); s != CUBLAS_STATUS_SUCCESS) return s;
   Gemm& g = pr.g;
@@ -799,6 +800,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           cublasGemmAlgo_t algo) {
   if (!is_live(handle, Kind::BlasHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   drain_stream(handle->stream);  // the stream's earlier work first, then the GEMM at the call
+  DeviceAccess device_work;
   auto valid_op = [](cublasOperation_t x) { return x == CUBLAS_OP_N || x == CUBLAS_OP_T || x == CUBLAS_OP_C; };
   const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
   if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0 || batchCount < 0 ||

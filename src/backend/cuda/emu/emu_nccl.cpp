@@ -170,6 +170,7 @@ ncclResult_t check_reduction(const char* fn, ncclDataType_t t, ncclRedOp_t op) {
 ncclResult_t enqueue(cudaStream_t stream, std::function<ncclResult_t()> op) {
   auto on_stream = [stream, op = std::move(op)]() -> ncclResult_t {
     qlora::emu::drain_stream(stream);
+    qlora::emu::DeviceAccess device_work;
     return op();
   };
   if (g_group_depth > 0) {

@@ -1,10 +1,14 @@
 // The CUDA runtime API for the host harness: device memory as exact-size host allocations filled
-// with NaN bytes (as uninitialized device memory is garbage), copies checked against their
+// with NaN bytes (as uninitialized device memory is garbage), closed to host code except while
+// device work runs (DeviceAccess, emu_runtime.h), copies checked against their
 // direction and the allocations they touch, streams as queues that run only when the program
 // orders them (emu_runtime.h), the device properties of the emulated architecture, and CUDA's
 // error model (a launch error is returned once by cudaGetLastError; a fault inside a kernel is
 // sticky).
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,8 +29,21 @@
 namespace qlora::emu {
 namespace {
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizerBuild = true;
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+
 std::mutex g_mu;
 std::map<uintptr_t, size_t> g_device;  // base -> bytes
+std::shared_ptr<const DeviceRanges> g_ranges;  // g_device as launches see it; null after a change
 std::map<uintptr_t, size_t> g_pinned;  // base -> bytes
 size_t g_used = 0, g_peak = 0, g_pinned_used = 0;
 std::map<const void*, int> g_fn_smem;
@@ -84,6 +101,8 @@ void implicit_order(const Stream* s, uint64_t seq) {
 }
 // Runs the stream's queued work numbered up to `limit`, in order.
 void run_until(Stream* s, uint64_t limit) {
+  if (s->q.empty() || s->q.front().seq > limit) return;
+  DeviceAccess device_work;
   while (!s->q.empty() && s->q.front().seq <= limit) {
     Cmd c = std::move(s->q.front());
     s->q.pop_front();
@@ -106,15 +125,89 @@ uint64_t enqueue_locked(Stream* s, std::function<void()> work) {
   return g_seq;
 }
 
-bool device_range_locked(const void* p, size_t n) {
+bool range_in(const std::map<uintptr_t, size_t>& m, const void* p, size_t n) {
   const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = g_device.upper_bound(a);
-  if (it == g_device.begin()) return false;
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
   --it;
   return a >= it->first && a + n <= it->first + it->second && n <= it->second;
 }
+bool device_range_locked(const void* p, size_t n) { return range_in(g_device, p, n); }
 
 size_t total_bytes() { return arch() >= 100 ? size_t(180) << 30 : size_t(80) << 30; }
+
+// Host access to device memory. Outside sanitizer builds (which keep exact-size allocations for
+// AddressSanitizer) each cudaMalloc is its own page-aligned mapping, PROT_NONE while no device
+// work runs, so host code that dereferences a device pointer faults here as on a device, and the
+// SIGSEGV handler names it. QLORA_CUDA_EMU_HOST_ACCESS=allow turns this off.
+bool guard_device_memory() {
+  static const bool g = [] {
+    const char* v = std::getenv("QLORA_CUDA_EMU_HOST_ACCESS");
+    return !kSanitizerBuild && !(v && std::string(v) == "allow");
+  }();
+  return g;
+}
+size_t page_round(size_t n) {
+  static const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  return (n + page - 1) / page * page;
+}
+// Open DeviceAccess scopes (changed under g_sched, read by the SIGSEGV handler on any thread).
+std::atomic<int> g_access_depth{0};
+// The allocations device work opened in the current scope, closed again when it ends: an
+// allocation opens on its first touch (a fault the handler answers with mprotect), so a scope
+// costs only the allocations it uses.
+constexpr int kMaxOpened = 4096;
+uintptr_t g_opened[kMaxOpened];
+std::atomic<int> g_n_opened{0};
+
+void close_opened() {  // caller holds g_sched, at the end of the outermost scope
+  const int n = g_n_opened.exchange(0);
+  if (n > kMaxOpened) {  // more than the list holds: close everything
+    std::lock_guard<std::mutex> lk(g_mu);
+    for (const auto& [base, bytes] : g_device) mprotect(reinterpret_cast<void*>(base), page_round(bytes), PROT_NONE);
+    return;
+  }
+  std::lock_guard<std::mutex> lk(g_mu);
+  for (int i = 0; i < n; i++) {
+    auto it = g_device.find(g_opened[i]);
+    if (it != g_device.end()) mprotect(reinterpret_cast<void*>(it->first), page_round(it->second), PROT_NONE);
+  }
+}
+
+void on_segv(int sig, siginfo_t* info, void*) {
+  const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
+  // Without the lock (a signal handler): device allocations change only between device work.
+  auto it = g_device.upper_bound(a);
+  if (it != g_device.begin() && a < std::prev(it)->first + page_round(std::prev(it)->second)) {
+    --it;
+    if (g_access_depth.load(std::memory_order_relaxed) > 0) {  // device work: open it and retry
+      mprotect(reinterpret_cast<void*>(it->first), page_round(it->second), PROT_READ | PROT_WRITE);
+      const int i = g_n_opened.fetch_add(1);
+      if (i < kMaxOpened) g_opened[i] = it->first;
+      return;
+    }
+    char msg[512];
+    const int len = std::snprintf(msg, sizeof msg,
+                                  "qlora CUDA harness: host code touched device memory at %p (byte %zu of a cudaMalloc "
+                                  "allocation of %zu bytes) outside a copy, a kernel or a library call; on a device "
+                                  "that is an invalid access (copy it with cudaMemcpy)\n",
+                                  info->si_addr, size_t(a - it->first), it->second);
+    if (len > 0) (void)!write(2, msg, size_t(std::min<int>(len, int(sizeof msg) - 1)));
+  }
+  signal(sig, SIG_DFL);  // fault again with the default action (a core, or gtest's death test)
+}
+
+void install_segv_handler() {
+  static const bool done = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, nullptr);
+    return true;
+  }();
+  (void)done;
+}
 
 cudaError_t ret(cudaError_t e) { return g_sticky != cudaSuccess ? g_sticky : e; }
 
@@ -128,6 +221,14 @@ int arch() {
 }
 
 size_t smem_optin_bytes() { return arch() == 80 ? 166912 : arch() == 86 || arch() == 89 || arch() == 120 ? 101376 : 232448; }
+
+bool DeviceRanges::contains(const void* p, size_t n) const { return range_in(bytes, p, n); }
+
+std::shared_ptr<const DeviceRanges> device_ranges() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (!g_ranges) g_ranges = std::make_shared<const DeviceRanges>(DeviceRanges{g_device});
+  return g_ranges;
+}
 
 bool is_device_range(const void* p, size_t n) {
   std::lock_guard<std::mutex> lk(g_mu);
@@ -146,6 +247,16 @@ bool is_pinned_range(const void* p, size_t n) {
 void enqueue(cudaStream_t s, std::function<void()> work) {
   std::lock_guard<std::recursive_mutex> lk(g_sched);
   enqueue_locked(stream_of(s), std::move(work));
+}
+
+DeviceAccess::DeviceAccess() {
+  g_sched.lock();
+  g_access_depth.fetch_add(1, std::memory_order_relaxed);
+}
+
+DeviceAccess::~DeviceAccess() {
+  if (g_access_depth.fetch_sub(1, std::memory_order_relaxed) == 1 && guard_device_memory()) close_opened();
+  g_sched.unlock();
 }
 
 void drain_stream(cudaStream_t s) {
@@ -309,15 +420,32 @@ cudaError_t cudaMalloc(void** p, size_t n) {
   if (n == 0) return cudaSuccess;
   if (n > total_bytes()) return cudaErrorMemoryAllocation;
   void* m = nullptr;
-  // Exact size (AddressSanitizer sees one byte past the end), cudaMalloc's 256-byte alignment.
-  if (posix_memalign(&m, 256, n) != 0 || !m) return cudaErrorMemoryAllocation;
-  std::memset(m, 0xff, n);
+  std::lock_guard<std::recursive_mutex> sched(g_sched);
+  if (guard_device_memory()) {
+    // Its own pages (page-aligned: more than cudaMalloc's 256 bytes), closed while no device work runs.
+    m = mmap(nullptr, page_round(n), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+    std::memset(m, 0xff, n);
+    mprotect(m, page_round(n), PROT_NONE);  // device work opens it at its first touch
+    install_segv_handler();
+  } else {
+    // Exact size (AddressSanitizer sees one byte past the end), cudaMalloc's 256-byte alignment.
+    if (posix_memalign(&m, 256, n) != 0 || !m) return cudaErrorMemoryAllocation;
+    std::memset(m, 0xff, n);
+  }
+  auto release = [&] {
+    if (guard_device_memory())
+      munmap(m, page_round(n));
+    else
+      std::free(m);
+  };
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_used + n > total_bytes()) {
-    std::free(m);
+    release();
     return cudaErrorMemoryAllocation;
   }
   g_device[reinterpret_cast<uintptr_t>(m)] = n;
+  g_ranges.reset();
   g_used += n;
   g_peak = std::max(g_peak, g_used);
   *p = m;
@@ -331,8 +459,14 @@ cudaError_t cudaFree(void* p) {
   auto it = g_device.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_device.end()) return g_sticky != cudaSuccess ? g_sticky : cudaErrorInvalidDevicePointer;
   g_used -= it->second;
+  const size_t n = it->second;
   g_device.erase(it);
-  std::free(p);  // also after a fault, so leak checkers stay quiet; the error is still returned
+  g_ranges.reset();
+  // Also after a fault, so leak checkers stay quiet; the error is still returned.
+  if (guard_device_memory())
+    munmap(p, page_round(n));
+  else
+    std::free(p);
   return g_sticky != cudaSuccess ? g_sticky : cudaSuccess;
 }
 

@@ -4,7 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 
 namespace qlora::emu {
@@ -16,8 +19,22 @@ size_t smem_optin_bytes();
 
 // True when bytes [p, p + n) lie inside one live cudaMalloc allocation.
 bool is_device_range(const void* p, size_t n);
+// The live device allocations at one moment (base -> bytes), immutable once made: a launch holds
+// one while its blocks run, so device code checks addresses without the runtime's lock (a lock
+// taken by every CUDA thread would order them all for ThreadSanitizer and hide their races).
+struct DeviceRanges {
+  std::map<uintptr_t, size_t> bytes;
+  bool contains(const void* p, size_t n) const;
+};
+std::shared_ptr<const DeviceRanges> device_ranges();
 // True when bytes [p, p + n) lie inside one live cudaMallocHost allocation (pinned host memory).
 bool is_pinned_range(const void* p, size_t n);
+
+// Whether CUDA threads run as OS threads (sanitizer mode: blocks of a grid run concurrently) or
+// as fibers (fast mode: blocks in a varying order); for the harness's own tests, which can switch
+// (1 threads, 0 fibers, -1 back to the build's default) between launches.
+bool os_threads_mode();
+void set_os_threads_for_tests(int mode);
 
 // Streams are queues. Device work (kernels, async copies and memsets, event records, stream waits)
 // is appended to its stream and runs only when something orders it: a synchronize, a blocking
@@ -27,6 +44,16 @@ bool is_pinned_range(const void* p, size_t n);
 // So work on a side stream runs as late as the program allows, and a missing wait reads what the
 // memory held before.
 void enqueue(cudaStream_t s, std::function<void()> work);
+// Device memory is closed to host code (outside sanitizer builds: a dereference faults, and the
+// harness names the allocation) except inside a DeviceAccess scope: queued device work, copies
+// and the vendor libraries' calls run in one. Scopes nest; one holds the scheduler's lock.
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
 // Runs everything issued to `s` so far, and what that work waits on.
 void drain_stream(cudaStream_t s);
 // Runs everything issued to every stream so far.
