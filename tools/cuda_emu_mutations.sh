@@ -11,12 +11,21 @@
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 work="${1:-/tmp/qlora-mutations}"
-mkdir -p "$work"
-rm -rf "$work/tree"
 mkdir -p "$work/tree"
-# The tracked and untracked-but-not-ignored files: what a checkout of this change holds.
-# Timestamps kept (cp -p), so a rerun rebuilds only what changed since the last one.
-(cd "$src" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp -p --parents -t "$work/tree")
+# The tracked and untracked-but-not-ignored files: what a checkout of this change holds. Only the
+# files whose content differs from the scratch copy are copied (with a new time stamp), so a rerun
+# rebuilds what changed, and a file the last run mutated and restored is rebuilt too.
+list="$work/files"
+(cd "$src" && git ls-files -z --cached --others --exclude-standard) >"$list"
+while IFS= read -r -d '' f; do
+  if ! cmp -s "$src/$f" "$work/tree/$f"; then
+    mkdir -p "$work/tree/$(dirname "$f")"
+    cp "$src/$f" "$work/tree/$f"
+  fi
+done <"$list"
+# Files the change no longer has (the build globs the source folders).
+(cd "$work/tree" && find . -type f -not -path './.cache/*' -printf '%P\0') | sort -z >"$list.tree"
+sort -z "$list" | comm -z -23 "$list.tree" - | (cd "$work/tree" && xargs -0 -r rm -f)
 cmake -S "$work/tree" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DQLORA_CUDA=OFF -DQLORA_NO_SANITIZE_TESTS=OFF >/dev/null
 fwd="src/backend/cuda/cuda_attention_fwd.cu"
 mma="src/backend/cuda/attention_mma.cuh"
