@@ -23,8 +23,7 @@ namespace {
 void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std::string& model, const CLI::App& app) {
   auto unset = [&](const char* opt) { return app.count(opt) == 0; };
   if (unset("--model")) model = t.model_name_or_path;
-  const bool quant = t.load_in_4bit || (!t.base_precision.empty() && t.base_precision != "bf16" &&
-                                        t.base_precision != "fp32" && t.base_precision != "fp16");
+  const bool quant = t.load_in_4bit || qlora::is_quantized_precision(t.base_precision);
   if (unset("--method")) r.method = quant ? "qlora" : "lora";
   if (unset("--base-precision")) r.base_precision = !t.base_precision.empty() ? t.base_precision : t.load_in_4bit ? t.bnb_4bit_quant_type : "";
   if (unset("--double-quant") && unset("--no-double-quant") && qlora::is_bnb_4bit(r.base_precision))
@@ -37,7 +36,6 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--grad-accum")) r.grad_accum = t.gradient_accumulation_steps;
   if (unset("--seq-len")) r.seq_len = t.max_length;
   if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
-  if (unset("--checkpointing")) r.checkpointing = t.gradient_checkpointing;
   if (unset("--gemm-dtype")) r.gemm_dtype = t.gemm_dtype;
   if (unset("--ce-chunk")) r.ce_chunk = t.ce_chunk_size;
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
@@ -70,7 +68,7 @@ int cmd_plan(int argc, char** argv) {
                "Exit status: 0 fits, 3 does not fit, 1 bad input."};
   app.name("qlora plan");
   qlora::PlanRequest r;
-  std::string model, gpu, config, targets, compare, sharding = "none";
+  std::string model, gpu, config, targets, compare, sharding = "none", checkpointing = "none";
   std::vector<std::string> overrides;
   bool dq = false, no_dq = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
   bool list_gpus = false, list_models = false;
@@ -98,7 +96,7 @@ int cmd_plan(int argc, char** argv) {
   app.add_flag("--packing", packing, "pack examples into full sequences (default)");
   app.add_flag("--no-packing", no_packing, "one example per sequence, padded");
   app.add_option("--avg-doc-len", r.avg_doc_len, "mean example length in tokens (attention span when packed, padding when not)");
-  app.add_option("--checkpointing", r.checkpointing, "activation checkpointing: none | full | offload")->capture_default_str();
+  app.add_option("--checkpointing", checkpointing, "activation checkpointing: none | full | offload")->capture_default_str();
   app.add_option("--ce-chunk", r.ce_chunk, "tokens per cross-entropy chunk")->capture_default_str();
   app.add_option("--sharding", sharding, "none | zero1 | zero2 | zero3 | fsdp")->capture_default_str();
   app.add_option("--gpus-per-node", r.topo.gpus_per_node, "GPUs per node")->capture_default_str();
@@ -127,6 +125,7 @@ int cmd_plan(int argc, char** argv) {
     qlora::TrainConfig t = qlora::load_train_config(config, overrides, &notes, false);
     apply_train_config(t, r, model, app);
     if (app.count("--sharding") == 0) sharding = t.sharding;  // the config's sharding: what training does
+    if (app.count("--checkpointing") == 0) checkpointing = t.gradient_checkpointing;
   } else if (!overrides.empty()) {
     qlora::fail(qlora::ErrorKind::Config, "--set", "overrides need a training YAML", "add --config CONFIG.yaml");
   }
@@ -136,6 +135,7 @@ int cmd_plan(int argc, char** argv) {
   if (packing) r.packing = true;
   if (!targets.empty()) r.targets = split_commas(targets);
   r.sharding = qlora::parse_sharding(sharding);
+  r.checkpointing = qlora::parse_checkpointing(checkpointing, "--checkpointing");
   if (model.empty())
     qlora::fail(qlora::ErrorKind::Config, "--model", "no model given",
                 "add --model llama3-8b (see --list-models), a model directory, config.json or .gguf");

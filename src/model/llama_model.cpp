@@ -63,7 +63,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.lora_r = lora_.r;
   opts_.targets = lora_.targets;
   opts_.lora_dropout = lora_.dropout > 0;
-  ckpt_ = opts_.checkpointing != "none";
+  ckpt_ = recomputes(opts_.checkpointing);
   {
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
     opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
@@ -75,7 +75,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
          "the cuda backend's attention (its own flash kernel and cuDNN's fused attention) takes head dims that are "
          "multiples of 8 up to 128",
          "use device: cpu for this model");
-  offload_ = opts_.checkpointing == "offload";
+  offload_ = opts_.checkpointing == Checkpointing::Offload;
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
   arena_ = std::make_unique<Arena>(be_, plan_);

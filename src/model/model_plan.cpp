@@ -127,8 +127,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
 
   // Activations saved for backward. With checkpointing only each layer's input survives the
   // forward; the rest is one layer's worth, recomputed during backward.
-  const bool ckpt = o.checkpointing != "none";
-  const bool offload = o.checkpointing == "offload";
+  const bool ckpt = recomputes(o.checkpointing);
+  const bool offload = o.checkpointing == Checkpointing::Offload;
   auto act_prefix = [&](int64_t l) { return ckpt ? std::string("act.cur.") : "act.layers." + std::to_string(l) + "."; };
   const int64_t n_sets = ckpt ? 1 : c.n_layer;
   // Offload: layer inputs live in two device slots (by layer parity); every one but the last two

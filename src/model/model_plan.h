@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/memory_plan.h"
+#include "model/checkpointing.h"
 #include "model/llama_config.h"
 
 namespace qlora {
@@ -30,7 +31,7 @@ struct ModelPlanOptions {
   // layers, all-gathered before use. 0: not sharded (each projection is its own buffer).
   int64_t base_shards = 0, base_shard_rank = 0;
   int64_t micro_batch = 1, seq_len = 2048;
-  std::string checkpointing = "none";   // none | full | offload
+  Checkpointing checkpointing = Checkpointing::None;
   int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk
   // Generation through the training forward: each layer's keys and values for this many positions
   // (prompt + answer). 0: no KV cache (a run without sample answers).

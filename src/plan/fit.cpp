@@ -56,7 +56,7 @@ FitReport fit_search(const PlanRequest& in) {
   const PlanRequest req = normalize_request(in);
   FitReport rep;
   rep.max_seq_len = max_seq_len_that_fits(req);
-  for (const char* ck : {"none", "full", "offload"}) {
+  for (Checkpointing ck : checkpointing_modes()) {
     PlanRequest r = req;
     r.checkpointing = ck;
     rep.max_seq_len_by_checkpointing.push_back({ck, r.checkpointing == req.checkpointing ? rep.max_seq_len : max_seq_len_that_fits(r)});
@@ -79,7 +79,7 @@ FitReport fit_search(const PlanRequest& in) {
               " of " + std::to_string(req.seq_len) + " tokens per GPU; checkpointing none/full/offload" +
               (req.topo.world() > 1 ? "; sharding none/zero1/zero2/zero3" : "");
   for (Sharding s : shard)
-    for (const char* ck : {"none", "full", "offload"}) {
+    for (Checkpointing ck : checkpointing_modes()) {
       std::vector<int64_t> sizes = micro;
       if (!keep_batch) {  // powers of two below the largest micro-batch that fits, and that one
         PlanRequest r = req;
@@ -124,14 +124,14 @@ std::vector<std::string> suggest_fixes(const PlanRequest& in) {
   // Checkpointing first: full keeps one input per layer on the device, offload moves all but two
   // of them to pinned host memory (the longest contexts on one GPU).
   bool ckpt_fits = false;
-  if (req.checkpointing == "none") {
+  if (req.checkpointing == Checkpointing::None) {
     PlanRequest r = req;
-    r.checkpointing = "full";
+    r.checkpointing = Checkpointing::Full;
     ckpt_fits = report("--checkpointing full", r);
   }
-  if (req.checkpointing != "offload" && !ckpt_fits) {
+  if (req.checkpointing != Checkpointing::Offload && !ckpt_fits) {
     PlanRequest r = req;
-    r.checkpointing = "offload";
+    r.checkpointing = Checkpointing::Offload;
     report("--checkpointing offload", r);
   }
   if (req.method == "full") {
@@ -144,8 +144,8 @@ std::vector<std::string> suggest_fixes(const PlanRequest& in) {
     r.method = "qlora";
     r.base_precision = "nf4";
     r.double_quant.reset();
-    if (!report("--method qlora --base-precision nf4", r) && r.checkpointing == "none") {
-      r.checkpointing = "full";
+    if (!report("--method qlora --base-precision nf4", r) && r.checkpointing == Checkpointing::None) {
+      r.checkpointing = Checkpointing::Full;
       report("--method qlora --base-precision nf4 --checkpointing full", r);
     }
   }

@@ -25,7 +25,7 @@ struct FitReport {
   int64_t max_seq_len = 0;       // at the request's micro-batch
   // The same with each checkpointing mode ("none", "full", "offload"), at the request's micro-batch:
   // what offload (the layer inputs in pinned host memory) buys in context length.
-  std::vector<std::pair<std::string, int64_t>> max_seq_len_by_checkpointing;
+  std::vector<std::pair<Checkpointing, int64_t>> max_seq_len_by_checkpointing;
   int64_t max_micro_batch = 0;   // at the request's seq_len
   bool has_fastest = false;
   FitCandidate fastest;          // highest tokens/s among fitting candidates

@@ -111,8 +111,6 @@ PlanRequest normalize_request(const PlanRequest& in) {
     fail(ErrorKind::Config, "--avg-doc-len " + std::to_string(r.avg_doc_len),
          "mean example length exceeds --seq-len " + std::to_string(r.seq_len),
          "longer examples are truncated to the sequence length: raise --seq-len or lower --avg-doc-len");
-  const std::vector<std::string> ckpt = {"none", "full", "offload"};
-  if (std::find(ckpt.begin(), ckpt.end(), r.checkpointing) == ckpt.end()) bad_choice("--checkpointing", r.checkpointing, ckpt);
   const std::vector<std::string> gemm = {"bf16", "fp8", "fp4"};
   if (std::find(gemm.begin(), gemm.end(), r.gemm_dtype) == gemm.end()) bad_choice("--gemm-dtype", r.gemm_dtype, gemm);
   // The CPU backend computes FP8/FP4 GEMMs' arithmetic in f32 (at its calibrated f32 rate).

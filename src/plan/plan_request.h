@@ -8,6 +8,7 @@
 
 #include "model/llama_config.h"
 #include "plan/gpu_catalog.h"
+#include "model/checkpointing.h"
 #include "plan/sharding.h"
 
 namespace qlora {
@@ -30,7 +31,7 @@ struct PlanRequest {
   int64_t grad_accum = 1;             // micro-steps per optimizer step
   bool packing = true;                // documents packed into full sequences (no padding)
   int64_t avg_doc_len = 0;            // mean example length in tokens; 0 = one example fills a sequence
-  std::string checkpointing = "none"; // none | full | offload
+  Checkpointing checkpointing = Checkpointing::None;
   int64_t ce_chunk = 1024;            // tokens per cross-entropy chunk
   Sharding sharding = Sharding::None;
   Topology topo;

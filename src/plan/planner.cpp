@@ -90,7 +90,7 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
   }
   if (cat(MemCategory::Weights) > dev)
     why.push_back("the weights alone (" + fmt_gib(cat(MemCategory::Weights)) + ") exceed the device: quantize the base (--method qlora) or shard them (--sharding zero3 over more GPUs)");
-  if (cat(MemCategory::Activations) > 0.3 * double(res.total_bytes) && r.checkpointing == "none")
+  if (cat(MemCategory::Activations) > 0.3 * double(res.total_bytes) && r.checkpointing == Checkpointing::None)
     why.push_back("activations (" + fmt_gib(cat(MemCategory::Activations)) + ") are saved for every layer: --checkpointing full keeps only each layer's input");
   return why;
 }

@@ -37,7 +37,7 @@ std::string shape_text(const PlanRequest& r) {
   std::string s = "micro-batch " + std::to_string(r.micro_batch) + " x " + std::to_string(r.seq_len) +
                   " tokens, grad-accum " + std::to_string(r.grad_accum) + ", packing " + (r.packing ? "on" : "off");
   if (r.avg_doc_len > 0) s += " (examples ~" + std::to_string(r.avg_doc_len) + " tokens)";
-  s += ", checkpointing " + r.checkpointing + ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " +
+  s += std::string(", checkpointing ") + checkpointing_name(r.checkpointing) + ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " +
        r.optimizer_dtype + ", GEMMs " + r.gemm_dtype;
   return s;
 }
@@ -82,7 +82,7 @@ json request_json(const PlanRequest& r) {
           {"grad_accum", r.grad_accum},
           {"packing", r.packing},
           {"avg_doc_len", r.avg_doc_len},
-          {"checkpointing", r.checkpointing},
+          {"checkpointing", checkpointing_name(r.checkpointing)},
           {"ce_chunk", r.ce_chunk},
           {"sharding", sharding_name(r.sharding)},
           {"gpus_per_node", r.topo.gpus_per_node},
@@ -276,11 +276,11 @@ std::string fit_text(const FitReport& f, const PlanRequest& in) {
   if (!f.max_seq_len_by_checkpointing.empty()) {
     t += "  longest sequence by checkpointing:";
     for (const auto& [ck, T] : f.max_seq_len_by_checkpointing)
-      t += std::string(ck == f.max_seq_len_by_checkpointing.front().first ? " " : ", ") + ck + " " +
+      t += std::string(ck == f.max_seq_len_by_checkpointing.front().first ? " " : ", ") + checkpointing_name(ck) + " " +
            (T > 0 ? std::to_string(T) : std::string("none fits"));
     t += "\n";
   }
-  t += "  largest micro-batch at " + std::to_string(r.seq_len) + " tokens (checkpointing " + r.checkpointing + "): " +
+  t += "  largest micro-batch at " + std::to_string(r.seq_len) + " tokens (checkpointing " + checkpointing_name(r.checkpointing) + "): " +
        (f.max_micro_batch > 0 ? std::to_string(f.max_micro_batch) : std::string("none fits")) + "\n";
   t += "  fastest configuration (" + std::to_string(f.fitting) + " of " + std::to_string(f.candidates) +
        " candidates fit; searched " + f.space + "):\n";
@@ -288,7 +288,7 @@ std::string fit_text(const FitReport& f, const PlanRequest& in) {
   const PlanRequest& b = f.fastest.req;
   const PlanResult& p = f.fastest.result;
   t += "    --micro-batch " + std::to_string(b.micro_batch) + " --grad-accum " + std::to_string(b.grad_accum) +
-       " --checkpointing " + b.checkpointing + (b.topo.world() > 1 ? std::string(" --sharding ") + sharding_name(b.sharding) : "") +
+       " --checkpointing " + checkpointing_name(b.checkpointing) + (b.topo.world() > 1 ? std::string(" --sharding ") + sharding_name(b.sharding) : "") +
        ": " + fmt_gib(double(p.total_bytes)) + " of " + fmt_gib(double(p.device_bytes)) + ", step " +
        fmt_fixed(p.speed.step_time_s, 3) + " s, " + fmt_si(p.speed.tokens_per_second, "tok/s") + " (estimate)\n";
   return t;
@@ -298,7 +298,7 @@ json fit_json(const FitReport& f) {
   json j = {{"max_seq_len", f.max_seq_len}, {"max_micro_batch", f.max_micro_batch},
             {"candidates", f.candidates}, {"fitting", f.fitting}, {"searched", f.space}};
   json by_ckpt = json::object();
-  for (const auto& [ck, T] : f.max_seq_len_by_checkpointing) by_ckpt[ck] = T;
+  for (const auto& [ck, T] : f.max_seq_len_by_checkpointing) by_ckpt[checkpointing_name(ck)] = T;
   j["max_seq_len_by_checkpointing"] = by_ckpt;
   j["fastest"] = f.has_fastest ? plan_json(f.fastest.result) : json(nullptr);
   return j;

@@ -42,7 +42,7 @@ double collective_seconds(double bytes, double factor, const Topology& topo, con
 SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, const PlanAssumptions& a) {
   const LlamaConfig& c = r.model;
   const bool full = r.method == "full";
-  const bool recompute = r.checkpointing != "none";
+  const bool recompute = recomputes(r.checkpointing);
   const int world = r.topo.world();
   const double ga = double(r.grad_accum);
   const double tok_micro = double(r.micro_batch) * double(r.seq_len);  // per GPU per micro-step

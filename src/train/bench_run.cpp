@@ -161,9 +161,7 @@ BenchOptions normalize_bench_options(const BenchOptions& in, const std::string& 
   require(o.micro_batch >= 1, "--micro-batch", o.micro_batch, "must be at least 1");
   require(o.steps >= 1, "--steps", o.steps, "must be at least 1 (timed steps)");
   require(o.warmup_steps >= 0, "--warmup-steps", o.warmup_steps, "must not be negative");
-  const std::vector<std::string> ckpt = {"none", "full", "offload"};
-  if (std::find(ckpt.begin(), ckpt.end(), o.gradient_checkpointing) == ckpt.end())
-    bad_choice("--gradient-checkpointing", o.gradient_checkpointing, ckpt);
+  o.checkpointing = parse_checkpointing(o.gradient_checkpointing, "--gradient-checkpointing");
   const std::vector<std::string> gemm = {"bf16", "fp8", "fp4"};
   if (std::find(gemm.begin(), gemm.end(), o.gemm_dtype) == gemm.end()) bad_choice("--gemm-dtype", o.gemm_dtype, gemm);
   LoraSpec::resolve_targets(split_commas(o.target_modules));  // throws on a name that is no projection
@@ -176,7 +174,7 @@ FlopCounts bench_flop_counts(const LlamaConfig& c, const BenchOptions& o) {
   f.lora_r = o.r;
   f.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
   f.attn_len = o.seq_len;  // one random document fills each row
-  f.recompute = o.gradient_checkpointing != "none";
+  f.recompute = recomputes(o.checkpointing);
   return flops_per_token(c, f);
 }
 
@@ -221,7 +219,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   po.double_quant = o.double_quant.value_or(false);
   po.micro_batch = o.micro_batch;
   po.seq_len = o.seq_len;
-  po.checkpointing = o.gradient_checkpointing;
+  po.checkpointing = o.checkpointing;
   po.gemm_dtype = o.gemm_dtype;  // the model resolves it against the base and the device
 
   const double t_load = now_s();
@@ -332,7 +330,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     req.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
     req.micro_batch = o.micro_batch;
     req.seq_len = o.seq_len;
-    req.checkpointing = o.gradient_checkpointing;
+    req.checkpointing = o.checkpointing;
     req.gemm_dtype = o.gemm_dtype;
     req.packing = true;
     req.avg_doc_len = 0;
@@ -423,7 +421,7 @@ std::string bench_text(const BenchResult& r) {
        " s = forward " + fmt("%.4f", r.forward_s) + " + backward " + fmt("%.4f", r.backward_s) + " + optimizer " +
        fmt("%.4f", r.optimizer_s) + " (+ rest)\n";
   s += "flops      " + fmt("%.4g", r.flops_per_token) + " per token (fwd + bwd" +
-       (o.gradient_checkpointing != "none" ? " + recompute" : "") + "), achieved " +
+       (recomputes(o.checkpointing) ? " + recompute" : "") + "), achieved " +
        fmt("%.4g", r.achieved_flops / 1e12) + " TFLOP/s";
   if (r.mfu) s += ", peak " + fmt("%.1f", *r.peak_flops / 1e12) + " TFLOP/s, MFU " + fmt("%.1f", 100 * *r.mfu) + "%\n";
   else s += ", MFU n/a (" + r.peak_flops_note + ")\n";

@@ -278,7 +278,7 @@ Run make_run(std::unique_ptr<Backend> be) {
   po.method = "lora";
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = "none";
+  po.checkpointing = Checkpointing::None;
   LoraSpec lora;
   lora.r = 4;
   lora.alpha = 8;

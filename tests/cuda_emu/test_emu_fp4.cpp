@@ -49,7 +49,7 @@ Fp4Run make_run(std::unique_ptr<Backend> be, const std::string& base, const std:
   po.gemm_dtype = gemm;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   LoraSpec lora;
   lora.r = 4;
   lora.alpha = 8;

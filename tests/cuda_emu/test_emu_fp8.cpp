@@ -48,7 +48,7 @@ Fp8Run make_run(std::unique_ptr<Backend> be, const std::string& ckpt) {
   po.gemm_dtype = "fp8";
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   LoraSpec lora;
   lora.r = 4;
   lora.alpha = 8;

@@ -31,7 +31,7 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& precision, con
   po.quant_blocksize = 64;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.ce_chunk = 8;
   po.base_shards = shards;
   LoraSpec lora;

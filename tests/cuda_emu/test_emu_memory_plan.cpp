@@ -51,7 +51,7 @@ ModelPlanOptions plan_options(const Case& c) {
   po.quant_blocksize = 64;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = c.ckpt;
+  po.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
   po.ce_chunk = 8;  // several chunks per step, the last one partial
   return po;
 }

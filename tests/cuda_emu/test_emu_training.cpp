@@ -47,7 +47,7 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
   po.quant_blocksize = 64;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.kv_cache_tokens = kv_cache_tokens;
   LoraSpec lora;
   lora.r = 4;

@@ -28,7 +28,7 @@ inline TestModel make_model(const std::string& variant, LoraSpec lora, int64_t m
   ModelPlanOptions po;
   po.micro_batch = mb;
   po.seq_len = seq;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.ce_chunk = ce_chunk;
   t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
   t.model->load_base(t.src.tensors);

@@ -24,7 +24,7 @@ ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::s
   po.quant_blocksize = 64;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.base_shards = shards;
   po.gemm_dtype = gemm;
   return po;
@@ -149,7 +149,7 @@ TEST(FsdpEngine, GathersPerMicroStepAreWhatThePlannerCounts) {
       req.micro_batch = 2;
       req.seq_len = 12;
       req.grad_accum = 3;
-      req.checkpointing = ckpt;
+      req.checkpointing = parse_checkpointing(ckpt, "checkpointing");
       req.sharding = Sharding::Fsdp;
       req.topo.gpus_per_node = 2;
       const PlanResult plan = make_plan(req);

@@ -44,7 +44,7 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t 
   ModelPlanOptions po;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.ce_chunk = 8;
   LoraSpec lora = testing_util::fixture_lora();
   lora.dropout = 0.1;  // the recompute regenerates the masks: offload must too

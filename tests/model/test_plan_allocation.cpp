@@ -47,7 +47,7 @@ TEST(PlanAllocation, CheckpointingShrinksActivations) {
   LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
   c.n_layer = 8;
   plan_model_buffers(none, c, o);
-  o.checkpointing = "full";
+  o.checkpointing = Checkpointing::Full;
   plan_model_buffers(full, c, o);
   EXPECT_LT(full.bytes_by_category().at(MemCategory::Activations), none.bytes_by_category().at(MemCategory::Activations));
 }
@@ -69,7 +69,7 @@ TEST(PlanAllocation, QuantizedBaseAllocatesThePlan) {
     po.quant_blocksize = c.bs;
     po.micro_batch = 2;
     po.seq_len = 9;
-    po.checkpointing = c.ckpt;
+    po.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
     LlamaModel m(src.config, *be, po, fixture_lora());
     m.load_base(src.tensors);
     const auto planned = m.plan().bytes_by_category();

@@ -35,7 +35,7 @@ ModelPlanOptions qopts(const std::string& precision, bool dq, int64_t blocksize,
   po.quant_blocksize = blocksize;
   po.micro_batch = 2;
   po.seq_len = 12;
-  po.checkpointing = ckpt;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   return po;
 }
 
@@ -341,7 +341,7 @@ TEST(QloraEngine, DequantTrafficIsWhatThePlannerCounts) {
     req.micro_batch = 2;
     req.seq_len = 12;
     req.grad_accum = 2;
-    req.checkpointing = ckpt;
+    req.checkpointing = parse_checkpointing(ckpt, "checkpointing");
     const PlanResult plan = make_plan(req);
     double planned = -1;
     for (const auto& [what, bytes] : plan.speed.memory_bytes)

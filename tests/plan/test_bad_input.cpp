@@ -68,9 +68,12 @@ TEST(BadInput, UnknownValuesSuggestTheClosest) {
   r = request("qlora");
   r.base_precision = "nf5";
   expect_config_error(r, "unknown value 'nf5'", "did you mean 'nf4'");
-  r = request();
-  r.checkpointing = "ful";
-  expect_config_error(r, "unknown value 'ful'", "did you mean 'full'");
+  {  // checkpointing is a type: the spelling is checked where it is parsed
+    auto [kind, msg] = error_of([] { parse_checkpointing("ful", "--checkpointing"); });
+    EXPECT_EQ(kind, ErrorKind::Config);
+    EXPECT_NE(msg.find("unknown value 'ful'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did you mean 'full'"), std::string::npos) << msg;
+  }
   r = request();
   r.targets = {"q_proj", "v_prj"};
   expect_config_error(r, "unknown value 'v_prj'", "did you mean 'v_proj'");
@@ -140,7 +143,7 @@ TEST(BadInput, SequenceBeyondMaxPositionWarnsAboutRope) {
   r.model = preset_config("llama3.1-8b");
   r.model_label = "llama3.1-8b";
   r.seq_len = 262144;
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   p = make_plan(r);
   ASSERT_FALSE(p.warnings.empty());
   EXPECT_NE(p.warnings[0].find("already applies llama3 RoPE scaling (factor 8.0)"), std::string::npos) << p.warnings[0];

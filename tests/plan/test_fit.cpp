@@ -22,7 +22,7 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
 TEST(Fit, MaxSeqLenIsTight) {
   for (const char* ck : {"none", "full"}) {
     PlanRequest r = request("llama3-8b", "h100", "qlora");
-    r.checkpointing = ck;
+    r.checkpointing = parse_checkpointing(ck, "checkpointing");
     const int64_t T = max_seq_len_that_fits(r);
     ASSERT_GT(T, 2048) << ck;
     EXPECT_EQ(T % 128, 0);
@@ -34,13 +34,13 @@ TEST(Fit, MaxSeqLenIsTight) {
   // Checkpointing buys context: perf_anchors §10 puts 8B activations at ~4 MB/token without it.
   PlanRequest r = request("llama3-8b", "h100", "qlora");
   const int64_t none = max_seq_len_that_fits(r);
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   EXPECT_GT(max_seq_len_that_fits(r), 3 * none);
 }
 
 TEST(Fit, MaxMicroBatchIsTight) {
   PlanRequest r = request("llama3-70b", "h200", "qlora");
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   const int64_t b = max_micro_batch_that_fits(r);
   ASSERT_GT(b, 0);
   r.micro_batch = b;
@@ -62,7 +62,7 @@ TEST(Fit, FastestKeepsTheBatchAndBeatsTheRequest) {
   PlanRequest r = request("llama3-8b", "h100", "qlora");
   r.micro_batch = 1;
   r.grad_accum = 8;
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   const PlanResult asked = make_plan(r);
   ASSERT_TRUE(asked.fits);
   FitReport f = fit_search(r);
@@ -73,7 +73,7 @@ TEST(Fit, FastestKeepsTheBatchAndBeatsTheRequest) {
   EXPECT_GE(f.fastest.result.speed.tokens_per_second, asked.speed.tokens_per_second);
   EXPECT_EQ(f.candidates, 3 * 4);  // checkpointing x divisors of 8
   // Recompute only costs time, so the winner does not recompute when no-recompute fits.
-  EXPECT_EQ(f.fastest.req.checkpointing, "none");
+  EXPECT_EQ(f.fastest.req.checkpointing, Checkpointing::None);
 }
 
 TEST(Fit, SuggestionsFitWhenRequestDoesNot) {

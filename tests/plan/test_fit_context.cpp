@@ -22,7 +22,7 @@ TEST(FitContext, LongestContextPerCheckpointingIsThePlannersAnswer) {
       ASSERT_EQ(f.max_seq_len_by_checkpointing.size(), 3u);
       int64_t prev = 0;
       for (const auto& [ckpt, T] : f.max_seq_len_by_checkpointing) {
-        SCOPED_TRACE(std::string(model) + " on " + gpu + ", checkpointing " + ckpt);
+        SCOPED_TRACE(std::string(model) + " on " + gpu + ", checkpointing " + checkpointing_name(ckpt));
         PlanRequest q = r;
         q.checkpointing = ckpt;
         EXPECT_EQ(T, max_seq_len_that_fits(q));

@@ -24,7 +24,7 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
   r.gpu = resolve_gpu(gpu);
   r.method = "qlora";
   r.base_precision = base;
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   return r;
 }
 

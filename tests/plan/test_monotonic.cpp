@@ -26,7 +26,7 @@ PlanRequest request(const Case& c) {
   r.model_label = c.model;
   r.gpu = resolve_gpu("h100");
   r.method = c.method;
-  r.checkpointing = c.ckpt;
+  r.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
   return r;
 }
 

@@ -18,7 +18,7 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
   r.gpu = resolve_gpu(gpu);
   r.method = "qlora";
   r.base_precision = "nf4";
-  r.checkpointing = ckpt;
+  r.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   r.seq_len = seq;
   return r;
 }
@@ -77,7 +77,7 @@ TEST(OffloadPlan, FitReportsTheLongestContextPerCheckpointingAndSuggestsOffload)
   const PlanRequest r = request("llama3-8b", "h100-sxm", "none", 2048);
   const FitReport f = fit_search(r);
   ASSERT_EQ(f.max_seq_len_by_checkpointing.size(), 3u);
-  EXPECT_EQ(f.max_seq_len_by_checkpointing[0].first, "none");
+  EXPECT_EQ(f.max_seq_len_by_checkpointing[0].first, Checkpointing::None);
   EXPECT_EQ(f.max_seq_len_by_checkpointing[0].second, f.max_seq_len);
   const int64_t full = f.max_seq_len_by_checkpointing[1].second, off = f.max_seq_len_by_checkpointing[2].second;
   EXPECT_GT(full, f.max_seq_len);
@@ -88,7 +88,7 @@ TEST(OffloadPlan, FitReportsTheLongestContextPerCheckpointingAndSuggestsOffload)
   const PlanRequest longer = request("llama3-8b", "h100-sxm", "full", (full + off) / 2 / 128 * 128);
   EXPECT_FALSE(make_plan(longer).fits);
   PlanRequest o = longer;
-  o.checkpointing = "offload";
+  o.checkpointing = Checkpointing::Offload;
   EXPECT_TRUE(make_plan(o).fits);
   bool suggested = false;
   for (const auto& s : suggest_fixes(longer)) suggested |= s.rfind("--checkpointing offload:", 0) == 0;

@@ -149,7 +149,7 @@ TEST(PlanTotals, Llama3_70B_QLoRA_Nf4_FitsB200) {
   r.method = "qlora";
   r.base_precision = "nf4";
   r.seq_len = 4096;
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   PlanResult p = make_plan(r);
   const int64_t V = 128256, C = 8192, F = 28672, L = 80, kv = 1024, N = 4096, H = 64, R = 16;
   // bnb NF4 + double quant for n weights: n/2 packed codes + 16 fp32 code-table entries + n/64 uint8

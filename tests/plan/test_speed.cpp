@@ -56,7 +56,7 @@ TEST(Speed, ComputeTermsByHand) {
 // one), i.e. 60/32 of the base for Llama-3-8B's 32 layers.
 TEST(Speed, DequantTraffic) {
   PlanRequest r = request("llama3-8b", "h100", "qlora");
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   PlanResult p = make_plan(r);
   double nf4_bytes = 0;
   for (const auto& b : p.replica.buffers)
@@ -79,7 +79,7 @@ TEST(Speed, DequantTraffic) {
   EXPECT_GT(s64.t_dequant_exposed, 0.0);
   EXPECT_NEAR(s64.t_dequant_exposed, s64.t_dequant - a.dequant_overlap * base_gemm, 1e-9);
   EXPECT_NEAR(s64.step_time_s, s64.t_gemm + s64.t_attn + s64.t_memory + s64.t_dequant_exposed, 1e-12);
-  r.checkpointing = "none";
+  r.checkpointing = Checkpointing::None;
   EXPECT_DOUBLE_EQ(make_plan(r).speed.memory_bytes[0].second, p.speed.memory_bytes[0].second);
   // An FP8 base with FP8 GEMMs: the forward and its recompute read it as stored, only the
   // backward dequantizes to bf16 (dy W), each layer once per micro-step: L layers of 1 + 2 bytes.
@@ -118,12 +118,12 @@ TEST(Speed, CollectiveByHand) {
 
 TEST(Speed, DirectionsOfChange) {
   PlanRequest r = request("llama3-70b", "h100", "qlora");
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   const PlanResult base = make_plan(r);
   // Recompute costs time.
-  r.checkpointing = "none";
+  r.checkpointing = Checkpointing::None;
   EXPECT_LT(make_plan(r).speed.step_time_s, base.speed.step_time_s);
-  r.checkpointing = "full";
+  r.checkpointing = Checkpointing::Full;
   // Same compute, more bandwidth (H200 vs H100): faster, memory term exactly scaled.
   r.gpu = resolve_gpu("h200");
   const PlanResult h200 = make_plan(r);
