@@ -36,7 +36,6 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--grad-accum")) r.grad_accum = t.gradient_accumulation_steps;
   if (unset("--seq-len")) r.seq_len = t.max_length;
   if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
-  if (unset("--gemm-dtype")) r.gemm_dtype = t.gemm_dtype;
   if (unset("--ce-chunk")) r.ce_chunk = t.ce_chunk_size;
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
   if (!t.sample_prompts.empty()) r.kv_cache_tokens = r.seq_len + t.sample_max_new_tokens;
@@ -68,7 +67,7 @@ int cmd_plan(int argc, char** argv) {
                "Exit status: 0 fits, 3 does not fit, 1 bad input."};
   app.name("qlora plan");
   qlora::PlanRequest r;
-  std::string model, gpu, config, targets, compare, sharding = "none", checkpointing = "none";
+  std::string model, gpu, config, targets, compare, sharding = "none", checkpointing = "none", gemm_dtype = "bf16";
   std::vector<std::string> overrides;
   bool dq = false, no_dq = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
   bool list_gpus = false, list_models = false;
@@ -101,7 +100,7 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--sharding", sharding, "none | zero1 | zero2 | zero3 | fsdp")->capture_default_str();
   app.add_option("--gpus-per-node", r.topo.gpus_per_node, "GPUs per node")->capture_default_str();
   app.add_option("--nodes", r.topo.nodes, "nodes")->capture_default_str();
-  app.add_option("--gemm-dtype", r.gemm_dtype, "tensor-core dtype of base-weight GEMMs: bf16 | fp8 | fp4")->capture_default_str();
+  app.add_option("--gemm-dtype", gemm_dtype, "tensor-core dtype of base-weight GEMMs: bf16 | fp8 | fp4")->capture_default_str();
   app.add_flag("--json", json, "machine-readable output");
   app.add_flag("--fit", fit, "search the longest sequence, largest micro-batch and fastest configuration that fit");
   app.add_option("--compare", compare, "comma list of GPUs (or 'all') side by side");
@@ -126,6 +125,7 @@ int cmd_plan(int argc, char** argv) {
     apply_train_config(t, r, model, app);
     if (app.count("--sharding") == 0) sharding = t.sharding;  // the config's sharding: what training does
     if (app.count("--checkpointing") == 0) checkpointing = t.gradient_checkpointing;
+    if (app.count("--gemm-dtype") == 0) gemm_dtype = t.gemm_dtype;
   } else if (!overrides.empty()) {
     qlora::fail(qlora::ErrorKind::Config, "--set", "overrides need a training YAML", "add --config CONFIG.yaml");
   }
@@ -136,6 +136,7 @@ int cmd_plan(int argc, char** argv) {
   if (!targets.empty()) r.targets = split_commas(targets);
   r.sharding = qlora::parse_sharding(sharding);
   r.checkpointing = qlora::parse_checkpointing(checkpointing, "--checkpointing");
+  r.gemm_dtype = qlora::parse_gemm_dtype(gemm_dtype, "--gemm-dtype");
   if (model.empty())
     qlora::fail(qlora::ErrorKind::Config, "--model", "no model given",
                 "add --model llama3-8b (see --list-models), a model directory, config.json or .gguf");

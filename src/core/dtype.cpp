@@ -26,12 +26,6 @@ std::optional<DType> dtype_from_safetensors(std::string_view s) {
   return std::nullopt;
 }
 
-std::optional<DType> dtype_from_name(std::string_view s) {
-  for (const auto& d : kDTypes)
-    if (s == d.name) return d.dtype;
-  return std::nullopt;
-}
-
 float f16_to_f32(uint16_t h) {
   uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
   if (exp == 0) {

@@ -20,7 +20,6 @@ const DTypeTraits& dtype_traits(DType t);
 inline int dtype_size(DType t) { return dtype_traits(t).size; }
 inline const char* dtype_name(DType t) { return dtype_traits(t).name; }
 std::optional<DType> dtype_from_safetensors(std::string_view s);
-std::optional<DType> dtype_from_name(std::string_view s);
 
 // bf16 <-> f32: round to nearest even, NaN kept quiet.
 inline float bf16_to_f32(uint16_t h) {

@@ -87,7 +87,7 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
 
   // matmul_fp8 (FP8 base GEMMs): amax partials, scale and the e4m3 codes of the widest input.
-  if (o.gemm_dtype == "fp8") {
+  if (o.gemm_dtype == GemmDtype::Fp8) {
     int64_t in_max = 0;
     for (const auto& t : all_linear_targets()) in_max = std::max(in_max, projection_shape(c, t).second);
     plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp8Act), MC::Workspace, cp::fp8_act_bytes(N, in_max),
@@ -95,7 +95,7 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
     plan.buffers.back().owner = BufferOwner::ArenaScratch;
   }
   // matmul_fp4 (FP4 base GEMMs): amax partials, scales, e2m1 codes and tiled e4m3 of the widest input.
-  if (o.gemm_dtype == "fp4") {
+  if (o.gemm_dtype == GemmDtype::Fp4) {
     int64_t bytes = 0;
     for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp4_act_bytes(N, projection_shape(c, t).second));
     plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp4Act), MC::Workspace, bytes, Lifetime::Layer);

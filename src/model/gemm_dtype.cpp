@@ -6,11 +6,11 @@
 
 namespace qlora {
 
-std::string resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, const GemmCaps& caps) {
-  const std::string& g = o.gemm_dtype;
-  if (g.empty() || g == "bf16") return "bf16";
+GemmDtype resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, const GemmCaps& caps) {
+  const GemmDtype g = o.gemm_dtype;
+  if (g == GemmDtype::Bf16) return g;
   const std::string base = o.base_precision.empty() ? std::string("bf16") : o.base_precision;
-  if (g == "fp8") {
+  if (g == GemmDtype::Fp8) {
     if (base != "fp8")
       fail(ErrorKind::Config, "gemm_dtype fp8",
            "reads an fp8 base as stored, but base_precision is '" + base + "'",
@@ -24,9 +24,9 @@ std::string resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, 
         fail(ErrorKind::Config, "gemm_dtype fp8, projection " + t + " (" + std::to_string(out) + "," + std::to_string(in) + ")",
              "cuBLASLt's FP8 kernels need in % 16 == 0 and out % 8 == 0", "use gemm_dtype: bf16 for this model");
     }
-    return "fp8";
+    return g;
   }
-  if (g == "fp4") {
+  {  // GemmDtype::Fp4
     if (base != "nvfp4" && base != "mxfp4")
       fail(ErrorKind::Config, "gemm_dtype fp4",
            "reads an NVFP4 or MXFP4 base as stored, but base_precision is '" + base + "'",
@@ -45,9 +45,8 @@ std::string resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, 
         fail(ErrorKind::Config, "gemm_dtype fp4, projection " + t + " (" + std::to_string(out) + "," + std::to_string(in) + ")",
              "cuBLASLt's FP4 kernels need in % 32 == 0 and out % 8 == 0", "use gemm_dtype: bf16 for this model");
     }
-    return "fp4";
+    return g;
   }
-  fail(ErrorKind::Config, "gemm_dtype '" + g + "'", "is not one of bf16, fp8, fp4", "use bf16, fp8 or fp4");
 }
 
 }  // namespace qlora

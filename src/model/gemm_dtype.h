@@ -15,13 +15,13 @@ struct GemmCaps {
   std::string device = "the CPU backend";
 };
 
-// "bf16": every base is dequantized to bf16 a layer ahead (the default).
-// "fp8":  an fp8 base (e4m3, per-tensor scale) read as stored by matmul_fp8 in the forward.
-// "fp4":  an NVFP4 or MXFP4 base read as stored by matmul_fp4 (cuBLASLt's NVFP4 GEMM) in the
-//         forward, with GEMM scales made at load (quant/fp4_gemm.h).
+// Bf16: every base is dequantized to bf16 a layer ahead (the default).
+// Fp8:  an fp8 base (e4m3, per-tensor scale) read as stored by matmul_fp8 in the forward.
+// Fp4:  an NVFP4 or MXFP4 base read as stored by matmul_fp4 (cuBLASLt's NVFP4 GEMM) in the
+//       forward, with GEMM scales made at load (quant/fp4_gemm.h).
 // The backward's dy W stays bf16 on the dequantized layer for both. Anything the base, the
 // model's shapes or the device cannot run is an Error(Config) naming gemm_dtype, never a silent
 // fallback, so the plan and the run assume the same GEMMs.
-std::string resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, const GemmCaps& caps);
+GemmDtype resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, const GemmCaps& caps);
 
 }  // namespace qlora

@@ -180,7 +180,7 @@ void LlamaModel::resolve_views() {
         else L.w[p] = Tensor(at, float_base, {out, in});
       } else if (quantized_base_) {
         L.packed[p] = arena_->raw(lp + kProj[p]);
-        if (opts_.gemm_dtype == "fp4") L.gemm_scales[p] = arena_->raw(lp + kProj[p] + ".gemm_scales");
+        if (opts_.gemm_dtype == GemmDtype::Fp4) L.gemm_scales[p] = arena_->raw(lp + kProj[p] + ".gemm_scales");
       } else {
         L.w[p] = ar.get(lp + kProj[p]);
       }
@@ -321,7 +321,7 @@ void LlamaModel::load_base(const TensorSource& src) {
         q = quantize_ref(host.data(), rows, cols, base_quant_);
       }
       quant_io_.store(q, arena_->raw(b.name));
-      if (opts_.gemm_dtype == "fp4") {  // repacked once: the FP4 GEMM's scales beside the stored codes
+      if (opts_.gemm_dtype == GemmDtype::Fp4) {  // repacked once: the FP4 GEMM's scales beside the stored codes
         const std::vector<uint8_t> sf = fp4_gemm_scales(q);
         be_.copy_to_device(arena_->raw(b.name + ".gemm_scales"), sf.data(), sf.size());
       }
@@ -445,10 +445,10 @@ static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer)
 void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
                             uint64_t seed) {
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
-  if (opts_.gemm_dtype == "fp8") {  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
+  if (opts_.gemm_dtype == GemmDtype::Fp8) {  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
     gather_layer(l);
     be_.matmul_fp8({y, x, layers_[size_t(l)].packed[p], n, out, in, Tensor()});
-  } else if (opts_.gemm_dtype == "fp4") {  // the stored e2m1 codes, x quantized to NVFP4 (no dequantization)
+  } else if (opts_.gemm_dtype == GemmDtype::Fp4) {  // the stored e2m1 codes, x quantized to NVFP4 (no dequantization)
     be_.matmul_fp4({y, x, layers_[size_t(l)].packed[p], layers_[size_t(l)].gemm_scales[p], n, out, in});
   } else {
     be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
@@ -689,7 +689,7 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
   const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
-    if (opts_.gemm_dtype == "bf16") {  // fp8/fp4 base GEMMs read the stored weights: nothing to dequantize
+    if (opts_.gemm_dtype == GemmDtype::Bf16) {  // fp8/fp4 base GEMMs read the stored weights: nothing to dequantize
       prepare_layer(l, false);
       prepare_layer(l + 1, true);  // the next layer's weights while this one computes
     } else {  // fsdp: the stored fp8 weights are gathered all the same

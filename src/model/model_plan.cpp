@@ -87,7 +87,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
         plan.add_bytes(p + t, MC::Weights, quant_storage_bytes(qp, out, in));
     }
     // FP4 base GEMMs: each projection's GEMM scales (decode scale, tiled e4m3 per 16), made at load.
-    if (o.gemm_dtype == "fp4")
+    if (o.gemm_dtype == GemmDtype::Fp4)
       for (const auto& t : all_linear_targets()) {
         auto [out, in] = projection_shape(c, t);
         plan.add_bytes(p + t + ".gemm_scales", MC::Weights, fp4_gemm_scales_bytes(out, in));

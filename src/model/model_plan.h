@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/memory_plan.h"
-#include "model/checkpointing.h"
+#include "model/modes.h"
 #include "model/llama_config.h"
 
 namespace qlora {
@@ -41,7 +41,7 @@ struct ModelPlanOptions {
   // matmul_fp8 op) or "fp4" (an NVFP4/MXFP4 base read as stored by matmul_fp4, with its GEMM
   // scales planned beside it); the backward's dy W stays bf16. Resolve it with
   // resolve_gemm_dtype (model/gemm_dtype.h) before planning: buffers and scratch depend on it.
-  std::string gemm_dtype = "bf16";
+  GemmDtype gemm_dtype = GemmDtype::Bf16;
 };
 
 // The seven projection names in layer order.
@@ -69,8 +69,8 @@ int64_t dequant_layers_per_micro_step(int64_t n_layer);
 // weights as stored; only the backward's dy W (bf16: an "NN" product, which cuBLASLt's FP8 kernels
 // take only on sm_100) dequantizes, each layer once. From 4 layers on none of the two slots' layers
 // survives to be reused: L; below that the 2L - 4 rule's reuse applies.
-inline int64_t dequant_layers_per_micro_step(int64_t n_layer, const std::string& gemm_dtype) {
-  if (gemm_dtype == "bf16") return dequant_layers_per_micro_step(n_layer);
+inline int64_t dequant_layers_per_micro_step(int64_t n_layer, GemmDtype gemm_dtype) {
+  if (gemm_dtype == GemmDtype::Bf16) return dequant_layers_per_micro_step(n_layer);
   return n_layer >= 4 ? n_layer : std::max<int64_t>(0, 2 * n_layer - 4);
 }
 

@@ -190,10 +190,12 @@ double parse_quantity(const std::string& key, const std::string& text,
 
 }  // namespace
 
-double GpuSpec::peak_tflops(const std::string& gemm_dtype) const {
-  if (gemm_dtype == "bf16") return bf16_tflops;
-  if (gemm_dtype == "fp8") return fp8_tflops;
-  if (gemm_dtype == "fp4") return fp4_tflops;
+double GpuSpec::peak_tflops(GemmDtype gemm_dtype) const {
+  switch (gemm_dtype) {
+    case GemmDtype::Bf16: return bf16_tflops;
+    case GemmDtype::Fp8: return fp8_tflops;
+    case GemmDtype::Fp4: return fp4_tflops;
+  }
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "model/modes.h"
+
 namespace qlora {
 
 struct GpuSpec {
@@ -33,8 +35,8 @@ struct GpuSpec {
   double ce_elems_per_s = 0;         // fused cross-entropy (loss + dlogits), logits per second
   double dequant_elems_per_s = 0;    // 4-bit (NF4) weights dequantized to f32 per second
 
-  // Dense peak TFLOP/s for a GEMM dtype name ("bf16", "fp8", "fp4"); 0 when unsupported.
-  double peak_tflops(const std::string& gemm_dtype) const;
+  // Dense peak TFLOP/s for a GEMM dtype; 0 when unsupported.
+  double peak_tflops(GemmDtype gemm_dtype) const;
 };
 
 const std::vector<GpuSpec>& gpu_catalog();

@@ -111,11 +111,10 @@ PlanRequest normalize_request(const PlanRequest& in) {
     fail(ErrorKind::Config, "--avg-doc-len " + std::to_string(r.avg_doc_len),
          "mean example length exceeds --seq-len " + std::to_string(r.seq_len),
          "longer examples are truncated to the sequence length: raise --seq-len or lower --avg-doc-len");
-  const std::vector<std::string> gemm = {"bf16", "fp8", "fp4"};
-  if (std::find(gemm.begin(), gemm.end(), r.gemm_dtype) == gemm.end()) bad_choice("--gemm-dtype", r.gemm_dtype, gemm);
   // The CPU backend computes FP8/FP4 GEMMs' arithmetic in f32 (at its calibrated f32 rate).
   if (!r.gpu.is_cpu && r.gpu.peak_tflops(r.gemm_dtype) <= 0)
-    fail(ErrorKind::Config, "--gemm-dtype " + r.gemm_dtype, r.gpu.display + " has no " + r.gemm_dtype + " tensor cores",
+    fail(ErrorKind::Config, std::string("--gemm-dtype ") + gemm_dtype_name(r.gemm_dtype),
+         r.gpu.display + " has no " + gemm_dtype_name(r.gemm_dtype) + " tensor cores",
          "use --gemm-dtype bf16" + std::string(r.gpu.fp8_tflops > 0 ? " or fp8" : ""));
   if (r.gpu.mem_bytes <= 0 || r.gpu.bf16_tflops <= 0 || r.gpu.mem_bw <= 0)
     fail(ErrorKind::Config, "--gpu " + r.gpu.name, "device needs positive memory, bandwidth and bf16 peak");

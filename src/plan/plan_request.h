@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "model/llama_config.h"
+#include "model/modes.h"
 #include "plan/gpu_catalog.h"
-#include "model/checkpointing.h"
 #include "plan/sharding.h"
 
 namespace qlora {
@@ -35,7 +35,7 @@ struct PlanRequest {
   int64_t ce_chunk = 1024;            // tokens per cross-entropy chunk
   Sharding sharding = Sharding::None;
   Topology topo;
-  std::string gemm_dtype = "bf16";    // tensor-core dtype of the base-weight GEMMs: bf16 | fp8 | fp4
+  GemmDtype gemm_dtype = GemmDtype::Bf16;  // tensor-core dtype of the base-weight GEMMs
   int64_t kv_cache_tokens = 0;        // sample answers' KV cache (positions); 0 = none
 };
 

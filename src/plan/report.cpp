@@ -38,7 +38,7 @@ std::string shape_text(const PlanRequest& r) {
                   " tokens, grad-accum " + std::to_string(r.grad_accum) + ", packing " + (r.packing ? "on" : "off");
   if (r.avg_doc_len > 0) s += " (examples ~" + std::to_string(r.avg_doc_len) + " tokens)";
   s += std::string(", checkpointing ") + checkpointing_name(r.checkpointing) + ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " +
-       r.optimizer_dtype + ", GEMMs " + r.gemm_dtype;
+       r.optimizer_dtype + ", GEMMs " + gemm_dtype_name(r.gemm_dtype);
   return s;
 }
 
@@ -87,7 +87,7 @@ json request_json(const PlanRequest& r) {
           {"sharding", sharding_name(r.sharding)},
           {"gpus_per_node", r.topo.gpus_per_node},
           {"nodes", r.topo.nodes},
-          {"gemm_dtype", r.gemm_dtype}};
+          {"gemm_dtype", gemm_dtype_name(r.gemm_dtype)}};
 }
 
 json gpu_json(const GpuSpec& g) {

@@ -15,9 +15,9 @@ namespace {
 
 // Bytes per parameter the base GEMMs read, when the stored base must first be converted to the
 // GEMM dtype (dequantize, or cast to fp8/fp4); 0 when the GEMM consumes the stored format.
-double gemm_operand_bytes(const std::string& base, const std::string& gemm) {
-  if (gemm == "bf16") return base == "bf16" ? 0.0 : 2.0;
-  if (gemm == "fp8") return base == "fp8" ? 0.0 : 1.0;
+double gemm_operand_bytes(const std::string& base, GemmDtype gemm) {
+  if (gemm == GemmDtype::Bf16) return base == "bf16" ? 0.0 : 2.0;
+  if (gemm == GemmDtype::Fp8) return base == "fp8" ? 0.0 : 1.0;
   return base == "nvfp4" || base == "mxfp4" ? 0.0 : 0.5 + 1.0 / 16;  // e2m1 codes + e4m3 scale per 16
 }
 
@@ -68,14 +68,14 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // The engine's FP8/FP4 base GEMMs (an fp8 base with --gemm-dtype fp8, an NVFP4/MXFP4 base with
   // fp4: model_plan_options' resolved gemm_dtype) cover the forward and its recompute; the
   // backward's dy W runs in bf16 on the dequantized layer.
-  const std::string gemm = model_plan_options(r).gemm_dtype;
-  const bool lowp_base_gemm = gemm != "bf16";
+  const GemmDtype gemm = model_plan_options(r).gemm_dtype;
+  const bool lowp_base_gemm = gemm != GemmDtype::Bf16;
   const double bf16_base = lowp_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
   const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.fwd.lora + f.bwd.lora + f.recompute.lora;
   const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn;
   const double bf16_peak = r.gpu.bf16_tflops * 1e12;
   const double base_peak = r.gpu.peak_tflops(r.gemm_dtype) * 1e12;
-  const double base_eff = r.gemm_dtype == "bf16" ? a.gemm_efficiency : a.lowp_gemm_efficiency;
+  const double base_eff = r.gemm_dtype == GemmDtype::Bf16 ? a.gemm_efficiency : a.lowp_gemm_efficiency;
   if (r.gpu.is_cpu) {  // calibrated rates are achieved rates: no efficiency factor
     const double lora_flops = f.fwd.lora + f.bwd.lora + f.recompute.lora;
     e.t_gemm = tok_gpu * ((base_flops + bf16_flops - lora_flops) / bf16_peak + lora_flops / (r.gpu.lora_tflops * 1e12));
@@ -93,7 +93,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
   const double layers = double(dequant_layers_per_micro_step(c.n_layer, gemm));
   const double operand =
-      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, lowp_base_gemm ? std::string("bf16") : r.gemm_dtype);
+      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, lowp_base_gemm ? GemmDtype::Bf16 : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
   if (operand > 0 || (r.gpu.is_cpu && is_quantized_precision(r.base_precision)))
     for (const auto& t : all_linear_targets()) {
@@ -125,10 +125,10 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // e4m3 scale per 16) are written and read once by the GEMM. As the engine does it: q, k, v and
   // gate, up each quantize their shared input again.
   if (lowp_base_gemm && !r.gpu.is_cpu) {
-    const double code = gemm == "fp8" ? 1.0 : 0.5 + 1.0 / 16.0;
+    const double code = gemm == GemmDtype::Fp8 ? 1.0 : 0.5 + 1.0 / 16.0;
     double per_token = 0;
     for (const auto& t : all_linear_targets()) per_token += double(projection_shape(c, t).second) * (2.0 * 2.0 + 2.0 * code);
-    e.memory_bytes.push_back({"activation quantization (" + gemm + " GEMMs)",
+    e.memory_bytes.push_back({std::string("activation quantization (") + gemm_dtype_name(gemm) + " GEMMs)",
                               per_token * double(c.n_layer) * (1.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
   }
   // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM. On the

@@ -162,8 +162,7 @@ BenchOptions normalize_bench_options(const BenchOptions& in, const std::string& 
   require(o.steps >= 1, "--steps", o.steps, "must be at least 1 (timed steps)");
   require(o.warmup_steps >= 0, "--warmup-steps", o.warmup_steps, "must not be negative");
   o.checkpointing = parse_checkpointing(o.gradient_checkpointing, "--gradient-checkpointing");
-  const std::vector<std::string> gemm = {"bf16", "fp8", "fp4"};
-  if (std::find(gemm.begin(), gemm.end(), o.gemm_dtype) == gemm.end()) bad_choice("--gemm-dtype", o.gemm_dtype, gemm);
+  o.gemm = parse_gemm_dtype(o.gemm_dtype, "--gemm-dtype");
   LoraSpec::resolve_targets(split_commas(o.target_modules));  // throws on a name that is no projection
   return o;
 }
@@ -220,7 +219,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   po.micro_batch = o.micro_batch;
   po.seq_len = o.seq_len;
   po.checkpointing = o.checkpointing;
-  po.gemm_dtype = o.gemm_dtype;  // the model resolves it against the base and the device
+  po.gemm_dtype = o.gemm;  // the model resolves it against the base and the device
 
   const double t_load = now_s();
   LlamaModel model(cfg, be, po, lora);
@@ -296,7 +295,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     res.peak_flops_note = "no catalog entry for '" + dev.name + "' (see qlora plan --list-gpus)";
   } else {
     // All GEMMs run in bf16 (a quantized base is dequantized to bf16 first): the bf16 dense peak.
-    res.peak_flops = dev.gpu->peak_tflops("bf16") * 1e12;
+    res.peak_flops = dev.gpu->peak_tflops(GemmDtype::Bf16) * 1e12;
     res.mfu = res.tokens_per_second * fc.model() / *res.peak_flops;
   }
 
@@ -331,7 +330,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     req.micro_batch = o.micro_batch;
     req.seq_len = o.seq_len;
     req.checkpointing = o.checkpointing;
-    req.gemm_dtype = o.gemm_dtype;
+    req.gemm_dtype = o.gemm;
     req.packing = true;
     req.avg_doc_len = 0;
     const PlanResult plan = make_plan(req);
@@ -343,7 +342,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
       for (const auto& [what, bytes] : plan.speed.memory_bytes)
         if (what == "base weight dequant/cast") res.planned_dequant_bytes_per_step = bytes;
     } else if (model.quantized_base()) {  // the CPU term counts elements at a calibrated rate
-      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer, o.gemm_dtype)) * layer_bytes;
+      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer, o.gemm)) * layer_bytes;
     }
     res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
                          {"dequant_side_stream_s", plan.speed.t_dequant}, {"dequant_exposed_s", plan.speed.t_dequant_exposed},

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "model/checkpointing.h"
+#include "model/modes.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
 #include "plan/flops.h"
@@ -29,7 +29,8 @@ struct BenchOptions {
   int64_t seq_len = 2048, micro_batch = 4;
   std::string gradient_checkpointing = "none";  // none | full | offload, as given
   Checkpointing checkpointing = Checkpointing::None;  // gradient_checkpointing parsed (normalize_bench_options)
-  std::string gemm_dtype = "bf16";  // bf16 | fp8 | fp4: the base's forward GEMMs (model/gemm_dtype.h)
+  std::string gemm_dtype = "bf16";  // bf16 | fp8 | fp4: the base's forward GEMMs (model/gemm_dtype.h), as given
+  GemmDtype gemm = GemmDtype::Bf16;  // gemm_dtype parsed (normalize_bench_options)
   int64_t steps = 10, warmup_steps = 2;
   uint64_t seed = 0;
   double learning_rate = 2e-4;  // constant; AdamW and clipping at the trainer's defaults

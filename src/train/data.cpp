@@ -48,14 +48,6 @@ std::vector<bool> eval_mask(size_t n, int64_t n_eval, uint64_t seed) {
   return is_eval;
 }
 
-void split_eval(std::vector<Example>& train, std::vector<Example>& eval, int64_t n_eval, uint64_t seed) {
-  if (n_eval <= 0) return;
-  const std::vector<bool> is_eval = eval_mask(train.size(), n_eval, seed);
-  std::vector<Example> keep;
-  for (size_t i = 0; i < train.size(); i++) (is_eval[i] ? eval : keep).push_back(std::move(train[i]));
-  train = std::move(keep);
-}
-
 Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
   int64_t t = 0;
   bool packed = false;

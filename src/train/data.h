@@ -26,8 +26,6 @@ std::vector<Example> apply_weight(std::vector<Example> ex, double weight, uint64
 
 // Which of n rows form the eval set: `n_eval` of a seeded permutation.
 std::vector<bool> eval_mask(size_t n, int64_t n_eval, uint64_t seed);
-// Splits off those examples as the eval set.
-void split_eval(std::vector<Example>& train, std::vector<Example>& eval, int64_t n_eval, uint64_t seed);
 
 // Right-pads rows to the longest one. Packed rows (doc_lens) get positions that restart at each
 // document, one segment id per document (padding gets its own) and no target across documents.

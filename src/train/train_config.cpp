@@ -915,8 +915,6 @@ void finalize_train_config(TrainConfig& cfg, std::vector<std::string>* notes) {
   finalize(cfg, {}, notes ? *notes : local, false);
 }
 
-const std::vector<std::string>& lora_linear_modules() { return kLinear; }
-
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& origin,
                                const std::vector<std::string>& overrides, std::vector<std::string>* notes,
                                bool require_train_inputs) {

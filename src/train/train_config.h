@@ -84,8 +84,6 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
-// The linear layers LoRA can target, in Llama module order ("all-linear" means all of them).
-const std::vector<std::string>& lora_linear_modules();
 
 // Loads a YAML config, then applies overrides ("key=value"; value parsed as a YAML scalar or flow
 // sequence, so `target_modules=[q_proj,v_proj]` works; dotted torchtune keys like `optimizer.lr`).

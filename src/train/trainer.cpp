@@ -62,7 +62,7 @@ LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const M
   po.micro_batch = micro_batch;
   po.seq_len = seq_len;
   po.checkpointing = parse_checkpointing(cfg.gradient_checkpointing, "gradient_checkpointing");
-  po.gemm_dtype = cfg.gemm_dtype;  // the model resolves it (resolve_gemm_dtype) against the base and device
+  po.gemm_dtype = parse_gemm_dtype(cfg.gemm_dtype, "gemm_dtype");  // the model resolves it (resolve_gemm_dtype) against the base and device
   po.ce_chunk = cfg.ce_chunk_size;
   po.optimizer_shards = optimizer_shards;
   if (fsdp_comm) {

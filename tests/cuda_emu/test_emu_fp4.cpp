@@ -46,7 +46,7 @@ Fp4Run make_run(std::unique_ptr<Backend> be, const std::string& base, const std:
   ModelPlanOptions po;
   po.method = "qlora";
   po.base_precision = base;
-  po.gemm_dtype = gemm;
+  po.gemm_dtype = parse_gemm_dtype(gemm, "gemm_dtype");
   po.micro_batch = 2;
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
@@ -190,7 +190,7 @@ void compare_fp4_training(const std::string& base, const std::string& ckpt) {
     const StepResult rc = train_step(*cpu.model, {batch}, hp, 5e-3, s, 0);
     const StepResult rb = train_step(*ref.model, {batch}, hp, 5e-3, s, 0);
     const int64_t L = gpu.model->config().n_layer;
-    EXPECT_EQ(gpu.model->dequantized_layers(), L + s * dequant_layers_per_micro_step(L, "fp4")) << "step " << s;
+    EXPECT_EQ(gpu.model->dequantized_layers(), L + s * dequant_layers_per_micro_step(L, GemmDtype::Fp4)) << "step " << s;
     ASSERT_TRUE(std::isfinite(rg.loss)) << "step " << s;
     EXPECT_NEAR(rg.loss, rc.loss, std::fabs(rc.loss) / 32) << "step " << s;
     EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 0.15 * rc.grad_norm) << "step " << s;

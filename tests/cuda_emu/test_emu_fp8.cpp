@@ -45,7 +45,7 @@ Fp8Run make_run(std::unique_ptr<Backend> be, const std::string& ckpt) {
   ModelPlanOptions po;
   po.method = "qlora";
   po.base_precision = "fp8";
-  po.gemm_dtype = "fp8";
+  po.gemm_dtype = GemmDtype::Fp8;
   po.micro_batch = 2;
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
@@ -177,9 +177,9 @@ void compare_fp8_training(const std::string& ckpt) {
     const StepResult rg = train_step(*gpu.model, {batch}, h, 5e-3, s, 0);
     const StepResult rc = train_step(*cpu.model, {batch}, h, 5e-3, s, 0);
     // Only the backward dequantizes (dy W in bf16): each layer once in the first step, then as
-    // many as the planner counts per micro-step (dequant_layers_per_micro_step(L, "fp8")).
+    // many as the planner counts per micro-step (dequant_layers_per_micro_step(L, GemmDtype::Fp8)).
     const int64_t L = gpu.model->config().n_layer;
-    EXPECT_EQ(gpu.model->dequantized_layers(), L + s * dequant_layers_per_micro_step(L, "fp8")) << "step " << s;
+    EXPECT_EQ(gpu.model->dequantized_layers(), L + s * dequant_layers_per_micro_step(L, GemmDtype::Fp8)) << "step " << s;
     ASSERT_TRUE(std::isfinite(rg.loss)) << "step " << s;
     EXPECT_NEAR(rg.loss, rc.loss, std::fabs(rc.loss) / 32) << "step " << s;
     EXPECT_NEAR(rg.grad_norm, rc.grad_norm, 0.1 * rc.grad_norm) << "step " << s;

@@ -26,7 +26,7 @@ ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::s
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.base_shards = shards;
-  po.gemm_dtype = gemm;
+  po.gemm_dtype = parse_gemm_dtype(gemm, "gemm_dtype");
   return po;
 }
 

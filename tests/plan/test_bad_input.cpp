@@ -74,6 +74,12 @@ TEST(BadInput, UnknownValuesSuggestTheClosest) {
     EXPECT_NE(msg.find("unknown value 'ful'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("did you mean 'full'"), std::string::npos) << msg;
   }
+  {  // so is the GEMM dtype
+    auto [kind, msg] = error_of([] { parse_gemm_dtype("fp16", "--gemm-dtype"); });
+    EXPECT_EQ(kind, ErrorKind::Config);
+    EXPECT_NE(msg.find("unknown value 'fp16'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did you mean 'bf16'"), std::string::npos) << msg;
+  }
   r = request();
   r.targets = {"q_proj", "v_prj"};
   expect_config_error(r, "unknown value 'v_prj'", "did you mean 'v_proj'");
@@ -88,10 +94,10 @@ TEST(BadInput, UnknownValuesSuggestTheClosest) {
 TEST(BadInput, DeviceCannotRunTheGemmDtype) {
   PlanRequest r = request("qlora");
   r.gpu = resolve_gpu("a100");
-  r.gemm_dtype = "fp8";
+  r.gemm_dtype = GemmDtype::Fp8;
   expect_config_error(r, "has no fp8 tensor cores", "--gemm-dtype bf16");
   r.gpu = resolve_gpu("h100");
-  r.gemm_dtype = "fp4";
+  r.gemm_dtype = GemmDtype::Fp4;
   expect_config_error(r, "has no fp4 tensor cores", "or fp8");
 }
 

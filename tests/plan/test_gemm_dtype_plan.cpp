@@ -52,7 +52,7 @@ TEST(GemmDtypePlan, Fp4OnB200PlansTheEngineBuffersAndRows) {
     SCOPED_TRACE(base);
     PlanRequest r = request("llama3-8b", "b200", base);
     const PlanResult bf = make_plan(r);
-    r.gemm_dtype = "fp4";
+    r.gemm_dtype = GemmDtype::Fp4;
     const PlanResult f4 = make_plan(r);
     const LlamaConfig& c = f4.req.model;
     const auto [out, in] = projection_shape(c, "down_proj");
@@ -70,20 +70,20 @@ TEST(GemmDtypePlan, Fp4OnB200PlansTheEngineBuffersAndRows) {
     EXPECT_LT(bytes_of(f4.speed, "base weight dequant/cast"), bytes_of(bf.speed, "base weight dequant/cast"));
     EXPECT_GT(bytes_of(f4.speed, "activation quantization (fp4 GEMMs)"), 0.0);
     EXPECT_EQ(bytes_of(bf.speed, "activation quantization (fp4 GEMMs)"), -1.0);
-    EXPECT_EQ(dequant_layers_per_micro_step(c.n_layer, "fp4"), c.n_layer);
+    EXPECT_EQ(dequant_layers_per_micro_step(c.n_layer, GemmDtype::Fp4), c.n_layer);
   }
 }
 
 TEST(GemmDtypePlan, RefusesWhatTheEngineRefuses) {
   PlanRequest r = request("llama3-8b", "h100", "nvfp4");
-  r.gemm_dtype = "fp4";
+  r.gemm_dtype = GemmDtype::Fp4;
   EXPECT_NE(config_error(r).find("no fp4 tensor cores"), std::string::npos);
   r.gpu = resolve_gpu("rtx5090");  // FP4 tensor cores, but compute capability 12.0: no cuBLASLt NVFP4 GEMM here
   EXPECT_NE(config_error(r).find("10.x"), std::string::npos);
   r = request("llama3-8b", "b200", "nf4");
-  r.gemm_dtype = "fp4";
+  r.gemm_dtype = GemmDtype::Fp4;
   EXPECT_NE(config_error(r).find("base_precision is 'nf4'"), std::string::npos);
-  r.gemm_dtype = "fp8";
+  r.gemm_dtype = GemmDtype::Fp8;
   EXPECT_NE(config_error(r).find("gemm_dtype fp8"), std::string::npos);
   r.base_precision = "fp8";
   EXPECT_NO_THROW(make_plan(r));
@@ -94,10 +94,10 @@ TEST(GemmDtypePlan, ResolveNamesTheOptionTheBaseTheShapeAndTheDevice) {
   LlamaConfig c = preset_config("llama3-8b");
   ModelPlanOptions o;
   o.base_precision = "nvfp4";
-  o.gemm_dtype = "fp4";
-  EXPECT_EQ(resolve_gemm_dtype(o, c, {}), "fp4");
+  o.gemm_dtype = GemmDtype::Fp4;
+  EXPECT_EQ(resolve_gemm_dtype(o, c, {}), GemmDtype::Fp4);
   o.base_precision = "mxfp4";
-  EXPECT_EQ(resolve_gemm_dtype(o, c, {}), "fp4");
+  EXPECT_EQ(resolve_gemm_dtype(o, c, {}), GemmDtype::Fp4);
   auto message = [&](const GemmCaps& caps) {
     try {
       resolve_gemm_dtype(o, c, caps);
@@ -117,11 +117,11 @@ TEST(GemmDtypePlan, ResolveNamesTheOptionTheBaseTheShapeAndTheDevice) {
   EXPECT_NE(message({}).find("gemm_dtype fp4, projection down_proj (4096,14320): cuBLASLt's FP4 kernels need in % 32 == 0"),
             std::string::npos);
   c = preset_config("llama3-8b");
-  o.gemm_dtype = "fp8";
+  o.gemm_dtype = GemmDtype::Fp8;
   EXPECT_NE(message({}).find("gemm_dtype fp8: reads an fp8 base as stored, but base_precision is 'mxfp4'"), std::string::npos);
   o.base_precision = "fp8";
   EXPECT_NE(message({false, false, "this GPU"}).find("this GPU has no FP8 tensor cores"), std::string::npos);
-  EXPECT_EQ(resolve_gemm_dtype(o, c, {}), "fp8");
-  o.gemm_dtype = "bf16";
-  EXPECT_EQ(resolve_gemm_dtype(o, c, {false, false, "x"}), "bf16");
+  EXPECT_EQ(resolve_gemm_dtype(o, c, {}), GemmDtype::Fp8);
+  o.gemm_dtype = GemmDtype::Bf16;
+  EXPECT_EQ(resolve_gemm_dtype(o, c, {false, false, "x"}), GemmDtype::Bf16);
 }

@@ -84,7 +84,7 @@ TEST(Speed, DequantTraffic) {
   // An FP8 base with FP8 GEMMs: the forward and its recompute read it as stored, only the
   // backward dequantizes to bf16 (dy W), each layer once per micro-step: L layers of 1 + 2 bytes.
   r.base_precision = "fp8";
-  r.gemm_dtype = "fp8";
+  r.gemm_dtype = GemmDtype::Fp8;
   const PlanResult f8 = make_plan(r);
   const LlamaConfig& cfg = f8.req.model;
   double per_layer = 0;
@@ -92,9 +92,9 @@ TEST(Speed, DequantTraffic) {
     const auto [out, in] = projection_shape(cfg, t);
     per_layer += double(quantized_weight_bytes("fp8", out, in, r.quant_blocksize, false)) + 2.0 * double(out * in);
   }
-  EXPECT_EQ(dequant_layers_per_micro_step(cfg.n_layer, "fp8"), cfg.n_layer);
+  EXPECT_EQ(dequant_layers_per_micro_step(cfg.n_layer, GemmDtype::Fp8), cfg.n_layer);
   EXPECT_DOUBLE_EQ(f8.speed.memory_bytes[0].second, per_layer * double(cfg.n_layer) * double(r.grad_accum));
-  r.gemm_dtype = "bf16";
+  r.gemm_dtype = GemmDtype::Bf16;
   EXPECT_GT(make_plan(r).speed.memory_bytes[0].second, f8.speed.memory_bytes[0].second);
 }
 
@@ -134,9 +134,9 @@ TEST(Speed, DirectionsOfChange) {
   r.gpu = resolve_gpu("h100");
   r.base_precision = "fp8";
   const PlanResult fp8_bf16 = make_plan(r);
-  r.gemm_dtype = "fp8";
+  r.gemm_dtype = GemmDtype::Fp8;
   EXPECT_LT(make_plan(r).speed.t_gemm, fp8_bf16.speed.t_gemm);
-  r.gemm_dtype = "bf16";
+  r.gemm_dtype = GemmDtype::Bf16;
   r.base_precision = base.req.base_precision;
   // ZeRO-3 across 2 nodes adds all-gathers of the 4-bit base every micro-step.
   r.sharding = Sharding::Zero3;

@@ -1,4 +1,4 @@
-#include "model/checkpointing.h"
+#include "model/modes.h"
 
 #include "core/error.h"
 #include "io/json_util.h"
@@ -28,6 +28,24 @@ Checkpointing parse_checkpointing(const std::string& value, const std::string& k
 const std::vector<Checkpointing>& checkpointing_modes() {
   static const std::vector<Checkpointing> m = {Checkpointing::None, Checkpointing::Full, Checkpointing::Offload};
   return m;
+}
+
+const char* gemm_dtype_name(GemmDtype g) {
+  switch (g) {
+    case GemmDtype::Bf16: return "bf16";
+    case GemmDtype::Fp8: return "fp8";
+    case GemmDtype::Fp4: return "fp4";
+  }
+  return "bf16";
+}
+
+GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key) {
+  for (GemmDtype g : {GemmDtype::Bf16, GemmDtype::Fp8, GemmDtype::Fp4})
+    if (value == gemm_dtype_name(g)) return g;
+  const std::vector<std::string> choices = {"bf16", "fp8", "fp4"};
+  const std::string close = closest_name(choices, value, 3);
+  fail(ErrorKind::Config, key + " " + value, "unknown value '" + value + "'",
+       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of bf16, fp8, fp4");
 }
 
 }  // namespace qlora

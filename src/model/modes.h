@@ -1,6 +1,5 @@
-// Activation checkpointing, the engine's mode for what the backward recomputes: parsed once from
-// its key (gradient_checkpointing in a config, --checkpointing / --gradient-checkpointing on the
-// command line) and compared as a type everywhere else.
+// The engine's modes as types: each parsed once from its key (a config key or a command-line
+// flag, named in the error) and compared as a type everywhere else.
 #pragma once
 #include <string>
 #include <vector>
@@ -19,5 +18,13 @@ Checkpointing parse_checkpointing(const std::string& value, const std::string& k
 // None, Full, Offload: the order reports list them in.
 const std::vector<Checkpointing>& checkpointing_modes();
 inline bool recomputes(Checkpointing c) { return c != Checkpointing::None; }
+
+// The tensor-core dtype of the frozen base's forward GEMMs (gemm_dtype, --gemm-dtype; what each
+// needs of the base and the device: model/gemm_dtype.h). Bf16: the base is dequantized a layer
+// ahead. Fp8: an fp8 base read as stored. Fp4: an NVFP4/MXFP4 base read as stored.
+enum class GemmDtype { Bf16, Fp8, Fp4 };
+
+const char* gemm_dtype_name(GemmDtype g);  // "bf16" | "fp8" | "fp4"
+GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key);
 
 }  // namespace qlora
