@@ -20,6 +20,7 @@
 #include "model/peft_io.h"
 #include "train/model_source.h"
 #include "train/step.h"
+#include "../model/model_test_util.h"
 
 namespace qlora::test {
 namespace {
@@ -264,30 +265,16 @@ TEST(CudaEmuCudnn, ErrorsOfTheCudnnPath) {
 // Whole LoRA training steps on a packed batch (documents and padding as train/data.cpp packs
 // them) through the cuDNN path on sm_90 and sm_100 against the CPU backend: the losses and
 // gradient norms agree at bf16 precision, and every attention call took cuDNN.
-struct Run {
-  std::unique_ptr<Backend> be;
-  ModelSource src;
-  std::unique_ptr<LlamaModel> model;
-};
+using Run = testing_util::TestModel;
 
 Run make_run(std::unique_ptr<Backend> be) {
-  Run r;
-  r.be = std::move(be);
-  r.src = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa");
   ModelPlanOptions po;
   po.method = "lora";
   po.micro_batch = 2;
   po.seq_len = 12;
   po.checkpointing = Checkpointing::None;
-  LoraSpec lora;
-  lora.r = 4;
-  lora.alpha = 8;
-  lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  r.model = std::make_unique<LlamaModel>(r.src.config, *r.be, po, lora);
-  r.model->load_base(r.src.tensors);
-  r.model->init_lora(1);
-  load_peft_adapter(std::string(QLORA_FIXTURES) + "/parity/llama_gqa_adapter", *r.model);
-  return r;
+  return testing_util::make_model_on(std::move(be), "llama_gqa", po, testing_util::fixture_lora(),
+                                     "parity/llama_gqa_adapter");
 }
 
 [[maybe_unused]] void packed_training_matches_cpu(const char* arch) {

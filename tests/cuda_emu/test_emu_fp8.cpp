@@ -24,24 +24,17 @@
 #include "quant/quantize.h"
 #include "train/model_source.h"
 #include "train/step.h"
+#include "../model/model_test_util.h"
 
 namespace qlora {
 namespace {
 
-std::string fixtures() { return QLORA_FIXTURES; }
-
 using qlora::emu_test::ArchScope;
-
-struct Fp8Run {
-  std::unique_ptr<Backend> be;
-  ModelSource src;
-  std::unique_ptr<LlamaModel> model;
-};
+using testing_util::fixtures;
+using testing_util::ints;
+using Fp8Run = testing_util::TestModel;
 
 Fp8Run make_run(std::unique_ptr<Backend> be, const std::string& ckpt) {
-  Fp8Run r;
-  r.be = std::move(be);
-  r.src = open_model_source(fixtures() + "/models/llama_gqa");
   ModelPlanOptions po;
   po.method = "qlora";
   po.base_precision = "fp8";
@@ -49,22 +42,8 @@ Fp8Run make_run(std::unique_ptr<Backend> be, const std::string& ckpt) {
   po.micro_batch = 2;
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
-  LoraSpec lora;
-  lora.r = 4;
-  lora.alpha = 8;
-  lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  r.model = std::make_unique<LlamaModel>(r.src.config, *r.be, po, lora);
-  r.model->load_base(r.src.tensors);
-  r.model->init_lora(1);
-  load_peft_adapter(fixtures() + "/parity/llama_gqa_adapter", *r.model);  // B != 0: LoRA contributes
-  return r;
-}
-
-std::vector<int32_t> ints(const SafetensorsArchive& ar, const std::string& name) {
-  const TensorInfo& ti = ar.get(name);
-  std::vector<int32_t> v(size_t(ti.nbytes / 4));
-  std::memcpy(v.data(), ti.data, size_t(ti.nbytes));
-  return v;
+  return testing_util::make_model_on(std::move(be), "llama_gqa", po, testing_util::fixture_lora(),
+                                     "parity/llama_gqa_adapter");
 }
 
 std::vector<float> weights_of(LlamaModel& m, const LoraParam& p) {  // LoRA weights are f32 on both backends

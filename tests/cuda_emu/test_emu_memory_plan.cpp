@@ -25,18 +25,13 @@
 #include "plan/planner.h"
 #include "train/model_source.h"
 #include "train/step.h"
+#include "../model/model_test_util.h"
 
 namespace qlora {
 namespace {
 
-std::string fixtures() { return QLORA_FIXTURES; }
-
-std::vector<int32_t> ints(const SafetensorsArchive& ar, const std::string& name) {
-  const TensorInfo& ti = ar.get(name);
-  std::vector<int32_t> v(size_t(ti.nbytes / 4));
-  std::memcpy(v.data(), ti.data, size_t(ti.nbytes));
-  return v;
-}
+using testing_util::fixtures;
+using testing_util::ints;
 
 struct Case {
   std::string method, precision, ckpt;
@@ -56,14 +51,6 @@ ModelPlanOptions plan_options(const Case& c) {
   return po;
 }
 
-LoraSpec lora_spec() {
-  LoraSpec lora;
-  lora.r = 4;
-  lora.alpha = 8;
-  lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  return lora;
-}
-
 std::string name(const Case& c) {
   return c.method + "/" + (c.precision.empty() ? "bf16" : c.precision) + " ckpt=" + c.ckpt +
          (c.label_subset ? " label subset" : " all labeled");
@@ -79,7 +66,7 @@ void check_allocation_equals_plan(const Case& c) {
   std::unique_ptr<Backend> be = make_cuda_backend(&why);
   ASSERT_TRUE(be) << why;
   ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
-  auto model = std::make_unique<LlamaModel>(src.config, *be, plan_options(c), lora_spec());
+  auto model = std::make_unique<LlamaModel>(src.config, *be, plan_options(c), testing_util::fixture_lora());
   model->load_base(src.tensors);
   model->init_lora(1);
   const MemoryPlan& plan = model->plan();
@@ -154,7 +141,7 @@ TEST(CudaEmuMemoryPlan, PlannerEqualsTheCudaEngine) {
     ASSERT_TRUE(be) << why;
     ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
     const ModelPlanOptions po = plan_options(c);
-    LlamaModel model(src.config, *be, po, lora_spec());
+    LlamaModel model(src.config, *be, po, testing_util::fixture_lora());
     PlanRequest r;
     r.model = src.config;
     r.gpu = resolve_gpu("h100-sxm");
@@ -162,8 +149,8 @@ TEST(CudaEmuMemoryPlan, PlannerEqualsTheCudaEngine) {
     r.base_precision = c.precision.empty() ? "bf16" : c.precision;
     if (!c.precision.empty()) r.double_quant = po.double_quant;  // a bnb format's option only
     r.quant_blocksize = po.quant_blocksize;
-    r.lora_r = lora_spec().r;
-    r.targets = lora_spec().targets;
+    r.lora_r = testing_util::fixture_lora().r;
+    r.targets = testing_util::fixture_lora().targets;
     r.micro_batch = po.micro_batch;
     r.seq_len = po.seq_len;
     r.checkpointing = po.checkpointing;

@@ -23,23 +23,17 @@
 #include "train/model_source.h"
 #include "model/peft_io.h"
 #include "train/step.h"
+#include "../model/model_test_util.h"
 
 namespace qlora {
 namespace {
 
-std::string fixtures() { return QLORA_FIXTURES; }
-
-struct TrainRun {
-  std::unique_ptr<Backend> be;
-  ModelSource src;
-  std::unique_ptr<LlamaModel> model;
-};
+using testing_util::fixtures;
+using testing_util::ints;
+using TrainRun = testing_util::TestModel;
 
 TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt,
                   int64_t kv_cache_tokens = 0) {
-  TrainRun r;
-  r.be = std::move(be);
-  r.src = open_model_source(fixtures() + "/models/llama_gqa");
   ModelPlanOptions po;
   po.method = method;
   po.base_precision = precision;
@@ -49,23 +43,9 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.kv_cache_tokens = kv_cache_tokens;
-  LoraSpec lora;
-  lora.r = 4;
-  lora.alpha = 8;
-  lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  r.model = std::make_unique<LlamaModel>(r.src.config, *r.be, po, lora);
-  r.model->load_base(r.src.tensors);
-  r.model->init_lora(1);
   // A trained adapter (B != 0), so the LoRA path contributes from the first step.
-  load_peft_adapter(fixtures() + "/parity/llama_gqa_adapter", *r.model);
-  return r;
-}
-
-std::vector<int32_t> ints(const SafetensorsArchive& ar, const std::string& name) {
-  const TensorInfo& ti = ar.get(name);
-  std::vector<int32_t> v(size_t(ti.nbytes / 4));
-  std::memcpy(v.data(), ti.data, size_t(ti.nbytes));
-  return v;
+  return testing_util::make_model_on(std::move(be), "llama_gqa", po, testing_util::fixture_lora(),
+                                     "parity/llama_gqa_adapter");
 }
 
 std::vector<float> weights_of(LlamaModel& m, LoraParam& p) {

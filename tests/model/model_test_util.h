@@ -1,4 +1,5 @@
-// Shared helpers for model tests: build a model on the CPU backend from a fixture directory.
+// Shared helpers for model tests: build a model on any backend from a fixture directory, read
+// fixture tensors, compare results.
 #pragma once
 #include <cmath>
 #include <memory>
@@ -8,6 +9,7 @@
 #include "backend/backend.h"
 #include "io/safetensors.h"
 #include "model/llama_model.h"
+#include "model/peft_io.h"
 #include "train/model_source.h"
 
 namespace qlora::testing_util {
@@ -20,20 +22,29 @@ struct TestModel {
   std::unique_ptr<LlamaModel> model;
 };
 
+// The model of tests/fixtures/models/<variant> on `be` with `po` and `lora`, its base loaded and
+// its adapters initialized; with `adapter`, the adapter weights then loaded from that PEFT
+// directory under tests/fixtures (a trained adapter, B != 0, so LoRA contributes from the start).
+inline TestModel make_model_on(std::unique_ptr<Backend> be, const std::string& variant, const ModelPlanOptions& po,
+                               const LoraSpec& lora, const std::string& adapter = "") {
+  TestModel t;
+  t.be = std::move(be);
+  t.src = open_model_source(fixtures() + "/models/" + variant);
+  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
+  t.model->load_base(t.src.tensors);
+  t.model->init_lora(1);
+  if (!adapter.empty()) load_peft_adapter(fixtures() + "/" + adapter, *t.model);
+  return t;
+}
+
 inline TestModel make_model(const std::string& variant, LoraSpec lora, int64_t mb, int64_t seq,
                             const std::string& ckpt = "none", int64_t ce_chunk = 1024) {
-  TestModel t;
-  t.be = make_cpu_backend();
-  t.src = open_model_source(fixtures() + "/models/" + variant);
   ModelPlanOptions po;
   po.micro_batch = mb;
   po.seq_len = seq;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.ce_chunk = ce_chunk;
-  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
-  t.model->load_base(t.src.tensors);
-  t.model->init_lora(1);
-  return t;
+  return make_model_on(make_cpu_backend(), variant, po, lora);
 }
 
 inline LoraSpec fixture_lora() {
