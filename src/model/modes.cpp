@@ -5,6 +5,25 @@
 
 namespace qlora {
 
+namespace {
+
+// The mode of `modes` whose name is `value`; else an Error(Config) naming `key`, the value, the
+// closest name and `choices` (the names, with what each does where that helps).
+template <class Mode>
+Mode parse_mode(const std::string& value, const std::string& key, const std::vector<Mode>& modes,
+                const char* (*name)(Mode), const std::string& choices) {
+  std::vector<std::string> names;
+  for (Mode m : modes) {
+    if (value == name(m)) return m;
+    names.push_back(name(m));
+  }
+  const std::string close = closest_name(names, value, 3);
+  fail(ErrorKind::Config, key + " " + value, "unknown value '" + value + "'",
+       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + choices);
+}
+
+}  // namespace
+
 const char* checkpointing_name(Checkpointing c) {
   switch (c) {
     case Checkpointing::None: return "none";
@@ -15,14 +34,9 @@ const char* checkpointing_name(Checkpointing c) {
 }
 
 Checkpointing parse_checkpointing(const std::string& value, const std::string& key) {
-  for (Checkpointing c : checkpointing_modes())
-    if (value == checkpointing_name(c)) return c;
-  const std::vector<std::string> choices = {"none", "full", "offload"};
-  const std::string close = closest_name(choices, value, 3);
-  fail(ErrorKind::Config, key + " " + value, "unknown value '" + value + "'",
-       (close.empty() ? std::string() : "did you mean '" + close + "'? ") +
-           "choose one of none (keep every activation), full (recompute each layer), offload (full, with the "
-           "layer inputs in host memory)");
+  return parse_mode(value, key, checkpointing_modes(), checkpointing_name,
+                    "none (keep every activation), full (recompute each layer), offload (full, with the layer "
+                    "inputs in host memory)");
 }
 
 const std::vector<Checkpointing>& checkpointing_modes() {
@@ -40,12 +54,8 @@ const char* gemm_dtype_name(GemmDtype g) {
 }
 
 GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key) {
-  for (GemmDtype g : {GemmDtype::Bf16, GemmDtype::Fp8, GemmDtype::Fp4})
-    if (value == gemm_dtype_name(g)) return g;
-  const std::vector<std::string> choices = {"bf16", "fp8", "fp4"};
-  const std::string close = closest_name(choices, value, 3);
-  fail(ErrorKind::Config, key + " " + value, "unknown value '" + value + "'",
-       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of bf16, fp8, fp4");
+  static const std::vector<GemmDtype> all = {GemmDtype::Bf16, GemmDtype::Fp8, GemmDtype::Fp4};
+  return parse_mode(value, key, all, gemm_dtype_name, "bf16, fp8, fp4");
 }
 
 }  // namespace qlora

@@ -34,18 +34,6 @@ namespace {
 
 namespace ctx = boost::context;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizerBuild = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitizerBuild = true;
-#else
-constexpr bool kSanitizerBuild = false;
-#endif
-#else
-constexpr bool kSanitizerBuild = false;
-#endif
-
 // GCC's ThreadSanitizer instrumentation skips 16-byte accesses (a vector memcpy/memset of 16
 // bytes is invisible to it), so the harness reports its own shared-memory traffic explicitly.
 #if defined(__SANITIZE_THREAD__)

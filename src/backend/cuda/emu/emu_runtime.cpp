@@ -29,18 +29,6 @@
 namespace qlora::emu {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizerBuild = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitizerBuild = true;
-#else
-constexpr bool kSanitizerBuild = false;
-#endif
-#else
-constexpr bool kSanitizerBuild = false;
-#endif
-
 std::mutex g_mu;
 std::map<uintptr_t, size_t> g_device;  // base -> bytes
 std::shared_ptr<const DeviceRanges> g_ranges;  // g_device as launches see it; null after a change

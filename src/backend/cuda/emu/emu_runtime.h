@@ -12,6 +12,20 @@
 
 namespace qlora::emu {
 
+// Whether this harness build runs under ThreadSanitizer or AddressSanitizer: CUDA threads are OS
+// threads there, and device memory stays exact-size host allocations.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 // Compute capability of the emulated device times 10 (80, 90, 100); QLORA_CUDA_EMU_ARCH chooses.
 int arch();
 // Largest dynamic + static shared memory one block may opt in to on the emulated architecture.
