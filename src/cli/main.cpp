@@ -6,9 +6,9 @@
 #include <exception>
 #include <string>
 
-#include <unistd.h>
 
 #include "cli/commands.h"
+#include "backend/cpu/cpu_process.h"
 #include "core/error.h"
 
 namespace {
@@ -42,15 +42,10 @@ void usage(FILE* f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Spinning OpenMP workers starve everything else on a shared or small machine (10x slower steps
-  // measured with another process busy); sleeping waits cost little at our op sizes.
-  // libgomp reads the policy in its load-time constructor, before main, so setting it here only
-  // reaches a fresh image: re-exec once (same pid, same args) unless the user chose a policy.
-  // Measured: `qlora generate` on 2 cores runs 3x slower with the default spinning workers.
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "passive", /*overwrite=*/1);
-    execv("/proc/self/exe", argv);  // returns only on failure: carry on with spinning workers
-  }
+  // The OpenMP wait policy and the BLAS kernels are read when the libraries load, before main:
+  // set them and re-exec once (backend/cpu/cpu_process.h). Measured: `qlora generate` on 2 cores
+  // runs 3x slower with spinning OpenMP workers.
+  qlora::cpu::reexec_with_runtime_settings(argv);
   // A write past the file size limit (ulimit -f) kills the process with SIGXFSZ by default, halfway
   // through a file; ignored, write() fails with EFBIG and the error path names the file and removes
   // the temporary output, as for a full disk.

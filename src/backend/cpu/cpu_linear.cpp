@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_process.h"
 #include "core/error.h"
 
 namespace qlora {
@@ -58,8 +59,10 @@ std::string cpu::blas_info() {
   const int par = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   std::string cfg = openblas_get_config();
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
+  const std::string replaced = cpu::blas_core_replaced();
   return cfg + " (" + (par == 2 ? "openmp" : par == 1 ? "pthreads" : "sequential") + " threads, core " +
-         openblas_get_corename() + ")";
+         openblas_get_corename() +
+         (replaced.empty() ? "" : ", chosen from the CPU's features in place of OpenBLAS's " + replaced) + ")";
 }
 
 void CpuBackend::add(const AddArgs& a) {
