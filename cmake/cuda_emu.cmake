@@ -1,4 +1,4 @@
-# The CUDA backend under the host harness (src/backend/cuda/emu): the backend's own .cu sources,
+# The CUDA backend under the host harness (tests/support/cuda_emu): the backend's own .cu sources,
 # compiled by the host C++ compiler with the harness prelude force-included, linked against the
 # harness's implementations of the CUDA runtime, cuBLASLt and cuBLAS instead of the vendor
 # libraries. tests/cuda/*.cpp run on it as CTest label cuda-emu (and, with sanitizers, cuda-emu-sanitize).
@@ -11,11 +11,12 @@ endif()
 message(STATUS "CUDA host harness: on")
 
 file(GLOB _emu_kernel_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu)
-file(GLOB _emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/*.cpp)
+set(_emu_dir ${CMAKE_SOURCE_DIR}/tests/support/cuda_emu)  # test support: nothing under src/ includes it
+file(GLOB _emu_srcs CONFIGURE_DEPENDS ${_emu_dir}/*.cpp)
 # emu_nccl.cpp (NCCL over MPI) goes into qlora_nccl_emu below, for the ranks that use it.
 list(FILTER _emu_srcs EXCLUDE REGEX "emu_nccl\\.cpp$")
 # cuDNN: the real frontend graph descriptions (validated with libcudnn, which needs no device for
-# that); emu/emu_cudnn.cpp stands in for cudnn_sdpa_exec.cpp (building and running plans).
+# that); emu_cudnn.cpp stands in for cudnn_sdpa_exec.cpp (building and running plans).
 if(NOT DEFINED QLORA_HAVE_CUDNN)
   include(${CMAKE_SOURCE_DIR}/cmake/cudnn_frontend.cmake)
 endif()
@@ -42,13 +43,14 @@ foreach(_cu ${_emu_test_kernels})
   list(APPEND _emu_test_units ${_unit})
 endforeach()
 set_source_files_properties(${_emu_units} ${_emu_test_units} PROPERTIES
-  COMPILE_OPTIONS "-include;${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/cuda_emu.h;-Wno-unknown-pragmas")
+  COMPILE_OPTIONS "-include;${_emu_dir}/cuda_emu.h;-Wno-unknown-pragmas")
 
 # qlora_cuda_emu(SUFFIX FLAGS...): the harness library and test_cuda_emu${SUFFIX}, compiled with FLAGS.
 function(qlora_cuda_emu suffix)
   set(lib qlora_backend_cuda_emu${suffix})
   add_library(${lib} STATIC ${_emu_units} ${_emu_srcs})
-  target_include_directories(${lib} PUBLIC ${CMAKE_SOURCE_DIR}/src ${CUDAToolkit_INCLUDE_DIRS} PRIVATE ${CBLAS_INCLUDE_DIR})
+  target_include_directories(${lib} PUBLIC ${CMAKE_SOURCE_DIR}/src ${CMAKE_SOURCE_DIR}/tests/support ${CUDAToolkit_INCLUDE_DIRS}
+                                    PRIVATE ${CBLAS_INCLUDE_DIR})
   target_compile_definitions(${lib} PUBLIC QLORA_HAVE_CUDA=1 PRIVATE QLORA_CUDA_ARCHS="host harness")
   target_compile_options(${lib} PRIVATE ${ARGN})
   target_link_options(${lib} PUBLIC ${ARGN})
@@ -69,10 +71,10 @@ endfunction()
 find_package(Threads REQUIRED)
 qlora_cuda_emu("")
 
-# NCCL under the harness (emu/emu_nccl.cpp: NCCL's calls by their documented semantics, over MPI)
+# NCCL under the harness (emu_nccl.cpp: NCCL's calls by their documented semantics, over MPI)
 # and the real DeviceReducer built on it; qlora_emu is the qlora command on the harness backend
 # with it, which tests/mpi_emu and test_nccl_emu_ranks run under mpirun (docs/distributed.md).
-add_library(qlora_nccl_emu STATIC ${CMAKE_SOURCE_DIR}/src/backend/cuda/emu/emu_nccl.cpp
+add_library(qlora_nccl_emu STATIC ${_emu_dir}/emu_nccl.cpp
                                   ${CMAKE_SOURCE_DIR}/src/dist/nccl/nccl_reducer.cpp)
 target_link_libraries(qlora_nccl_emu PUBLIC qlora_backend_cuda_emu qlora_dist)
 target_compile_definitions(qlora_nccl_emu PUBLIC QLORA_HAVE_NCCL=1)

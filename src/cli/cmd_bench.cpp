@@ -8,6 +8,7 @@
 #include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/strings.h"
 #include "plan/cpu_device.h"
 #include "train/bench_run.h"
 #ifdef QLORA_HAVE_CUDA
@@ -26,19 +27,20 @@ int cmd_bench(int argc, char** argv) {
   std::string device = "auto";
   int threads = 0;
   bool dq = false, no_dq = false, json = false;
+  std::string method, base_precision, targets = "all-linear", checkpointing = "none", gemm_dtype = "bf16";
   app.add_option("--model,-m", o.model, "preset name (qlora plan --list-models), HF model directory, config.json or .gguf");
-  app.add_option("--method", o.method, "lora | qlora (default: qlora for a quantized base precision)");
-  app.add_option("--base-precision", o.base_precision,
+  app.add_option("--method", method, "lora | qlora (default: qlora for a quantized base precision)");
+  app.add_option("--base-precision", base_precision,
                  "bf16 | fp32 | nf4 | fp4 | nvfp4 | mxfp4 | fp8 (default: nf4 for qlora, else the backend's compute dtype)");
   app.add_flag("--double-quant", dq, "double-quantize nf4/fp4 block scales (default on for nf4/fp4)");
   app.add_flag("--no-double-quant", no_dq, "store nf4/fp4 block scales in fp32");
-  app.add_option("--r,--lora-r,-r", o.r, "LoRA rank")->capture_default_str();
-  app.add_option("--lora-alpha", o.lora_alpha, "LoRA alpha")->capture_default_str();
-  app.add_option("--target-modules", o.target_modules, "comma list of projections or all-linear")->capture_default_str();
+  app.add_option("--r,--lora-r,-r", o.lora.r, "LoRA rank")->capture_default_str();
+  app.add_option("--lora-alpha", o.lora.alpha, "LoRA alpha")->capture_default_str();
+  app.add_option("--target-modules", targets, "comma list of projections or all-linear")->capture_default_str();
   app.add_option("--seq-len,-t", o.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--micro-batch,-b", o.micro_batch, "sequences per step")->capture_default_str();
-  app.add_option("--gradient-checkpointing", o.gradient_checkpointing, "none | full | offload")->capture_default_str();
-  app.add_option("--gemm-dtype", o.gemm_dtype,
+  app.add_option("--gradient-checkpointing", checkpointing, "none | full | offload")->capture_default_str();
+  app.add_option("--gemm-dtype", gemm_dtype,
                  "bf16 | fp8 (an fp8 base, sm_89+) | fp4 (an nvfp4/mxfp4 base, sm_100): the base's forward GEMMs")
       ->capture_default_str();
   app.add_option("--steps", o.steps, "timed steps")->capture_default_str();
@@ -58,10 +60,16 @@ int cmd_bench(int argc, char** argv) {
   if (dq && no_dq) fail(ErrorKind::Config, "--double-quant/--no-double-quant", "give at most one of them");
   if (dq) o.double_quant = true;
   if (no_dq) o.double_quant = false;
+  // Each flag parsed once, here (the error names the flag). Without --method: qlora for a quantized base.
+  o.base_precision = optional_base_precision(base_precision, "--base-precision");
+  o.method = method.empty() ? default_method(o.base_precision) : parse_method(method, "--method");
+  o.lora.targets = split_commas(targets);
+  o.checkpointing = parse_checkpointing(checkpointing, "--gradient-checkpointing");
+  o.gemm_dtype = parse_gemm_dtype(gemm_dtype, "--gemm-dtype");
   if (device != "auto" && device != "cpu" && device != "cuda")
     fail(ErrorKind::Config, "--device " + device, "unknown device", "choose auto, cpu or cuda");
 
-  normalize_bench_options(o, "bf16");  // bad options fail before a backend is started (run_bench normalizes for real)
+  normalize_bench_options(o, DType::BF16);  // bad options fail before a backend is started (run_bench normalizes for real)
 
   auto be = select_backend(device, threads);
   // Right before the run, so the prediction and the measurement see the same machine state.

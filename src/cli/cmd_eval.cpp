@@ -17,6 +17,7 @@
 #include "model/peft_io.h"
 #include "train/model_source.h"
 #include "train/progress.h"
+#include "train/engine_config.h"
 #include "train/train_config.h"
 #include "train/train_data.h"
 #include "train/trainer.h"
@@ -87,7 +88,11 @@ int cmd_eval(int argc, char** argv) {
 
   auto be = select_backend(cfg.device, int(cfg.threads));
   const int64_t ebs = cfg.per_device_eval_batch_size;
-  LoadedModel lm = load_model_for_training(cfg, *be, src, ebs, std::min(cfg.max_length, ed.longest), &lora);
+  // The training run's engine in one process, at the evaluation's shapes, with the adapter's LoRA.
+  EngineSpec spec = with_shapes(engine_spec(cfg), cfg, ebs, std::min(cfg.max_length, ed.longest));
+  spec.lora = lora;
+  spec.sharding = Sharding::None;
+  LoadedModel lm = load_model_for_training(spec, *be, src, uint64_t(cfg.seed));
   if (!adapter.empty()) load_adapter(adapter, *lm.model, cfg.model_name_or_path);
   note("model: " + lm.source + " | " + std::to_string(lm.model->config().n_layer) + " layers | " +
        (adapter.empty() ? std::string("no adapter: the base model alone")

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/json_util.h"
+#include "model/engine_spec.h"
 #include "model/generate.h"
 #include "model/peft_io.h"
 #include "train/model_source.h"
@@ -33,8 +34,6 @@ struct Options {
   int threads = 0;
 };
 
-bool is_float(const std::string& p) { return p.empty() || p == "fp32" || p == "bf16"; }
-
 // The model (base + adapter) as training holds it, planned with a KV cache of kv_tokens positions
 // and activations for prompts of up to seq_len tokens at a time.
 std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src, Backend& be, int64_t seq_len,
@@ -46,13 +45,15 @@ std::unique_ptr<LlamaModel> load_model(const Options& o, const ModelSource& src,
            "pass a directory with adapter_config.json and adapter_model.safetensors (a run's output_dir)");
     lora = read_peft_adapter_config(o.adapter + "/adapter_config.json");
   }
-  ModelPlanOptions po;
-  po.micro_batch = 1;
-  po.seq_len = seq_len;
-  po.ce_chunk = 1;  // the LM head runs on the last token only
-  po.kv_cache_tokens = kv_tokens;
-  po.base_precision = o.base_precision;
-  if (!is_float(o.base_precision)) po.method = "qlora";
+  EngineSpec spec;
+  spec.base_precision = optional_base_precision(o.base_precision, "--base-precision");
+  spec.method = default_method(spec.base_precision);
+  spec.lora = lora;
+  spec.micro_batch = 1;
+  spec.seq_len = seq_len;
+  spec.ce_chunk = 1;  // the LM head runs on the last token only
+  spec.kv_cache_tokens = kv_tokens;
+  ModelPlanOptions po = resolve_engine(spec, {be.compute_dtype()});
   adopt_stored_quantization(po, src.tensors);
   auto m = std::make_unique<LlamaModel>(src.config, be, po, lora);
   m->load_base(src.tensors);

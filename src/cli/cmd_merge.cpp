@@ -99,14 +99,14 @@ void check_out_dir(const Options& o) {
 }
 
 // How the base stores its weights: the float dtype to keep by default, or the quantized format.
-struct BasePrecision {
+struct BaseStorage {
   bool quantized = false;
   std::string what;   // "nf4 (double quant)", "GGUF Q4_1", "float32" ...
   std::string torch;  // float bases: the dtype the output keeps by default
 };
 
-BasePrecision base_precision(const std::string& path, const ModelSource& src, const MergedModel& m) {
-  BasePrecision b;
+BaseStorage base_storage(const std::string& path, const ModelSource& src, const MergedModel& m) {
+  BaseStorage b;
   if (src.format == "gguf") {
     GgufFile g(path);
     std::set<std::string> types;
@@ -224,7 +224,7 @@ int cmd_merge(int argc, char** argv) {
   PeftAdapter adapter = open_peft_adapter(o.adapter, cfg);
   const LoraSpec spec = adapter.spec;
   MergedModel m(cfg, src.tensors, std::move(adapter));
-  const BasePrecision bp = base_precision(o.model, src, m);
+  const BaseStorage bp = base_storage(o.model, src, m);
   const OutDType odt = asked ? *asked : parse_dtype(bp.quantized ? "bf16" : bp.torch);
   if (bp.quantized)
     std::fprintf(stderr,

@@ -14,31 +14,34 @@
 #include "plan/fit.h"
 #include "plan/model_source.h"
 #include "plan/report.h"
+#include "train/engine_config.h"
 #include "train/train_config.h"
 
 namespace {
 
-
-// Training-config values become plan options unless the command line sets them explicitly.
+// The training config's engine spec (train/engine_config.h, as `qlora train` makes it) becomes the
+// plan's, option by option, unless the command line sets that option.
 void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std::string& model, const CLI::App& app) {
   auto unset = [&](const char* opt) { return app.count(opt) == 0; };
+  const qlora::EngineSpec s = qlora::engine_spec(t);
   if (unset("--model")) model = t.model_name_or_path;
-  const bool quant = t.load_in_4bit || qlora::is_quantized_precision(t.base_precision);
-  if (unset("--method")) r.method = quant ? "qlora" : "lora";
-  if (unset("--base-precision")) r.base_precision = !t.base_precision.empty() ? t.base_precision : t.load_in_4bit ? t.bnb_4bit_quant_type : "";
-  if (unset("--double-quant") && unset("--no-double-quant") && qlora::is_bnb_4bit(r.base_precision))
-    r.double_quant = t.bnb_4bit_use_double_quant;
-  if (unset("--quant-blocksize")) r.quant_blocksize = t.quant_blocksize;
-  if (unset("--lora-r")) r.lora_r = t.r;
-  if (unset("--targets")) r.targets = t.target_modules;
-  if (unset("--lora-dropout")) r.lora_dropout = t.lora_dropout > 0;
-  if (unset("--micro-batch")) r.micro_batch = t.per_device_train_batch_size;
+  if (unset("--method")) r.method = s.method;
+  if (unset("--base-precision")) r.base_precision = s.base_precision;
+  if (unset("--double-quant") && unset("--no-double-quant")) r.double_quant = s.double_quant;
+  if (unset("--quant-blocksize")) r.quant_blocksize = s.quant_blocksize;
+  if (unset("--lora-r")) r.lora.r = s.lora.r;
+  if (unset("--targets")) r.lora.targets = s.lora.targets;
+  if (unset("--lora-dropout")) r.lora.dropout = s.lora.dropout;
+  if (unset("--micro-batch")) r.micro_batch = s.micro_batch;
   if (unset("--grad-accum")) r.grad_accum = t.gradient_accumulation_steps;
-  if (unset("--seq-len")) r.seq_len = t.max_length;
+  if (unset("--seq-len")) r.seq_len = s.seq_len;
   if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
-  if (unset("--ce-chunk")) r.ce_chunk = t.ce_chunk_size;
+  if (unset("--ce-chunk")) r.ce_chunk = s.ce_chunk;
+  if (unset("--checkpointing")) r.checkpointing = s.checkpointing;
+  if (unset("--gemm-dtype")) r.gemm_dtype = s.gemm_dtype;
+  if (unset("--sharding")) r.sharding = s.sharding;  // what training does
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
-  if (!t.sample_prompts.empty()) r.kv_cache_tokens = r.seq_len + t.sample_max_new_tokens;
+  r.kv_cache_tokens = qlora::sample_kv_tokens(t, r.seq_len);
 }
 
 void print_lists(bool gpus, bool models) {
@@ -67,9 +70,10 @@ int cmd_plan(int argc, char** argv) {
                "Exit status: 0 fits, 3 does not fit, 1 bad input."};
   app.name("qlora plan");
   qlora::PlanRequest r;
-  std::string model, gpu, config, targets, compare, sharding = "none", checkpointing = "none", gemm_dtype = "bf16";
+  std::string model, gpu, config, targets, compare, method = "lora", base_precision, optimizer_dtype = "fp32";
+  std::string sharding = "none", checkpointing = "none", gemm_dtype = "bf16";
   std::vector<std::string> overrides;
-  bool dq = false, no_dq = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
+  bool dq = false, no_dq = false, lora_dropout = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
   bool list_gpus = false, list_models = false;
 
   app.add_option("--model,-m", model, "preset name, HF model directory, config.json or .gguf");
@@ -80,15 +84,15 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--threads", threads, "--gpu cpu: CPU threads to plan for (0 = all cores)");
   app.add_option("--config,-c", config, "training YAML: its model, LoRA, batch and memory options become the defaults");
   app.add_option("--set", overrides, "key=value override of the training YAML (repeatable)");
-  app.add_option("--method", r.method, "full | lora | qlora")->capture_default_str();
-  app.add_option("--base-precision", r.base_precision, "bf16 | fp16 | fp32 | fp8 | nf4 | fp4 | nvfp4 | mxfp4 (default bf16, nf4 for qlora)");
+  app.add_option("--method", method, "full | lora | qlora")->capture_default_str();
+  app.add_option("--base-precision", base_precision, "bf16 | fp16 | fp32 | fp8 | nf4 | fp4 | nvfp4 | mxfp4 (default bf16, nf4 for qlora)");
   app.add_flag("--double-quant", dq, "double-quantize nf4/fp4 block scales (default on for nf4/fp4)");
   app.add_flag("--no-double-quant", no_dq, "store nf4/fp4 block scales in fp32");
   app.add_option("--quant-blocksize", r.quant_blocksize, "nf4/fp4 block size")->capture_default_str();
-  app.add_option("--lora-r,-r", r.lora_r, "LoRA rank")->capture_default_str();
+  app.add_option("--lora-r,-r", r.lora.r, "LoRA rank")->capture_default_str();
   app.add_option("--targets", targets, "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear");
-  app.add_flag("--lora-dropout", r.lora_dropout, "LoRA dropout on (keeps the dropped input)");
-  app.add_option("--optimizer-dtype", r.optimizer_dtype, "AdamW m/v dtype: fp32 | bf16")->capture_default_str();
+  app.add_flag("--lora-dropout", lora_dropout, "LoRA dropout on (keeps the dropped input)");
+  app.add_option("--optimizer-dtype", optimizer_dtype, "AdamW m/v dtype: fp32 | bf16")->capture_default_str();
   app.add_option("--micro-batch,-b", r.micro_batch, "sequences per GPU per micro-step")->capture_default_str();
   app.add_option("--seq-len,-t", r.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--grad-accum", r.grad_accum, "micro-steps per optimizer step")->capture_default_str();
@@ -123,20 +127,23 @@ int cmd_plan(int argc, char** argv) {
     std::vector<std::string> notes;
     qlora::TrainConfig t = qlora::load_train_config(config, overrides, &notes, false);
     apply_train_config(t, r, model, app);
-    if (app.count("--sharding") == 0) sharding = t.sharding;  // the config's sharding: what training does
-    if (app.count("--checkpointing") == 0) checkpointing = t.gradient_checkpointing;
-    if (app.count("--gemm-dtype") == 0) gemm_dtype = t.gemm_dtype;
   } else if (!overrides.empty()) {
     qlora::fail(qlora::ErrorKind::Config, "--set", "overrides need a training YAML", "add --config CONFIG.yaml");
   }
+  // Each flag the command line gives is parsed here, once (the error names the flag).
+  auto given = [&](const char* opt) { return app.count(opt) > 0 || config.empty(); };
+  if (given("--method")) r.method = qlora::parse_method(method, "--method");
+  if (app.count("--base-precision")) r.base_precision = qlora::parse_base_precision(base_precision, "--base-precision");
   if (dq) r.double_quant = true;
   if (no_dq) r.double_quant = false;
+  if (lora_dropout) r.lora.dropout = 0.1;  // any rate: the plan keeps the dropped input
+  r.optimizer_dtype = qlora::parse_optimizer_dtype(optimizer_dtype, "--optimizer-dtype");
   if (no_packing) r.packing = false;
   if (packing) r.packing = true;
-  if (!targets.empty()) r.targets = split_commas(targets);
-  r.sharding = qlora::parse_sharding(sharding);
-  r.checkpointing = qlora::parse_checkpointing(checkpointing, "--checkpointing");
-  r.gemm_dtype = qlora::parse_gemm_dtype(gemm_dtype, "--gemm-dtype");
+  if (!targets.empty()) r.lora.targets = split_commas(targets);
+  if (given("--sharding")) r.sharding = qlora::parse_sharding(sharding, "--sharding");
+  if (given("--checkpointing")) r.checkpointing = qlora::parse_checkpointing(checkpointing, "--checkpointing");
+  if (given("--gemm-dtype")) r.gemm_dtype = qlora::parse_gemm_dtype(gemm_dtype, "--gemm-dtype");
   if (model.empty())
     qlora::fail(qlora::ErrorKind::Config, "--model", "no model given",
                 "add --model llama3-8b (see --list-models), a model directory, config.json or .gguf");

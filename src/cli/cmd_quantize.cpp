@@ -18,6 +18,7 @@
 #include "io/json_util.h"
 #include "io/safetensors.h"
 #include "model/bnb_checkpoint.h"
+#include "model/engine_spec.h"
 #include "model/lora.h"
 #include "model/quant_bytes.h"
 #include "train/model_source.h"
@@ -51,7 +52,13 @@ QuantParams parse_quant(const Options& o) {
   if (!bnb && o.blocksize != 0)
     fail(ErrorKind::Config, "--blocksize", "--blocksize applies to nf4 and fp4 only",
          o.quant + " has a fixed block (nvfp4 16, mxfp4 32, fp8 one scale per tensor)");
-  QuantParams p = base_quant_params(o.quant, o.blocksize, o.double_quant);
+  QuantParams p;  // "fp8" is e4m3 with one scale per tensor, as the engine's fp8 base
+  p.format = o.quant == "fp8" ? QuantFormat::FP8_E4M3 : *quant_format_from_name(o.quant);
+  if (bnb) {
+    p.blocksize = o.blocksize;
+    p.double_quant = o.double_quant;
+  }
+  validate_quant_params(p);
   p.blocksize = quant_blocksize(p);
   return p;
 }
@@ -79,11 +86,11 @@ bool is_projection(const std::string& plan_name) {
 // The frozen tensors of the model, in the engine's order (the same list load_base walks).
 std::vector<PlannedBuffer> weight_list(const LlamaConfig& c) {
   MemoryPlan plan;
-  ModelPlanOptions po;
-  po.base_precision = "fp32";
-  po.micro_batch = 1;
-  po.seq_len = 1;
-  plan_model_buffers(plan, c, po);
+  EngineSpec spec;
+  spec.base_precision = BasePrecision::Fp32;
+  spec.micro_batch = 1;
+  spec.seq_len = 1;
+  plan_model_buffers(plan, c, resolve_engine(spec, {}));
   std::vector<PlannedBuffer> w;
   for (const auto& b : plan.buffers)
     if (b.category == MemCategory::Weights) w.push_back(b);
@@ -111,9 +118,10 @@ std::string line(const char* label, const ErrStats& s) {
 
 // Mean token loss -> perplexity of `model_dir` on the text, in rows of at most seq_len tokens.
 double perplexity(const ModelSource& src, const std::vector<int32_t>& ids, int64_t seq_len, Backend& be) {
-  ModelPlanOptions po;
-  po.micro_batch = 1;
-  po.seq_len = seq_len;
+  EngineSpec spec;
+  spec.micro_batch = 1;
+  spec.seq_len = seq_len;
+  ModelPlanOptions po = resolve_engine(spec, {be.compute_dtype()});
   adopt_stored_quantization(po, src.tensors);
   LoraSpec lora;  // no adapters: the base alone
   LlamaModel m(src.config, be, po, lora);

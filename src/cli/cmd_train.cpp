@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/local_device.h"
+#include "train/engine_config.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 #ifdef QLORA_HAVE_NCCL
@@ -37,7 +38,8 @@ static int train_on_ranks(const std::string& config, const std::vector<std::stri
   // reduce-scatter and all-gather of the gradients go through host memory over MPI.
   std::unique_ptr<DeviceReducer> nccl;
 #ifdef QLORA_HAVE_NCCL
-  if (comm.size() > 1 && be->device() == DeviceKind::Cuda && (cfg.sharding == "none" || cfg.sharding == "fsdp"))
+  const Sharding sharding = engine_spec(cfg).sharding;
+  if (comm.size() > 1 && be->device() == DeviceKind::Cuda && (sharding == Sharding::None || sharding == Sharding::Fsdp))
     nccl = make_nccl_reducer(comm, cfg.ddp_timeout);
 #endif
   Trainer trainer(cfg, *be, &comm, nccl.get());

@@ -47,9 +47,8 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   namespace cp = cuda_plan;
   const DType cd = o.compute_dtype;
   const int64_t N = o.micro_batch * o.seq_len, V = c.vocab_size, r = o.lora_r;
-  const std::string base = o.base_precision.empty() ? dtype_name(cd) : o.base_precision;
-  const bool f32_base = is_float_precision(base) && float_precision_dtype(base, cd) == DType::F32 && cd != DType::F32;
-  const bool lora = o.method != "full";
+  const bool f32_base = base_of(o) == BasePrecision::Fp32 && cd != DType::F32;
+  const bool lora = o.method != Method::Full;
 
   // Made by the backend itself when it is constructed.
   plan.add_bytes(cp::kLtWorkspaceName, MC::Workspace, cp::kLtWorkspaceBytes);

@@ -9,9 +9,10 @@ namespace qlora {
 GemmDtype resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, const GemmCaps& caps) {
   const GemmDtype g = o.gemm_dtype;
   if (g == GemmDtype::Bf16) return g;
-  const std::string base = o.base_precision.empty() ? std::string("bf16") : o.base_precision;
+  const BasePrecision bp = o.base_precision.value_or(BasePrecision::Bf16);
+  const std::string base = base_precision_name(bp);
   if (g == GemmDtype::Fp8) {
-    if (base != "fp8")
+    if (bp != BasePrecision::Fp8)
       fail(ErrorKind::Config, "gemm_dtype fp8",
            "reads an fp8 base as stored, but base_precision is '" + base + "'",
            "set base_precision: fp8, or gemm_dtype: bf16 (a quantized base is dequantized to bf16)");
@@ -27,7 +28,7 @@ GemmDtype resolve_gemm_dtype(const ModelPlanOptions& o, const LlamaConfig& c, co
     return g;
   }
   {  // GemmDtype::Fp4
-    if (base != "nvfp4" && base != "mxfp4")
+    if (bp != BasePrecision::Nvfp4 && bp != BasePrecision::Mxfp4)
       fail(ErrorKind::Config, "gemm_dtype fp4",
            "reads an NVFP4 or MXFP4 base as stored, but base_precision is '" + base + "'",
            "set base_precision: nvfp4 (or mxfp4), or gemm_dtype: bf16");

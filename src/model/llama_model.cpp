@@ -56,7 +56,7 @@ static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& o, const LoraSpec& lora)
     : cfg_(cfg), be_(be), opts_(o), lora_(lora), quant_io_(be) {
   cfg_.validate(cfg_.name);
-  if (opts_.method == "full")
+  if (opts_.method == Method::Full)
     fail(ErrorKind::Unsupported, "method", "full fine-tuning is planned but not implemented by the engine",
          "use method lora or qlora");
   opts_.compute_dtype = be_.compute_dtype();
@@ -79,9 +79,9 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
   arena_ = std::make_unique<Arena>(be_, plan_);
-  if (!opts_.base_precision.empty() && !is_float_precision(opts_.base_precision)) {
+  if (is_quantized(base_of(opts_))) {
     quantized_base_ = true;
-    base_quant_ = base_quant_params(opts_.base_precision, opts_.quant_blocksize, opts_.double_quant);
+    base_quant_ = base_quant_params(base_of(opts_), opts_.quant_blocksize, opts_.double_quant);
     base_quant_.blocksize = quant_blocksize(base_quant_);
   }
   fsdp_ = opts_.base_shards > 0;
@@ -144,8 +144,7 @@ void LlamaModel::resolve_views() {
   }
   layers_.assign(size_t(cfg_.n_layer), LayerViews{});
   // fsdp: a layer's projections live in its fsdp.gather slot (l % 2) once gathered.
-  const DType float_base = opts_.base_precision.empty() ? opts_.compute_dtype
-                                                        : (quantized_base_ ? DType::U8 : float_precision_dtype(opts_.base_precision, opts_.compute_dtype));
+  const DType float_base = storage_dtype(base_of(opts_));
   shard_ptr_.clear();
   gather_ = fsdp_ ? static_cast<uint8_t*>(ar.raw("fsdp.gather")) : nullptr;
   // A layer's input: its own buffer, or with offload the device slot of its parity.
@@ -204,19 +203,20 @@ static bool same_quant(QuantParams a, QuantParams b) {
          a.fp8_scaling == b.fp8_scaling && a.mx_scale_rule == b.mx_scale_rule;
 }
 
-// The base precision name that stores weights as `p` ("fp8" is FP8 E4M3 with a per-tensor scale).
-static std::string precision_name(const QuantParams& p) {
-  if (p.format == QuantFormat::FP8_E4M3 && p.fp8_scaling == Fp8Scaling::PerTensor) return "fp8";
-  return quant_format_name(p.format);
-}
-
 void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
-  if (!o.base_precision.empty() || !src.stored_quant) return;
+  if (o.base_precision || !src.stored_quant) return;
   const QuantParams& p = *src.stored_quant;
-  o.base_precision = precision_name(p);
+  const std::optional<BasePrecision> b = base_precision_of(p);
+  if (!b)
+    fail(ErrorKind::Unsupported, src.description, std::string("the base is stored as ") + quant_format_name(p.format) +
+             (p.format == QuantFormat::FP8_E4M3 ? " with block scales" : "") +
+             ", a format the engine does not train on",
+         "set base_precision (fp8, nf4, fp4, nvfp4 or mxfp4: the weights are dequantized and re-quantized at load, "
+         "or bf16/fp32), or re-quantize the model with `qlora quantize`");
+  o.base_precision = *b;
   o.quant_blocksize = quant_blocksize(p);
   o.double_quant = p.double_quant;
-  if (o.method == "lora") o.method = "qlora";
+  if (o.method == Method::Lora) o.method = Method::Qlora;
 }
 
 // "layers.3.q_proj" -> "q_proj"

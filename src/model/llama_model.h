@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "model/arena.h"
 #include "model/batch.h"
 #include "model/llama_config.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "model/quant_bytes.h"
 #include "quant/fp4_gemm.h"
 
@@ -27,14 +27,14 @@ std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::st
 }
 
 LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o) {
-  const std::string base = o.base_precision.empty() ? dtype_name(o.compute_dtype) : o.base_precision;
-  const bool quantized = !is_float_precision(base);
+  const BasePrecision base = base_of(o);
+  const bool quantized = is_quantized(base);
   const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
   LayerBaseBlob b;
   for (size_t p = 0; p < 7; p++) {
     const auto [out, in] = projection_shape(c, all_linear_targets()[p]);
     b.offset[p] = b.total;
-    b.bytes[p] = quantized ? quant_storage_bytes(qp, out, in) : out * in * dtype_size(float_precision_dtype(base, o.compute_dtype));
+    b.bytes[p] = quantized ? quant_storage_bytes(qp, out, in) : out * in * dtype_size(storage_dtype(base));
     b.total += MemoryPlan::aligned(b.bytes[p]);
   }
   return b;
@@ -59,8 +59,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   const DType cd = o.compute_dtype;
   const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int64_t N = o.micro_batch * o.seq_len, r = o.lora_r;
-  const std::string base = o.base_precision.empty() ? dtype_name(cd) : o.base_precision;
-  const bool quantized = !is_float_precision(base);
+  const BasePrecision base = base_of(o);
+  const bool quantized = is_quantized(base);
   const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
   using MC = MemCategory;
 
@@ -82,7 +82,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
       auto [out, in] = projection_shape(c, t);
       if (fsdp) break;
       if (!quantized)
-        plan.add(p + t, MC::Weights, float_precision_dtype(base, cd), {out, in});
+        plan.add(p + t, MC::Weights, storage_dtype(base), {out, in});
       else  // packed codes + scales in one buffer (layout: model/quantized_weights.h)
         plan.add_bytes(p + t, MC::Weights, quant_storage_bytes(qp, out, in));
     }
@@ -102,7 +102,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   if (!c.tie_word_embeddings) plan.add("lm_head", MC::Weights, cd, {V, C});
 
   // LoRA adapters: parameters, gradients and AdamW moments, all fp32 master copies.
-  if (o.method != "full") {
+  if (o.method != Method::Full) {
     for (int64_t l = 0; l < c.n_layer; l++)
       for (const auto& t : all_linear_targets()) {
         if (!is_target(o, t)) continue;
@@ -156,7 +156,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "gate", MC::Activations, cd, {N, F}, life);
     plan.add(p + "up", MC::Activations, cd, {N, F}, life);
     plan.add(p + "h", MC::Activations, cd, {N, F}, life);
-    if (o.method != "full")
+    if (o.method != Method::Full)
       for (const auto& t : all_linear_targets())
         if (is_target(o, t)) plan.add(p + t + ".lora_h", MC::Activations, cd, {N, r}, life);
   }
@@ -185,7 +185,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   plan.add("ws.dv", MC::Workspace, cd, {N, c.kv_dim()}, Lifetime::Layer);
   plan.add("ws.dgate", MC::Workspace, cd, {N, F}, Lifetime::Layer);
   plan.add("ws.dup", MC::Workspace, cd, {N, F}, Lifetime::Layer);
-  if (o.method != "full") {
+  if (o.method != Method::Full) {
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
     if (o.lora_dropout) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
   }

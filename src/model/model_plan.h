@@ -2,6 +2,7 @@
 // engine allocates from and that `qlora plan` reports.
 #pragma once
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,9 @@
 namespace qlora {
 
 struct ModelPlanOptions {
-  std::string method = "lora";          // full | lora | qlora
+  Method method = Method::Lora;
   DType compute_dtype = DType::F32;     // activations and unquantized frozen weights (CPU F32, CUDA BF16)
-  std::string base_precision;           // "" (= compute dtype) | fp32 | bf16 | fp8 | nf4 | fp4 | nvfp4 | mxfp4
+  std::optional<BasePrecision> base_precision;  // unset: the compute dtype's float (base_of)
   int64_t quant_blocksize = 64;
   bool double_quant = true;
   bool quantize_embeddings = false;     // embeddings / lm_head stay in compute dtype unless asked
@@ -43,6 +44,9 @@ struct ModelPlanOptions {
   // resolve_gemm_dtype (model/gemm_dtype.h) before planning: buffers and scratch depend on it.
   GemmDtype gemm_dtype = GemmDtype::Bf16;
 };
+
+// The base precision the options run with: as set, else the compute dtype's float.
+inline BasePrecision base_of(const ModelPlanOptions& o) { return o.base_precision.value_or(float_base(o.compute_dtype)); }
 
 // The seven projection names in layer order.
 const std::vector<std::string>& all_linear_targets();

@@ -22,6 +22,15 @@ Mode parse_mode(const std::string& value, const std::string& key, const std::vec
        (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + choices);
 }
 
+// The same with other spellings of a name: aliases[i] = {spelling, name}.
+template <class Mode>
+Mode parse_mode(std::string value, const std::string& key, const std::vector<Mode>& modes, const char* (*name)(Mode),
+                const std::string& choices, const std::vector<std::pair<const char*, const char*>>& aliases) {
+  for (const auto& [spelling, canonical] : aliases)
+    if (value == spelling) return parse_mode(std::string(canonical), key, modes, name, choices);
+  return parse_mode(value, key, modes, name, choices);
+}
+
 }  // namespace
 
 const char* checkpointing_name(Checkpointing c) {
@@ -56,6 +65,94 @@ const char* gemm_dtype_name(GemmDtype g) {
 GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key) {
   static const std::vector<GemmDtype> all = {GemmDtype::Bf16, GemmDtype::Fp8, GemmDtype::Fp4};
   return parse_mode(value, key, all, gemm_dtype_name, "bf16, fp8, fp4");
+}
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::Full: return "full";
+    case Method::Lora: return "lora";
+    case Method::Qlora: return "qlora";
+  }
+  return "lora";
+}
+
+Method parse_method(const std::string& value, const std::string& key) {
+  static const std::vector<Method> all = {Method::Full, Method::Lora, Method::Qlora};
+  return parse_mode(value, key, all, method_name, "full, lora, qlora");
+}
+
+const char* base_precision_name(BasePrecision p) {
+  switch (p) {
+    case BasePrecision::Fp32: return "fp32";
+    case BasePrecision::Bf16: return "bf16";
+    case BasePrecision::Fp16: return "fp16";
+    case BasePrecision::Fp8: return "fp8";
+    case BasePrecision::Nf4: return "nf4";
+    case BasePrecision::Fp4: return "fp4";
+    case BasePrecision::Nvfp4: return "nvfp4";
+    case BasePrecision::Mxfp4: return "mxfp4";
+  }
+  return "fp32";
+}
+
+const std::vector<BasePrecision>& base_precisions() {
+  static const std::vector<BasePrecision> all = {BasePrecision::Bf16,  BasePrecision::Fp16, BasePrecision::Fp32,
+                                                 BasePrecision::Fp8,   BasePrecision::Nf4,  BasePrecision::Fp4,
+                                                 BasePrecision::Nvfp4, BasePrecision::Mxfp4};
+  return all;
+}
+
+BasePrecision parse_base_precision(const std::string& value, const std::string& key) {
+  return parse_mode(value, key, base_precisions(), base_precision_name,
+                    "bf16, fp16, fp32 (float), fp8, nf4, fp4, nvfp4, mxfp4 (quantized)",
+                    {{"f32", "fp32"}, {"f16", "fp16"}, {"fp8_e4m3", "fp8"}});
+}
+
+std::optional<BasePrecision> optional_base_precision(const std::string& value, const std::string& key) {
+  if (value.empty()) return std::nullopt;
+  return parse_base_precision(value, key);
+}
+
+DType storage_dtype(BasePrecision p) {
+  switch (p) {
+    case BasePrecision::Fp32: return DType::F32;
+    case BasePrecision::Bf16: return DType::BF16;
+    case BasePrecision::Fp16: return DType::F16;
+    default: return DType::U8;
+  }
+}
+
+BasePrecision float_base(DType compute) {
+  if (compute == DType::BF16) return BasePrecision::Bf16;
+  if (compute == DType::F16) return BasePrecision::Fp16;
+  return BasePrecision::Fp32;
+}
+
+const char* optimizer_dtype_name(DType d) { return d == DType::BF16 ? "bf16" : "fp32"; }
+
+DType parse_optimizer_dtype(const std::string& value, const std::string& key) {
+  static const std::vector<DType> all = {DType::F32, DType::BF16};
+  return parse_mode(value, key, all, optimizer_dtype_name, "fp32, bf16", {{"f32", "fp32"}});
+}
+
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::None: return "none";
+    case Sharding::Zero1: return "zero1";
+    case Sharding::Zero2: return "zero2";
+    case Sharding::Zero3: return "zero3";
+    case Sharding::Fsdp: return "fsdp";
+  }
+  return "none";
+}
+
+Sharding parse_sharding(const std::string& value, const std::string& key) {
+  static const std::vector<Sharding> all = {Sharding::None, Sharding::Zero1, Sharding::Zero2, Sharding::Zero3,
+                                            Sharding::Fsdp};
+  return parse_mode(value, key, all, sharding_name,
+                    "none, zero1 (optimizer), zero2 (+grads), zero3 (+parameters) or fsdp (zero1 + the frozen "
+                    "base's decoder layers, as training runs it)",
+                    {{"ddp", "none"}, {"zero-1", "zero1"}, {"zero-2", "zero2"}, {"zero-3", "zero3"}});
 }
 
 }  // namespace qlora

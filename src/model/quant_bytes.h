@@ -1,24 +1,21 @@
-// Base-precision names: which are plain float storage, and how a quantized one maps to QuantParams.
+// A base precision's quantized storage: its QuantParams and exact bytes.
 #pragma once
 #include <cstdint>
-#include <string>
+#include <optional>
 
-#include "core/dtype.h"
+#include "model/modes.h"
 #include "quant/format.h"
 
 namespace qlora {
 
-// fp32 | f32 | bf16 | fp16 | f16 are plain float storage; everything else is a quantized format.
-bool is_float_precision(const std::string& p);
-DType float_precision_dtype(const std::string& p, DType fallback);
-// The quant format behind a base precision: nf4, fp4, nvfp4, mxfp4, fp8 (= fp8_e4m3, per-tensor
-// scale), and the quant library's own names (fp8_e4m3, fp8_e5m2, mxfp8_e4m3). blocksize and
-// double_quant only apply to nf4/fp4; the other formats have a fixed block and the config
-// defaults for those keys (64, true) must not make them fail. Unknown name -> Error(Config).
-QuantParams base_quant_params(const std::string& p, int64_t blocksize, bool double_quant);
+// The quant format behind a quantized base precision: Nf4, Fp4 (blocksize and double_quant apply),
+// Nvfp4, Mxfp4 (fixed blocks; the config defaults for those keys must not make them fail), Fp8
+// (e4m3, one scale per tensor). A float precision is an Error(Internal).
+QuantParams base_quant_params(BasePrecision p, int64_t blocksize, bool double_quant);
+// The base precision that stores weights as `q`; nullopt for the quant library's formats the
+// engine does not train on (fp8 e4m3 with block scales, fp8 e5m2, mxfp8).
+std::optional<BasePrecision> base_precision_of(const QuantParams& q);
 // Exact storage bytes of an (out,in) weight in a quantized base format: quant_storage_bytes.
-int64_t quantized_weight_bytes(const std::string& p, int64_t out, int64_t in, int64_t blocksize, bool double_quant);
-// Allowed base_precision values, for messages.
-const char* base_precision_choices();
+int64_t quantized_weight_bytes(BasePrecision p, int64_t out, int64_t in, int64_t blocksize, bool double_quant);
 
 }  // namespace qlora

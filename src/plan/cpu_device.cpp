@@ -157,7 +157,7 @@ CpuCalibration measure(const CpuCalibration& id) {
 
   // NF4 with double-quantized scales (the QLoRA default) -> f32, one MLP-sized projection.
   {
-    const QuantParams p = base_quant_params("nf4", 64, true);
+    const QuantParams p = base_quant_params(BasePrecision::Nf4, 64, true);
     const QuantizedTensor qt = quantize_ref(w.data(), F, C, p);
     std::vector<uint8_t> blob(size_t(quant_layout(qt.params, F, C).total));
     pack_quantized(qt, blob.data());

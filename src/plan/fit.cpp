@@ -134,15 +134,15 @@ std::vector<std::string> suggest_fixes(const PlanRequest& in) {
     r.checkpointing = Checkpointing::Offload;
     report("--checkpointing offload", r);
   }
-  if (req.method == "full") {
+  if (req.method == Method::Full) {
     PlanRequest r = req;
-    r.method = "lora";
+    r.method = Method::Lora;
     report("--method lora", r);
   }
-  if (req.method != "qlora") {
+  if (req.method != Method::Qlora) {
     PlanRequest r = req;
-    r.method = "qlora";
-    r.base_precision = "nf4";
+    r.method = Method::Qlora;
+    r.base_precision = BasePrecision::Nf4;
     r.double_quant.reset();
     if (!report("--method qlora --base-precision nf4", r) && r.checkpointing == Checkpointing::None) {
       r.checkpointing = Checkpointing::Full;

@@ -21,7 +21,7 @@ ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targe
 }
 
 FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
-  const bool full = o.method == "full";
+  const bool full = o.method == Method::Full;
   const ShapeSums s = shape_sums(c, full ? std::vector<std::string>{} : o.targets);
   const double r = full ? 0.0 : double(o.lora_r);
   const double D = double(std::max<int64_t>(o.attn_len, 1));

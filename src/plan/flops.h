@@ -6,11 +6,12 @@
 #include <vector>
 
 #include "model/llama_config.h"
+#include "model/modes.h"
 
 namespace qlora {
 
 struct FlopOptions {
-  std::string method = "lora";       // full | lora | qlora
+  Method method = Method::Lora;
   int64_t lora_r = 16;
   std::vector<std::string> targets;  // adapted projections (ignored for full)
   int64_t attn_len = 2048;           // tokens a query attends within: the sequence, or the document when packed

@@ -26,55 +26,15 @@ void require_positive(const std::string& option, int64_t v) {
 
 }  // namespace
 
-const std::vector<std::string>& plan_base_precisions() {
-  static const std::vector<std::string> p = {"bf16", "fp16", "fp32", "fp8", "nf4", "fp4", "nvfp4", "mxfp4"};
-  return p;
-}
-
-bool is_quantized_precision(const std::string& p) {
-  return p == "fp8" || p == "nf4" || p == "fp4" || p == "nvfp4" || p == "mxfp4";
-}
-
-bool is_bnb_4bit(const std::string& p) { return p == "nf4" || p == "fp4"; }
-
 PlanRequest normalize_request(const PlanRequest& in) {
   PlanRequest r = in;
-  const std::vector<std::string> methods = {"full", "lora", "qlora"};
-  if (std::find(methods.begin(), methods.end(), r.method) == methods.end()) bad_choice("--method", r.method, methods);
-
   // The CPU computes in f32 (the reference precision), GPUs in bf16.
-  if (r.base_precision.empty()) r.base_precision = r.method == "qlora" ? "nf4" : r.gpu.is_cpu ? "fp32" : "bf16";
-  const auto& precs = plan_base_precisions();
-  if (std::find(precs.begin(), precs.end(), r.base_precision) == precs.end())
-    bad_choice("--base-precision", r.base_precision, precs);
-  const bool quant = is_quantized_precision(r.base_precision);
-  const std::string combo = "--method " + r.method + " --base-precision " + r.base_precision;
-  if (r.method == "qlora" && !quant)
-    fail(ErrorKind::Config, combo, "QLoRA needs a quantized frozen base, not " + r.base_precision,
-         "use --base-precision nf4 (or fp4, nvfp4, mxfp4, fp8), or --method lora for a " + r.base_precision + " base");
-  if (r.method == "lora" && quant)
-    fail(ErrorKind::Config, combo, "a " + r.base_precision + " base is QLoRA, not LoRA",
-         "use --method qlora --base-precision " + r.base_precision + ", or --base-precision bf16 for LoRA");
-  if (r.method == "full" && r.base_precision != "bf16")
-    fail(ErrorKind::Config, combo, "full fine-tuning trains bf16 weights (with fp32 master copies and AdamW state)",
-         quant ? "quantized weights cannot be trained directly: use --method qlora to train adapters on a " + r.base_precision + " base"
-               : "drop --base-precision or set it to bf16");
+  static_cast<EngineSpec&>(r) = normalize_engine_spec(r, r.compute_dtype());
 
-  if (r.double_quant.has_value() && *r.double_quant && !is_bnb_4bit(r.base_precision))
-    fail(ErrorKind::Config, "--double-quant", "double quantization applies to the bitsandbytes formats nf4 and fp4 only",
-         r.base_precision + " stores its own block scales; drop --double-quant");
-  if (!r.double_quant.has_value()) r.double_quant = is_bnb_4bit(r.base_precision);
-  if (is_bnb_4bit(r.base_precision)) {
-    const int64_t b = r.quant_blocksize;
-    if (b < 32 || b > 4096 || (b & (b - 1)) != 0)
-      fail(ErrorKind::Config, "--quant-blocksize " + std::to_string(b), "nf4/fp4 block size must be a power of two in [32, 4096]",
-           "bitsandbytes uses 64 by default");
-  }
-
-  if (r.method != "full") {
-    require_positive("--lora-r", r.lora_r);
+  if (r.method != Method::Full) {
+    require_positive("--lora-r", r.lora.r);
     std::vector<std::string> t;
-    for (const auto& name : r.targets) {
+    for (const auto& name : r.lora.targets) {
       if (name == "all-linear" || name == "all") {
         t = all_linear_targets();
         break;
@@ -92,14 +52,9 @@ PlanRequest normalize_request(const PlanRequest& in) {
     std::vector<std::string> ordered;
     for (const auto& a : all_linear_targets())
       if (std::find(t.begin(), t.end(), a) != t.end()) ordered.push_back(a);
-    r.targets = ordered;
-  } else {
-    r.targets.clear();
+    r.lora.targets = ordered;
   }
 
-  if (r.optimizer_dtype == "f32") r.optimizer_dtype = "fp32";
-  if (r.optimizer_dtype != "fp32" && r.optimizer_dtype != "bf16")
-    bad_choice("--optimizer-dtype", r.optimizer_dtype, {"fp32", "bf16"});
   require_positive("--micro-batch", r.micro_batch);
   require_positive("--seq-len", r.seq_len);
   require_positive("--grad-accum", r.grad_accum);

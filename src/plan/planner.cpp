@@ -53,11 +53,11 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
     w.push_back("without packing each sequence holds one example of ~" + std::to_string(r.avg_doc_len) +
                 " tokens padded to " + std::to_string(r.seq_len) + ": " +
                 fmt_fixed(100.0 * (1.0 - double(r.avg_doc_len) / double(r.seq_len)), 0) + "% of the compute is padding");
-  if (r.method != "full")
-    for (const auto& t : r.targets) {
+  if (r.method != Method::Full)
+    for (const auto& t : r.lora.targets) {
       auto [out, in] = projection_shape(c, t);
-      if (r.lora_r > std::min(out, in)) {
-        w.push_back("--lora-r " + std::to_string(r.lora_r) + " exceeds the rank of " + t + " (" +
+      if (r.lora.r > std::min(out, in)) {
+        w.push_back("--lora-r " + std::to_string(r.lora.r) + " exceeds the rank of " + t + " (" +
                     std::to_string(std::min(out, in)) + ")");
         break;
       }
@@ -79,11 +79,11 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
   why.push_back(top);
   auto cat = [&](MemCategory c) { return double(res.categories.at(c)); };
   const double dev = double(res.device_bytes);
-  if (r.method == "full") {
+  if (r.method == Method::Full) {
     int64_t n = 0;
     for (const auto& b : res.replica.buffers)
       if (b.category == MemCategory::Weights) n += b.bytes / dtype_size(b.dtype);
-    const int os = r.optimizer_dtype == "bf16" ? 2 : 4;
+    const int os = int(dtype_size(r.optimizer_dtype));
     why.push_back("full fine-tuning holds " + std::to_string(2 + 4 + 4 + 2 * os) + " bytes per parameter (bf16 weight, fp32 master, fp32 grad, AdamW m+v " +
                   (os == 4 ? "fp32" : "bf16") + ") x " + fmt_params(double(n)) +
                   (r.sharding == Sharding::None ? " on every GPU" : "") + " = " + fmt_gib(cat(MemCategory::Weights) + cat(MemCategory::Grads) + cat(MemCategory::Optimizer)));
@@ -98,29 +98,11 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
 }  // namespace
 
 ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
-  ModelPlanOptions o;
-  if (r.sharding == Sharding::Fsdp) {  // the engine's fsdp: ZeRO-1 moments and the base's layers split
-    const int w = r.topo.world();
-    o.base_shards = w;
-    o.base_shard_rank = rank < 0 ? w - 1 : rank;
-    o.optimizer_shards = w;
-  }
-  o.method = r.method;
-  // GPU precision policy: bf16 weights/activations, fp32 accumulate; the CPU backend is all f32.
-  o.compute_dtype = r.gpu.is_cpu ? DType::F32 : DType::BF16;
-  o.base_precision = r.base_precision;
-  o.quant_blocksize = r.quant_blocksize;
-  o.double_quant = r.double_quant.value_or(false);
-  o.lora_r = r.lora_r;
-  o.targets = r.targets;
-  o.lora_dropout = r.lora_dropout;
-  o.optimizer_dtype = r.optimizer_dtype == "bf16" ? DType::BF16 : DType::F32;
-  o.micro_batch = r.micro_batch;
-  o.seq_len = r.seq_len;
-  o.checkpointing = r.checkpointing;
-  o.ce_chunk = r.ce_chunk;
-  o.kv_cache_tokens = r.kv_cache_tokens;
-  o.gemm_dtype = r.gemm_dtype;
+  // ZeRO-1/2/3 are planned over the replica by shard_plan; fsdp is the engine's own buffer list.
+  EngineSpec spec = r;
+  if (spec.sharding != Sharding::Fsdp) spec.sharding = Sharding::None;
+  const int w = r.topo.world();
+  ModelPlanOptions o = resolve_engine(spec, {r.compute_dtype(), w, rank < 0 ? w - 1 : rank});
   // The engine's own rule (model/gemm_dtype.h), against this GPU: the plan prices the GEMMs it runs.
   GemmCaps caps;
   if (!r.gpu.is_cpu) caps = {r.gpu.fp8_tflops > 0, r.gpu.fp4_tflops > 0 && r.gpu.sm100, r.gpu.display};
@@ -159,8 +141,8 @@ PlanResult make_plan(const PlanRequest& in) {
   const PlanRequest& r = res.req;
   // On a GPU: the CUDA backend's own memory too (workspace, op scratch, upload staging).
   plan_engine_buffers(res.replica, r.model, model_plan_options(r), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
-  if (r.method == "full") add_full_finetune_state(res.replica, r.optimizer_dtype == "bf16" ? DType::BF16 : DType::F32);
-  if (r.sharding == Sharding::Fsdp && r.method == "full")
+  if (r.method == Method::Full) add_full_finetune_state(res.replica, r.optimizer_dtype);
+  if (r.sharding == Sharding::Fsdp && r.method == Method::Full)
     fail(ErrorKind::Config, "--sharding fsdp", "shards the frozen base of LoRA/QLoRA; full fine-tuning trains the base",
          "plan full fine-tuning with --sharding zero3");
   res.plan = shard_plan(res.replica, r.sharding, r.topo.world());  // fsdp: the replica is already rank N-1's

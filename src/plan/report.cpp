@@ -21,14 +21,14 @@ std::string pad(const std::string& s, size_t w, bool right = false) {
 std::string label(const PlanRequest& r) { return r.model_label.empty() ? r.model.name : r.model_label; }
 
 std::string method_text(const PlanRequest& r) {
-  std::string m = r.method == "full" ? "full fine-tune" : r.method == "lora" ? "LoRA" : "QLoRA";
-  m += ", base " + r.base_precision;
+  std::string m = r.method == Method::Full ? "full fine-tune" : r.method == Method::Lora ? "LoRA" : "QLoRA";
+  m += std::string(", base ") + base_precision_name(r.base());
   if (r.double_quant.value_or(false)) m += " + double quant";
-  if (r.method != "full") {
-    m += ", r=" + std::to_string(r.lora_r) + " on ";
-    m += r.targets.size() == 7 ? std::string("all-linear") : "";
-    if (r.targets.size() != 7)
-      for (size_t i = 0; i < r.targets.size(); i++) m += (i ? "," : "") + r.targets[i];
+  if (r.method != Method::Full) {
+    m += ", r=" + std::to_string(r.lora.r) + " on ";
+    m += r.lora.targets.size() == 7 ? std::string("all-linear") : "";
+    if (r.lora.targets.size() != 7)
+      for (size_t i = 0; i < r.lora.targets.size(); i++) m += (i ? "," : "") + r.lora.targets[i];
   }
   return m;
 }
@@ -38,7 +38,7 @@ std::string shape_text(const PlanRequest& r) {
                   " tokens, grad-accum " + std::to_string(r.grad_accum) + ", packing " + (r.packing ? "on" : "off");
   if (r.avg_doc_len > 0) s += " (examples ~" + std::to_string(r.avg_doc_len) + " tokens)";
   s += std::string(", checkpointing ") + checkpointing_name(r.checkpointing) + ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " +
-       r.optimizer_dtype + ", GEMMs " + gemm_dtype_name(r.gemm_dtype);
+       optimizer_dtype_name(r.optimizer_dtype) + ", GEMMs " + gemm_dtype_name(r.gemm_dtype);
   return s;
 }
 
@@ -71,12 +71,12 @@ std::string seconds(double s) {
 json request_json(const PlanRequest& r) {
   return {{"model", label(r)},
           {"params", r.model.n_params()},
-          {"method", r.method},
-          {"base_precision", r.base_precision},
+          {"method", method_name(r.method)},
+          {"base_precision", base_precision_name(r.base())},
           {"double_quant", r.double_quant.value_or(false)},
-          {"lora_r", r.method == "full" ? 0 : r.lora_r},
-          {"targets", r.targets},
-          {"optimizer_dtype", r.optimizer_dtype},
+          {"lora_r", r.method == Method::Full ? 0 : r.lora.r},
+          {"targets", r.lora.targets},
+          {"optimizer_dtype", optimizer_dtype_name(r.optimizer_dtype)},
           {"micro_batch", r.micro_batch},
           {"seq_len", r.seq_len},
           {"grad_accum", r.grad_accum},

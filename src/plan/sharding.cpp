@@ -9,31 +9,6 @@
 
 namespace qlora {
 
-const char* sharding_name(Sharding s) {
-  switch (s) {
-    case Sharding::None: return "none";
-    case Sharding::Zero1: return "zero1";
-    case Sharding::Zero2: return "zero2";
-    case Sharding::Zero3: return "zero3";
-    case Sharding::Fsdp: return "fsdp";
-  }
-  return "?";
-}
-
-Sharding parse_sharding(const std::string& s) {
-  if (s == "none" || s == "ddp") return Sharding::None;
-  if (s == "zero1" || s == "zero-1") return Sharding::Zero1;
-  if (s == "zero2" || s == "zero-2") return Sharding::Zero2;
-  if (s == "zero3" || s == "zero-3") return Sharding::Zero3;
-  if (s == "fsdp") return Sharding::Fsdp;
-  const std::vector<std::string> choices = {"none", "zero1", "zero2", "zero3", "fsdp"};
-  std::string close = closest_name(choices, s, 3);
-  fail(ErrorKind::Config, "--sharding " + s, "unknown sharding '" + s + "'",
-       (close.empty() ? std::string() : "did you mean '" + close + "'? ") +
-           "choose none, zero1 (optimizer), zero2 (+grads), zero3 (+parameters) or fsdp (zero1 + the frozen "
-           "base's decoder layers, as training runs it)");
-}
-
 bool shards_category(Sharding s, MemCategory c) {
   switch (c) {
     case MemCategory::Optimizer: return s != Sharding::None;

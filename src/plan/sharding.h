@@ -4,17 +4,13 @@
 #include <string>
 
 #include "core/memory_plan.h"
+#include "model/modes.h"
 
 namespace qlora {
 
-// ZeRO-1 splits optimizer state, ZeRO-2 also gradients, ZeRO-3 also the parameters: trainable and
-// frozen base alike (4-bit bases are sharded as their stored bytes). Fsdp is what the engine runs
-// (sharding: fsdp): ZeRO-1's optimizer split plus an even byte split of each decoder layer's frozen
-// base (model_plan.h: base_shards); its plan is the engine's buffer list for a rank, not shard_plan's.
-enum class Sharding { None, Zero1, Zero2, Zero3, Fsdp };
-const char* sharding_name(Sharding s);
-// none | zero1 | zero2 | zero3 | fsdp; Error(Config) with the closest choice otherwise.
-Sharding parse_sharding(const std::string& s);
+// Sharding (model/modes.h): ZeRO-1 splits optimizer state, ZeRO-2 also gradients, ZeRO-3 also the
+// parameters, trainable and frozen base alike (4-bit bases are sharded as their stored bytes). Fsdp
+// is what the engine runs; its plan is the engine's buffer list for a rank, not shard_plan's.
 
 struct Topology {
   int gpus_per_node = 1;

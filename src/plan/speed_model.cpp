@@ -15,16 +15,16 @@ namespace {
 
 // Bytes per parameter the base GEMMs read, when the stored base must first be converted to the
 // GEMM dtype (dequantize, or cast to fp8/fp4); 0 when the GEMM consumes the stored format.
-double gemm_operand_bytes(const std::string& base, GemmDtype gemm) {
-  if (gemm == GemmDtype::Bf16) return base == "bf16" ? 0.0 : 2.0;
-  if (gemm == GemmDtype::Fp8) return base == "fp8" ? 0.0 : 1.0;
-  return base == "nvfp4" || base == "mxfp4" ? 0.0 : 0.5 + 1.0 / 16;  // e2m1 codes + e4m3 scale per 16
+double gemm_operand_bytes(BasePrecision base, GemmDtype gemm) {
+  if (gemm == GemmDtype::Bf16) return base == BasePrecision::Bf16 ? 0.0 : 2.0;
+  if (gemm == GemmDtype::Fp8) return base == BasePrecision::Fp8 ? 0.0 : 1.0;
+  return base == BasePrecision::Nvfp4 || base == BasePrecision::Mxfp4 ? 0.0 : 0.5 + 1.0 / 16;  // e2m1 codes + e4m3 scale per 16
 }
 
 double stored_bytes(const PlanRequest& r, int64_t out, int64_t in) {
-  if (is_quantized_precision(r.base_precision))
-    return double(quantized_weight_bytes(r.base_precision, out, in, r.quant_blocksize, r.double_quant.value_or(false)));
-  return double(out) * double(in) * dtype_size(float_precision_dtype(r.base_precision, DType::BF16));
+  if (is_quantized(r.base()))
+    return double(quantized_weight_bytes(r.base(), out, in, r.quant_blocksize, r.double_quant.value_or(false)));
+  return double(out) * double(in) * dtype_size(storage_dtype(r.base()));
 }
 
 int64_t elements(const PlannedBuffer& b) { return b.bytes / dtype_size(b.dtype); }
@@ -41,7 +41,7 @@ double collective_seconds(double bytes, double factor, const Topology& topo, con
 
 SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, const PlanAssumptions& a) {
   const LlamaConfig& c = r.model;
-  const bool full = r.method == "full";
+  const bool full = r.method == Method::Full;
   const bool recompute = recomputes(r.checkpointing);
   const int world = r.topo.world();
   const double ga = double(r.grad_accum);
@@ -51,8 +51,8 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   SpeedEstimate e;
   FlopOptions fo;
   fo.method = r.method;
-  fo.lora_r = r.lora_r;
-  fo.targets = r.targets;
+  fo.lora_r = r.lora.r;
+  fo.targets = r.lora.targets;
   fo.attn_len = r.packing && r.avg_doc_len > 0 ? r.avg_doc_len : r.seq_len;
   fo.recompute = recompute;
   e.per_token = flops_per_token(c, fo);
@@ -93,9 +93,9 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
   const double layers = double(dequant_layers_per_micro_step(c.n_layer, gemm));
   const double operand =
-      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base_precision, lowp_base_gemm ? GemmDtype::Bf16 : r.gemm_dtype);
+      r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base(), lowp_base_gemm ? GemmDtype::Bf16 : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
-  if (operand > 0 || (r.gpu.is_cpu && is_quantized_precision(r.base_precision)))
+  if (operand > 0 || (r.gpu.is_cpu && is_quantized(r.base())))
     for (const auto& t : all_linear_targets()) {
       auto [out, in] = projection_shape(c, t);
       convert += stored_bytes(r, out, in) + operand * double(out) * double(in);
@@ -141,7 +141,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
     if (b.category == MemCategory::Weights || b.category == MemCategory::Lora) weight_bytes += b.bytes;
     if (full ? (b.category == MemCategory::Weights) : (b.category == MemCategory::Lora)) trainable += elements(b);
   }
-  const double os = r.optimizer_dtype == "bf16" ? 2.0 : 4.0;
+  const double os = double(dtype_size(r.optimizer_dtype));
   const double opt_share = shards_category(r.sharding, MemCategory::Optimizer) ? 1.0 / world : 1.0;
   // AdamW: read/write master (or LoRA fp32 param), read grad, read/write m and v, zero the grad;
   // full fine-tuning also writes the bf16 working copy.

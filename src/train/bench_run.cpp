@@ -27,15 +27,6 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-
-[[noreturn]] void bad_choice(const std::string& option, const std::string& value, const std::vector<std::string>& choices) {
-  const std::string close = closest_name(choices, value, 3);
-  std::string list;
-  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
-  fail(ErrorKind::Config, option + " " + value, "unknown value '" + value + "'",
-       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + list);
-}
-
 void require(bool ok, const std::string& option, int64_t v, const char* what) {
   if (!ok) fail(ErrorKind::Config, option + " " + std::to_string(v), what);
 }
@@ -116,6 +107,14 @@ int64_t host_peak_rss() {
   return int64_t(u.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// "all-linear" for the seven projections, else the comma list.
+std::string targets_text(const std::vector<std::string>& targets) {
+  if (targets.size() == all_linear_targets().size()) return "all-linear";
+  std::string s;
+  for (const auto& t : targets) s += (s.empty() ? "" : ",") + t;
+  return s;
+}
+
 std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
@@ -124,54 +123,32 @@ std::string fmt(const char* f, double v) {
 
 }  // namespace
 
-BenchOptions normalize_bench_options(const BenchOptions& in, const std::string& compute_dtype) {
+BenchOptions normalize_bench_options(const BenchOptions& in, DType compute) {
   BenchOptions o = in;
   if (o.model.empty())
     fail(ErrorKind::Config, "--model", "no model given", "add --model smollm2-135m (a preset), a model directory or a .gguf file");
-  if (!o.method.empty() && o.method != "lora" && o.method != "qlora") {
-    if (o.method == "full")
-      fail(ErrorKind::Unsupported, "--method full", "full fine-tuning is planned but not implemented by the engine",
-           "bench lora or qlora");
-    bad_choice("--method", o.method, {"lora", "qlora"});
-  }
-  static const std::vector<std::string> precs = {"bf16", "fp32", "nf4", "fp4", "nvfp4", "mxfp4", "fp8"};
-  if (o.base_precision.empty()) o.base_precision = o.method == "qlora" ? "nf4" : compute_dtype;
-  if (std::find(precs.begin(), precs.end(), o.base_precision) == precs.end())
-    bad_choice("--base-precision", o.base_precision, precs);
-  if (o.base_precision == "bf16" && compute_dtype == "fp32")
+  if (o.method == Method::Full)
+    fail(ErrorKind::Unsupported, "--method full", "full fine-tuning is planned but not implemented by the engine",
+         "bench lora or qlora");
+  if (o.base_precision == BasePrecision::Bf16 && compute == DType::F32)
     fail(ErrorKind::Unsupported, "--base-precision bf16", "the CPU backend computes in fp32 and keeps a float base in fp32",
          "use --base-precision fp32 (or a quantized format) on the CPU, or --device cuda");
-  const bool quant = is_quantized_precision(o.base_precision);
-  if (o.method.empty()) o.method = quant ? "qlora" : "lora";
-  const std::string combo = "--method " + o.method + " --base-precision " + o.base_precision;
-  if (o.method == "qlora" && !quant)
-    fail(ErrorKind::Config, combo, "QLoRA needs a quantized frozen base, not " + o.base_precision,
-         "use --base-precision nf4 (or fp4, nvfp4, mxfp4, fp8), or --method lora");
-  if (o.method == "lora" && quant)
-    fail(ErrorKind::Config, combo, "a " + o.base_precision + " base is QLoRA, not LoRA",
-         "use --method qlora, or --base-precision bf16 for LoRA");
-  if (o.double_quant.value_or(false) && !is_bnb_4bit(o.base_precision))
-    fail(ErrorKind::Config, "--double-quant", "double quantization applies to nf4 and fp4 only",
-         o.base_precision + " stores its own block scales; drop --double-quant");
-  if (!is_bnb_4bit(o.base_precision)) o.double_quant = false;
-  else if (!o.double_quant) o.double_quant = true;
-  require(o.r >= 1, "--r", o.r, "the LoRA rank must be at least 1");
-  if (!(o.lora_alpha > 0)) fail(ErrorKind::Config, "--lora-alpha", "must be positive");
+  static_cast<EngineSpec&>(o) = normalize_engine_spec(o, compute);
+  require(o.lora.r >= 1, "--r", o.lora.r, "the LoRA rank must be at least 1");
+  if (!(o.lora.alpha > 0)) fail(ErrorKind::Config, "--lora-alpha", "must be positive");
   require(o.seq_len >= 1, "--seq-len", o.seq_len, "must be at least 1");
   require(o.micro_batch >= 1, "--micro-batch", o.micro_batch, "must be at least 1");
   require(o.steps >= 1, "--steps", o.steps, "must be at least 1 (timed steps)");
   require(o.warmup_steps >= 0, "--warmup-steps", o.warmup_steps, "must not be negative");
-  o.checkpointing = parse_checkpointing(o.gradient_checkpointing, "--gradient-checkpointing");
-  o.gemm = parse_gemm_dtype(o.gemm_dtype, "--gemm-dtype");
-  LoraSpec::resolve_targets(split_commas(o.target_modules));  // throws on a name that is no projection
+  o.lora.targets = LoraSpec::resolve_targets(o.lora.targets);  // throws on a name that is no projection
   return o;
 }
 
 FlopCounts bench_flop_counts(const LlamaConfig& c, const BenchOptions& o) {
   FlopOptions f;
   f.method = o.method;
-  f.lora_r = o.r;
-  f.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
+  f.lora_r = o.lora.r;
+  f.targets = o.lora.targets;
   f.attn_len = o.seq_len;  // one random document fills each row
   f.recompute = recomputes(o.checkpointing);
   return flops_per_token(c, f);
@@ -202,27 +179,15 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   };
   const bool cuda = be.device() == DeviceKind::Cuda;
   BenchResult res;
-  res.opts = normalize_bench_options(in, be.compute_dtype() == DType::BF16 ? "bf16" : "fp32");
+  res.opts = normalize_bench_options(in, be.compute_dtype());
   const BenchOptions& o = res.opts;
   res.device = dev.name;
   if (const char* sha = std::getenv("QLORA_GIT_SHA"); sha && *sha) res.git_sha = sha;
 
   const LlamaConfig cfg = resolve_model(o.model);  // a path contributes its config only
-  LoraSpec lora;
-  lora.r = o.r;
-  lora.alpha = o.lora_alpha;
-  lora.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
-  ModelPlanOptions po;
-  po.method = o.method;
-  po.base_precision = o.base_precision;
-  po.double_quant = o.double_quant.value_or(false);
-  po.micro_batch = o.micro_batch;
-  po.seq_len = o.seq_len;
-  po.checkpointing = o.checkpointing;
-  po.gemm_dtype = o.gemm;  // the model resolves it against the base and the device
-
   const double t_load = now_s();
-  LlamaModel model(cfg, be, po, lora);
+  // The model resolves the GEMM dtype against the base and the device.
+  LlamaModel model(cfg, be, resolve_engine(o, {be.compute_dtype()}), o.lora);
   model.load_base(random_tensor_source(o.seed));  // quantized on load for a quantized base
   model.init_lora(o.seed);
   randomize_lora_b(model, o.seed);
@@ -231,7 +196,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   res.base_params = cfg.n_params();
   for (const auto& p : model.lora_params()) res.trainable_params += p.w.numel();
   say("bench: " + o.model + " (" + std::to_string(cfg.n_layer) + " layers, " + std::to_string(res.base_params) +
-      " base params, " + std::to_string(res.trainable_params) + " LoRA params, " + o.base_precision + " base) on " +
+      " base params, " + std::to_string(res.trainable_params) + " LoRA params, " + base_precision_name(*o.base_precision) + " base) on " +
       dev.name + ": random weights ready in " + fmt("%.2f", res.load_s) + " s");
 
   int64_t peak_used = dev.used_bytes ? dev.used_bytes() : 0;
@@ -320,17 +285,9 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   const std::optional<CpuCalibration> cal = cuda ? std::nullopt : std::optional(cpu_calibration());
   if (!cuda || dev.gpu) {
     PlanRequest req;
+    static_cast<EngineSpec&>(req) = o;
     req.model = cfg;
     req.gpu = cuda ? *dev.gpu : cpu_device_spec(*cal);
-    req.method = o.method;
-    req.base_precision = o.base_precision;
-    req.double_quant = o.double_quant;
-    req.lora_r = o.r;
-    req.targets = LoraSpec::resolve_targets(split_commas(o.target_modules));
-    req.micro_batch = o.micro_batch;
-    req.seq_len = o.seq_len;
-    req.checkpointing = o.checkpointing;
-    req.gemm_dtype = o.gemm;
     req.packing = true;
     req.avg_doc_len = 0;
     const PlanResult plan = make_plan(req);
@@ -342,7 +299,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
       for (const auto& [what, bytes] : plan.speed.memory_bytes)
         if (what == "base weight dequant/cast") res.planned_dequant_bytes_per_step = bytes;
     } else if (model.quantized_base()) {  // the CPU term counts elements at a calibrated rate
-      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer, o.gemm)) * layer_bytes;
+      res.planned_dequant_bytes_per_step = double(dequant_layers_per_micro_step(cfg.n_layer, o.gemm_dtype)) * layer_bytes;
     }
     res.planned_parts = {{"gemm_s", plan.speed.t_gemm}, {"attention_s", plan.speed.t_attn},
                          {"dequant_side_stream_s", plan.speed.t_dequant}, {"dequant_exposed_s", plan.speed.t_dequant_exposed},
@@ -363,16 +320,16 @@ nlohmann::ordered_json bench_json(const BenchResult& r) {
   j["git_sha"] = r.git_sha ? J(*r.git_sha) : J(nullptr);
   j["device"] = r.device;
   j["model"] = o.model;
-  j["config"] = {{"method", o.method},
-                 {"base_precision", o.base_precision},
+  j["config"] = {{"method", method_name(o.method)},
+                 {"base_precision", base_precision_name(*o.base_precision)},
                  {"double_quant", o.double_quant.value_or(false)},
-                 {"r", o.r},
-                 {"lora_alpha", o.lora_alpha},
-                 {"target_modules", o.target_modules},
+                 {"r", o.lora.r},
+                 {"lora_alpha", o.lora.alpha},
+                 {"target_modules", targets_text(o.lora.targets)},
                  {"seq_len", o.seq_len},
                  {"micro_batch", o.micro_batch},
-                 {"gradient_checkpointing", o.gradient_checkpointing},
-                 {"gemm_dtype", o.gemm_dtype},
+                 {"gradient_checkpointing", checkpointing_name(o.checkpointing)},
+                 {"gemm_dtype", gemm_dtype_name(o.gemm_dtype)},
                  {"steps", o.steps},
                  {"warmup_steps", o.warmup_steps},
                  {"seed", o.seed}};
@@ -408,11 +365,11 @@ std::string bench_text(const BenchResult& r) {
   const BenchOptions& o = r.opts;
   const double gib = double(int64_t(1) << 30);
   std::string s;
-  s += "model      " + o.model + " | " + o.method + ", " + o.base_precision + " base" +
-       (o.double_quant.value_or(false) ? " (double quant)" : "") + ", r " + std::to_string(o.r) + ", alpha " +
-       fmt("%g", o.lora_alpha) + ", targets " + o.target_modules + "\n";
+  s += "model      " + o.model + " | " + method_name(o.method) + ", " + base_precision_name(*o.base_precision) + " base" +
+       (o.double_quant.value_or(false) ? " (double quant)" : "") + ", r " + std::to_string(o.lora.r) + ", alpha " +
+       fmt("%g", o.lora.alpha) + ", targets " + targets_text(o.lora.targets) + "\n";
   s += "shape      micro-batch " + std::to_string(o.micro_batch) + " x seq " + std::to_string(o.seq_len) +
-       ", checkpointing " + o.gradient_checkpointing + ", base GEMMs " + o.gemm_dtype + ", " + std::to_string(o.steps) +
+       ", checkpointing " + checkpointing_name(o.checkpointing) + ", base GEMMs " + gemm_dtype_name(o.gemm_dtype) + ", " + std::to_string(o.steps) +
        " timed steps after " +
        std::to_string(o.warmup_steps) + " warmup\n";
   s += "device     " + r.device + "\n";

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "model/modes.h"
+#include "model/engine_spec.h"
 #include "model/llama_config.h"
 #include "model/llama_model.h"
 #include "plan/flops.h"
@@ -18,19 +19,14 @@
 
 namespace qlora {
 
-struct BenchOptions {
+// The engine spec benchmarked (model/engine_spec.h; lora.targets as given, "all-linear" expands),
+// the model's shape, and the run's length.
+struct BenchOptions : EngineSpec {
+  BenchOptions() {
+    micro_batch = 4;
+    lora.targets = {"all-linear"};
+  }
   std::string model;           // preset name, HF model dir, config.json or .gguf: only the config is read
-  std::string method;          // lora | qlora; "" = qlora for a quantized base precision, else lora
-  std::string base_precision;  // bf16 | fp32 | nf4 | fp4 | nvfp4 | mxfp4 | fp8; "" = nf4 (qlora) or the compute dtype
-  std::optional<bool> double_quant;  // nf4/fp4 only; unset = on for those
-  int64_t r = 16;
-  double lora_alpha = 32;
-  std::string target_modules = "all-linear";  // comma list or all-linear
-  int64_t seq_len = 2048, micro_batch = 4;
-  std::string gradient_checkpointing = "none";  // none | full | offload, as given
-  Checkpointing checkpointing = Checkpointing::None;  // gradient_checkpointing parsed (normalize_bench_options)
-  std::string gemm_dtype = "bf16";  // bf16 | fp8 | fp4: the base's forward GEMMs (model/gemm_dtype.h), as given
-  GemmDtype gemm = GemmDtype::Bf16;  // gemm_dtype parsed (normalize_bench_options)
   int64_t steps = 10, warmup_steps = 2;
   uint64_t seed = 0;
   double learning_rate = 2e-4;  // constant; AdamW and clipping at the trainer's defaults
@@ -75,9 +71,10 @@ struct BenchResult {
 };
 
 // Resolves defaults and rejects bad values (Error(Config) naming the option, with a hint).
-// `compute_dtype` names the default float base ("fp32" on the CPU backend, "bf16" on CUDA); a bf16
-// base on the fp32 CPU backend is refused (its matmul takes f32 weights only).
-BenchOptions normalize_bench_options(const BenchOptions& o, const std::string& compute_dtype);
+// `compute` is the backend's compute dtype, whose float is the default base (fp32 on the CPU
+// backend, bf16 on CUDA); a bf16 base on the fp32 CPU backend is refused (its matmul takes f32
+// weights only), and so is full fine-tuning (planned, not implemented by the engine).
+BenchOptions normalize_bench_options(const BenchOptions& o, DType compute);
 
 // The FLOP counts the bench divides by: the planner's counter for this shape, attention over the
 // whole sequence (one document per row), recompute when checkpointing.

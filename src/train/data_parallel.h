@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "train/step.h"
 #include "train/zero1.h"
 

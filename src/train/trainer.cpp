@@ -27,6 +27,7 @@
 #include "train/sample_answers.h"
 #include "train/schedule.h"
 #include "train/data_parallel.h"
+#include "train/engine_config.h"
 #include "train/step.h"
 #include "train/train_data.h"
 
@@ -43,41 +44,16 @@ void install_stop_signal_handlers() {
   std::signal(SIGTERM, on_stop_signal);
 }
 
-LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len, const LoraSpec* lora_override, int64_t optimizer_shards,
-                                    Comm* fsdp_comm) {
-  LoraSpec lora;
-  lora.r = cfg.r;
-  lora.alpha = cfg.lora_alpha;
-  lora.dropout = cfg.lora_dropout;
-  lora.use_rslora = cfg.use_rslora;
-  lora.targets = LoraSpec::resolve_targets(cfg.target_modules);
-  if (lora_override) lora = *lora_override;
-  ModelPlanOptions po;
-  po.method = cfg.load_in_4bit || (!cfg.base_precision.empty() && cfg.base_precision != "fp32" &&
-                                   cfg.base_precision != "bf16") ? "qlora" : "lora";
-  po.base_precision = cfg.base_precision;
-  po.quant_blocksize = cfg.quant_blocksize;
-  po.double_quant = cfg.bnb_4bit_use_double_quant;
-  po.micro_batch = micro_batch;
-  po.seq_len = seq_len;
-  po.checkpointing = parse_checkpointing(cfg.gradient_checkpointing, "gradient_checkpointing");
-  po.gemm_dtype = parse_gemm_dtype(cfg.gemm_dtype, "gemm_dtype");  // the model resolves it (resolve_gemm_dtype) against the base and device
-  po.ce_chunk = cfg.ce_chunk_size;
-  po.optimizer_shards = optimizer_shards;
-  if (fsdp_comm) {
-    po.base_shards = fsdp_comm->size();
-    po.base_shard_rank = fsdp_comm->rank();
-  }
-  // Sample answers decode through the training forward: a KV cache for a prompt as long as a
-  // training row plus its answer.
-  if (!cfg.sample_prompts.empty()) po.kv_cache_tokens = seq_len + cfg.sample_max_new_tokens;
+LoadedModel load_model_for_training(const EngineSpec& spec, Backend& be, const ModelSource& src, uint64_t seed,
+                                    Comm* comm) {
+  const EngineTarget target{be.compute_dtype(), comm ? comm->size() : 1, comm ? comm->rank() : 0};
+  ModelPlanOptions po = resolve_engine(spec, target);  // the model resolves the GEMM dtype against the base and device
   adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
   LoadedModel lm;
-  lm.model = std::make_unique<LlamaModel>(src.config, be, po, lora);
-  if (fsdp_comm) lm.model->set_base_comm(*fsdp_comm);
+  lm.model = std::make_unique<LlamaModel>(src.config, be, po, spec.lora);
+  if (spec.sharding == Sharding::Fsdp && comm) lm.model->set_base_comm(*comm);
   lm.model->load_base(src.tensors);
-  lm.model->init_lora(uint64_t(cfg.seed));
+  lm.model->init_lora(seed);
   lm.encoder = src.encoder;
   lm.source = src.tensors.description;
   return lm;
@@ -287,43 +263,70 @@ void Trainer::rotate_checkpoints() {
   }
 }
 
+// What one run carries from step to step of Trainer::run.
+struct Trainer::Run {
+  TrainData data;
+  ChatRenderFn sample_render;  // sample prompts rendered as the data pipeline renders chat rows
+  std::optional<DataStream> stream;
+  std::vector<Batch> eval_batches;
+  bool fsdp = false, zero1 = false, fsdp_nccl = false;
+  int world = 1;
+  int64_t micro_per_step = 1;  // the global batch: bs x ga x world rows
+  int64_t total = 0, start = 0;
+  std::optional<MetricsWriter> metrics;  // rank 0 writes every file; the other ranks only train
+  std::optional<ProgressReporter> progress;
+  nlohmann::ordered_json samples_before;
+  TrainSummary sum;
+
+  void write_metrics(const nlohmann::json& rec) {
+    if (metrics) metrics->write(rec);
+  }
+};
+
 TrainSummary Trainer::run() {
-  using clock = std::chrono::steady_clock;
-  // ---- data
+  Run r;
+  const ModelSource source = prepare_data(r);
+  load_model(r, source);
+  resume(r);
+  open_outputs(r);
+  before_training(r);
+  train_loop(r);
+  return finish(r);
+}
+
+ModelSource Trainer::prepare_data(Run& r) {
   ModelSource probe = open_model_source(cfg_.model_name_or_path);
-  TrainData data = load_train_data(cfg_, probe, [this](const std::string& l) { log(l); });
-  std::vector<Example>& train = data.train;
-  const int64_t longest = data.longest;
-  const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
-  const int64_t ebs = cfg_.per_device_eval_batch_size;
-  const int64_t seq = std::min(cfg_.max_length, longest);
-  // Sample prompts are rendered as the data pipeline renders chat rows (raw text without a template).
-  ChatRenderFn sample_render;
+  r.data = load_train_data(cfg_, probe, [this](const std::string& l) { log(l); });
   if (!cfg_.sample_prompts.empty()) {
     tokenizer_ = probe.tokenizer;
     if (!tokenizer_)
       fail(ErrorKind::Config, "sample_prompts", "the model has no tokenizer to encode the prompts with",
            "add the model's tokenizer.json, or remove sample_prompts");
-    sample_render = resolve_chat_template(cfg_.chat_template, tokenizer_.get());
+    r.sample_render = resolve_chat_template(cfg_.chat_template, tokenizer_.get());  // raw text without a template
   }
+  return probe;
+}
 
-  // ---- model
+void Trainer::load_model(Run& r, const ModelSource& source) {
+  const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
+  const int64_t ebs = cfg_.per_device_eval_batch_size;
   // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
-  const bool fsdp = cfg_.sharding == "fsdp";
-  const bool zero1 = (cfg_.sharding == "zero1" || fsdp) && comm_->size() > 1;
-  lm_ = load_model_for_training(cfg_, be_, probe, std::max(bs, ebs), seq, nullptr, zero1 ? comm_->size() : 1,
-                                fsdp ? comm_ : nullptr);
+  const EngineSpec spec = with_shapes(engine_spec(cfg_), cfg_, std::max(bs, ebs), std::min(cfg_.max_length, r.data.longest));
+  r.fsdp = spec.sharding == Sharding::Fsdp;
+  r.zero1 = (spec.sharding == Sharding::Zero1 || r.fsdp) && comm_->size() > 1;
+  lm_ = load_model_for_training(spec, be_, source, uint64_t(cfg_.seed), comm_);
   LlamaModel& model = *lm_.model;
   // GPU ranks with NCCL: fsdp's layer gathers go device to device (its gradients stay ZeRO-1's, over the Comm).
-  const bool fsdp_nccl = fsdp && device_reducer_ && comm_->size() > 1 && be_.device() == DeviceKind::Cuda;
-  if (fsdp_nccl) model.set_base_device(device_reducer_);
-  if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, zero1, zero1 ? nullptr : device_reducer_);
-  const int32_t pad = data.pad_id;
-  DataStream stream(&train, bs, uint64_t(cfg_.seed), pad);
-  std::vector<Batch> eval_batches = make_batches(data.eval, ebs, pad);
-  const int world = comm_->size();
-  const int64_t micro_per_step = ga * world;  // the global batch: bs x ga x world rows
-  const int64_t total = total_optimizer_steps(cfg_, stream.batches_per_epoch(), world);
+  r.fsdp_nccl = r.fsdp && device_reducer_ && comm_->size() > 1 && be_.device() == DeviceKind::Cuda;
+  if (r.fsdp_nccl) model.set_base_device(device_reducer_);
+  if (comm_->size() > 1) dp_ = std::make_unique<DataParallelStep>(model, *comm_, r.zero1, r.zero1 ? nullptr : device_reducer_);
+  const int32_t pad = r.data.pad_id;
+  r.stream.emplace(&r.data.train, bs, uint64_t(cfg_.seed), pad);
+  r.eval_batches = make_batches(r.data.eval, ebs, pad);
+  r.world = comm_->size();
+  r.micro_per_step = ga * r.world;
+  r.total = total_optimizer_steps(cfg_, r.stream->batches_per_epoch(), r.world);
+  const int world = r.world;
   int64_t n_trainable = 0;
   for (auto& p : model.lora_params()) n_trainable += p.w.numel();
   log("model: " + lm_.source + " | " + std::to_string(model.config().n_layer) + " layers, " +
@@ -331,13 +334,13 @@ TrainSummary Trainer::run() {
       " trainable LoRA params | backend " + be_.name());
   if (world > 1)
     log("dist: " + comm_->describe() + " | data parallel, global batch " + std::to_string(bs) + " x " +
-        std::to_string(ga) + " x " + std::to_string(world) + " = " + std::to_string(bs * micro_per_step) +
+        std::to_string(ga) + " x " + std::to_string(world) + " = " + std::to_string(bs * r.micro_per_step) +
         " rows per step; " +
-        (zero1 ? "ZeRO-1 (AdamW moments split across ranks): reduce-scatter of " + std::to_string(n_trainable * 4) +
-                     " bytes of fp32 LoRA gradients and all-gather of the updated weights per step"
-               : "all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step" +
-                     (device_reducer_ ? " (NCCL, in device memory)" : "")));
-  if (fsdp) {  // what each rank keeps of the decoder layers' frozen base
+        (r.zero1 ? "ZeRO-1 (AdamW moments split across ranks): reduce-scatter of " + std::to_string(n_trainable * 4) +
+                       " bytes of fp32 LoRA gradients and all-gather of the updated weights per step"
+                 : "all-reduce of " + std::to_string(n_trainable * 4) + " bytes of fp32 LoRA gradients per step" +
+                       (device_reducer_ ? " (NCCL, in device memory)" : "")));
+  if (r.fsdp) {  // what each rank keeps of the decoder layers' frozen base
     std::vector<double> shard(size_t(world), 0.0);
     shard[size_t(comm_->rank())] = double(model.base_shard_bytes());
     comm_->allreduce_sum(shard.data(), shard.size());
@@ -345,7 +348,7 @@ TrainSummary Trainer::run() {
     for (int q = 0; q < world; q++) list += (q ? ", " : "") + std::to_string(int64_t(shard[size_t(q)]));
     log("fsdp: the decoder layers' frozen base is " + std::to_string(model.base_blob_bytes() * model.config().n_layer) +
         " bytes; each rank holds its share of every layer (bytes per rank: " + list +
-        "), all-gathered a layer ahead of use" + (fsdp_nccl ? " (NCCL, into the device slot)" : ""));
+        "), all-gathered a layer ahead of use" + (r.fsdp_nccl ? " (NCCL, into the device slot)" : ""));
   }
   log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
   if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`
@@ -356,61 +359,67 @@ TrainSummary Trainer::run() {
     for (int q = 0; q < world; q++) list += (q ? ", " : "") + std::to_string(int64_t(per_rank[size_t(q)]));
     log("memory allocated per rank (bytes): " + list);
   }
+}
 
-  // ---- resume
+void Trainer::resume(Run& r) {
   if (lead_) remove_unfinished_outputs(cfg_.output_dir, [this](const std::string& l) { log(l); });
-  int64_t start = 0;
-  std::string resume = cfg_.resume_from_checkpoint;
-  if (resume == "latest" || resume == "true") {
+  std::string from = cfg_.resume_from_checkpoint;
+  if (from == "latest" || from == "true") {
     auto v = list_checkpoints(cfg_.output_dir);
     if (v.empty()) fail(ErrorKind::Config, "resume_from_checkpoint", "no checkpoint-N directory in " + cfg_.output_dir);
-    resume = v.back().second;
+    from = v.back().second;
   }
-  if (!resume.empty()) {
-    start = restore_checkpoint(resume, stream);
-    log("resumed from " + resume + " at step " + std::to_string(start));
+  if (!from.empty()) {
+    r.start = restore_checkpoint(from, *r.stream);
+    log("resumed from " + from + " at step " + std::to_string(r.start));
   }
+}
 
-  // Rank 0 writes every file; the other ranks only train.
-  std::optional<MetricsWriter> metrics_file;
+void Trainer::open_outputs(Run& r) {
   if (lead_) {
     fs::create_directories(cfg_.output_dir);
     write_file_atomic(cfg_.output_dir + "/train_config.yaml", dump_train_config(cfg_));
     // A resumed run keeps the records through its checkpoint's step; a fresh run starts the file anew
     // (keeping "step 0" would leave an earlier run's step-0 eval beside this one's).
-    if (std::error_code ec; start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
-    metrics_file.emplace(cfg_.output_dir, start);
+    if (std::error_code ec; r.start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
+    r.metrics.emplace(cfg_.output_dir, r.start);
   }
-  const auto write_metrics = [&](const nlohmann::json& rec) {
-    if (metrics_file) metrics_file->write(rec);
-  };
-  ProgressReporter progress(total, cfg_.logging_steps, stderr, lead_ ? -1 : 0);
-  progress.set_ranks(world);
+  r.progress.emplace(r.total, cfg_.logging_steps, stderr, lead_ ? -1 : 0);
+  r.progress->set_ranks(r.world);
+  r.sum.total_steps = r.total;
+}
+
+void Trainer::before_training(Run& r) {
+  if ((lead_ || r.world > 1) && r.start == 0 && !r.eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline
+    const double el = evaluate(r.eval_batches);
+    r.write_metrics({{"step", 0}, {"eval_loss", el}});
+    log("eval_loss " + std::to_string(el) + " before training");
+  }
+  // Sample answers before training (a resumed run keeps the first run's from samples.json).
+  // fsdp: every rank decodes (each forward gathers layers with the others); rank 0 prints and writes.
+  if ((lead_ || r.fsdp) && !cfg_.sample_prompts.empty()) {
+    if (r.start == 0) {
+      r.samples_before = print_sample_answers(r.sample_render, "before training");
+      if (lead_) write_samples_json(cfg_.output_dir, r.samples_before, nullptr);
+    } else {
+      r.samples_before = earlier_before_samples(cfg_.output_dir);
+    }
+  }
+}
+
+void Trainer::train_loop(Run& r) {
+  using clock = std::chrono::steady_clock;
+  LlamaModel& model = *lm_.model;
+  DataStream& stream = *r.stream;
+  TrainSummary& sum = r.sum;
+  const int64_t total = r.total, start = r.start;
+  const int world = r.world;
   const auto progress_message = [&](const std::string& line) {
-    if (lead_) progress.message(line);
+    if (lead_) r.progress->message(line);
   };
   bool stop_agreed = false;  // multi-rank: some rank was asked to stop, as of the last step's all-reduce
   ScheduleParams sp = schedule_from_config(cfg_, total);
   OptimHyper hyper{cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_epsilon, cfg_.weight_decay, cfg_.max_grad_norm};
-
-  TrainSummary sum;
-  sum.total_steps = total;
-  if ((lead_ || world > 1) && start == 0 && !eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline
-    const double el = evaluate(eval_batches);
-    write_metrics({{"step", 0}, {"eval_loss", el}});
-    log("eval_loss " + std::to_string(el) + " before training");
-  }
-  // Sample answers before training (a resumed run keeps the first run's from samples.json).
-  nlohmann::ordered_json samples_before;
-  // fsdp: every rank decodes (each forward gathers layers with the others); rank 0 prints and writes.
-  if ((lead_ || fsdp) && !cfg_.sample_prompts.empty()) {
-    if (start == 0) {
-      samples_before = print_sample_answers(sample_render, "before training");
-      if (lead_) write_samples_json(cfg_.output_dir, samples_before, nullptr);
-    } else {
-      samples_before = earlier_before_samples(cfg_.output_dir);
-    }
-  }
   install_stop_signal_handlers();
   constexpr int64_t kMaxConsecutiveSkips = 10;  // nan_policy: skip gives up after this many in a row
   int64_t consecutive_skips = 0;
@@ -421,12 +430,12 @@ TrainSummary Trainer::run() {
     if (world == 1 ? g_stop_requested.load() : stop_agreed) break;
     const auto t0 = clock::now();
     std::vector<Batch> mbs;  // the whole global step, on every rank
-    for (int64_t j = 0; j < micro_per_step; j++) mbs.push_back(stream.next());
+    for (int64_t j = 0; j < r.micro_per_step; j++) mbs.push_back(stream.next());
     const double lr = lr_at(sp, step);
     const int64_t gathered0 = model.gathered_base_bytes();
-    const StepResult r = dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
-                            : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
-    const double loss = r.loss, gnorm = r.grad_norm;
+    const StepResult res = dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
+                              : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
+    const double loss = res.loss, gnorm = res.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
       // train_step left the weights and moments untouched: the state is the last good one.
       const std::string culprit = first_non_finite(model, loss);
@@ -435,8 +444,8 @@ TrainSummary Trainer::run() {
       if (cfg_.nan_policy == "skip" && ++consecutive_skips <= kMaxConsecutiveSkips) {
         sum.skipped_steps++;
         progress_message("step " + std::to_string(step + 1) + " skipped (" + what + ")");
-        write_metrics({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
-                       {"reason", culprit.empty() ? "grad norm overflow" : culprit}});
+        r.write_metrics({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
+                         {"reason", culprit.empty() ? "grad norm overflow" : culprit}});
         continue;
       }
       std::string hint = "lower learning_rate or set max_grad_norm";
@@ -455,42 +464,48 @@ TrainSummary Trainer::run() {
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const int64_t done = step + 1;
     sum.last_loss = loss;
-    if (lead_) progress.update(StepReport{done, loss, lr, double(r.tokens) / dt, dt});
+    if (lead_) r.progress->update(StepReport{done, loss, lr, double(res.tokens) / dt, dt});
 
     nlohmann::json rec;
     bool log_now = done % std::max<int64_t>(1, cfg_.logging_steps) == 0 || done == total;
     if (log_now) {
       rec = {{"step", done}, {"loss", loss}, {"learning_rate", lr}, {"grad_norm", gnorm},
-             {"tokens_per_second", double(r.tokens) / dt}, {"trained_tokens", r.trained_tokens},
-             {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(train.size())))}};
-      if (fsdp) rec["fsdp_allgather_bytes"] = gathered;
+             {"tokens_per_second", double(res.tokens) / dt}, {"trained_tokens", res.trained_tokens},
+             {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(r.data.train.size())))}};
+      if (r.fsdp) rec["fsdp_allgather_bytes"] = gathered;
     }
-    if (fsdp && done == start + 2)  // the first step after one in steady state (the first gathers every layer)
+    if (r.fsdp && done == start + 2)  // the first step after one in steady state (the first gathers every layer)
       progress_message("fsdp: step " + std::to_string(done) + " all-gathered " + std::to_string(gathered) +
                        " bytes of base layers");
-    const bool eval_now = (lead_ || world > 1) && !eval_batches.empty() && cfg_.eval_strategy != "no" &&
+    const bool eval_now = (lead_ || world > 1) && !r.eval_batches.empty() && cfg_.eval_strategy != "no" &&
                           ((cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0) || done == total);
     if (eval_now) {
-      const double el = evaluate(eval_batches);
+      const double el = evaluate(r.eval_batches);
       sum.eval_loss = el;
       rec["step"] = done;
       rec["eval_loss"] = el;
       progress_message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
     }
-    if (!rec.is_null()) write_metrics(rec);
+    if (!rec.is_null()) r.write_metrics(rec);
     if (cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
       save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(done), done, stream);
       if (lead_) rotate_checkpoints();
     }
   }
-  progress.finish();
+  r.progress->finish();
   sum.steps_done = step;
-  if (step < total) {  // stopped by a signal: leave a resumable checkpoint
+}
+
+TrainSummary Trainer::finish(Run& r) {
+  LlamaModel& model = *lm_.model;
+  TrainSummary& sum = r.sum;
+  const int64_t step = sum.steps_done;
+  if (step < r.total) {  // stopped by a signal: leave a resumable checkpoint
     sum.interrupted = true;
     const std::string dir = cfg_.output_dir + "/checkpoint-" + std::to_string(step);
-    save_checkpoint(dir, step, stream);
+    save_checkpoint(dir, step, *r.stream);
     if (lead_) {
-      log("stopped at step " + std::to_string(step) + (world > 1 ? " on all " + std::to_string(world) + " ranks" : "") +
+      log("stopped at step " + std::to_string(step) + (r.world > 1 ? " on all " + std::to_string(r.world) + " ranks" : "") +
           "; resume with resume_from_checkpoint=" + dir);
       write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
     }
@@ -498,7 +513,7 @@ TrainSummary Trainer::run() {
     return sum;
   }
   nlohmann::ordered_json samples_after;
-  if ((lead_ || fsdp) && !cfg_.sample_prompts.empty()) samples_after = print_sample_answers(sample_render, "after training");
+  if ((lead_ || r.fsdp) && !cfg_.sample_prompts.empty()) samples_after = print_sample_answers(r.sample_render, "after training");
   if (!lead_) {
     sum.adapter_dir = cfg_.output_dir;
     comm_->barrier();  // rank 0 writes the adapter
@@ -513,7 +528,7 @@ TrainSummary Trainer::run() {
   write_peft_adapter(cfg_.output_dir, model, cfg_.model_name_or_path);
   sum.adapter_dir = cfg_.output_dir;
   if (!cfg_.sample_prompts.empty())
-    write_samples_json(cfg_.output_dir, samples_before, samples_after);
+    write_samples_json(cfg_.output_dir, r.samples_before, samples_after);
   write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
   log("done: " + std::to_string(step) + " steps" +
       (sum.skipped_steps ? " (" + std::to_string(sum.skipped_steps) + " skipped: not finite)" : "") + ", loss " +

@@ -9,8 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "model/engine_spec.h"
 #include "model/llama_model.h"
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "train/data.h"
 #include "train/data_parallel.h"
 #include "train/model_source.h"
@@ -30,20 +31,17 @@ struct TrainSummary {
 extern std::atomic<bool> g_stop_requested;
 void install_stop_signal_handlers();
 
-// Loads the model named by cfg.model_name_or_path (HF directory) onto `be` with the LoRA/plan
-// options of cfg; used by train, eval and tests.
+// The model of `src` on `be` as `spec` describes it (train/engine_config.h makes the spec of a
+// training config), its base loaded and its adapters initialized from `seed`; used by train and eval.
 struct LoadedModel {
   std::unique_ptr<LlamaModel> model;
   TextEncoder encoder;
   std::string source;
 };
-// `lora` replaces the config's LoRA settings (eval of an adapter uses the adapter's own).
-// optimizer_shards: ZeRO-1 over that many ranks (the AdamW moments hold this rank's share).
-// fsdp_comm: sharding fsdp over the ranks of this Comm (this rank stores its share of each decoder
-// layer's frozen base and gathers layers over it); null: the whole base on this rank.
-LoadedModel load_model_for_training(const TrainConfig& cfg, Backend& be, const ModelSource& src, int64_t micro_batch,
-                                    int64_t seq_len, const LoraSpec* lora = nullptr, int64_t optimizer_shards = 1,
-                                    Comm* fsdp_comm = nullptr);
+// comm: the ranks the spec's sharding splits over (zero1: the AdamW moments; fsdp: also each decoder
+// layer's frozen base, gathered over it); null: one process.
+LoadedModel load_model_for_training(const EngineSpec& spec, Backend& be, const ModelSource& src, uint64_t seed,
+                                    Comm* comm = nullptr);
 
 // Forward-only loss over a fixed list of batches (no dropout), in order: the trainer's eval_loss
 // is loss_sum / tokens. on_batch (optional) is called after each batch with the totals so far.
@@ -66,6 +64,16 @@ class Trainer {
   TrainSummary run();
 
  private:
+  // Trainer::run's steps, in order, over the state one run carries (trainer.cpp).
+  struct Run;
+  ModelSource prepare_data(Run& r);                     // data, sample prompts' template
+  void load_model(Run& r, const ModelSource& source);   // the engine spec, the model, data parallel
+  void resume(Run& r);                                  // from resume_from_checkpoint, if set
+  void open_outputs(Run& r);                            // output_dir, metrics.jsonl, progress
+  void before_training(Run& r);                         // baseline eval and sample answers
+  void train_loop(Run& r);                              // the optimizer steps until done or stopped
+  TrainSummary finish(Run& r);                          // checkpoint if stopped, else adapter and plot
+
   double evaluate(const std::vector<Batch>& batches);
   // Called on every rank (ZeRO-1 gathers the moments); rank 0 writes.
   void save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream);

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "train/step.h"
 
 namespace qlora {

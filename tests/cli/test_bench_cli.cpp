@@ -34,9 +34,9 @@ json bench_json(const std::string& extra) {
 
 int64_t planned_total(const std::string& base_precision, bool double_quant) {
   ModelPlanOptions o;  // what the CPU backend's model plans: f32 compute, r 16, all seven projections
-  o.method = base_precision == "fp32" ? "lora" : "qlora";
+  o.method = parse_method(base_precision == "fp32" ? "lora" : "qlora", "method");
   o.compute_dtype = DType::F32;
-  o.base_precision = base_precision;
+  o.base_precision = optional_base_precision(base_precision, "base_precision");
   o.double_quant = double_quant;
   o.lora_r = 16;
   o.targets = all_linear_targets();
@@ -74,7 +74,7 @@ void check_report(const json& j, const std::string& precision) {
   // FLOPs: the planner's counter for this exact shape (no checkpointing: no recompute term).
   const LlamaConfig c = preset_config("smollm2-135m");
   FlopOptions fo;
-  fo.method = precision == "fp32" ? "lora" : "qlora";
+  fo.method = parse_method(precision == "fp32" ? "lora" : "qlora", "method");
   fo.lora_r = 16;
   fo.targets = all_linear_targets();
   fo.attn_len = 32;

@@ -29,7 +29,7 @@ std::vector<float> engine_logits(const std::string& dir, const std::string& prec
   auto be = make_cpu_backend();
   ModelSource src = open_model_source(dir);
   ModelPlanOptions po;
-  po.base_precision = precision;
+  po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = false;  // as `qlora quantize` without --double-quant
   po.micro_batch = 2;
   po.seq_len = 12;

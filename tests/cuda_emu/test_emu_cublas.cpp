@@ -1,4 +1,4 @@
-// The host harness's cuBLASLt / cuBLAS (src/backend/cuda/emu/emu_cublas.cpp) against a naive
+// The host harness's cuBLASLt / cuBLAS (tests/support/cuda_emu/emu_cublas.cpp) against a naive
 // double-precision reference: transposes, odd shapes, leading dimensions, strided batches,
 // beta handling, epilogues, FP8 scaling, and the documented rejections (types, layouts,
 // alignment, memory outside device allocations, FP8 architecture and "TN" rules).

@@ -269,7 +269,7 @@ using Run = testing_util::TestModel;
 
 Run make_run(std::unique_ptr<Backend> be) {
   ModelPlanOptions po;
-  po.method = "lora";
+  po.method = Method::Lora;
   po.micro_batch = 2;
   po.seq_len = 12;
   po.checkpointing = Checkpointing::None;
@@ -325,7 +325,7 @@ TEST(CudaEmuCudnn, PackedTrainingStepsMatchCpuOnSm90) { packed_training_matches_
 TEST(CudaEmuCudnn, UnsupportedHeadDimIsRefusedWhenTheModelIsMade) {
   const ModelSource src = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa");
   ModelPlanOptions po;
-  po.method = "lora";
+  po.method = Method::Lora;
   po.micro_batch = 1;
   po.seq_len = 8;
   LoraSpec lora;

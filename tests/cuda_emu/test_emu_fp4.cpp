@@ -37,8 +37,8 @@ using Fp4Run = testing_util::TestModel;
 
 Fp4Run make_run(std::unique_ptr<Backend> be, const std::string& base, const std::string& gemm, const std::string& ckpt) {
   ModelPlanOptions po;
-  po.method = "qlora";
-  po.base_precision = base;
+  po.method = Method::Qlora;
+  po.base_precision = optional_base_precision(base, "base_precision");
   po.gemm_dtype = parse_gemm_dtype(gemm, "gemm_dtype");
   po.micro_batch = 2;
   po.seq_len = 12;

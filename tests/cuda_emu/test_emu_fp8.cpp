@@ -36,8 +36,8 @@ using Fp8Run = testing_util::TestModel;
 
 Fp8Run make_run(std::unique_ptr<Backend> be, const std::string& ckpt) {
   ModelPlanOptions po;
-  po.method = "qlora";
-  po.base_precision = "fp8";
+  po.method = Method::Qlora;
+  po.base_precision = BasePrecision::Fp8;
   po.gemm_dtype = GemmDtype::Fp8;
   po.micro_batch = 2;
   po.seq_len = 12;

@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "model/llama_model.h"
 #include "train/bench_run.h"
 #include "train/model_source.h"
@@ -25,8 +25,8 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& precision, con
   LlamaConfig c = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa").config;
   c.n_layer = 5;
   ModelPlanOptions po;
-  po.method = precision.empty() ? "lora" : "qlora";
-  po.base_precision = precision;
+  po.method = parse_method(precision.empty() ? "lora" : "qlora", "method");
+  po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = precision == "nf4";
   po.quant_blocksize = 64;
   po.micro_batch = 2;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "harness_kernels.h"
 
 namespace qlora::emu_test {

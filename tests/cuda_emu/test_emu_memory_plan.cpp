@@ -17,7 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "backend/cuda_scratch.h"
 #include "io/safetensors.h"
 #include "model/backend_plan.h"
@@ -40,8 +40,8 @@ struct Case {
 
 ModelPlanOptions plan_options(const Case& c) {
   ModelPlanOptions po;
-  po.method = c.method;
-  po.base_precision = c.precision;
+  po.method = parse_method(c.method, "method");
+  po.base_precision = optional_base_precision(c.precision, "base_precision");
   po.double_quant = true;
   po.quant_blocksize = 64;
   po.micro_batch = 2;
@@ -145,12 +145,12 @@ TEST(CudaEmuMemoryPlan, PlannerEqualsTheCudaEngine) {
     PlanRequest r;
     r.model = src.config;
     r.gpu = resolve_gpu("h100-sxm");
-    r.method = c.method;
-    r.base_precision = c.precision.empty() ? "bf16" : c.precision;
+    r.method = parse_method(c.method, "method");
+    r.base_precision = optional_base_precision(c.precision.empty() ? "bf16" : c.precision, "base_precision");
     if (!c.precision.empty()) r.double_quant = po.double_quant;  // a bnb format's option only
     r.quant_blocksize = po.quant_blocksize;
-    r.lora_r = testing_util::fixture_lora().r;
-    r.targets = testing_util::fixture_lora().targets;
+    r.lora.r = testing_util::fixture_lora().r;
+    r.lora.targets = testing_util::fixture_lora().targets;
     r.micro_batch = po.micro_batch;
     r.seq_len = po.seq_len;
     r.checkpointing = po.checkpointing;

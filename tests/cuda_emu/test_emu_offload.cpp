@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "model/llama_model.h"
 #include "train/bench_run.h"
 #include "train/model_source.h"
@@ -29,8 +29,8 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& method, const 
   LlamaConfig c = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa").config;
   c.n_layer = kLayers;
   ModelPlanOptions po;
-  po.method = method;
-  po.base_precision = precision;
+  po.method = parse_method(method, "method");
+  po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = true;
   po.quant_blocksize = 64;
   po.micro_batch = 2;

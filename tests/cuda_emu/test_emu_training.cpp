@@ -16,7 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "io/safetensors.h"
 #include "model/generate.h"
 #include "model/llama_model.h"
@@ -35,8 +35,8 @@ using TrainRun = testing_util::TestModel;
 TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt,
                   int64_t kv_cache_tokens = 0) {
   ModelPlanOptions po;
-  po.method = method;
-  po.base_precision = precision;
+  po.method = parse_method(method, "method");
+  po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = true;
   po.quant_blocksize = 64;
   po.micro_batch = 2;

@@ -4,7 +4,7 @@
 // the dequantization's schedule, which the planner counts; the plan splits each layer's blob exactly.
 #include <gtest/gtest.h>
 
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "model_test_util.h"
 #include "plan/gpu_catalog.h"
 #include "plan/planner.h"
@@ -18,8 +18,8 @@ namespace {
 ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::string& ckpt = "none",
                       const std::string& gemm = "bf16") {
   ModelPlanOptions po;
-  po.method = precision == "fp32" ? "lora" : "qlora";
-  po.base_precision = precision;
+  po.method = parse_method(precision == "fp32" ? "lora" : "qlora", "method");
+  po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = true;
   po.quant_blocksize = 64;
   po.micro_batch = 2;
@@ -140,8 +140,8 @@ TEST(FsdpEngine, GathersPerMicroStepAreWhatThePlannerCounts) {
       PlanRequest req;
       req.model = deep;
       req.gpu = resolve_gpu("h100-sxm");
-      req.method = precision == "fp32" ? "lora" : "qlora";
-      req.base_precision = precision == "fp32" ? "bf16" : precision;
+      req.method = parse_method(precision == "fp32" ? "lora" : "qlora", "method");
+      req.base_precision = optional_base_precision(precision == "fp32" ? "bf16" : precision, "base_precision");
       if (precision == "nf4") {
         req.double_quant = true;
         req.quant_blocksize = 64;
@@ -203,8 +203,8 @@ TEST(FsdpPlan, PerRankBytesAndFullFineTuningIsAConfigError) {
   PlanRequest req;
   req.model = open_model_source(fixtures() + "/models/llama_gqa").config;
   req.gpu = resolve_gpu("cpu");
-  req.method = "qlora";
-  req.base_precision = "nf4";
+  req.method = Method::Qlora;
+  req.base_precision = BasePrecision::Nf4;
   req.micro_batch = 1;
   req.seq_len = 8;
   req.sharding = Sharding::Fsdp;
@@ -218,8 +218,8 @@ TEST(FsdpPlan, PerRankBytesAndFullFineTuningIsAConfigError) {
   for (int64_t b : p.per_rank_bytes) EXPECT_LE(b, buffers);
   EXPECT_NE(p.plan.find("layers.0.base.shard"), nullptr);
   EXPECT_NE(p.plan.find("layers.0.q_proj.lora_A.adam_m.shard"), nullptr);  // fsdp implies ZeRO-1's moments
-  req.method = "full";
-  req.base_precision = "bf16";
+  req.method = Method::Full;
+  req.base_precision = BasePrecision::Bf16;
   try {
     make_plan(req);
     ADD_FAILURE() << "accepted";

@@ -41,8 +41,8 @@ TestModel make(const Case& c, int64_t seq_len = kSeq) {
   po.seq_len = seq_len;
   po.kv_cache_tokens = kSeq;
   if (!c.precision.empty()) {
-    po.method = "qlora";
-    po.base_precision = c.precision;
+    po.method = Method::Qlora;
+    po.base_precision = optional_base_precision(c.precision, "base_precision");
   }
   t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
   t.model->load_base(t.src.tensors);

@@ -63,8 +63,8 @@ TEST(PlanAllocation, QuantizedBaseAllocatesThePlan) {
     auto be = make_cpu_backend();
     ModelSource src = open_model_source(fixtures() + "/models/qwen2");  // with q/k/v biases
     ModelPlanOptions po;
-    po.method = "qlora";
-    po.base_precision = c.precision;
+    po.method = Method::Qlora;
+    po.base_precision = optional_base_precision(c.precision, "base_precision");
     po.double_quant = c.dq;
     po.quant_blocksize = c.bs;
     po.micro_batch = 2;
@@ -114,14 +114,14 @@ TEST(PlanAllocation, CpuDevicePlanEqualsTheCpuEngine) {
   EXPECT_GT(r.gpu.lora_tflops, 0);
   EXPECT_GT(r.gpu.ce_elems_per_s, 0);
   EXPECT_GT(r.gpu.dequant_elems_per_s, 0);
-  r.method = "lora";
-  r.lora_r = lora.r;
-  r.targets = lora.targets;
+  r.method = Method::Lora;
+  r.lora.r = lora.r;
+  r.lora.targets = lora.targets;
   r.micro_batch = 2;
   r.seq_len = 12;
   r.ce_chunk = 1024;
   const PlanResult p = make_plan(r);
-  EXPECT_EQ(p.req.base_precision, "fp32");
+  EXPECT_EQ(p.req.base_precision, BasePrecision::Fp32);
   EXPECT_EQ(p.plan.total_bytes(), t.model->plan().total_bytes());
   EXPECT_TRUE(p.plan.overhead.empty());
   EXPECT_GT(p.speed.step_time_s, 0);

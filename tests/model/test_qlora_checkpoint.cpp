@@ -69,7 +69,7 @@ Error load_error(const std::string& dir, const std::string& precision = "") {
     auto be = make_cpu_backend();
     ModelSource src = open_model_source(dir);
     ModelPlanOptions po;
-    po.base_precision = precision;
+    po.base_precision = optional_base_precision(precision, "base_precision");
     po.micro_batch = 1;
     po.seq_len = 4;
     adopt_stored_quantization(po, src.tensors);

@@ -29,8 +29,8 @@ struct QModel {
 
 ModelPlanOptions qopts(const std::string& precision, bool dq, int64_t blocksize, const std::string& ckpt = "none") {
   ModelPlanOptions po;
-  po.method = "qlora";
-  po.base_precision = precision;
+  po.method = Method::Qlora;
+  po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = dq;
   po.quant_blocksize = blocksize;
   po.micro_batch = 2;
@@ -151,7 +151,7 @@ TEST(QloraCheckpoint, TransformersSavedNf4CheckpointLoadsAsStored) {
 TEST(QloraCheckpoint, PreQuantizedCheckpointLoadsIntoAFloatBase) {
   Fixture f;
   ModelPlanOptions po = qopts("fp32", false, 64);
-  po.method = "lora";
+  po.method = Method::Lora;
   QModel t = make_qmodel(fixtures() + "/qlora/llama_gqa_bnb_nf4", po);
   EXPECT_FALSE(t.model->quantized_base());
   EXPECT_LT(max_abs_diff(t.model->logits(f.batch), floats(f.fx, "logits")), kBnbTol);
@@ -168,12 +168,12 @@ TEST(QloraEngine, EveryFormatEqualsAFloatModelOfItsDequantizedWeights) {
                         Case{"mxfp4", true, 64, "full"}, Case{"fp8", true, 64, "none"}}) {
     SCOPED_TRACE(c.precision);
     QModel q = make_qmodel(dir, qopts(c.precision, c.dq, c.bs, c.ckpt));
-    const QuantParams p = base_quant_params(c.precision, c.bs, c.dq);
+    const QuantParams p = base_quant_params(parse_base_precision(c.precision, "precision"), c.bs, c.dq);
     QModel ref;
     ref.be = make_cpu_backend();
     ref.src = open_model_source(dir);
     ModelPlanOptions po = qopts("fp32", false, 64, c.ckpt);
-    po.method = "lora";
+    po.method = Method::Lora;
     ref.model = std::make_unique<LlamaModel>(ref.src.config, *ref.be, po, fixture_lora());
     ref.model->load_base(dequantized_source(ref.src.tensors, p));
     for (QModel* m : {&q, &ref}) load_peft_adapter(fixtures() + "/parity/llama_gqa_adapter", *m->model);
@@ -334,8 +334,8 @@ TEST(QloraEngine, DequantTrafficIsWhatThePlannerCounts) {
     PlanRequest req;
     req.model = t.model->config();
     req.gpu = resolve_gpu("h100-sxm");
-    req.method = "qlora";
-    req.base_precision = "nf4";
+    req.method = Method::Qlora;
+    req.base_precision = BasePrecision::Nf4;
     req.double_quant = true;
     req.quant_blocksize = 64;
     req.micro_batch = 2;

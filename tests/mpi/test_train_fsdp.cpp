@@ -2,7 +2,7 @@
 // byte split) and all-gathers layers before use; the training equals one process with the whole
 // base and the same global batch (fp32 summation-order tolerance), evaluation is the one process's
 // number, checkpoints resume at another world size, and sample answers decode on every rank.
-#include "dist/comm.h"
+#include "core/comm.h"
 #include "mpi_util.h"
 
 #include <regex>

@@ -1,4 +1,4 @@
-// The host harness's NCCL (src/backend/cuda/emu/emu_nccl.cpp) across real ranks (ctest runs this
+// The host harness's NCCL (tests/support/cuda_emu/emu_nccl.cpp) across real ranks (ctest runs this
 // under mpirun -np 2 and -np 3): the bootstrap the DeviceReducer uses (rank 0's unique id over
 // the MPI Comm), sums in rank order bit for bit on every rank (fp32 and bf16), all-gathers and
 // reduce-scatters with uneven and in-place layouts, grouped broadcasts, and the errors NCCL

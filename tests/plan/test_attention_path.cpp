@@ -15,7 +15,7 @@ PlanRequest request(const std::string& gpu) {
   r.model = preset_config("llama3-8b");
   r.model_label = "llama3-8b";
   r.gpu = resolve_gpu(gpu);
-  r.method = "lora";
+  r.method = Method::Lora;
   return r;
 }
 

@@ -19,7 +19,7 @@ PlanRequest request(const std::string& method = "lora") {
   r.model = preset_config("llama3-8b");
   r.model_label = "llama3-8b";
   r.gpu = resolve_gpu("h100");
-  r.method = method;
+  r.method = parse_method(method, "method");
   return r;
 }
 
@@ -45,16 +45,16 @@ void expect_config_error(const PlanRequest& r, const std::string& needle, const 
 
 TEST(BadInput, ImpossibleMethodPrecisionCombinations) {
   PlanRequest r = request("qlora");
-  r.base_precision = "bf16";
+  r.base_precision = BasePrecision::Bf16;
   expect_config_error(r, "QLoRA needs a quantized frozen base", "--method lora");
   r = request("lora");
-  r.base_precision = "nf4";
+  r.base_precision = BasePrecision::Nf4;
   expect_config_error(r, "is QLoRA, not LoRA", "--method qlora --base-precision nf4");
   r = request("full");
-  r.base_precision = "nf4";
+  r.base_precision = BasePrecision::Nf4;
   expect_config_error(r, "full fine-tuning trains bf16 weights", "--method qlora");
   r = request("qlora");
-  r.base_precision = "nvfp4";
+  r.base_precision = BasePrecision::Nvfp4;
   r.double_quant = true;
   expect_config_error(r, "double quantization applies to the bitsandbytes formats", "drop --double-quant");
   r = request("qlora");
@@ -63,32 +63,23 @@ TEST(BadInput, ImpossibleMethodPrecisionCombinations) {
 }
 
 TEST(BadInput, UnknownValuesSuggestTheClosest) {
-  PlanRequest r = request("lorra");
-  expect_config_error(r, "unknown value 'lorra'", "did you mean 'lora'");
-  r = request("qlora");
-  r.base_precision = "nf5";
-  expect_config_error(r, "unknown value 'nf5'", "did you mean 'nf4'");
-  {  // checkpointing is a type: the spelling is checked where it is parsed
-    auto [kind, msg] = error_of([] { parse_checkpointing("ful", "--checkpointing"); });
-    EXPECT_EQ(kind, ErrorKind::Config);
-    EXPECT_NE(msg.find("unknown value 'ful'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("did you mean 'full'"), std::string::npos) << msg;
-  }
-  {  // so is the GEMM dtype
-    auto [kind, msg] = error_of([] { parse_gemm_dtype("fp16", "--gemm-dtype"); });
-    EXPECT_EQ(kind, ErrorKind::Config);
-    EXPECT_NE(msg.find("unknown value 'fp16'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("did you mean 'bf16'"), std::string::npos) << msg;
-  }
-  r = request();
-  r.targets = {"q_proj", "v_prj"};
+  // The modes are types: each spelling is checked where it is parsed, once (model/modes.h).
+  auto expect_parse_error = [](const std::function<void()>& parse, const std::string& needle, const std::string& hint) {
+    auto [kind, msg] = error_of(parse);
+    EXPECT_EQ(kind, ErrorKind::Config) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_NE(msg.find(hint), std::string::npos) << msg;
+  };
+  expect_parse_error([] { parse_method("lorra", "--method"); }, "unknown value 'lorra'", "did you mean 'lora'");
+  expect_parse_error([] { parse_base_precision("nf5", "--base-precision"); }, "unknown value 'nf5'", "did you mean 'nf4'");
+  expect_parse_error([] { parse_checkpointing("ful", "--checkpointing"); }, "unknown value 'ful'", "did you mean 'full'");
+  expect_parse_error([] { parse_gemm_dtype("fp16", "--gemm-dtype"); }, "unknown value 'fp16'", "did you mean 'bf16'");
+  expect_parse_error([] { parse_optimizer_dtype("fp16", "--optimizer-dtype"); }, "unknown value 'fp16'",
+                     "choose one of fp32, bf16");
+  expect_parse_error([] { parse_sharding("zero4", "--sharding"); }, "unknown value 'zero4'", "did you mean 'zero");
+  PlanRequest r = request();
+  r.lora.targets = {"q_proj", "v_prj"};
   expect_config_error(r, "unknown value 'v_prj'", "did you mean 'v_proj'");
-  r = request();
-  r.optimizer_dtype = "fp16";
-  expect_config_error(r, "unknown value 'fp16'", "choose one of fp32, bf16");
-  auto [kind, msg] = error_of([] { parse_sharding("zero4"); });
-  EXPECT_EQ(kind, ErrorKind::Config);
-  EXPECT_NE(msg.find("did you mean 'zero"), std::string::npos) << msg;
 }
 
 TEST(BadInput, DeviceCannotRunTheGemmDtype) {

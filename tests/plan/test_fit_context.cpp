@@ -15,8 +15,8 @@ TEST(FitContext, LongestContextPerCheckpointingIsThePlannersAnswer) {
       r.model = preset_config(model);
       r.model_label = model;
       r.gpu = resolve_gpu(gpu);
-      r.method = "qlora";
-      r.base_precision = "nf4";
+      r.method = Method::Qlora;
+      r.base_precision = BasePrecision::Nf4;
       r.micro_batch = 1;
       const FitReport f = fit_search(r);
       ASSERT_EQ(f.max_seq_len_by_checkpointing.size(), 3u);

@@ -10,7 +10,7 @@ namespace {
 
 double gflop(const LlamaConfig& c, int64_t T, int64_t r, bool rec, const char* method = "lora") {
   FlopOptions o;
-  o.method = method;
+  o.method = parse_method(method, "method");
   o.lora_r = r;
   o.targets = all_linear_targets();
   o.attn_len = T;
@@ -77,7 +77,7 @@ TEST(Flops, ExactCausalAttentionCount) {
 TEST(Flops, FullFineTuneIsSixN) {
   const LlamaConfig c = preset_config("llama3-8b");
   FlopOptions o;
-  o.method = "full";
+  o.method = Method::Full;
   o.targets = all_linear_targets();  // ignored for full
   o.attn_len = 2048;
   FlopCounts f = flops_per_token(c, o);

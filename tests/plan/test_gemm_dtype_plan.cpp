@@ -22,8 +22,8 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
   r.model = preset_config(model);
   r.model_label = model;
   r.gpu = resolve_gpu(gpu);
-  r.method = "qlora";
-  r.base_precision = base;
+  r.method = Method::Qlora;
+  r.base_precision = optional_base_precision(base, "base_precision");
   r.checkpointing = Checkpointing::Full;
   return r;
 }
@@ -85,7 +85,7 @@ TEST(GemmDtypePlan, RefusesWhatTheEngineRefuses) {
   EXPECT_NE(config_error(r).find("base_precision is 'nf4'"), std::string::npos);
   r.gemm_dtype = GemmDtype::Fp8;
   EXPECT_NE(config_error(r).find("gemm_dtype fp8"), std::string::npos);
-  r.base_precision = "fp8";
+  r.base_precision = BasePrecision::Fp8;
   EXPECT_NO_THROW(make_plan(r));
 }
 
@@ -93,10 +93,10 @@ TEST(GemmDtypePlan, RefusesWhatTheEngineRefuses) {
 TEST(GemmDtypePlan, ResolveNamesTheOptionTheBaseTheShapeAndTheDevice) {
   LlamaConfig c = preset_config("llama3-8b");
   ModelPlanOptions o;
-  o.base_precision = "nvfp4";
+  o.base_precision = BasePrecision::Nvfp4;
   o.gemm_dtype = GemmDtype::Fp4;
   EXPECT_EQ(resolve_gemm_dtype(o, c, {}), GemmDtype::Fp4);
-  o.base_precision = "mxfp4";
+  o.base_precision = BasePrecision::Mxfp4;
   EXPECT_EQ(resolve_gemm_dtype(o, c, {}), GemmDtype::Fp4);
   auto message = [&](const GemmCaps& caps) {
     try {
@@ -119,7 +119,7 @@ TEST(GemmDtypePlan, ResolveNamesTheOptionTheBaseTheShapeAndTheDevice) {
   c = preset_config("llama3-8b");
   o.gemm_dtype = GemmDtype::Fp8;
   EXPECT_NE(message({}).find("gemm_dtype fp8: reads an fp8 base as stored, but base_precision is 'mxfp4'"), std::string::npos);
-  o.base_precision = "fp8";
+  o.base_precision = BasePrecision::Fp8;
   EXPECT_NE(message({false, false, "this GPU"}).find("this GPU has no FP8 tensor cores"), std::string::npos);
   EXPECT_EQ(resolve_gemm_dtype(o, c, {}), GemmDtype::Fp8);
   o.gemm_dtype = GemmDtype::Bf16;

@@ -25,7 +25,7 @@ PlanRequest request(const Case& c) {
   r.model = preset_config(c.model);
   r.model_label = c.model;
   r.gpu = resolve_gpu("h100");
-  r.method = c.method;
+  r.method = parse_method(c.method, "method");
   r.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
   return r;
 }

@@ -16,8 +16,8 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
   r.model = preset_config(model);
   r.model_label = model;
   r.gpu = resolve_gpu(gpu);
-  r.method = "qlora";
-  r.base_precision = "nf4";
+  r.method = Method::Qlora;
+  r.base_precision = BasePrecision::Nf4;
   r.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   r.seq_len = seq;
   return r;

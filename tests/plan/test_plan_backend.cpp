@@ -18,8 +18,8 @@ PlanRequest request(const std::string& gpu) {
   r.model = preset_config("llama3-8b");
   r.model_label = "llama3-8b";
   r.gpu = resolve_gpu(gpu);
-  r.method = "qlora";
-  r.base_precision = "nf4";
+  r.method = Method::Qlora;
+  r.base_precision = BasePrecision::Nf4;
   return r;
 }
 
@@ -71,8 +71,8 @@ TEST(PlanBackend, GpuPlansListTheCudaBackendsBuffersCpuPlansNone) {
 TEST(PlanBackend, ScratchFollowsTheShape) {
   PlanRequest r = request("h100-sxm");
   r.ce_chunk = 512;
-  r.lora_r = 8;
-  r.targets = {"q_proj", "v_proj"};  // widest: q_proj (4096, 4096)
+  r.lora.r = 8;
+  r.lora.targets = {"q_proj", "v_proj"};  // widest: q_proj (4096, 4096)
   r.micro_batch = 2;
   r.seq_len = 1024;
   const PlanResult p = make_plan(r);
@@ -88,6 +88,6 @@ TEST(PlanBackend, ScratchFollowsTheShape) {
   // q_proj A (8,4096) and B (4096,8), v_proj A (8,4096) and B (1024,8): 16 + 16 + 16 + 4 blocks per layer.
   EXPECT_EQ(bytes("cuda.reduce_partials"), (3 * 52 * c.n_layer + 1) * 8);
   EXPECT_EQ(bytes("cuda.lt_workspace"), int64_t(32) << 20);
-  r.targets = {"down_proj"};  // (4096, 14336)
+  r.lora.targets = {"down_proj"};  // (4096, 14336)
   EXPECT_EQ(make_plan(r).plan.find("cuda.matmul_cvt_b")->bytes, 8 * 14336 * 2);
 }

@@ -57,7 +57,7 @@ int64_t cuda_backend(int64_t V, int64_t N, int64_t H, int64_t widest, int64_t bl
 // Llama-3-8B, LoRA r=16 on all seven projections, bf16 base, micro-batch 1 x 2048, no checkpointing.
 TEST(PlanTotals, Llama3_8B_Lora_Bf16) {
   PlanRequest r = request("llama3-8b", "h100");
-  r.method = "lora";
+  r.method = Method::Lora;
   PlanResult p = make_plan(r);
 
   const int64_t V = 128256, C = 4096, F = 14336, L = 32, q = 4096, kv = 1024, H = 32, N = 2048, R = 16;
@@ -105,7 +105,7 @@ TEST(PlanTotals, Llama3_8B_Lora_Bf16) {
 // on top of the same plan without it.
 TEST(PlanTotals, SampleAnswersKvCacheIsPlanned) {
   PlanRequest r = request("llama3-8b", "h100");
-  r.method = "lora";
+  r.method = Method::Lora;
   const PlanResult without = make_plan(r);
   r.kv_cache_tokens = 2048 + 128;
   const PlanResult with = make_plan(r);
@@ -118,7 +118,7 @@ TEST(PlanTotals, SampleAnswersKvCacheIsPlanned) {
 
 TEST(PlanTotals, Llama3_70B_Full_DoesNotFitB200) {
   PlanRequest r = request("llama3-70b", "b200");
-  r.method = "full";
+  r.method = Method::Full;
   PlanResult p = make_plan(r);
   const int64_t V = 128256, C = 8192, F = 28672, L = 80, kv = 1024;
   // params: embed + lm_head 2*V*C = 2,101,346,304; per layer 2C + C*C (q) + 2*kv*C + C*C (o) + 3*F*C
@@ -146,8 +146,8 @@ TEST(PlanTotals, Llama3_70B_Full_DoesNotFitB200) {
 // full checkpointing, on one B200: fits.
 TEST(PlanTotals, Llama3_70B_QLoRA_Nf4_FitsB200) {
   PlanRequest r = request("llama3-70b", "b200");
-  r.method = "qlora";
-  r.base_precision = "nf4";
+  r.method = Method::Qlora;
+  r.base_precision = BasePrecision::Nf4;
   r.seq_len = 4096;
   r.checkpointing = Checkpointing::Full;
   PlanResult p = make_plan(r);
@@ -190,7 +190,7 @@ TEST(PlanTotals, Llama3_70B_QLoRA_Nf4_FitsB200) {
 // adds two gathered units (the largest is the bf16 embedding) plus one unit of LoRA gradients.
 TEST(PlanTotals, Llama3_8B_Lora_Zero3_Over8) {
   PlanRequest r = request("llama3-8b", "h100");
-  r.method = "lora";
+  r.method = Method::Lora;
   r.sharding = Sharding::Zero3;
   r.topo = {8, 1};
   PlanResult p = make_plan(r);

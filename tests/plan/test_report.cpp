@@ -17,7 +17,7 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
   r.model = preset_config(model);
   r.model_label = model;
   r.gpu = resolve_gpu(gpu);
-  r.method = method;
+  r.method = parse_method(method, "method");
   return r;
 }
 

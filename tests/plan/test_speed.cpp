@@ -16,7 +16,7 @@ PlanRequest request(const std::string& model, const std::string& gpu, const std:
   r.model = preset_config(model);
   r.model_label = model;
   r.gpu = resolve_gpu(gpu);
-  r.method = method;
+  r.method = parse_method(method, "method");
   return r;
 }
 
@@ -83,14 +83,14 @@ TEST(Speed, DequantTraffic) {
   EXPECT_DOUBLE_EQ(make_plan(r).speed.memory_bytes[0].second, p.speed.memory_bytes[0].second);
   // An FP8 base with FP8 GEMMs: the forward and its recompute read it as stored, only the
   // backward dequantizes to bf16 (dy W), each layer once per micro-step: L layers of 1 + 2 bytes.
-  r.base_precision = "fp8";
+  r.base_precision = BasePrecision::Fp8;
   r.gemm_dtype = GemmDtype::Fp8;
   const PlanResult f8 = make_plan(r);
   const LlamaConfig& cfg = f8.req.model;
   double per_layer = 0;
   for (const auto& t : all_linear_targets()) {
     const auto [out, in] = projection_shape(cfg, t);
-    per_layer += double(quantized_weight_bytes("fp8", out, in, r.quant_blocksize, false)) + 2.0 * double(out * in);
+    per_layer += double(quantized_weight_bytes(BasePrecision::Fp8, out, in, r.quant_blocksize, false)) + 2.0 * double(out * in);
   }
   EXPECT_EQ(dequant_layers_per_micro_step(cfg.n_layer, GemmDtype::Fp8), cfg.n_layer);
   EXPECT_DOUBLE_EQ(f8.speed.memory_bytes[0].second, per_layer * double(cfg.n_layer) * double(r.grad_accum));
@@ -132,7 +132,7 @@ TEST(Speed, DirectionsOfChange) {
   EXPECT_NEAR(h200.speed.t_gemm, base.speed.t_gemm, 1e-12);
   // FP8 GEMMs for an fp8 base on Hopper: faster GEMMs (the forward and recompute at the FP8 rate).
   r.gpu = resolve_gpu("h100");
-  r.base_precision = "fp8";
+  r.base_precision = BasePrecision::Fp8;
   const PlanResult fp8_bf16 = make_plan(r);
   r.gemm_dtype = GemmDtype::Fp8;
   EXPECT_LT(make_plan(r).speed.t_gemm, fp8_bf16.speed.t_gemm);

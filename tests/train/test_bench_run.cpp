@@ -2,6 +2,8 @@
 // and errors, FLOPs from the planner, and the CUDA device-name to GPU-catalog mapping.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <omp.h>
 
 #include <cmath>
@@ -56,18 +58,19 @@ TEST(BenchRun, RandomWeightsDependOnSeedAndNameNotOnThreads) {
 TEST(BenchRun, OptionDefaultsFollowThePrecision) {
   BenchOptions o;
   o.model = "smollm2-135m";
-  BenchOptions n = normalize_bench_options(o, "fp32");
-  EXPECT_EQ(n.method, "lora");
-  EXPECT_EQ(n.base_precision, "fp32");
+  BenchOptions n = normalize_bench_options(o, DType::F32);
+  EXPECT_EQ(n.method, Method::Lora);
+  EXPECT_EQ(n.base_precision, BasePrecision::Fp32);
   EXPECT_FALSE(n.double_quant.value());
-  o.method = "qlora";
-  n = normalize_bench_options(o, "bf16");
-  EXPECT_EQ(n.base_precision, "nf4");
+  o.method = Method::Qlora;
+  n = normalize_bench_options(o, DType::BF16);
+  EXPECT_EQ(n.base_precision, BasePrecision::Nf4);
   EXPECT_TRUE(n.double_quant.value());
-  o.method = "";
-  o.base_precision = "mxfp4";
-  n = normalize_bench_options(o, "bf16");
-  EXPECT_EQ(n.method, "qlora");
+  // Without --method, the base decides (qlora bench: default_method).
+  o.base_precision = BasePrecision::Mxfp4;
+  o.method = default_method(o.base_precision);
+  n = normalize_bench_options(o, DType::BF16);
+  EXPECT_EQ(n.method, Method::Qlora);
   EXPECT_FALSE(n.double_quant.value());
 }
 
@@ -75,7 +78,15 @@ TEST(BenchRun, BadOptionsAreConfigErrors) {
   auto kind_of = [](BenchOptions o) {
     o.model = o.model.empty() ? "smollm2-135m" : o.model;
     try {
-      normalize_bench_options(o, "bf16");
+      normalize_bench_options(o, DType::BF16);
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    return ErrorKind::Internal;  // no error
+  };
+  auto error_kind = [](const std::function<void()>& f) {
+    try {
+      f();
     } catch (const Error& e) {
       return e.kind();
     }
@@ -87,28 +98,25 @@ TEST(BenchRun, BadOptionsAreConfigErrors) {
   o = {};
   o.micro_batch = -1;
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
+  EXPECT_EQ(error_kind([] { parse_base_precision("int3", "--base-precision"); }), ErrorKind::Config);
   o = {};
-  o.base_precision = "int3";
+  o.method = Method::Qlora;
+  o.base_precision = BasePrecision::Bf16;
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
   o = {};
-  o.method = "qlora";
-  o.base_precision = "bf16";
-  EXPECT_EQ(kind_of(o), ErrorKind::Config);
-  o = {};
-  o.base_precision = "mxfp4";
+  o.method = Method::Qlora;
+  o.base_precision = BasePrecision::Mxfp4;
   o.double_quant = true;
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
   o = {};
-  o.target_modules = "q_proj,qkv_proj";
+  o.lora.targets = {"q_proj", "qkv_proj"};
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
-  o = {};
-  o.gradient_checkpointing = "selective";
-  EXPECT_EQ(kind_of(o), ErrorKind::Config);
+  EXPECT_EQ(error_kind([] { parse_checkpointing("selective", "--gradient-checkpointing"); }), ErrorKind::Config);
   o = {};
   o.model = "smollm2-135m";
-  o.base_precision = "bf16";  // the CPU backend's matmul takes f32 weights only
-  EXPECT_THROW(normalize_bench_options(o, "fp32"), Error);
-  EXPECT_NO_THROW(normalize_bench_options(o, "bf16"));
+  o.base_precision = BasePrecision::Bf16;  // the CPU backend's matmul takes f32 weights only
+  EXPECT_THROW(normalize_bench_options(o, DType::F32), Error);
+  EXPECT_NO_THROW(normalize_bench_options(o, DType::BF16));
 }
 
 // perf_anchors §10: Llama-3-8B, all seven projections, r 16, T 2048: 15.63 fwd + 16.52 bwd GFLOP/token,
@@ -117,8 +125,8 @@ TEST(BenchRun, FlopsComeFromThePlannerCounter) {
   BenchOptions o;
   o.model = "llama3-8b";
   o.seq_len = 2048;
-  o.gradient_checkpointing = "full";
-  const FlopCounts f = bench_flop_counts(preset_config("llama3-8b"), normalize_bench_options(o, "bf16"));
+  o.checkpointing = Checkpointing::Full;
+  const FlopCounts f = bench_flop_counts(preset_config("llama3-8b"), normalize_bench_options(o, DType::BF16));
   EXPECT_NEAR(f.model() / 1e9, 15.63 + 16.52, 0.02);
   EXPECT_NEAR(f.recompute.total() / 1e9, 14.58, 0.02);
 }

@@ -57,7 +57,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // The PTX below runs as inline assembly on the device; the host harness executes the same
-// instructions from their PTX ISA definitions (src/backend/cuda/emu/emu_block.cpp).
+// instructions from their PTX ISA definitions (tests/support/cuda_emu/emu_block.cpp).
 
 // Byte offset of 16-byte chunk `c` of row `r` in a tile with `chunks` chunks per row. The XOR
 // spreads the 8 rows an ldmatrix reads over all 32 banks (rows are 128 or 256 bytes apart, which

@@ -34,7 +34,7 @@ struct Launch {
   std::source_location where = std::source_location::current();
 };
 
-// kernel<<<grid, block, smem, stream>>>(args...). Under the host harness (src/backend/cuda/emu)
+// kernel<<<grid, block, smem, stream>>>(args...). Under the host harness (tests/support/cuda_emu)
 // the same kernel function runs on the CPU, once per emulated CUDA thread.
 template <class... P, class... A>
 void launch(void (*kernel)(P...), const Launch& cfg, A&&... args) {

@@ -2,7 +2,7 @@
 #pragma once
 #include <memory>
 
-#include "dist/comm.h"
+#include "core/comm.h"
 
 namespace qlora {
 

@@ -28,7 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "quant/block_scale_layout.h"
 
 struct cublasLtContext {

@@ -1,8 +1,8 @@
-// The single-process Comm (no launcher, no MPI runtime), the slice arithmetic and launcher detection.
+// The single-process Comm (no launcher, no MPI runtime) and the slice arithmetic.
 #include <cstdlib>
 #include <cstring>
 
-#include "dist/comm.h"
+#include "core/comm.h"
 
 namespace qlora {
 
@@ -13,20 +13,6 @@ Slice slice_of(size_t n, int rank, int world) {
   s.begin = at(rank);
   s.count = at(rank + 1) - s.begin;
   return s;
-}
-
-static const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
-
-std::string detect_launcher() {
-  if (env("OMPI_COMM_WORLD_SIZE")) return "mpirun (Open MPI)";
-  if (env("PMIX_RANK")) return "PMIx";
-  if (env("PMI_RANK") || env("PMI_SIZE")) return "PMI (mpiexec of MPICH / Intel MPI, or srun --mpi=pmi2)";
-  // srun without an MPI plugin still sets the step's task count; one task alone is a plain process.
-  if (const char* n = env("SLURM_STEP_NUM_TASKS"); n && std::atoi(n) > 1) return "srun";
-  return "";
 }
 
 namespace {

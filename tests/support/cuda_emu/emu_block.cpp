@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cuda/emu/cuda_emu.h"
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/cuda_emu.h"
+#include "cuda_emu/emu_runtime.h"
 
 namespace qlora::emu {
 namespace {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 
 namespace qlora::emu {
 namespace {

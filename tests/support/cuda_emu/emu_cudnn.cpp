@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "backend/cuda/cudnn_sdpa_exec.h"
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 #include "core/error.h"
 
 namespace qlora::cuda::sdpa {

@@ -34,7 +34,7 @@
 
 #include <cuda_bf16.h>
 
-#include "backend/cuda/emu/emu_runtime.h"
+#include "cuda_emu/emu_runtime.h"
 
 struct ncclComm {
   MPI_Comm mpi = MPI_COMM_NULL;

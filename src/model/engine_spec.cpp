@@ -1,0 +1,71 @@
+// The engine spec's defaults, its checks and the model options it resolves to (model/engine_spec.h).
+#include "model/engine_spec.h"
+
+#include "core/error.h"
+
+namespace qlora {
+
+BasePrecision resolved_base(const EngineSpec& s, DType compute) {
+  if (s.base_precision) return *s.base_precision;
+  return s.method == Method::Qlora ? BasePrecision::Nf4 : float_base(compute);
+}
+
+EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute) {
+  EngineSpec s = in;
+  const BasePrecision base = resolved_base(s, compute);
+  s.base_precision = base;
+  const std::string name = base_precision_name(base);
+  const bool quant = is_quantized(base);
+  const std::string combo = std::string("--method ") + method_name(s.method) + " --base-precision " + name;
+  if (s.method == Method::Qlora && !quant)
+    fail(ErrorKind::Config, combo, "QLoRA needs a quantized frozen base, not " + name,
+         "use --base-precision nf4 (or fp4, nvfp4, mxfp4, fp8), or --method lora for a " + name + " base");
+  if (s.method == Method::Lora && quant)
+    fail(ErrorKind::Config, combo, "a " + name + " base is QLoRA, not LoRA",
+         "use --method qlora --base-precision " + name + ", or --base-precision bf16 for LoRA");
+  if (s.method == Method::Full && base != BasePrecision::Bf16)
+    fail(ErrorKind::Config, combo, "full fine-tuning trains bf16 weights (with fp32 master copies and AdamW state)",
+         quant ? "quantized weights cannot be trained directly: use --method qlora to train adapters on a " + name + " base"
+               : "drop --base-precision or set it to bf16");
+  if (s.double_quant.value_or(false) && !is_bnb_4bit(base))
+    fail(ErrorKind::Config, "--double-quant", "double quantization applies to the bitsandbytes formats nf4 and fp4 only",
+         name + " stores its own block scales; drop --double-quant");
+  s.double_quant = is_bnb_4bit(base) && s.double_quant.value_or(true);
+  if (is_bnb_4bit(base)) {
+    const int64_t b = s.quant_blocksize;
+    if (b < 32 || b > 4096 || (b & (b - 1)) != 0)
+      fail(ErrorKind::Config, "--quant-blocksize " + std::to_string(b), "nf4/fp4 block size must be a power of two in [32, 4096]",
+           "bitsandbytes uses 64 by default");
+  }
+  if (s.method == Method::Full) s.lora.targets.clear();
+  return s;
+}
+
+ModelPlanOptions resolve_engine(const EngineSpec& s, const EngineTarget& t) {
+  ModelPlanOptions o;
+  o.method = s.method;
+  o.compute_dtype = t.compute_dtype;
+  o.base_precision = s.base_precision;
+  o.quant_blocksize = s.quant_blocksize;
+  o.double_quant = s.double_quant.value_or(s.base_precision && is_bnb_4bit(*s.base_precision));
+  o.lora_r = s.lora.r;
+  o.targets = s.lora.targets;
+  o.lora_dropout = s.lora.dropout > 0;
+  o.optimizer_dtype = s.optimizer_dtype;
+  o.micro_batch = s.micro_batch;
+  o.seq_len = s.seq_len;
+  o.checkpointing = s.checkpointing;
+  o.ce_chunk = s.ce_chunk;
+  o.kv_cache_tokens = s.kv_cache_tokens;
+  o.gemm_dtype = s.gemm_dtype;
+  // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
+  const bool split_optimizer = (s.sharding == Sharding::Zero1 || s.sharding == Sharding::Fsdp) && t.world > 1;
+  o.optimizer_shards = split_optimizer ? t.world : 1;
+  if (s.sharding == Sharding::Fsdp) {
+    o.base_shards = t.world;
+    o.base_shard_rank = t.rank;
+  }
+  return o;
+}
+
+}  // namespace qlora

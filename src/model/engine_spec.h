@@ -1,0 +1,59 @@
+// EngineSpec: what the engine runs, as one typed value. Each command makes it once from its input
+// (a training config: train/engine_config.h; command-line flags: qlora plan, qlora bench) and
+// everything downstream takes it: the model's options (resolve_engine), the planner's request, the
+// benchmark. A new mode is a field here, its parser in model/modes.h and the place that uses it.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+#include "model/lora.h"
+#include "model/model_plan.h"
+#include "model/modes.h"
+
+namespace qlora {
+
+struct EngineSpec {
+  Method method = Method::Lora;
+  // Unset: the compute dtype's float (fp32 on the CPU, bf16 on a GPU) for lora and full, nf4 for
+  // qlora; a pre-quantized checkpoint keeps its own format (adopt_stored_quantization).
+  std::optional<BasePrecision> base_precision;
+  int64_t quant_blocksize = 64;        // nf4/fp4 block (the other formats have fixed blocks)
+  std::optional<bool> double_quant;    // nf4/fp4 only; unset: on for those
+  LoraSpec lora;                       // rank, alpha, dropout, rsLoRA, target projections (layer order)
+  DType optimizer_dtype = DType::F32;  // AdamW moments: F32 | BF16
+  int64_t micro_batch = 1;             // sequences per micro-step
+  int64_t seq_len = 2048;              // tokens per sequence
+  Checkpointing checkpointing = Checkpointing::None;
+  int64_t ce_chunk = 1024;             // tokens per cross-entropy chunk
+  GemmDtype gemm_dtype = GemmDtype::Bf16;
+  Sharding sharding = Sharding::None;
+  int64_t kv_cache_tokens = 0;         // sample answers' KV cache (positions); 0: none
+};
+
+// The method a base implies when none is asked for: qlora for a quantized base, else lora.
+inline Method default_method(std::optional<BasePrecision> base) {
+  return base && is_quantized(*base) ? Method::Qlora : Method::Lora;
+}
+
+// The base precision a spec runs with on a backend computing in `compute`.
+BasePrecision resolved_base(const EngineSpec& s, DType compute);
+
+// Defaults filled (base precision, double quant, targets in layer order) and impossible
+// combinations refused, as Error(Config) naming the command-line flags (--method,
+// --base-precision, --double-quant, --quant-blocksize) with a hint.
+EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute);
+
+// Where the engine runs: the backend's compute dtype and, for sharding, this rank of `world`.
+struct EngineTarget {
+  DType compute_dtype = DType::F32;
+  int world = 1;
+  int rank = 0;
+};
+
+// The model's options for a spec on a target: the one place they are filled from a spec.
+// Sharding fsdp splits the optimizer and the base over the world; zero1 the optimizer only.
+ModelPlanOptions resolve_engine(const EngineSpec& s, const EngineTarget& t);
+
+}  // namespace qlora

@@ -1,0 +1,36 @@
+// TrainConfig -> EngineSpec (train/engine_config.h).
+#include "train/engine_config.h"
+
+namespace qlora {
+
+EngineSpec engine_spec(const TrainConfig& c) {
+  EngineSpec s;
+  // The config's own checks made load_in_4bit and base_precision agree (base_precision nf4/fp4).
+  s.base_precision = optional_base_precision(c.base_precision, "base_precision");
+  s.method = default_method(s.base_precision);
+  s.quant_blocksize = c.quant_blocksize;
+  if (s.base_precision && is_bnb_4bit(*s.base_precision)) s.double_quant = c.bnb_4bit_use_double_quant;
+  s.lora.r = c.r;
+  s.lora.alpha = c.lora_alpha;
+  s.lora.dropout = c.lora_dropout;
+  s.lora.use_rslora = c.use_rslora;
+  s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
+  s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");
+  s.ce_chunk = c.ce_chunk_size;
+  s.gemm_dtype = parse_gemm_dtype(c.gemm_dtype, "gemm_dtype");
+  s.sharding = parse_sharding(c.sharding, "sharding");
+  return with_shapes(s, c, c.per_device_train_batch_size, c.max_length);
+}
+
+int64_t sample_kv_tokens(const TrainConfig& c, int64_t seq_len) {
+  return c.sample_prompts.empty() ? 0 : seq_len + c.sample_max_new_tokens;
+}
+
+EngineSpec with_shapes(EngineSpec s, const TrainConfig& c, int64_t micro_batch, int64_t seq_len) {
+  s.micro_batch = micro_batch;
+  s.seq_len = seq_len;
+  s.kv_cache_tokens = sample_kv_tokens(c, seq_len);
+  return s;
+}
+
+}  // namespace qlora

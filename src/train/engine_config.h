@@ -1,0 +1,24 @@
+// The engine spec a training config describes: the one place a TrainConfig becomes an EngineSpec
+// (model/engine_spec.h). `qlora train`, `qlora eval` and `qlora plan --config` all make it here.
+#pragma once
+#include <cstdint>
+
+#include "model/engine_spec.h"
+#include "train/train_config.h"
+
+namespace qlora {
+
+// Method (qlora for a quantized base), base precision, quantization, LoRA, checkpointing, GEMM
+// dtype, sharding and the shapes (per_device_train_batch_size x max_length), each parsed from its
+// key (the error names it).
+EngineSpec engine_spec(const TrainConfig& c);
+
+// Positions of the sample answers' KV cache for rows of seq_len tokens: a prompt as long as a
+// training row plus its answer; 0 without sample_prompts.
+int64_t sample_kv_tokens(const TrainConfig& c, int64_t seq_len);
+
+// The spec at the shapes a run actually uses (the longest row may be shorter than max_length; the
+// micro-batch may serve evaluation too), with the KV cache sized to match.
+EngineSpec with_shapes(EngineSpec s, const TrainConfig& c, int64_t micro_batch, int64_t seq_len);
+
+}  // namespace qlora
