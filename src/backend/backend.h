@@ -85,6 +85,10 @@ class Backend {
   // the CUDA backend's workspace, op scratch and upload staging. A backend that only reports
   // another device kind (tests of the device path on the CPU) plans none.
   virtual bool plans_own_memory() const { return false; }
+  // The host kernels a CPU backend runs, for the planner's calibration (its cache key and the
+  // reports): the row kernels' SIMD level and the BLAS (version, threading, core). Empty elsewhere.
+  virtual std::string simd_kernels() const { return ""; }
+  virtual std::string blas_kernels() const { return ""; }
 
 #define QLORA_DECLARE_OP(op, Args) virtual void op(const Args& a) = 0;
   QLORA_BACKEND_OPS(QLORA_DECLARE_OP)

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/strings.h"
 #include "plan/cpu_device.h"
-#include "train/bench_run.h"
+#include "tasks/bench_run.h"
 #ifdef QLORA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif

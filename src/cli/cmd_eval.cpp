@@ -14,13 +14,9 @@
 #include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/peft_io.h"
-#include "train/model_source.h"
+#include "tasks/evaluate_model.h"
 #include "train/progress.h"
-#include "train/engine_config.h"
 #include "train/train_config.h"
-#include "train/train_data.h"
-#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -29,25 +25,6 @@ namespace qlora {
 namespace {
 
 void note(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
-
-// The adapter's own LoRA settings (r, alpha, targets), so an adapter evaluates as it was trained.
-LoraSpec adapter_spec(const std::string& dir) {
-  if (!fs::is_directory(dir))
-    fail(ErrorKind::Io, dir, "adapter directory does not exist",
-         "pass a directory with adapter_config.json and adapter_model.safetensors (a run's output_dir)");
-  return read_peft_adapter_config(dir + "/adapter_config.json");
-}
-
-void load_adapter(const std::string& dir, LlamaModel& model, const std::string& model_path) {
-  try {
-    load_peft_adapter(dir, model);
-  } catch (const Error& e) {
-    // A tensor of the wrong shape or a missing layer: an adapter trained on another model.
-    if (e.kind() != ErrorKind::Shape && e.message().rfind("not found", 0) != 0) throw;
-    fail(e.kind(), e.where(), e.message() + ": the adapter does not fit model " + model_path,
-         "use the adapter with the base model it was trained on");
-  }
-}
 
 }  // namespace
 
@@ -80,69 +57,31 @@ int cmd_eval(int argc, char** argv) {
     cfg.val_set_size = 0;
   }
 
-  const ModelSource src = open_model_source(cfg.model_name_or_path);
-  const TokenizerSource ts{src.tokenizer, src.encoder.name, src.config.vocab_size};
-  const EvalData ed = load_eval_data(cfg, ts, note);
-  LoraSpec lora;  // no targets: the base model alone
-  if (!adapter.empty()) lora = adapter_spec(adapter);
-
-  auto be = select_backend(cfg.device, int(cfg.threads));
-  const int64_t ebs = cfg.per_device_eval_batch_size;
-  // The training run's engine in one process, at the evaluation's shapes, with the adapter's LoRA.
-  EngineSpec spec = with_shapes(engine_spec(cfg), cfg, ebs, std::min(cfg.max_length, ed.longest));
-  spec.lora = lora;
-  spec.sharding = Sharding::None;
-  LoadedModel lm = load_model_for_training(spec, *be, src, uint64_t(cfg.seed));
-  if (!adapter.empty()) load_adapter(adapter, *lm.model, cfg.model_name_or_path);
-  note("model: " + lm.source + " | " + std::to_string(lm.model->config().n_layer) + " layers | " +
-       (adapter.empty() ? std::string("no adapter: the base model alone")
-                        : "adapter " + adapter + " (r=" + std::to_string(lora.r) + ", " + std::to_string(lora.targets.size()) +
-                              " target modules)") +
-       " | backend " + be->name());
-
-  const std::vector<Batch> batches = make_batches(ed.rows, ebs, ed.pad_id);
-  const int64_t n = int64_t(batches.size());
-  ProgressReporter progress(n, std::max<int64_t>(1, n / 10));
-  auto last = std::chrono::steady_clock::now();
-  const auto eval_start = last;
-  const EvalTotals t = evaluate_batches(*lm.model, batches, [&](const EvalTotals& so_far) {
-    const auto now = std::chrono::steady_clock::now();
-    const double dt = std::chrono::duration<double>(now - last).count();
-    const double total_s = std::chrono::duration<double>(now - eval_start).count();
-    last = now;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | loss %.4f | %.0f scored tok/s", (long long)so_far.batches,
-                  (long long)n, so_far.mean(), total_s > 0 ? double(so_far.tokens) / total_s : 0.0);
-    progress.update_text(so_far.batches, dt, buf);
-  });
-  progress.finish();
-  if (t.tokens == 0)
-    fail(ErrorKind::Data, ed.source, "the eval data has no trained token to score",
-         "check train_on_inputs / roles_to_train: eval scores the tokens training would train on");
-  const double loss = t.mean(), ppl = std::exp(loss);
+  const EvalReport r = evaluate_model(cfg, adapter, [&] { return select_backend(cfg.device, int(cfg.threads)); });
+  const double loss = r.loss, ppl = std::exp(loss);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (as_json) {
     nlohmann::ordered_json j;
     j["loss"] = loss;
     j["perplexity"] = ppl;
-    j["tokens"] = t.tokens;
-    j["examples"] = ed.examples;
-    j["rows"] = int64_t(ed.rows.size());
-    j["batches"] = n;
+    j["tokens"] = r.tokens;
+    j["examples"] = r.examples;
+    j["rows"] = r.rows;
+    j["batches"] = r.batches;
     j["model"] = cfg.model_name_or_path;
     j["adapter"] = adapter.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(adapter);
-    j["data"] = ed.source;
+    j["data"] = r.data;
     j["seconds"] = secs;
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf("model:         %s%s\n", cfg.model_name_or_path.c_str(),
               adapter.empty() ? " (no adapter: the base model)" : (" + adapter " + adapter).c_str());
-  std::printf("data:          %s\n", ed.source.c_str());
-  std::printf("examples:      %lld (%lld rows in %lld batches of up to %lld)\n", (long long)ed.examples,
-              (long long)ed.rows.size(), (long long)n, (long long)ebs);
-  std::printf("tokens scored: %lld (the tokens training puts loss on)\n", (long long)t.tokens);
+  std::printf("data:          %s\n", r.data.c_str());
+  std::printf("examples:      %lld (%lld rows in %lld batches of up to %lld)\n", (long long)r.examples,
+              (long long)r.rows, (long long)r.batches, (long long)cfg.per_device_eval_batch_size);
+  std::printf("tokens scored: %lld (the tokens training puts loss on)\n", (long long)r.tokens);
   std::printf("loss:          %.6f (mean per scored token, as eval_loss in training)\n", loss);
   std::printf("perplexity:    %.4f (exp(loss))\n", ppl);
   std::printf("time:          %s\n", format_duration(secs).c_str());

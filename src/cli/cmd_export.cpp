@@ -1,5 +1,5 @@
 // `qlora export --format gguf|gguf-lora --model BASE [--adapter DIR] --out FILE [--outtype T]`: a merged
-// GGUF llama.cpp runs, or the adapter alone as a llama.cpp LoRA GGUF (train/gguf_export.h).
+// GGUF llama.cpp runs, or the adapter alone as a llama.cpp LoRA GGUF (tasks/gguf_export.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "train/gguf_export.h"
+#include "tasks/gguf_export.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 

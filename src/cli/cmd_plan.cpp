@@ -12,7 +12,7 @@
 #include "core/strings.h"
 #include "plan/cpu_device.h"
 #include "plan/fit.h"
-#include "plan/model_source.h"
+#include "plan/model_presets.h"
 #include "plan/report.h"
 #include "train/engine_config.h"
 #include "train/train_config.h"

@@ -22,6 +22,13 @@ Mode parse_mode(const std::string& value, const std::string& key, const std::vec
        (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + choices);
 }
 
+template <class Mode>
+std::vector<std::string> names_of(const std::vector<Mode>& modes, const char* (*name)(Mode)) {
+  std::vector<std::string> names;
+  for (Mode m : modes) names.push_back(name(m));
+  return names;
+}
+
 // The same with other spellings of a name: aliases[i] = {spelling, name}.
 template <class Mode>
 Mode parse_mode(std::string value, const std::string& key, const std::vector<Mode>& modes, const char* (*name)(Mode),
@@ -48,6 +55,8 @@ Checkpointing parse_checkpointing(const std::string& value, const std::string& k
                     "inputs in host memory)");
 }
 
+std::vector<std::string> checkpointing_names() { return names_of(checkpointing_modes(), checkpointing_name); }
+
 const std::vector<Checkpointing>& checkpointing_modes() {
   static const std::vector<Checkpointing> m = {Checkpointing::None, Checkpointing::Full, Checkpointing::Offload};
   return m;
@@ -62,9 +71,15 @@ const char* gemm_dtype_name(GemmDtype g) {
   return "bf16";
 }
 
-GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key) {
+const std::vector<GemmDtype>& gemm_dtypes() {
   static const std::vector<GemmDtype> all = {GemmDtype::Bf16, GemmDtype::Fp8, GemmDtype::Fp4};
-  return parse_mode(value, key, all, gemm_dtype_name, "bf16, fp8, fp4");
+  return all;
+}
+
+std::vector<std::string> gemm_dtype_names() { return names_of(gemm_dtypes(), gemm_dtype_name); }
+
+GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key) {
+  return parse_mode(value, key, gemm_dtypes(), gemm_dtype_name, "bf16, fp8, fp4");
 }
 
 const char* method_name(Method m) {

@@ -15,6 +15,7 @@ namespace qlora {
 enum class Checkpointing { None, Full, Offload };
 
 const char* checkpointing_name(Checkpointing c);  // "none" | "full" | "offload"
+std::vector<std::string> checkpointing_names();  // the names, in checkpointing_modes() order
 // none | full | offload; anything else is an Error(Config) naming `key`, the value and the closest
 // choice.
 Checkpointing parse_checkpointing(const std::string& value, const std::string& key);
@@ -29,6 +30,8 @@ enum class GemmDtype { Bf16, Fp8, Fp4 };
 
 const char* gemm_dtype_name(GemmDtype g);  // "bf16" | "fp8" | "fp4"
 GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key);
+const std::vector<GemmDtype>& gemm_dtypes();  // Bf16, Fp8, Fp4
+std::vector<std::string> gemm_dtype_names();
 
 // What is trained. Full: every weight (planned; the engine trains adapters only). Lora: adapters on
 // a float base. Qlora: adapters on a quantized base.

@@ -15,8 +15,7 @@
 #include <initializer_list>
 #include <sstream>
 
-#include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/cpu_simd.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/atomic_file.h"
@@ -95,10 +94,9 @@ nlohmann::json to_json(const CpuCalibration& c) {
   return j;
 }
 
-CpuCalibration measure(const CpuCalibration& id) {
+CpuCalibration measure(const CpuCalibration& id, Backend* be) {
   CpuCalibration c = id;
   const double t_start = now_s();
-  auto be = make_cpu_backend();
 
   // Decoder GEMMs: 1024 tokens through an MLP-shaped weight, forward (x W^T) and dgrad (dy W),
   // the weight cycling through 16 copies (56 MB, more than a server L3) as a layer's do.
@@ -180,8 +178,10 @@ CpuCalibration measure(const CpuCalibration& id) {
 CpuCalibration cpu_calibration(bool refresh) {
   CpuCalibration id;
   id.cpu_model = cpu_model_name();
-  id.blas = cpu::blas_info();
-  id.simd = cpu::simd_level();
+  // Through the backend interface, as every op below: the planner times the CPU backend's own kernels.
+  const std::unique_ptr<Backend> be = make_cpu_backend();
+  id.blas = be->blas_kernels();
+  id.simd = be->simd_kernels();
   id.threads = omp_get_max_threads();
   // The binary's modification time: a rebuilt qlora (whose kernels may have changed) measures again.
   std::string build = "unknown";
@@ -211,7 +211,7 @@ CpuCalibration cpu_calibration(bool refresh) {
       }
     }
   }
-  CpuCalibration c = measure(id);
+  CpuCalibration c = measure(id, be.get());
   if (!file.empty()) {
     try {
       std::filesystem::create_directories(dir);

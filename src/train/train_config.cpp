@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/strings.h"
+#include "model/modes.h"
 #include "text/unicode.h"
 
 namespace qlora {
@@ -188,14 +189,14 @@ const std::vector<KeyRow>& key_table() {
       {.name = "quant_blocksize", .field = &T::quant_blocksize, .def = "64",
        .choices = {"32", "64", "128", "256", "512", "1024", "2048", "4096"},
        .help = "Elements per absmax block for nf4/fp4."},
-      {.name = "gemm_dtype", .field = &T::gemm_dtype, .def = "bf16", .choices = {"bf16", "fp8", "fp4"},
+      {.name = "gemm_dtype", .field = &T::gemm_dtype, .def = "bf16", .choices = gemm_dtype_names(),
        .help = "Tensor-core dtype of the frozen base's forward GEMMs: fp8 reads a base_precision: fp8 base as "
                "stored (cuBLASLt FP8, sm_89 and later; the activation quantized to e4m3 per tensor); fp4 reads "
                "an nvfp4 or mxfp4 base as stored (cuBLASLt's block-scaled NVFP4 GEMM, compute capability 10.x; "
                "the activation quantized to NVFP4); bf16 dequantizes the base. Any other combination is an "
                "error before the first step. The backward stays bf16."},
       {.name = "gradient_checkpointing", .field = &T::gradient_checkpointing, .def = "none",
-       .choices = {"none", "full", "offload"},
+       .choices = checkpointing_names(),
        .help = "Recompute layer activations in backward: none, full, or offload layer inputs to host memory.",
        .value_aliases = {{"true", "full"}, {"false", "none"}, {"unsloth", "offload"}}},
       {.name = "ce_chunk_size", .field = &T::ce_chunk_size, .def = "1024", .range = {.lo = 1},

@@ -13,54 +13,21 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_emu/emu_runtime.h"
+#include "five_layer_model.h"
 #include "model/llama_model.h"
-#include "train/bench_run.h"
-#include "train/model_source.h"
 #include "train/step.h"
 
 namespace qlora {
 namespace {
 
 std::unique_ptr<LlamaModel> build(Backend& be, const std::string& precision, const std::string& ckpt, int64_t shards) {
-  LlamaConfig c = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa").config;
-  c.n_layer = 5;
   ModelPlanOptions po;
   po.method = parse_method(precision.empty() ? "lora" : "qlora", "method");
   po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = precision == "nf4";
-  po.quant_blocksize = 64;
-  po.micro_batch = 2;
-  po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
-  po.ce_chunk = 8;
   po.base_shards = shards;
-  LoraSpec lora;
-  lora.r = 4;
-  lora.alpha = 8;
-  lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  auto m = std::make_unique<LlamaModel>(c, be, po, lora);
-  m->load_base(random_tensor_source(7));
-  m->init_lora(1);
-  return m;
-}
-
-std::vector<Batch> micro_batches(int64_t vocab) {
-  std::vector<Batch> mbs;
-  for (int j = 0; j < 2; j++) {
-    std::vector<int32_t> ids(24), labels(24);
-    for (int i = 0; i < 24; i++) {
-      ids[size_t(i)] = int32_t((i * 7 + j * 13 + 3) % vocab);
-      labels[size_t(i)] = i % 5 == 0 ? -100 : int32_t((i * 11 + j + 1) % vocab);
-    }
-    mbs.push_back(Batch::from_hf(2, 12, ids, labels));
-  }
-  return mbs;
-}
-
-std::vector<unsigned char> bytes_of(LlamaModel& m, const Tensor& t) {
-  std::vector<unsigned char> v(size_t(t.numel() * dtype_size(t.dtype)));
-  m.backend().copy_to_host(v.data(), t.data, v.size());
-  return v;
+  return testing_util::five_layer_model(be, po, 0.0);
 }
 
 void fsdp_equals_whole(const std::string& precision, const std::string& ckpt) {
@@ -71,7 +38,7 @@ void fsdp_equals_whole(const std::string& precision, const std::string& ckpt) {
   auto whole = build(*be_whole, precision, ckpt, 0);
   auto fsdp = build(*be_fsdp, precision, ckpt, 1);
   ASSERT_TRUE(fsdp->base_sharded());
-  const auto mbs = micro_batches(whole->config().vocab_size);
+  const auto mbs = testing_util::five_layer_micro_batches(whole->config().vocab_size);
   OptimHyper h;
   for (int s = 0; s < 2; s++) {
     const int64_t g0 = fsdp->gathered_base_bytes();
@@ -89,7 +56,7 @@ void fsdp_equals_whole(const std::string& precision, const std::string& ckpt) {
   ASSERT_EQ(pw.size(), pf.size());
   for (size_t i = 0; i < pw.size(); i++)
     for (auto member : {&LoraParam::w, &LoraParam::m, &LoraParam::v})
-      EXPECT_TRUE(bytes_of(*whole, pw[i].*member) == bytes_of(*fsdp, pf[i].*member)) << pw[i].name;
+      EXPECT_TRUE(testing_util::device_bytes(*whole, pw[i].*member) == testing_util::device_bytes(*fsdp, pf[i].*member)) << pw[i].name;
   EXPECT_EQ(fsdp->forward_loss(mbs[0]), whole->forward_loss(mbs[0]));
 }
 
@@ -114,7 +81,7 @@ TEST(CudaEmuFsdp, DeviceBytesEqualThePlan) {
   EXPECT_EQ(plan.find("layers.0.q_proj"), nullptr);
   EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after building the model";
   OptimHyper h;
-  const auto mbs = micro_batches(m->config().vocab_size);
+  const auto mbs = testing_util::five_layer_micro_batches(m->config().vocab_size);
   for (int s = 0; s < 2; s++) ASSERT_TRUE(std::isfinite(train_step(*m, mbs, h, 1e-2, s, 5).loss));
   be->synchronize();
   EXPECT_EQ(int64_t(emu::device_bytes_peak() - base), plan.total_bytes()) << "a transient allocation";

@@ -14,57 +14,23 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_emu/emu_runtime.h"
+#include "five_layer_model.h"
 #include "model/llama_model.h"
-#include "train/bench_run.h"
-#include "train/model_source.h"
 #include "train/step.h"
 
 namespace qlora {
 namespace {
 
-constexpr int64_t kLayers = 5;  // three of the five layer inputs go to the host
+constexpr int64_t kLayers = testing_util::kFiveLayers;  // three of the five layer inputs go to the host
 
 std::unique_ptr<LlamaModel> build(Backend& be, const std::string& method, const std::string& precision,
                                   const std::string& ckpt) {
-  LlamaConfig c = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa").config;
-  c.n_layer = kLayers;
   ModelPlanOptions po;
   po.method = parse_method(method, "method");
   po.base_precision = optional_base_precision(precision, "base_precision");
   po.double_quant = true;
-  po.quant_blocksize = 64;
-  po.micro_batch = 2;
-  po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
-  po.ce_chunk = 8;
-  LoraSpec lora;
-  lora.r = 4;
-  lora.alpha = 8;
-  lora.dropout = 0.1;
-  lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  auto m = std::make_unique<LlamaModel>(c, be, po, lora);
-  m->load_base(random_tensor_source(7));
-  m->init_lora(1);
-  return m;
-}
-
-std::vector<Batch> micro_batches(int64_t vocab) {
-  std::vector<Batch> mbs;
-  for (int j = 0; j < 2; j++) {
-    std::vector<int32_t> ids(24), labels(24);
-    for (int i = 0; i < 24; i++) {
-      ids[size_t(i)] = int32_t((i * 7 + j * 13 + 3) % vocab);
-      labels[size_t(i)] = i % 5 == 0 ? -100 : int32_t((i * 11 + j + 1) % vocab);
-    }
-    mbs.push_back(Batch::from_hf(2, 12, ids, labels));
-  }
-  return mbs;
-}
-
-std::vector<unsigned char> bytes_of(LlamaModel& m, const Tensor& t) {
-  std::vector<unsigned char> v(size_t(t.numel() * dtype_size(t.dtype)));
-  m.backend().copy_to_host(v.data(), t.data, v.size());
-  return v;
+  return testing_util::five_layer_model(be, po, 0.1);
 }
 
 struct Counts {
@@ -86,7 +52,7 @@ void offload_equals_full(const std::string& method, const std::string& precision
   ASSERT_TRUE(be_full && be_off) << why;
   auto full = build(*be_full, method, precision, "full");
   auto off = build(*be_off, method, precision, "offload");
-  const auto mbs = micro_batches(full->config().vocab_size);
+  const auto mbs = testing_util::five_layer_micro_batches(full->config().vocab_size);
   OptimHyper h;
   for (int s = 0; s < 2; s++) {
     const Counts c0 = Counts::now();
@@ -108,7 +74,7 @@ void offload_equals_full(const std::string& method, const std::string& precision
   ASSERT_EQ(pf.size(), po.size());
   for (size_t i = 0; i < pf.size(); i++)
     for (auto member : {&LoraParam::w, &LoraParam::m, &LoraParam::v})
-      EXPECT_TRUE(bytes_of(*full, pf[i].*member) == bytes_of(*off, po[i].*member)) << pf[i].name;
+      EXPECT_TRUE(testing_util::device_bytes(*full, pf[i].*member) == testing_util::device_bytes(*off, po[i].*member)) << pf[i].name;
   EXPECT_EQ(off->forward_loss(mbs[0]), full->forward_loss(mbs[0]));
 }
 
@@ -136,7 +102,7 @@ TEST(CudaEmuOffload, DeviceAndPinnedBytesEqualThePlan) {
   EXPECT_EQ(m->arena().host_allocated(), offloaded);
   EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after building the model";
   OptimHyper h;
-  const auto mbs = micro_batches(m->config().vocab_size);
+  const auto mbs = testing_util::five_layer_micro_batches(m->config().vocab_size);
   for (int s = 0; s < 2; s++) ASSERT_TRUE(std::isfinite(train_step(*m, mbs, h, 1e-2, s, 5).loss));
   be->synchronize();
   EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after the steps";

@@ -1,4 +1,4 @@
-// `qlora export` (train/gguf_export.h): the merged GGUF holds exactly MergedModel's weights (Q/K
+// `qlora export` (tasks/gguf_export.h): the merged GGUF holds exactly MergedModel's weights (Q/K
 // permuted as the converter does, quantized as the writer's Q8_0), the LoRA GGUF holds the adapter
 // in llama.cpp's layout, bad requests fail clearly leaving nothing behind, and llama.cpp itself
 // agrees: tests/fixtures/export/llama_cpp_logits.json (tools/make_gguf_export_fixtures.py) holds
@@ -22,7 +22,7 @@
 #include "model/llama_model.h"
 #include "model/merge.h"
 #include "model/peft_io.h"
-#include "train/gguf_export.h"
+#include "tasks/gguf_export.h"
 #include "train/model_source.h"
 #include "../real_models.h"
 #include "../sha256_util.h"

@@ -11,7 +11,7 @@
 #include "io/gguf_writer.h"
 #include "io/json_util.h"
 #include "text/tokenizer.h"
-#include "train/gguf_export.h"
+#include "tasks/gguf_export.h"
 #include "../real_models.h"
 
 namespace fs = std::filesystem;

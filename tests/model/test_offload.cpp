@@ -8,7 +8,7 @@
 
 #include "forwarding_backend.h"
 #include "model_test_util.h"
-#include "train/bench_run.h"
+#include "tasks/bench_run.h"
 #include "train/step.h"
 
 namespace qlora {

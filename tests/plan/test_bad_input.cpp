@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "core/error.h"
-#include "plan/model_source.h"
+#include "plan/model_presets.h"
 #include "plan/planner.h"
 
 using namespace qlora;

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "model/gemm_dtype.h"
 #include "model/model_plan.h"
-#include "plan/model_source.h"
+#include "plan/model_presets.h"
 #include "plan/planner.h"
 #include "quant/fp4_gemm.h"
 

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "model/model_plan.h"
 #include "plan/gpu_catalog.h"
-#include "train/bench_run.h"
+#include "tasks/bench_run.h"
 
 using namespace qlora;
 

@@ -42,7 +42,7 @@ What it runs (the stock QLoRA recipe, as the QLoRA paper's qlora.py, the peft do
 FLOPs: the same counter as qlora.cpp (src/plan/flops.cpp, flops_per_token and shape_sums; the
 formula is in src/plan/flops.h and perf_anchors.md §10), attention over the whole sequence (one
 document per row), recompute counted when checkpointing, as bench_flop_counts() in
-src/train/bench_run.cpp. As qlora bench (and the planner's speed model): flops_per_token =
+src/tasks/bench_run.cpp. As qlora bench (and the planner's speed model): flops_per_token =
 FlopCounts::total() = forward + backward (+ recompute); achieved_flops = tokens/s *
 flops_per_token; mfu = tokens/s * model FLOPs (forward + backward, no recompute,
 FlopCounts::model()) / peak_flops, so checkpointing lowers MFU but not achieved_flops. The parts
@@ -404,7 +404,7 @@ def prepare(a, model):
     lcfg = LoraConfig(r=a.r, lora_alpha=a.lora_alpha, target_modules=list(a.targets), lora_dropout=0.0,
                       bias="none", task_type="CAUSAL_LM")
     model = get_peft_model(model, lcfg)
-    # As qlora bench (src/train/bench_run.cpp): LoRA B ~ normal(0, 0.02) instead of PEFT's zeros, so
+    # As qlora bench (src/tasks/bench_run.cpp): LoRA B ~ normal(0, 0.02) instead of PEFT's zeros, so
     # every adapter matmul works on real numbers from the first step.
     gen = torch.Generator(device="cpu").manual_seed(a.seed + 2)
     with torch.no_grad():

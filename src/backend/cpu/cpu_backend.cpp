@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cpu/cpu_simd.h"
 #include "core/error.h"
 
 namespace qlora {
@@ -26,6 +27,10 @@ void* CpuBackend::alloc(size_t bytes) {
 }
 
 void CpuBackend::free(void* p) noexcept { std::free(p); }
+
+std::string CpuBackend::simd_kernels() const { return cpu::simd_level(); }
+
+std::string CpuBackend::blas_kernels() const { return cpu::blas_info(); }
 
 void CpuBackend::memset0(void* p, size_t bytes) {
   if (bytes) std::memset(p, 0, bytes);

@@ -13,6 +13,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DeviceKind device() const override { return DeviceKind::Cpu; }
   DType compute_dtype() const override { return DType::F32; }
+  std::string simd_kernels() const override;
+  std::string blas_kernels() const override;
 
   void* alloc(size_t bytes) override;
   void free(void* p) noexcept override;

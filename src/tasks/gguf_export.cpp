@@ -1,6 +1,6 @@
 // GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel, Qwen2Model)
 // and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
-#include "train/gguf_export.h"
+#include "tasks/gguf_export.h"
 
 #include <algorithm>
 #include <cmath>

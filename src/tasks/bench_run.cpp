@@ -1,6 +1,6 @@
 // The synthetic training benchmark: random weights of a real shape, random tokens, the trainer's
 // own step (train/step.h), timed; FLOPs, MFU and planned memory come from src/plan.
-#include "train/bench_run.h"
+#include "tasks/bench_run.h"
 
 #include <sys/resource.h>
 
@@ -15,7 +15,7 @@
 #include "core/strings.h"
 #include "io/json_util.h"
 #include "model/lora.h"
-#include "plan/model_source.h"
+#include "plan/model_presets.h"
 #include "plan/plan_request.h"
 #include "plan/cpu_device.h"
 #include "plan/planner.h"

@@ -1,5 +1,5 @@
 // Model resolution for the planner: presets, HF directories, config.json files, GGUF headers.
-#include "plan/model_source.h"
+#include "plan/model_presets.h"
 
 #include <filesystem>
 
