@@ -130,6 +130,10 @@ BenchOptions normalize_bench_options(const BenchOptions& in, DType compute) {
   if (o.method == Method::Full)
     fail(ErrorKind::Unsupported, "--method full", "full fine-tuning is planned but not implemented by the engine",
          "bench lora or qlora");
+  if (o.base_precision == BasePrecision::Fp16)
+    fail(ErrorKind::Unsupported, "--base-precision fp16",
+         "the engine keeps a float base in fp32 (CPU) or bf16 (CUDA); an fp16 base is planned by qlora plan but not run",
+         "use --base-precision bf16 (CUDA) or fp32 (CPU), or a quantized format");
   if (o.base_precision == BasePrecision::Bf16 && compute == DType::F32)
     fail(ErrorKind::Unsupported, "--base-precision bf16", "the CPU backend computes in fp32 and keeps a float base in fp32",
          "use --base-precision fp32 (or a quantized format) on the CPU, or --device cuda");

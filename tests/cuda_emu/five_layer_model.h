@@ -1,11 +1,12 @@
 // The engine tests' small model under the harness: the llama_gqa fixture's shape cut to five layers
 // (three of the five layer inputs offload; fsdp gathers every layer), random weights
-// (random_tensor_source(7)), LoRA r 4 / alpha 8 on all seven projections, two micro-batches of
-// 2 x 12 tokens, cross-entropy in chunks of 8.
+// (random_tensor_source(7)), LoRA r 4 / alpha 8 on all seven projections, micro-batches of 2 x 12
+// tokens (small_micro_batches), cross-entropy in chunks of 8.
 #pragma once
 #include <memory>
 #include <vector>
 
+#include "../model/model_test_util.h"
 #include "backend/backend.h"
 #include "model/llama_model.h"
 #include "tasks/bench_run.h"
@@ -32,20 +33,6 @@ inline std::unique_ptr<LlamaModel> five_layer_model(Backend& be, ModelPlanOption
   m->load_base(random_tensor_source(7));
   m->init_lora(1);
   return m;
-}
-
-// Two micro-batches of 2 x 12 tokens, every fifth label masked.
-inline std::vector<Batch> five_layer_micro_batches(int64_t vocab) {
-  std::vector<Batch> mbs;
-  for (int j = 0; j < 2; j++) {
-    std::vector<int32_t> ids(24), labels(24);
-    for (int i = 0; i < 24; i++) {
-      ids[size_t(i)] = int32_t((i * 7 + j * 13 + 3) % vocab);
-      labels[size_t(i)] = i % 5 == 0 ? -100 : int32_t((i * 11 + j + 1) % vocab);
-    }
-    mbs.push_back(Batch::from_hf(2, 12, ids, labels));
-  }
-  return mbs;
 }
 
 // A device tensor's bytes, copied to the host.

@@ -38,7 +38,7 @@ void fsdp_equals_whole(const std::string& precision, const std::string& ckpt) {
   auto whole = build(*be_whole, precision, ckpt, 0);
   auto fsdp = build(*be_fsdp, precision, ckpt, 1);
   ASSERT_TRUE(fsdp->base_sharded());
-  const auto mbs = testing_util::five_layer_micro_batches(whole->config().vocab_size);
+  const auto mbs = testing_util::small_micro_batches(whole->config().vocab_size);
   OptimHyper h;
   for (int s = 0; s < 2; s++) {
     const int64_t g0 = fsdp->gathered_base_bytes();
@@ -81,7 +81,7 @@ TEST(CudaEmuFsdp, DeviceBytesEqualThePlan) {
   EXPECT_EQ(plan.find("layers.0.q_proj"), nullptr);
   EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after building the model";
   OptimHyper h;
-  const auto mbs = testing_util::five_layer_micro_batches(m->config().vocab_size);
+  const auto mbs = testing_util::small_micro_batches(m->config().vocab_size);
   for (int s = 0; s < 2; s++) ASSERT_TRUE(std::isfinite(train_step(*m, mbs, h, 1e-2, s, 5).loss));
   be->synchronize();
   EXPECT_EQ(int64_t(emu::device_bytes_peak() - base), plan.total_bytes()) << "a transient allocation";

@@ -52,7 +52,7 @@ void offload_equals_full(const std::string& method, const std::string& precision
   ASSERT_TRUE(be_full && be_off) << why;
   auto full = build(*be_full, method, precision, "full");
   auto off = build(*be_off, method, precision, "offload");
-  const auto mbs = testing_util::five_layer_micro_batches(full->config().vocab_size);
+  const auto mbs = testing_util::small_micro_batches(full->config().vocab_size);
   OptimHyper h;
   for (int s = 0; s < 2; s++) {
     const Counts c0 = Counts::now();
@@ -102,7 +102,7 @@ TEST(CudaEmuOffload, DeviceAndPinnedBytesEqualThePlan) {
   EXPECT_EQ(m->arena().host_allocated(), offloaded);
   EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after building the model";
   OptimHyper h;
-  const auto mbs = testing_util::five_layer_micro_batches(m->config().vocab_size);
+  const auto mbs = testing_util::small_micro_batches(m->config().vocab_size);
   for (int s = 0; s < 2; s++) ASSERT_TRUE(std::isfinite(train_step(*m, mbs, h, 1e-2, s, 5).loss));
   be->synchronize();
   EXPECT_EQ(int64_t(emu::device_bytes_in_use() - base), plan.total_bytes()) << "after the steps";

@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "io/safetensors.h"
+#include "model/batch.h"
 #include "model/llama_model.h"
 #include "model/peft_io.h"
 #include "train/model_source.h"
@@ -82,6 +83,20 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
   }
   if (a.size() != b.size()) return INFINITY;
   return scale > 0 ? m / scale : (m > 0 ? INFINITY : 0.0);
+}
+
+// Two micro-batches of 2 x 12 tokens, every fifth label masked.
+inline std::vector<Batch> small_micro_batches(int64_t vocab) {
+  std::vector<Batch> mbs;
+  for (int j = 0; j < 2; j++) {
+    std::vector<int32_t> ids(24), labels(24);
+    for (int i = 0; i < 24; i++) {
+      ids[size_t(i)] = int32_t((i * 7 + j * 13 + 3) % vocab);
+      labels[size_t(i)] = i % 5 == 0 ? -100 : int32_t((i * 11 + j + 1) % vocab);
+    }
+    mbs.push_back(Batch::from_hf(2, 12, ids, labels));
+  }
+  return mbs;
 }
 
 }  // namespace qlora::testing_util

@@ -54,19 +54,6 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t 
   return m;
 }
 
-std::vector<Batch> micro_batches(int64_t vocab) {
-  std::vector<Batch> mbs;
-  for (int j = 0; j < 2; j++) {
-    std::vector<int32_t> ids(24), labels(24);
-    for (int i = 0; i < 24; i++) {
-      ids[size_t(i)] = int32_t((i * 7 + j * 13 + 3) % vocab);
-      labels[size_t(i)] = i % 5 == 0 ? -100 : int32_t((i * 11 + j + 1) % vocab);
-    }
-    mbs.push_back(Batch::from_hf(2, 12, ids, labels));
-  }
-  return mbs;
-}
-
 std::vector<float> host_copy(LlamaModel& m, const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   m.backend().copy_to_host(v.data(), t.data, v.size() * 4);
@@ -78,7 +65,7 @@ std::vector<float> host_copy(LlamaModel& m, const Tensor& t) {
 TEST(ActivationOffload, CpuStepsEqualFullCheckpointingExactly) {
   auto be_full = make_cpu_backend(), be_off = make_cpu_backend();
   auto full = build(*be_full, "full"), off = build(*be_off, "offload");
-  const auto mbs = micro_batches(full->config().vocab_size);
+  const auto mbs = testing_util::small_micro_batches(full->config().vocab_size);
   OptimHyper h;
   for (int s = 0; s < 3; s++) {
     const StepResult rf = train_step(*full, mbs, h, 1e-2, s, 5);
@@ -105,7 +92,7 @@ TEST(ActivationOffload, CpuStepsEqualFullCheckpointingExactly) {
 TEST(ActivationOffload, EachOffloadedLayerInputCrossesOnceEachWay) {
   CountingCpu be;
   auto m = build(be, "offload");
-  const auto mbs = micro_batches(m->config().vocab_size);
+  const auto mbs = testing_util::small_micro_batches(m->config().vocab_size);
   accumulate_grads(*m, mbs, 0, 5);
   const int64_t per_layer = 2 * 12 * m->config().hidden_size * 4;  // N x C f32
   EXPECT_EQ(be.to_host, 2 * (kLayers - 2));
@@ -169,7 +156,7 @@ TEST(ActivationOffload, OneOrTwoLayersOffloadNothing) {
     auto off = build(be, "offload", layers), full = build(*be_full, "full", layers);
     EXPECT_EQ(off->plan().host_bytes(), 0);
     EXPECT_EQ(off->arena().host_allocated(), 0);
-    const auto mbs = micro_batches(off->config().vocab_size);
+    const auto mbs = testing_util::small_micro_batches(off->config().vocab_size);
     OptimHyper h;
     for (int s = 0; s < 2; s++) {
       const StepResult ro = train_step(*off, mbs, h, 1e-2, s, 5), rf = train_step(*full, mbs, h, 1e-2, s, 5);

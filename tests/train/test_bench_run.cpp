@@ -113,6 +113,9 @@ TEST(BenchRun, BadOptionsAreConfigErrors) {
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
   EXPECT_EQ(error_kind([] { parse_checkpointing("selective", "--gradient-checkpointing"); }), ErrorKind::Config);
   o = {};
+  o.base_precision = BasePrecision::Fp16;  // planned, not run: no backend keeps an fp16 base
+  EXPECT_EQ(kind_of(o), ErrorKind::Unsupported);
+  o = {};
   o.model = "smollm2-135m";
   o.base_precision = BasePrecision::Bf16;  // the CPU backend's matmul takes f32 weights only
   EXPECT_THROW(normalize_bench_options(o, DType::F32), Error);
