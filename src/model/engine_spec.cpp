@@ -58,9 +58,7 @@ ModelPlanOptions resolve_engine(const EngineSpec& s, const EngineTarget& t) {
   o.ce_chunk = s.ce_chunk;
   o.kv_cache_tokens = s.kv_cache_tokens;
   o.gemm_dtype = s.gemm_dtype;
-  // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
-  const bool split_optimizer = (s.sharding == Sharding::Zero1 || s.sharding == Sharding::Fsdp) && t.world > 1;
-  o.optimizer_shards = split_optimizer ? t.world : 1;
+  o.optimizer_shards = splits_optimizer(s, t.world) ? t.world : 1;
   if (s.sharding == Sharding::Fsdp) {
     o.base_shards = t.world;
     o.base_shard_rank = t.rank;

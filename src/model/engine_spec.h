@@ -45,6 +45,11 @@ BasePrecision resolved_base(const EngineSpec& s, DType compute);
 // --base-precision, --double-quant, --quant-blocksize) with a hint.
 EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute);
 
+// Whether the AdamW moments are split over `world` ranks: zero1, and fsdp (which implies it).
+inline bool splits_optimizer(const EngineSpec& s, int world) {
+  return (s.sharding == Sharding::Zero1 || s.sharding == Sharding::Fsdp) && world > 1;
+}
+
 // Where the engine runs: the backend's compute dtype and, for sharding, this rank of `world`.
 struct EngineTarget {
   DType compute_dtype = DType::F32;

@@ -7,26 +7,23 @@ namespace qlora {
 
 namespace {
 
-// The mode of `modes` whose name is `value`; else an Error(Config) naming `key`, the value, the
-// closest name and `choices` (the names, with what each does where that helps).
-template <class Mode>
-Mode parse_mode(const std::string& value, const std::string& key, const std::vector<Mode>& modes,
-                const char* (*name)(Mode), const std::string& choices) {
-  std::vector<std::string> names;
-  for (Mode m : modes) {
-    if (value == name(m)) return m;
-    names.push_back(name(m));
-  }
-  const std::string close = closest_name(names, value, 3);
-  fail(ErrorKind::Config, key + " " + value, "unknown value '" + value + "'",
-       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + choices);
-}
-
 template <class Mode>
 std::vector<std::string> names_of(const std::vector<Mode>& modes, const char* (*name)(Mode)) {
   std::vector<std::string> names;
   for (Mode m : modes) names.push_back(name(m));
   return names;
+}
+
+// The mode of `modes` whose name is `value`; else an Error(Config) naming `key`, the value, the
+// closest name and `choices` (the names, with what each does where that helps).
+template <class Mode>
+Mode parse_mode(const std::string& value, const std::string& key, const std::vector<Mode>& modes,
+                const char* (*name)(Mode), const std::string& choices) {
+  for (Mode m : modes)
+    if (value == name(m)) return m;
+  const std::string close = closest_name(names_of(modes, name), value, 3);
+  fail(ErrorKind::Config, key + " " + value, "unknown value '" + value + "'",
+       (close.empty() ? std::string() : "did you mean '" + close + "'? ") + "choose one of " + choices);
 }
 
 // The same with other spellings of a name: aliases[i] = {spelling, name}.

@@ -313,7 +313,7 @@ void Trainer::load_model(Run& r, const ModelSource& source) {
   // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
   const EngineSpec spec = with_shapes(engine_spec(cfg_), cfg_, std::max(bs, ebs), std::min(cfg_.max_length, r.data.longest));
   r.fsdp = spec.sharding == Sharding::Fsdp;
-  r.zero1 = (spec.sharding == Sharding::Zero1 || r.fsdp) && comm_->size() > 1;
+  r.zero1 = splits_optimizer(spec, comm_->size());
   lm_ = load_model_for_training(spec, be_, source, uint64_t(cfg_.seed), comm_);
   LlamaModel& model = *lm_.model;
   // GPU ranks with NCCL: fsdp's layer gathers go device to device (its gradients stay ZeRO-1's, over the Comm).
