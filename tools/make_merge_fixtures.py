@@ -42,6 +42,8 @@ CASES = {
     "llama_gqa_bf16": ("models/llama_gqa", "parity/llama_gqa_adapter", ["--dtype", "bf16"], "llama_gqa"),
     "qwen2_fp32": ("models/qwen2", "parity/qwen2_adapter", [], "qwen2"),
     "llama_tied_fp32": ("models/llama_tied", "parity/llama_tied_adapter", [], "llama_tied"),
+    "qwen3_fp32": ("models/qwen3", "parity/qwen3_adapter", [], "qwen3"),
+    "gguf_qwen3_fp32": ("gguf/tiny_qwen3.gguf", "parity/qwen3_adapter", [], "qwen3"),
     "mistral_fp32": ("models/mistral", "parity/mistral_adapter", [], "mistral"),
     "gguf_llama_fp32": ("gguf/tiny_llama.gguf", "parity/llama_gqa_adapter", [], "llama_gqa"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import transformers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
                           get_cosine_schedule_with_warmup)
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -64,6 +64,12 @@ def variant_configs():
                                    rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                     "rope_theta": 10000.0}),
                        1004, "v5"),
+        # Qwen3: q_norm/k_norm per head before RoPE, head_dim (24) not hidden/heads (16), so the
+        # attention width (96) differs from hidden_size; tied head as on the small Qwen3 sizes.
+        "qwen3": (Qwen3Config(**DIMS, num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
+                              use_sliding_window=False, attention_bias=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                  1005, "legacy"),
     }
 
 

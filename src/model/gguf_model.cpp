@@ -26,6 +26,8 @@ const LayerName kLayerNames[] = {
     {"attn_q.bias", "self_attn.q_proj.bias"},
     {"attn_k.bias", "self_attn.k_proj.bias"},
     {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
     {"attn_output.weight", "self_attn.o_proj.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
@@ -62,8 +64,9 @@ struct ArchInfo {
   const char* arch;
   const char* model_type;
   bool qkv_bias;
+  bool qk_norm;
 };
-const ArchInfo kArchs[] = {{"llama", "llama", false}, {"qwen2", "qwen2", true}};
+const ArchInfo kArchs[] = {{"llama", "llama", false, false}, {"qwen2", "qwen2", true, false}, {"qwen3", "qwen3", false, true}};
 
 // llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
 // (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
@@ -189,6 +192,7 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
     for (const auto& n : kLayerNames) {
       std::string hf = n.hf;
       if (!cfg.attention_bias && hf.find(".bias") != std::string::npos) continue;
+      if (!cfg.qk_norm && hf.find("_norm.weight") != std::string::npos && hf.find("self_attn.") == 0) continue;
       out.push_back(p + hf);
     }
   }
@@ -204,7 +208,7 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     if (arch == a.arch) ai = &a;
   if (!ai)
     fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
-         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2), qwen2");
+         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2), qwen2, qwen3");
   const std::string k = arch + ".";
   if (f.has(k + "expert_count") && f.get_i64(k + "expert_count") > 0)
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "expert_count'", "mixture-of-experts models are not supported");
@@ -212,6 +216,7 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   LlamaConfig c;
   c.model_type = ai->model_type;
   c.attention_bias = ai->qkv_bias;
+  c.qk_norm = ai->qk_norm;
   c.name = f.path();
   c.hidden_size = key_i64(f, k + "embedding_length");
   c.intermediate_size = key_i64(f, k + "feed_forward_length");
@@ -287,6 +292,10 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     expect_shape(f, b + "ffn_gate.weight", {C, F});
     expect_shape(f, b + "ffn_up.weight", {C, F});
     expect_shape(f, b + "ffn_down.weight", {F, C});
+    if (c.qk_norm) {
+      expect_shape(f, b + "attn_q_norm.weight", {c.head_dim});
+      expect_shape(f, b + "attn_k_norm.weight", {c.head_dim});
+    }
     if (c.attention_bias) {
       expect_shape(f, b + "attn_q.bias", {Q});
       expect_shape(f, b + "attn_k.bias", {KV});

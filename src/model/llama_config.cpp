@@ -10,7 +10,7 @@
 namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"llama", "mistral", "qwen2"};
+  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3"};
   return v;
 }
 
@@ -58,6 +58,7 @@ int64_t LlamaConfig::n_params() const {
   const int64_t C = hidden_size, F = intermediate_size, V = vocab_size;
   int64_t attn = C * q_dim() + 2 * C * kv_dim() + q_dim() * C;  // q, k, v, o
   if (attention_bias) attn += q_dim() + 2 * kv_dim();            // q/k/v biases (o has none)
+  if (qk_norm) attn += 2 * head_dim;                              // q_norm, k_norm
   int64_t layer = attn + 3 * C * F + 2 * C;                       // + gate/up/down + 2 norms
   return V * C + n_layer * layer + C + (tie_word_embeddings ? 0 : V * C);
 }
@@ -128,8 +129,11 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   c.n_head_kv = json_int_or(j, "num_key_value_heads", c.n_head, where);
   if (c.n_head <= 0)
     fail(ErrorKind::Config, where + ": key 'num_attention_heads'", "must be positive, got " + std::to_string(c.n_head));
-  if (json_find(j, "head_dim")) {
+  const bool qwen3 = c.model_type == "qwen3";
+  if (json_find(j, "head_dim") && !(*json_find(j, "head_dim")).is_null()) {
     c.head_dim = json_int(j, "head_dim", where);
+  } else if (qwen3) {
+    c.head_dim = 128;  // Qwen3Config's default
   } else {
     if (c.hidden_size % c.n_head != 0)
       fail(ErrorKind::Config, where + ": key 'hidden_size'",
@@ -156,20 +160,30 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
 
   if (c.model_type == "qwen2") {
     c.attention_bias = true;  // Qwen2 always has q/k/v biases; its config has no key for it
+  } else if (qwen3) {
+    c.qk_norm = true;  // Qwen3Attention: q_norm and k_norm over each head, always
+    // Qwen3Config's attention_bias gives q, k, v and o biases; released checkpoints have none.
+    if (json_bool_or(j, "attention_bias", false, where))
+      fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "qwen3 attention biases (q/k/v/o) are not supported");
   } else if (llama) {
     // LlamaAttention gives o_proj a bias too when attention_bias is set; nothing we load uses it.
     if (json_bool_or(j, "attention_bias", false, where))
       fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "llama attention biases (q/k/v/o) are not supported");
   }
   // Mistral's sliding_window (non-null in v0.1: 4096; MistralAttention applies it to every layer).
-  // Qwen2 applies its sliding_window only with use_sliding_window, to the layers from
-  // max_window_layers on. Kept so that rows longer than the window are refused.
+  // Qwen2 and Qwen3 apply theirs only with use_sliding_window, to the layers from
+  // max_window_layers (default 28) on, or to the layers `layer_types` marks "sliding_attention". Kept so that
+  // rows longer than the window are refused.
   const json* sw = json_find(j, "sliding_window");
   const bool sw_set = sw && !sw->is_null();
+  bool sliding_layers = false;
+  if (const json* lt = json_find(j, "layer_types"); lt && lt->is_array())
+    for (const json& t : *lt) sliding_layers = sliding_layers || (t.is_string() && t.get<std::string>() == "sliding_attention");
   if (c.model_type == "mistral" && sw_set) {
     c.sliding_window = json_int(j, "sliding_window", where);
-  } else if (c.model_type == "qwen2" && sw_set && json_bool_or(j, "use_sliding_window", false, where) &&
-             json_int_or(j, "max_window_layers", c.n_layer, where) < c.n_layer) {
+  } else if ((c.model_type == "qwen2" || qwen3) && sw_set &&
+             (sliding_layers || (json_bool_or(j, "use_sliding_window", false, where) &&
+                                 json_int_or(j, "max_window_layers", 28, where) < c.n_layer))) {
     c.sliding_window = json_int(j, "sliding_window", where);
   }
   if (c.sliding_window < 0)
@@ -218,6 +232,12 @@ const Preset kPresets[] = {
   {"qwen2.5-0.5b",   "Qwen/Qwen2.5-0.5B",                      "qwen2",   151936, 896,   4864,  24,  14, 2,  64,  32768,  1e-6, 1e6,     "none",   1,   true,  151643, 151643, "bfloat16"},
   {"qwen2.5-7b",     "Qwen/Qwen2.5-7B",                        "qwen2",   152064, 3584,  18944, 28,  28, 4,  128, 131072, 1e-6, 1e6,     "none",   1,   false, 151643, 151643, "bfloat16"},
   {"qwen2.5-72b",    "Qwen/Qwen2.5-72B",                       "qwen2",   152064, 8192,  29568, 80,  64, 8,  128, 131072, 1e-5, 1e6,     "none",   1,   false, 151643, 151643, "bfloat16"},
+  {"qwen3-0.6b",     "Qwen/Qwen3-0.6B",                        "qwen3",   151936, 1024,  3072,  28,  16, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   true,  151643, 151645, "bfloat16"},
+  {"qwen3-1.7b",     "Qwen/Qwen3-1.7B",                        "qwen3",   151936, 2048,  6144,  28,  16, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   true,  151643, 151645, "bfloat16"},
+  {"qwen3-4b",       "Qwen/Qwen3-4B",                          "qwen3",   151936, 2560,  9728,  36,  32, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   true,  151643, 151645, "bfloat16"},
+  {"qwen3-8b",       "Qwen/Qwen3-8B",                          "qwen3",   151936, 4096,  12288, 36,  32, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
+  {"qwen3-14b",      "Qwen/Qwen3-14B",                         "qwen3",   151936, 5120,  17408, 40,  40, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
+  {"qwen3-32b",      "Qwen/Qwen3-32B",                         "qwen3",   151936, 5120,  25600, 64,  64, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
   {"smollm2-135m",   "HuggingFaceTB/SmolLM2-135M",             "llama",   49152,  576,   1536,  30,  9,  3,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-360m",   "HuggingFaceTB/SmolLM2-360M",             "llama",   49152,  960,   2560,  32,  15, 5,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-1.7b",   "HuggingFaceTB/SmolLM2-1.7B",             "llama",   49152,  2048,  8192,  24,  32, 32, 64,  8192,   1e-5, 130000,  "none",   1,   true,  0,      0,      "bfloat16"},
@@ -265,6 +285,7 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_scaling.original_max_position_embeddings = 8192;
     }
     c.attention_bias = c.model_type == "qwen2";
+    c.qk_norm = c.model_type == "qwen3";
     c.tie_word_embeddings = p.tie;
     c.bos_token_id = p.bos;
     c.eos_token_id = p.eos;
@@ -306,7 +327,8 @@ std::vector<float> rope_inv_freq(const LlamaConfig& c) {
 }
 
 json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
-  const std::string arch = c.model_type == "qwen2" ? "Qwen2ForCausalLM"
+  const std::string arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                           : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
                            : c.model_type == "mistral" ? "MistralForCausalLM"
                                                        : "LlamaForCausalLM";
   json j = {{"architectures", json::array({arch})}, {"model_type", c.model_type}, {"vocab_size", c.vocab_size},
@@ -317,6 +339,7 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
             {"rope_theta", c.rope_theta}, {"hidden_act", "silu"}, {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", torch_dtype}};
   if (c.model_type == "llama") j["attention_bias"] = c.attention_bias, j["mlp_bias"] = false;
+  if (c.model_type == "qwen3") j["attention_bias"] = false, j["use_sliding_window"] = false;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   if (c.rope_scaling.type == "none") {

@@ -16,7 +16,7 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;         // C
   int64_t intermediate_size = 0;   // F
@@ -29,6 +29,9 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool attention_bias = false;     // qwen2: q/k/v have bias
+  // qwen3: an RMSNorm over each head of q and of k (weights q_norm, k_norm: head_dim each, eps
+  // rms_norm_eps) after the projections and before RoPE.
+  bool qk_norm = false;
   bool tie_word_embeddings = false;
   // Attention to the last sliding_window keys only (Mistral v0.1's sliding_window, Qwen2's with
   // use_sliding_window); 0: every earlier key. The engine attends to the whole row, so a row longer
@@ -54,11 +57,11 @@ LlamaConfig load_hf_config(const std::string& config_json_path);
 // Same, from JSON text; `where` is used in error messages.
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where);
 // The inverse, for a model known only by its LlamaConfig (a GGUF base): the config.json keys
-// transformers' LlamaConfig / MistralConfig / Qwen2Config read, with torch_dtype = `torch_dtype`.
+// transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config read, with torch_dtype = `torch_dtype`.
 nlohmann::json hf_config_json(const LlamaConfig& cfg, const std::string& torch_dtype);
 
 // Built-in presets of real model shapes (llama3-8b, llama3-70b, llama3.1-405b, llama3.2-1b,
-// llama3.2-3b, mistral-7b, qwen2.5-7b, smollm2-135m, ...).
+// llama3.2-3b, mistral-7b, qwen2.5-7b, qwen3-0.6b ... qwen3-32b, smollm2-135m, ...).
 const std::vector<std::string>& preset_names();
 bool has_preset(const std::string& name);
 LlamaConfig preset_config(const std::string& name);  // Error(Config) with closest name when unknown

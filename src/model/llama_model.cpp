@@ -21,6 +21,7 @@ static const char* kProj[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj
 
 struct LlamaModel::Acts {
   Tensor x, ln1, rstd1, q, k, v, att, lse, xmid, ln2, rstd2, gate, up, h;
+  Tensor q_raw, k_raw, rstd_q, rstd_k;  // qk_norm: q, k before the per-head norm; its 1/rms per head
   Tensor lora_h[7];
 };
 
@@ -30,6 +31,7 @@ struct LlamaModel::LayerViews {
   Acts a;                        // saved activations (checkpointing: the shared act.cur.* set)
   Tensor next;                   // the next layer's input, or act.final_x
   Tensor ln1_w, ln2_w;           // (C)
+  Tensor q_norm_w, k_norm_w;     // (head_dim), qk_norm models
   Tensor w[7];                   // float base weights (out,in); empty when quantized
   const void* packed[7] = {};    // quantized base: the packed projection
   const void* gemm_scales[7] = {};  // gemm_dtype fp4: the projection's GEMM scales (quant/fp4_gemm.h)
@@ -165,6 +167,14 @@ void LlamaModel::resolve_views() {
         {&Acts::ln2, "ln2"}, {&Acts::rstd2, "rstd2"}, {&Acts::gate, "gate"}, {&Acts::up, "up"},
         {&Acts::h, "h"}};
     for (const auto& [member, name] : kActs) a.*member = ar.get(ap + name);
+    if (cfg_.qk_norm) {
+      a.q_raw = ar.get(ap + "q_raw");
+      a.k_raw = ar.get(ap + "k_raw");
+      a.rstd_q = ar.get(ap + "rstd_q");
+      a.rstd_k = ar.get(ap + "rstd_k");
+      L.q_norm_w = ar.get(lp + "q_norm");
+      L.k_norm_w = ar.get(lp + "k_norm");
+    }
     for (int j = 0; j < 7; j++)
       if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + kProj[j] + ".lora_h");
     L.next = l + 1 < cfg_.n_layer ? layer_input(l + 1) : v.final_x;
@@ -397,6 +407,12 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
   Acts a = layers_[size_t(l)].a;
   for (Tensor* t : {&a.x, &a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.xmid, &a.ln2, &a.rstd2, &a.gate, &a.up, &a.h})
     *t = with_rows(*t, n);
+  if (cfg_.qk_norm) {
+    a.q_raw = with_rows(a.q_raw, n);
+    a.k_raw = with_rows(a.k_raw, n);
+    a.rstd_q = with_rows(a.rstd_q, n * cfg_.n_head);
+    a.rstd_k = with_rows(a.rstd_k, n * cfg_.n_head_kv);
+  }
   a.lse = as_matrix(a.lse, cfg_.n_head, n);  // (Hq, N) storage used as (B,Hq,T)
   for (Tensor& t : a.lora_h)
     if (t.data) t = with_rows(t, n);
@@ -565,8 +581,18 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   }
 
   be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps});
-  linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
-  linear_fwd(a.k, a.ln1, l, K, a, train, seed);
+  if (cfg_.qk_norm) {  // q = rmsnorm_per_head(q_proj(ln1)), k likewise, each head's D values one row
+    const int64_t D = cfg_.head_dim;
+    linear_fwd(a.q_raw, a.ln1, l, Q, a, train, seed);
+    linear_fwd(a.k_raw, a.ln1, l, K, a, train, seed);
+    be_.rmsnorm_fwd({as_matrix(a.q, n * cfg_.n_head, D), a.rstd_q, as_matrix(a.q_raw, n * cfg_.n_head, D), L.q_norm_w,
+                     n * cfg_.n_head, D, eps});
+    be_.rmsnorm_fwd({as_matrix(a.k, n * cfg_.n_head_kv, D), a.rstd_k, as_matrix(a.k_raw, n * cfg_.n_head_kv, D),
+                     L.k_norm_w, n * cfg_.n_head_kv, D, eps});
+  } else {
+    linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
+    linear_fwd(a.k, a.ln1, l, K, a, train, seed);
+  }
   linear_fwd(a.v, a.ln1, l, V, a, train, seed);
   be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
@@ -614,8 +640,19 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
   // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward).
   const bool dx = l > 0;
-  linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed, dx);                     // dln =
-  linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
+  if (cfg_.qk_norm) {  // through the per-head norms (frozen weights) into datt, free since attention_bwd
+    const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
+    Tensor dq_raw = as_matrix(w.datt, n, cfg_.q_dim()), dk_raw = as_matrix(w.datt, n, cfg_.kv_dim());
+    be_.rmsnorm_bwd({as_matrix(dq_raw, hq, D), Tensor(), as_matrix(dq, hq, D), as_matrix(a.q_raw, hq, D), L.q_norm_w,
+                     a.rstd_q, hq, D});                                       // dq_raw =
+    linear_bwd(dln, false, dq_raw, a.ln1, l, Q, a, seed, dx);                 // dln =
+    be_.rmsnorm_bwd({as_matrix(dk_raw, hk, D), Tensor(), as_matrix(dk, hk, D), as_matrix(a.k_raw, hk, D), L.k_norm_w,
+                     a.rstd_k, hk, D});                                       // dk_raw =
+    linear_bwd(dln, true, dk_raw, a.ln1, l, K, a, seed, dx);                  // dln +=
+  } else {
+    linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed, dx);                     // dln =
+    linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
+  }
   linear_bwd(dln, true, dv, a.ln1, l, V, a, seed, dx);                      // dln +=
   if (!dx) return;
   be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, L.ln1_w, a.rstd1, n, C});

@@ -35,7 +35,8 @@ std::vector<std::string> LoraSpec::resolve_targets(const std::vector<std::string
 }
 
 static std::string hf_module(int64_t layer, const std::string& proj) {
-  const bool attn = proj == "q_proj" || proj == "k_proj" || proj == "v_proj" || proj == "o_proj";
+  const bool attn = proj == "q_proj" || proj == "k_proj" || proj == "v_proj" || proj == "o_proj" ||
+                    proj == "q_norm" || proj == "k_norm";
   return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj;
 }
 

@@ -37,6 +37,7 @@ std::string lora_module_of(const std::string& hf_name) {
 std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& c, const std::string& name) {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {c.vocab_size, c.hidden_size};
   if (name == "model.norm.weight" || name.ends_with("layernorm.weight")) return {c.hidden_size};
+  if (name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight")) return {c.head_dim};
   if (name.ends_with(".bias")) {
     const bool q = name.ends_with("q_proj.bias");
     return {q ? c.q_dim() : c.kv_dim()};

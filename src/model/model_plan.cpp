@@ -92,6 +92,10 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
         auto [out, in] = projection_shape(c, t);
         plan.add_bytes(p + t + ".gemm_scales", MC::Weights, fp4_gemm_scales_bytes(out, in));
       }
+    if (c.qk_norm) {
+      plan.add(p + "q_norm", MC::Weights, cd, {c.head_dim});
+      plan.add(p + "k_norm", MC::Weights, cd, {c.head_dim});
+    }
     if (c.attention_bias) {
       plan.add(p + "q_proj.bias", MC::Weights, cd, {c.q_dim()});
       plan.add(p + "k_proj.bias", MC::Weights, cd, {c.kv_dim()});
@@ -148,6 +152,12 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "q", MC::Activations, cd, {N, c.q_dim()}, life);
     plan.add(p + "k", MC::Activations, cd, {N, c.kv_dim()}, life);
     plan.add(p + "v", MC::Activations, cd, {N, c.kv_dim()}, life);
+    if (c.qk_norm) {  // q and k before their per-head norm, and its statistics (q, k: after it and RoPE)
+      plan.add(p + "q_raw", MC::Activations, cd, {N, c.q_dim()}, life);
+      plan.add(p + "k_raw", MC::Activations, cd, {N, c.kv_dim()}, life);
+      plan.add(p + "rstd_q", MC::Activations, DType::F32, {N * c.n_head}, life);
+      plan.add(p + "rstd_k", MC::Activations, DType::F32, {N * c.n_head_kv}, life);
+    }
     plan.add(p + "att", MC::Activations, cd, {N, c.q_dim()}, life);
     plan.add(p + "lse", MC::Activations, DType::F32, {c.n_head, N}, life);
     plan.add(p + "xmid", MC::Activations, cd, {N, C}, life);

@@ -1,4 +1,4 @@
-// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel, Qwen2Model)
+// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel, Qwen2Model, Qwen3Model)
 // and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
 #include "tasks/gguf_export.h"
 
@@ -49,7 +49,10 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
        "allowed: " + allowed);
 }
 
-std::string gguf_arch(const LlamaConfig& c) { return c.model_type == "qwen2" ? "qwen2" : "llama"; }
+// llama.cpp's architecture for the model: Mistral is written as llama (convert_hf_to_gguf.py does too).
+std::string gguf_arch(const LlamaConfig& c) {
+  return c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
+}
 
 // ---- tokenizer from tokenizer.json -------------------------------------------------------------
 

@@ -32,8 +32,9 @@ using testing_util::fixtures;
 using testing_util::ints;
 using TrainRun = testing_util::TestModel;
 
+// The fixture model `variant` (tests/fixtures/models) with its trained parity adapter.
 TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt,
-                  int64_t kv_cache_tokens = 0) {
+                  int64_t kv_cache_tokens = 0, const std::string& variant = "llama_gqa") {
   ModelPlanOptions po;
   po.method = parse_method(method, "method");
   po.base_precision = optional_base_precision(precision, "base_precision");
@@ -44,8 +45,8 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.kv_cache_tokens = kv_cache_tokens;
   // A trained adapter (B != 0), so the LoRA path contributes from the first step.
-  return testing_util::make_model_on(std::move(be), "llama_gqa", po, testing_util::fixture_lora(),
-                                     "parity/llama_gqa_adapter");
+  return testing_util::make_model_on(std::move(be), variant, po, testing_util::fixture_lora(),
+                                     "parity/" + variant + "_adapter");
 }
 
 std::vector<float> weights_of(LlamaModel& m, LoraParam& p) {
@@ -124,12 +125,13 @@ void compare_training(const std::string& method, const std::string& precision, c
 // difference be within 16 units of the CPU's largest element (measured: at most 2.8% normwise and
 // 4.3% elementwise over the 28 adapters of both runs, at sm_80, sm_90 and sm_100), where a wrong
 // or missing term differs by order 1 and the AdamW updates compared above allow 20%.
-void compare_gradients(const std::string& method, const std::string& precision, const std::string& ckpt, double rel) {
+void compare_gradients(const std::string& method, const std::string& precision, const std::string& ckpt, double rel,
+                       const std::string& variant = "llama_gqa") {
   std::string why;
   std::unique_ptr<Backend> cu = make_cuda_backend(&why);
   ASSERT_TRUE(cu) << why;
-  TrainRun gpu = make_run(std::move(cu), method, precision, ckpt);
-  TrainRun cpu = make_run(make_cpu_backend(), method, precision, ckpt);
+  TrainRun gpu = make_run(std::move(cu), method, precision, ckpt, 0, variant);
+  TrainRun cpu = make_run(make_cpu_backend(), method, precision, ckpt, 0, variant);
   SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
   const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
   const StepResult rg = accumulate_grads(*gpu.model, {batch}, 0, 0);
@@ -224,11 +226,11 @@ TEST(CudaEmuTraining, AStepSynchronizesOnceForTheNormAndReusesGemmPlans) {
 // own forward with its KV cache on the device (the base as training holds it, LoRA unmerged). Fed
 // the same tokens, every step's logits match the CPU's at bf16 precision with the same argmax, and
 // greedy decoding picks the same tokens.
-void compare_generation(const std::string& method, const std::string& precision) {
+void compare_generation(const std::string& method, const std::string& precision, const std::string& variant = "llama_gqa") {
   std::string why;
   const int64_t kPrompt = 10, kNew = 8;
-  TrainRun gpu = make_run(make_cuda_backend(&why), method, precision, "full", kPrompt + kNew);
-  TrainRun cpu = make_run(make_cpu_backend(), method, precision, "full", kPrompt + kNew);
+  TrainRun gpu = make_run(make_cuda_backend(&why), method, precision, "full", kPrompt + kNew, variant);
+  TrainRun cpu = make_run(make_cpu_backend(), method, precision, "full", kPrompt + kNew, variant);
   SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
   const std::vector<int32_t> ids = ints(fx, "input_ids");
   const std::vector<int32_t> prompt(ids.begin(), ids.begin() + kPrompt);
@@ -263,6 +265,14 @@ void compare_generation(const std::string& method, const std::string& precision)
 TEST(CudaEmuTraining, LoraBf16GenerationMatchesTheCpu) { compare_generation("lora", ""); }
 
 TEST(CudaEmuTraining, QloraNf4GenerationMatchesTheCpu) { compare_generation("qlora", "nf4"); }
+
+// Qwen3 (per-head q/k RMSNorm before RoPE, head_dim 24 != hidden / heads): the norms' forward and
+// backward on the CUDA ops, with the keys normed straight into the KV cache when decoding.
+TEST(CudaEmuTraining, Qwen3LoraBf16GradientsMatchTheCpu) { compare_gradients("lora", "", "none", 10.0 / 256, "qwen3"); }
+TEST(CudaEmuTraining, Qwen3QloraNf4GradientsWithCheckpointingMatchTheCpu) {
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "qwen3");
+}
+TEST(CudaEmuTraining, Qwen3QloraNf4GenerationMatchesTheCpu) { compare_generation("qlora", "nf4", "qwen3"); }
 
 // A quantized base is dequantized a layer ahead on a side stream: in a steady-state micro-step every
 // layer dequantization (dequant_layers_per_micro_step of them) is a prefetch, and each of its 7

@@ -121,7 +121,8 @@ TEST_P(GenerateParity, GreedyEqualsArgmaxOfRecomputedLogits) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateParity,
                          ::testing::Values(Case{"llama_gqa", ""}, Case{"llama_gqa", "nf4"}, Case{"llama_tied", ""},
                                            Case{"llama_tied", "nf4", true}, Case{"mistral", ""},
-                                           Case{"qwen2", ""}, Case{"qwen2", "nf4"}, Case{"tiny_byte", ""}),
+                                           Case{"qwen2", ""}, Case{"qwen2", "nf4"}, Case{"qwen3", ""}, Case{"qwen3", "nf4", true},
+                                           Case{"tiny_byte", ""}),
                          case_name);
 
 TEST(Generate, StopIdsEndGeneration) {

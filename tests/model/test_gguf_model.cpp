@@ -210,6 +210,16 @@ TEST(GgufModel, TinyQwen2MatchesHfUnpermutedWithBias) {
   EXPECT_EQ(c.rope_scaling.type, "none");
 }
 
+TEST(GgufModel, TinyQwen3MatchesHfWithQkNorms) {
+  check_against_hf("tiny_qwen3.gguf", "qwen3");
+  LlamaConfig c = gguf_llama_config(GgufFile(kFix + "/gguf/tiny_qwen3.gguf"));
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.head_dim, 24);  // key_length, not embedding_length / head_count
+  EXPECT_NE(c.head_dim, c.hidden_size / c.n_head);
+}
+
 // --------------------------------------------------------------------------------------------
 // Synthetic models from the builder: config errors and llama3 rope recovery
 

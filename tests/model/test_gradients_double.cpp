@@ -62,8 +62,9 @@ struct RefModel {
     return y;
   }
 
-  Mat rms_norm(const Mat& x, int64_t n, const Mat& g) const {
-    const int64_t d = c.hidden_size;
+  // Each of the n rows of d values (d = hidden_size unless given: head_dim for Qwen3's q/k norms).
+  Mat rms_norm(const Mat& x, int64_t n, const Mat& g, int64_t d = 0) const {
+    if (d == 0) d = c.hidden_size;
     Mat y(x.size());
     for (int64_t i = 0; i < n; i++) {
       double ss = 0;
@@ -106,6 +107,10 @@ struct RefModel {
         Mat q = proj(h, T, l, "self_attn", "q_proj", C, H * hd);
         Mat k = proj(h, T, l, "self_attn", "k_proj", C, KV * hd);
         Mat v = proj(h, T, l, "self_attn", "v_proj", C, KV * hd);
+        if (c.qk_norm) {  // Qwen3: RMSNorm over each head's hd values, before RoPE
+          q = rms_norm(q, T * H, w(L + "self_attn.q_norm.weight"), hd);
+          k = rms_norm(k, T * KV, w(L + "self_attn.k_norm.weight"), hd);
+        }
         rope(q, T, H, pos);
         rope(k, T, KV, pos);
         Mat att(size_t(T * H * hd), 0.0);
@@ -231,3 +236,5 @@ void check_model(const std::string& variant, size_t stride) {
 TEST(LoraGradientsDouble, LlamaGqaEveryParameter) { check_model("llama_gqa", 1); }
 // Qwen2 layout: q/k/v biases; every third parameter.
 TEST(LoraGradientsDouble, Qwen2) { check_model("qwen2", 3); }
+// Qwen3 layout: per-head q/k RMSNorm before RoPE, head_dim 24 != hidden / heads, tied head; every third.
+TEST(LoraGradientsDouble, Qwen3) { check_model("qwen3", 3); }

@@ -88,7 +88,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied"));
+INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3"));
 
 TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {
   SafetensorsArchive fx(fixtures() + "/parity/llama_gqa.safetensors");

@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 16u);
+  EXPECT_EQ(names.size(), 22u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -53,6 +53,7 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
     EXPECT_EQ(c.name, n);
     EXPECT_NO_THROW(c.validate(n));
     EXPECT_EQ(c.attention_bias, c.model_type == "qwen2");
+    EXPECT_EQ(c.qk_norm, c.model_type == "qwen3");
     // Llama 3.1/3.2 extend context with llama3 RoPE scaling; the others use plain RoPE.
     bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
     EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : "none");
@@ -61,6 +62,10 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   EXPECT_EQ(preset_config("llama3.1-70b").rope_scaling.factor, 8.0);
   EXPECT_EQ(preset_config("llama3.2-1b").head_dim, 64);
   EXPECT_EQ(preset_config("mistral-7b").vocab_size, 32768);
+  // Qwen3-8B's published size, 8,190,735,360 parameters: q/k norms included, untied head.
+  EXPECT_EQ(preset_config("qwen3-8b").n_params(), 8190735360);
+  EXPECT_EQ(preset_config("qwen3-0.6b").head_dim, 128);  // not hidden / heads = 64
+  EXPECT_TRUE(preset_config("qwen3-4b").tie_word_embeddings);
   EXPECT_FALSE(has_preset("llama3-8"));
 }
 
@@ -291,4 +296,38 @@ TEST(LlamaConfigHf, SlidingWindowShorterThanARowIsRefused) {
   EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen2","sliding_window":64,"use_sliding_window":true,"max_window_layers":16})"),
                             "q.json").sliding_window, 0);  // 16 layers, none from 16 on
   EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen2","sliding_window":64,"use_sliding_window":false})"), "q.json").sliding_window, 0);
+  // max_window_layers defaults to 28 (Qwen2Config, Qwen3Config): 16 layers, none sliding.
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":64,"use_sliding_window":true})"), "q.json").sliding_window, 0);
+  // transformers 5 writes the per-layer choice as layer_types.
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":64,"layer_types":["full_attention","sliding_attention"]})"),
+                            "q.json").sliding_window, 64);
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":null,"layer_types":["full_attention"]})"),
+                            "q.json").sliding_window, 0);
+}
+
+TEST(LlamaConfigHf, Qwen3HasQkNormsAndItsOwnDefaults) {
+  LlamaConfig q = load_hf_config(std::string(QLORA_FIXTURES) + "/models/qwen3/config.json");
+  EXPECT_EQ(q.model_type, "qwen3");
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_FALSE(q.attention_bias);
+  EXPECT_EQ(q.head_dim, 24);
+  EXPECT_EQ(q.q_dim(), 96);
+  EXPECT_EQ(q.sliding_window, 0);
+  // Without head_dim Qwen3Config's default is 128, not hidden_size / heads.
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","head_dim":"<erase>"})"), "q.json").head_dim, 128);
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen2","head_dim":"<erase>"})"), "q.json").head_dim,
+            parse_hf_config(with(R"({"model_type":"qwen2"})"), "q.json").hidden_size /
+                parse_hf_config(with(R"({"model_type":"qwen2"})"), "q.json").n_head);
+  EXPECT_FALSE(parse_hf_config(with(R"({"model_type":"qwen2"})"), "q.json").qk_norm);
+  // Qwen3's attention_bias puts biases on q, k, v and o: refused, naming the key.
+  Error e = config_error([] { parse_hf_config(with(R"({"model_type":"qwen3","attention_bias":true})"), "q.json"); },
+                         ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "q.json: key 'attention_bias'");
+  // The config written for a merged model reads back as the same model.
+  const json back = hf_config_json(q, "float32");
+  EXPECT_EQ(back["architectures"][0], "Qwen3ForCausalLM");
+  const LlamaConfig r = parse_hf_config(back.dump(), "back.json");
+  EXPECT_TRUE(r.qk_norm);
+  EXPECT_EQ(r.head_dim, q.head_dim);
+  EXPECT_EQ(r.n_params(), q.n_params());
 }

@@ -60,7 +60,7 @@ TEST_P(MergeParity, MergedWeightsGivePeftLogits) {
   EXPECT_LT(rel_err(merged_logits(base_only, b), floats(fx, "logits")), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, MergeParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied"));
+INSTANTIATE_TEST_SUITE_P(Families, MergeParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3"));
 
 // The same adapter merged into the GGUF of the same model (f32 tensors, Q/K rows permuted the
 // llama.cpp way) gives the same logits.
