@@ -7,6 +7,8 @@ Runs our `qlora export` on
        q/k/v/down_proj, f16 safetensors) -> merged GGUF at f32 and q8_0, and a gguf-lora adapter;
   (ii) the tiny fixture tests/fixtures/gguf/tiny_llama.gguf (GQA, llama3 rope_freqs) with
        tests/fixtures/parity/llama_gqa_adapter -> merged f32 and q8_0, and a gguf-lora adapter;
+  (iii) the same for tests/fixtures/gguf/tiny_qwen3.gguf (arch qwen3: per-head q/k norms) with
+       tests/fixtures/parity/qwen3_adapter;
 loads each in llama.cpp through llama-cpp-python (its PyPI sdist builds the vendored llama.cpp from
 source) and records, for a fixed token sequence, the top-8 logits and logsumexp at every position,
 plus the sha256 of each exported file. For every q8_0 export it also quantizes our f32 export of the
@@ -166,6 +168,12 @@ def main():
     jobs = [("tiny_f32", tiny_base, tiny_ad, "gguf", "f32", tiny_ids, None),
             ("tiny_q8_0", tiny_base, tiny_ad, "gguf", "q8_0", tiny_ids, None),
             ("tiny_lora", tiny_base, tiny_ad, "gguf-lora", "f32", tiny_ids, None)]
+    # Qwen3 (arch qwen3: attn_q_norm/attn_k_norm, head_dim 24 as key_length, tied head, no permute).
+    q3_base = os.path.join(FX, "gguf", "tiny_qwen3.gguf")
+    q3_ad = os.path.join(FX, "parity", "qwen3_adapter")
+    jobs += [("tinyqwen3_f32", q3_base, q3_ad, "gguf", "f32", tiny_ids, None),
+             ("tinyqwen3_q8_0", q3_base, q3_ad, "gguf", "q8_0", tiny_ids, None),
+             ("tinyqwen3_lora", q3_base, q3_ad, "gguf-lora", "f32", tiny_ids, None)]
     if os.path.exists(SMOL):
         smol_ad = os.path.join(OUT, "smollm2_adapter")
         smollm2_adapter(smol_ad)

@@ -70,6 +70,16 @@ def variant_configs():
                               use_sliding_window=False, attention_bias=False,
                               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                   1005, "legacy"),
+        # Sliding windows shorter than the 12-token rows: Mistral v0.1's on every layer (5 keys),
+        # Qwen3's use_sliding_window on the layers from max_window_layers on (layer 1, 4 keys).
+        "mistral_sw": (MistralConfig(**DIMS, num_key_value_heads=2, tie_word_embeddings=False,
+                                     sliding_window=5,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                       1006, "legacy"),
+        "qwen3_sw": (Qwen3Config(**DIMS, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                                 use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                     1007, "legacy"),
     }
 
 

@@ -93,7 +93,8 @@ struct RopeArgs {
 };
 
 // Causal attention with grouped KV heads and optional document segments for packed batches:
-// query t attends to key s iff s <= t and (seg == null or seg[b,s] == seg[b,t]).
+// query t attends to key s iff s <= t and (seg == null or seg[b,s] == seg[b,t]) and, with a
+// sliding window (window > 0), t - s < window: the window keys up to and including t.
 // q,out (B,T,Hq,D); k,v (B,T,Hkv,D); lse (B,Hq,T) F32 "=" (natural-log sum-exp of scaled scores);
 // seg (B,T) int32 or null. scale = 1/sqrt(D) normally.
 // KV-cache decoding: with t_kv > t, k and v hold t_kv positions per sequence, (B,t_kv,Hkv,D), and
@@ -108,6 +109,9 @@ struct AttentionFwdArgs {
   // Documents (runs of equal seg along a row) in the whole call, when the caller knows them (0:
   // unknown). The CUDA backend's cuDNN path needs it for a packed call (docs/cuda_backend.md).
   int64_t n_docs = 0;
+  // Sliding window (Mistral v0.1, Qwen's sliding layers): keys further back than window - 1
+  // positions are hidden (with a KV cache, counted from the query's position t_kv - t + i). 0: none.
+  int64_t window = 0;
 };
 // dq "=" (B,T,Hq,D); dk, dv "=" (B,T,Hkv,D); dout, out (B,T,Hq,D); lse from fwd.
 struct AttentionBwdArgs {
@@ -116,6 +120,7 @@ struct AttentionBwdArgs {
   int64_t b = 0, t = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
   float scale = 0.0f;
   int64_t n_docs = 0;  // as in AttentionFwdArgs
+  int64_t window = 0;  // as in AttentionFwdArgs
 };
 
 // out = silu(gate) * up.  all (N,F).

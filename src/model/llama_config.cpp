@@ -176,15 +176,32 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   // rows longer than the window are refused.
   const json* sw = json_find(j, "sliding_window");
   const bool sw_set = sw && !sw->is_null();
-  bool sliding_layers = false;
-  if (const json* lt = json_find(j, "layer_types"); lt && lt->is_array())
-    for (const json& t : *lt) sliding_layers = sliding_layers || (t.is_string() && t.get<std::string>() == "sliding_attention");
   if (c.model_type == "mistral" && sw_set) {
     c.sliding_window = json_int(j, "sliding_window", where);
-  } else if ((c.model_type == "qwen2" || qwen3) && sw_set &&
-             (sliding_layers || (json_bool_or(j, "use_sliding_window", false, where) &&
-                                 json_int_or(j, "max_window_layers", 28, where) < c.n_layer))) {
-    c.sliding_window = json_int(j, "sliding_window", where);
+  } else if ((c.model_type == "qwen2" || qwen3) && sw_set) {
+    // transformers: layer_types when the file has them, else use_sliding_window on the layers from
+    // max_window_layers on.
+    std::vector<bool> layers(size_t(std::max<int64_t>(c.n_layer, 0)), false);
+    const json* lt = json_find(j, "layer_types");
+    if (lt && lt->is_array()) {
+      if (int64_t(lt->size()) != c.n_layer)
+        fail(ErrorKind::Config, where + ": key 'layer_types'",
+             "has " + std::to_string(lt->size()) + " entries for " + std::to_string(c.n_layer) + " layers");
+      for (size_t i = 0; i < lt->size(); i++) {
+        const json& t = (*lt)[i];
+        if (!t.is_string() || (t.get<std::string>() != "sliding_attention" && t.get<std::string>() != "full_attention"))
+          fail(ErrorKind::Unsupported, where + ": key 'layer_types[" + std::to_string(i) + "]'",
+               "expected \"full_attention\" or \"sliding_attention\", got " + t.dump());
+        layers[i] = t.get<std::string>() == "sliding_attention";
+      }
+    } else if (json_bool_or(j, "use_sliding_window", false, where)) {
+      const int64_t from = json_int_or(j, "max_window_layers", 28, where);
+      for (int64_t l = std::max<int64_t>(from, 0); l < c.n_layer; l++) layers[size_t(l)] = true;
+    }
+    if (std::find(layers.begin(), layers.end(), true) != layers.end()) {
+      c.sliding_window = json_int(j, "sliding_window", where);
+      c.sliding_layers = layers;
+    }
   }
   if (c.sliding_window < 0)
     fail(ErrorKind::Config, where + ": key 'sliding_window'", "must be positive or null, got " + std::to_string(c.sliding_window));

@@ -33,10 +33,16 @@ struct LlamaConfig {
   // rms_norm_eps) after the projections and before RoPE.
   bool qk_norm = false;
   bool tie_word_embeddings = false;
-  // Attention to the last sliding_window keys only (Mistral v0.1's sliding_window, Qwen2's with
-  // use_sliding_window); 0: every earlier key. The engine attends to the whole row, so a row longer
-  // than the window is refused (plan_model_buffers), never approximated.
+  // Attention to the last sliding_window keys only, the query's own included (Mistral v0.1's
+  // sliding_window on every layer; Qwen2/Qwen3 with use_sliding_window on the layers that
+  // layer_types or max_window_layers name); 0: every earlier key.
   int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // per layer: windowed; empty: every layer (when sliding_window > 0)
+  // The window layer `layer` attends with (0: none).
+  int64_t window_of(int64_t layer) const {
+    if (sliding_window <= 0) return 0;
+    return sliding_layers.empty() || sliding_layers[size_t(layer)] ? sliding_window : 0;
+  }
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string torch_dtype = "float32";
   std::string name;                // preset name or source path, for messages

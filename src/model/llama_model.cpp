@@ -598,7 +598,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
   const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
   be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
-                     scale, t_kv, n_docs_});
+                     scale, t_kv, n_docs_, cfg_.window_of(l)});
   linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
   be_.add({a.xmid, a.x, a.xmid.numel()});            // ... + x
   be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps});
@@ -634,7 +634,7 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   linear_bwd(datt, false, dres, a.att, l, O, a, seed);                      // datt =
   const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
-                     cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_});                // dq, dk, dv =
+                     cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l)});  // dq, dk, dv =
   be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0

@@ -47,15 +47,6 @@ static bool is_target(const ModelPlanOptions& o, const std::string& p) {
 }
 
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o) {
-  // A sliding window shorter than a row changes the math (keys further back are masked); the
-  // attention ops see the whole row, so such a run is refused rather than computed differently.
-  const int64_t longest = std::max(o.seq_len, o.kv_cache_tokens);
-  if (c.sliding_window > 0 && longest > c.sliding_window)
-    fail(ErrorKind::Unsupported, c.name + ": key 'sliding_window'",
-         "the model attends to the last " + std::to_string(c.sliding_window) + " positions only (sliding-window "
-         "attention), which this engine does not implement, and a row here has " + std::to_string(longest) + " positions",
-         "set max_length (and the sample answers' prompt + max_new_tokens) to at most " +
-             std::to_string(c.sliding_window) + ": within the window the attention is exact");
   const DType cd = o.compute_dtype;
   const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int64_t N = o.micro_batch * o.seq_len, r = o.lora_r;

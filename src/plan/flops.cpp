@@ -25,8 +25,14 @@ FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
   const ShapeSums s = shape_sums(c, full ? std::vector<std::string>{} : o.targets);
   const double r = full ? 0.0 : double(o.lora_r);
   const double D = double(std::max<int64_t>(o.attn_len, 1));
-  // Two matmuls (QK^T, PV) of 2*q_dim FLOPs per query-key pair, (D+1)/2 pairs per query.
-  const double A = 4.0 * double(c.q_dim()) * (D + 1.0) / 2.0 * double(c.n_layer);
+  // Two matmuls (QK^T, PV) of 2*q_dim FLOPs per query-key pair, (D+1)/2 pairs per query; a layer
+  // with a sliding window W < D sees min(t+1, W) keys at position t: (W(W+1)/2 + (D-W)W) / D.
+  double pairs = 0;
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    const double W = double(c.window_of(l));
+    pairs += W > 0 && W < D ? (W * (W + 1.0) / 2.0 + (D - W) * W) / D : (D + 1.0) / 2.0;
+  }
+  const double A = 4.0 * double(c.q_dim()) * pairs;
 
   FlopCounts f;
   f.fwd = {2 * s.n_lin, 2 * s.n_head, 2 * r * s.p_l, A};

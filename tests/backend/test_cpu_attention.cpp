@@ -9,6 +9,7 @@ struct Attn {
   int64_t b, t, hq, hkv, d;
   std::vector<int32_t> seg;  // (B,T) or empty
   Vec q, k, v;
+  int64_t window = 0;  // sliding window (0: none)
   float scale() const { return 1.0f / std::sqrt(float(d)); }
   int64_t nq() const { return b * t * hq * d; }
   int64_t nkv() const { return b * t * hkv * d; }
@@ -35,6 +36,7 @@ void run_fwd(Backend& be, Attn& a, Vec& out, Vec& lse) {
   f.v = view(a.v, {a.b, a.t, a.hkv, a.d});
   f.seg = a.seg_ptr();
   f.b = a.b, f.t = a.t, f.n_head = a.hq, f.n_head_kv = a.hkv, f.head_dim = a.d, f.scale = a.scale();
+  f.window = a.window;
   be.attention_fwd(f);
 }
 
@@ -55,6 +57,7 @@ void run_bwd(Backend& be, Attn& a, Vec& dout, Vec& out, Vec& lse, Vec& dq, Vec& 
   g.lse = view(lse, {a.b, a.hq, a.t});
   g.seg = a.seg_ptr();
   g.b = a.b, g.t = a.t, g.n_head = a.hq, g.n_head_kv = a.hkv, g.head_dim = a.d, g.scale = a.scale();
+  g.window = a.window;
   be.attention_bwd(g);
 }
 
@@ -69,7 +72,7 @@ void naive_attention(const Attn& a, std::vector<double>& out, std::vector<double
       std::vector<double> s(size_t(a.t * a.t));
       for (int64_t i = 0; i < a.t; i++)
         for (int64_t j = 0; j < a.t; j++) {
-          bool mask = j <= i;
+          bool mask = j <= i && (a.window == 0 || i - j < a.window);
           if (!a.seg.empty()) mask = mask && a.seg[size_t(b * a.t + i)] == a.seg[size_t(b * a.t + j)];
           double dot = 0;
           for (int64_t d = 0; d < a.d; d++)
@@ -237,6 +240,7 @@ void naive_attention_bwd(const Attn& a, const Vec& dout, std::vector<double>& dq
         std::vector<double> s(size_t(T), -INFINITY);
         for (int64_t j = 0; j <= i; j++) {
           if (!a.seg.empty() && a.seg[size_t(b * T + i)] != a.seg[size_t(b * T + j)]) continue;
+          if (a.window > 0 && i - j >= a.window) continue;
           double dot = 0;
           for (int64_t d = 0; d < D; d++) dot += double(a.q[qi(b, i, h) + size_t(d)]) * a.k[ki(b, j, h) + size_t(d)];
           s[size_t(j)] = dot * a.scale();
@@ -267,30 +271,67 @@ void naive_attention_bwd(const Attn& a, const Vec& dout, std::vector<double>& dq
     }
 }
 
-// Rows longer than one tile in both directions (forward tiles 64x256, backward 64x64), partial
-// last tiles, and documents whose boundaries fall inside tiles and across them.
-TEST(CpuOps, attention_MultiTileMatchesExplicitMask) {
+// Two rows of 300 tokens: documents of 70, 5, 125, 63 and 37 tokens, then three of 97 and one of 9.
+std::vector<int32_t> packed_rows_300() {
   std::vector<int32_t> seg;
   for (int64_t i = 0; i < 300; i++) seg.push_back(i < 70 ? 0 : i < 75 ? 1 : i < 200 ? 2 : i < 263 ? 3 : 4);
   for (int64_t i = 0; i < 300; i++) seg.push_back(int32_t(i / 97));
+  return seg;
+}
+
+// Forward and backward of `a` against the explicit-mask reference; leaves the forward output in out.
+void check_fwd_bwd_against_naive(const Attn& a, const std::string& tag, Vec& out) {
+  auto be = cpu();
+  Attn in = a;
+  Vec lse, dq, dk, dv;
+  run_fwd(*be, in, out, lse);
+  std::vector<double> want_out, want_lse, want_dq, want_dk, want_dv;
+  naive_attention(a, want_out, want_lse);
+  expect_close(out, want_out, 1e-5, 1e-5, "attention out" + tag);
+  expect_close(lse, want_lse, 1e-5, 1e-5, "attention lse" + tag);
+  Rng rng(43);
+  Vec w = randn(rng, size_t(a.nq()));
+  run_bwd(*be, in, w, out, lse, dq, dk, dv);
+  naive_attention_bwd(a, w, want_dq, want_dk, want_dv);
+  expect_close(dq, want_dq, 2e-5, 1e-4, "attention dq" + tag);
+  expect_close(dk, want_dk, 2e-5, 1e-4, "attention dk" + tag);
+  expect_close(dv, want_dv, 2e-5, 1e-4, "attention dv" + tag);
+}
+
+// Rows longer than one tile in both directions (forward tiles 64x256, backward 64x64), partial
+// last tiles, and documents whose boundaries fall inside tiles and across them.
+TEST(CpuOps, attention_MultiTileMatchesExplicitMask) {
   for (bool packed : {false, true}) {
-    Attn a = make_attn(2, 300, 4, 2, 16, packed ? seg : std::vector<int32_t>{}, packed ? 41 : 42);
-    auto be = cpu();
-    Vec out, lse, dq, dk, dv;
-    run_fwd(*be, a, out, lse);
-    std::vector<double> want_out, want_lse, want_dq, want_dk, want_dv;
-    naive_attention(a, want_out, want_lse);
-    const std::string tag = packed ? " (packed, T=300)" : " (causal, T=300)";
-    expect_close(out, want_out, 1e-5, 1e-5, "attention out" + tag);
-    expect_close(lse, want_lse, 1e-5, 1e-5, "attention lse" + tag);
-    Rng rng(43);
-    Vec w = randn(rng, size_t(a.nq()));
-    run_bwd(*be, a, w, out, lse, dq, dk, dv);
-    naive_attention_bwd(a, w, want_dq, want_dk, want_dv);
-    expect_close(dq, want_dq, 2e-5, 1e-4, "attention dq" + tag);
-    expect_close(dk, want_dk, 2e-5, 1e-4, "attention dk" + tag);
-    expect_close(dv, want_dv, 2e-5, 1e-4, "attention dv" + tag);
+    const Attn a = make_attn(2, 300, 4, 2, 16, packed ? packed_rows_300() : std::vector<int32_t>{}, packed ? 41 : 42);
+    Vec out;
+    check_fwd_bwd_against_naive(a, packed ? " (packed, T=300)" : " (causal, T=300)", out);
   }
+}
+
+// Sliding windows (query i sees keys j with i - j < window) over several tiles, alone and with
+// packed documents longer than the window (window 100 inside a 125-token document), a window of one
+// key (each query sees itself only) and one as long as the row (= no window). A key outside the
+// window that leaked in would move the output by O(1): the no-window run differs by that much.
+TEST(CpuOps, attention_SlidingWindowMatchesExplicitMask) {
+  for (bool packed : {false, true})
+    for (int64_t window : {int64_t(1), int64_t(5), int64_t(64), int64_t(100), int64_t(300)}) {
+      Attn a = make_attn(2, 300, 4, 2, 16, packed ? packed_rows_300() : std::vector<int32_t>{}, 60 + uint64_t(window));
+      a.window = window;
+      const std::string tag = std::string(packed ? " (packed" : " (causal") + ", window " + std::to_string(window) + ")";
+      Vec out, full_out, full_lse;
+      check_fwd_bwd_against_naive(a, tag, out);
+      Attn full = a;
+      full.window = 0;
+      auto be = cpu();
+      run_fwd(*be, full, full_out, full_lse);
+      double gap = 0;
+      for (size_t i = 0; i < out.size(); i++) gap = std::max(gap, double(std::fabs(out[i] - full_out[i])));
+      if (window < 300) {
+        EXPECT_GT(gap, 0.1) << "the window hides nothing" << tag;
+      } else {
+        EXPECT_EQ(out, full_out) << tag;
+      }
+    }
 }
 
 // Above the OpenMP threshold and over many key tiles. The forward is the same bits for any thread

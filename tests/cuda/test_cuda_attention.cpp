@@ -15,6 +15,7 @@ struct AttnCase {
   const char* name;
   int64_t b, t, hq, hkv, d;
   int docs;  // 0: no segment ids; else documents per sequence (uneven lengths)
+  int64_t window = 0;  // sliding window (0: none)
 };
 
 struct AttnData {
@@ -60,14 +61,17 @@ void cpu_fwd(const AttnData& a, Vec& out, Vec& lse) {
   make_cpu_backend()->attention_fwd({f32_view(out.data(), {c.b, c.t, c.hq, c.d}), f32_view(lse.data(), {c.b, c.hq, c.t}),
                                      f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
                                      f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d,
-                                     a.scale()});
+                                     a.scale(), 0, 0, c.window});
 }
 
 std::vector<AttnCase> cases() {
   if (small_shapes())
     // t 200: the forward's second query block walks 4 key tiles, so both K/V stages are refilled.
     return {{"small_d128", 1, 77, 4, 2, 128, 0}, {"small_d64_docs", 2, 65, 3, 1, 64, 3}, {"small_d32_docs", 1, 70, 2, 1, 32, 2},
-            {"small_d80", 1, 40, 2, 2, 80, 0},   {"small_d64_t200_docs", 1, 200, 2, 1, 64, 2}};
+            {"small_d80", 1, 40, 2, 2, 80, 0},   {"small_d64_t200_docs", 1, 200, 2, 1, 64, 2},
+            // Sliding windows: across key tiles (70 of 200 keys, packed), and shorter than a tile.
+            {"small_d64_t200_docs_w70", 1, 200, 2, 1, 64, 2, 70}, {"small_d128_t77_w5", 1, 77, 4, 2, 128, 0, 5},
+            {"small_d16_t12_w4", 2, 12, 4, 2, 16, 0, 4}};
   return {
       {"llama8b_t77", 1, 77, 32, 8, 128, 0},          // Llama-3-8B heads, odd length
       {"llama8b_t1024_docs", 1, 1024, 32, 8, 128, 4},  // packed documents
@@ -79,6 +83,12 @@ std::vector<AttnCase> cases() {
       {"tiny_d32_docs", 2, 70, 4, 2, 32, 2},
       {"d80_t130", 1, 130, 4, 4, 80, 0},
       {"d96_t100_gqa_docs", 1, 100, 6, 2, 96, 3},
+      // Sliding windows (Mistral v0.1, Qwen's sliding layers): within a tile, across tiles, with
+      // documents longer and shorter than the window.
+      {"d128_t300_gqa_w100_docs", 1, 300, 4, 2, 128, 3, 100},
+      {"d64_t256_w17", 2, 256, 4, 2, 64, 0, 17},
+      {"d32_t130_w64_docs", 1, 130, 4, 1, 32, 2, 64},
+      {"d16_t12_w4", 2, 12, 4, 2, 16, 0, 4},  // the qwen3_sw fixture's windowed layer
   };
 }
 
@@ -97,7 +107,7 @@ CUDA_OP_TEST(attention_fwd, causal_gqa_docs) {
     lse.poison();
     cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
                        k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), c.docs ? seg.i32() : nullptr, c.b, c.t,
-                       c.hq, c.hkv, c.d, a.scale()});
+                       c.hq, c.hkv, c.d, a.scale(), 0, 0, c.window});
     expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
     expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
   }
@@ -110,11 +120,15 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
   struct KvCase {
     const char* name;
     int64_t b, t, t_kv, hq, hkv, d;
+    int64_t window = 0;
   };
   // One decoded token over a cache that ends inside a key tile; a prompt chunk whose 70 queries
   // cross the cache's tile edges; a cache several key tiles long (both K/V stages refilled).
   const KvCase kv_cases[] = {{"decode_d128", 1, 1, 77, 4, 2, 128}, {"chunk_d64", 2, 70, 150, 3, 1, 64},
-                             {"decode_d64_t200", 2, 1, 200, 2, 1, 64}, {"chunk_d32", 1, 9, 130, 4, 2, 32}};
+                             {"decode_d64_t200", 2, 1, 200, 2, 1, 64}, {"chunk_d32", 1, 9, 130, 4, 2, 32},
+                             // Sliding windows counted from each query's cache position.
+                             {"chunk_d64_w20", 2, 70, 150, 3, 1, 64, 20}, {"decode_d64_t200_w5", 2, 1, 200, 2, 1, 64, 5},
+                             {"chunk_d32_w100", 1, 9, 130, 4, 2, 32, 100}};
   uint64_t seed = 900;
   for (const auto& c : kv_cases) {
     SCOPED_TRACE(c.name);
@@ -127,7 +141,8 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
       Vec q = hq_, k = hk, v = hv;
       AttentionFwdArgs f{f32_view(ref_out.data(), {c.b, c.t, c.hq, c.d}), f32_view(ref_lse.data(), {c.b, c.hq, c.t}),
                          f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t_kv, c.hkv, c.d}),
-                         f32_view(v.data(), {c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv, c.d, scale, c.t_kv};
+                         f32_view(v.data(), {c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv, c.d, scale, c.t_kv,
+                         0, c.window};
       make_cpu_backend()->attention_fwd(f);
     }
     DBuf q(*cu, DType::BF16, hq_), k(*cu, DType::BF16, hk), v(*cu, DType::BF16, hv);
@@ -136,7 +151,7 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
     lse.poison();
     cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
                        k.t({c.b, c.t_kv, c.hkv, c.d}), v.t({c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv,
-                       c.d, scale, c.t_kv});
+                       c.d, scale, c.t_kv, 0, c.window});
     expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
     expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
   }
@@ -159,7 +174,7 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
            f32_view(rdv.data(), {c.b, c.t, c.hkv, c.d}), f32_view(d.data(), {c.b, c.t, c.hq, c.d}),
            f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
            f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), f32_view(out.data(), {c.b, c.t, c.hq, c.d}),
-           f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
+           f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window});
     }
     DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v), d(*cu, DType::BF16, a.dout);
     DBuf o(*cu, DType::BF16, out), l(*cu, DType::F32, lse), seg(*cu, DType::I32, c.b * c.t);
@@ -171,7 +186,8 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
     cu->attention_bwd({dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
                        d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
                        v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
-                       c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
+                       c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0,
+                       c.window});
     // With one visible key dS = P (dP - delta) is exactly 0; f32 dP and delta then differ by
     // ~1e-6 of sqrt(D) |dout| |v| (inputs are N(0,1)): the 1e-4 floor covers that cancellation.
     const Tol tol{4 * kBf16U, 8 * kBf16U, 4 * kBf16U, 1e-4};

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <unistd.h>
 #include <memory>
 #include <string>
@@ -237,6 +238,7 @@ void compare_generation(const std::string& method, const std::string& precision,
   Generator gg(*gpu.model), gc(*cpu.model);
   std::vector<float> lg = gg.feed(prompt), lc = gc.feed(prompt);
   std::vector<int32_t> forced;
+  int64_t clear_steps = 0;
   for (int64_t i = 0; i < kNew; i++) {
     float mx = 0, err = 0;
     for (size_t j = 0; j < lc.size(); j++) {
@@ -246,7 +248,15 @@ void compare_generation(const std::string& method, const std::string& precision,
     // bf16 weights and activations through 4 layers: up to 2.5% of the largest logit seen.
     EXPECT_LE(err, 0.04f * mx) << "step " << i;
     const int32_t next = argmax_token(lc);
-    EXPECT_EQ(argmax_token(lg), next) << "step " << i;
+    // The same argmax wherever the CPU's top two logits are further apart than twice the largest
+    // difference seen at this step; a closer pair is a tie at bf16 precision (seen on qwen3_sw:
+    // margin 0.027 against a difference of 0.033), after which the two greedy runs may part.
+    std::vector<float> srt = lc;
+    std::partial_sort(srt.begin(), srt.begin() + 2, srt.end(), std::greater<float>());
+    if (srt[0] - srt[1] > 2 * err) {
+      EXPECT_EQ(argmax_token(lg), next) << "step " << i;
+      clear_steps++;
+    }
     forced.push_back(next);
     if (i + 1 < kNew) {
       lg = gg.feed({next});
@@ -254,7 +264,10 @@ void compare_generation(const std::string& method, const std::string& precision,
     }
   }
   EXPECT_EQ(gg.position(), kPrompt + kNew - 1);
-  EXPECT_EQ(gg.greedy(prompt, kNew, {}), forced);
+  EXPECT_GE(clear_steps, kNew / 2) << "too few steps with a clear argmax to compare";
+  if (clear_steps == kNew) {
+    EXPECT_EQ(gg.greedy(prompt, kNew, {}), forced);
+  }
   EXPECT_EQ(gc.greedy(prompt, kNew, {}), forced);
   // Non-vacuous: the adapter changes what the model says.
   for (auto& p : gpu.model->lora_params())
@@ -273,6 +286,21 @@ TEST(CudaEmuTraining, Qwen3QloraNf4GradientsWithCheckpointingMatchTheCpu) {
   compare_gradients("qlora", "nf4", "full", 10.0 / 256, "qwen3");
 }
 TEST(CudaEmuTraining, Qwen3QloraNf4GenerationMatchesTheCpu) { compare_generation("qlora", "nf4", "qwen3"); }
+
+// Sliding windows shorter than the 12-token rows (Mistral v0.1: every layer, 5 keys; Qwen3: layer
+// 1 only, 4 keys): the own flash kernel's window mask forward and backward, and decoding past the
+// window through the KV cache (10 + 8 positions). The gradients are compared on mistral_sw: on
+// qwen3_sw (head_dim 16, 4 keys per query, then the q/k norms' backward) bf16 rounding alone moves
+// layer 1's q_proj.lora_B by 3.8% normwise and 6.3% elementwise on the own kernel, past this
+// test's bounds, while the attention op itself on those shapes passes CudaOps.attention_*.
+TEST(CudaEmuTraining, SlidingWindowGradientsMatchTheCpu) {
+  compare_gradients("lora", "", "none", 10.0 / 256, "mistral_sw");
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "mistral_sw");
+}
+TEST(CudaEmuTraining, SlidingWindowGenerationMatchesTheCpu) {
+  compare_generation("lora", "", "mistral_sw");
+  compare_generation("lora", "", "qwen3_sw");
+}
 
 // A quantized base is dequantized a layer ahead on a side stream: in a steady-state micro-step every
 // layer dequantization (dequant_layers_per_micro_step of them) is a prefetch, and each of its 7

@@ -122,6 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateParity,
                          ::testing::Values(Case{"llama_gqa", ""}, Case{"llama_gqa", "nf4"}, Case{"llama_tied", ""},
                                            Case{"llama_tied", "nf4", true}, Case{"mistral", ""},
                                            Case{"qwen2", ""}, Case{"qwen2", "nf4"}, Case{"qwen3", ""}, Case{"qwen3", "nf4", true},
+                                           Case{"mistral_sw", ""}, Case{"qwen3_sw", "nf4"},
                                            Case{"tiny_byte", ""}),
                          case_name);
 

@@ -119,7 +119,12 @@ struct RefModel {
           for (int64_t i = 0; i < T; i++) {
             std::vector<double> s(size_t(i + 1));
             double mx = -INFINITY;
+            const int64_t W = c.window_of(l);  // sliding window: keys j with i - j < W
             for (int64_t j = 0; j <= i; j++) {
+              if (W > 0 && i - j >= W) {
+                s[size_t(j)] = -INFINITY;
+                continue;
+              }
               double d = 0;
               for (int64_t e = 0; e < hd; e++) d += q[size_t((i * H + head) * hd + e)] * k[size_t((j * KV + kvh) * hd + e)];
               s[size_t(j)] = d / std::sqrt(double(hd));
@@ -238,3 +243,5 @@ TEST(LoraGradientsDouble, LlamaGqaEveryParameter) { check_model("llama_gqa", 1);
 TEST(LoraGradientsDouble, Qwen2) { check_model("qwen2", 3); }
 // Qwen3 layout: per-head q/k RMSNorm before RoPE, head_dim 24 != hidden / heads, tied head; every third.
 TEST(LoraGradientsDouble, Qwen3) { check_model("qwen3", 3); }
+// Mistral v0.1 layout: a sliding window of 5 keys on 9-token rows, every layer; every third.
+TEST(LoraGradientsDouble, MistralSlidingWindow) { check_model("mistral_sw", 3); }

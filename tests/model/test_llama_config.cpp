@@ -269,23 +269,41 @@ TEST(LlamaConfigRope, Llama3ScalingHasAllThreeBands) {
 // Sliding-window attention is not implemented: a row longer than the window (training rows or the
 // sample answers' KV cache) is refused when the model is planned, naming the key; rows within the
 // window, where full causal attention is the same math, are planned.
-TEST(LlamaConfigHf, SlidingWindowShorterThanARowIsRefused) {
+TEST(LlamaConfigHf, SlidingWindowsPerLayer) {
+  // Mistral's window applies to every layer, and rows longer than it are planned (the attention
+  // ops mask keys outside it).
   LlamaConfig m = load_hf_config(kFix + "/hf_configs/mistral.json");
   m.sliding_window = 16;
+  EXPECT_EQ(m.window_of(0), 16);
+  EXPECT_EQ(m.window_of(m.n_layer - 1), 16);
   ModelPlanOptions o;
   o.seq_len = 48;
+  o.kv_cache_tokens = 64;
   MemoryPlan plan;
-  Error e = config_error([&] { plan_model_buffers(plan, m, o); }, ErrorKind::Unsupported);
-  EXPECT_TRUE(contains(e.where(), "key 'sliding_window'")) << e.where();
-  EXPECT_TRUE(contains(e.message(), "16")) << e.message();
-  EXPECT_TRUE(contains(e.message(), "48")) << e.message();
-  o.seq_len = 16;
-  MemoryPlan within;
-  plan_model_buffers(within, m, o);
-  EXPECT_GT(within.total_bytes(), 0);
-  o.kv_cache_tokens = 17;
-  MemoryPlan decode;
-  config_error([&] { plan_model_buffers(decode, m, o); }, ErrorKind::Unsupported);
+  plan_model_buffers(plan, m, o);
+  EXPECT_GT(plan.total_bytes(), 0);
+  // Qwen: the layers layer_types marks, or from max_window_layers on.
+  const LlamaConfig q = parse_hf_config(
+      with(R"({"model_type":"qwen3","sliding_window":8,"use_sliding_window":true,"max_window_layers":1,"num_hidden_layers":3})"),
+      "q.json");
+  EXPECT_EQ(q.window_of(0), 0);
+  EXPECT_EQ(q.window_of(1), 8);
+  EXPECT_EQ(q.window_of(2), 8);
+  const LlamaConfig lt = parse_hf_config(
+      with(R"({"model_type":"qwen2","sliding_window":8,"num_hidden_layers":3,
+               "layer_types":["sliding_attention","full_attention","sliding_attention"]})"),
+      "q.json");
+  EXPECT_EQ(lt.window_of(0), 8);
+  EXPECT_EQ(lt.window_of(1), 0);
+  EXPECT_EQ(lt.window_of(2), 8);
+  Error e = config_error([] { parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":8,"num_hidden_layers":2,
+                                                        "layer_types":["full_attention","chunked_attention"]})"), "q.json"); },
+                         ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "q.json: key 'layer_types[1]'");
+  e = config_error([] { parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":8,"num_hidden_layers":2,
+                                                  "layer_types":["full_attention"]})"), "q.json"); },
+                   ErrorKind::Config);
+  EXPECT_TRUE(contains(e.message(), "1 entries for 2 layers")) << e.message();
 
   // Mistral with sliding_window null (v0.2 on), and Qwen2's window: only with use_sliding_window
   // and on layers from max_window_layers on.
@@ -299,9 +317,9 @@ TEST(LlamaConfigHf, SlidingWindowShorterThanARowIsRefused) {
   // max_window_layers defaults to 28 (Qwen2Config, Qwen3Config): 16 layers, none sliding.
   EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":64,"use_sliding_window":true})"), "q.json").sliding_window, 0);
   // transformers 5 writes the per-layer choice as layer_types.
-  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":64,"layer_types":["full_attention","sliding_attention"]})"),
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":64,"num_hidden_layers":2,"layer_types":["full_attention","sliding_attention"]})"),
                             "q.json").sliding_window, 64);
-  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":null,"layer_types":["full_attention"]})"),
+  EXPECT_EQ(parse_hf_config(with(R"({"model_type":"qwen3","sliding_window":null,"num_hidden_layers":1,"layer_types":["full_attention"]})"),
                             "q.json").sliding_window, 0);
 }
 

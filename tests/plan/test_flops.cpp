@@ -72,6 +72,24 @@ TEST(Flops, ExactCausalAttentionCount) {
   EXPECT_DOUBLE_EQ(f.bwd.lora, 2 * f.fwd.lora);
 }
 
+// A sliding window W caps the keys per query at W: over a span of 6 with W = 2 the pairs are
+// 1+2+2+2+2+2 = 11 (not 21); on a model whose window covers only some layers, those layers alone.
+TEST(Flops, SlidingWindowCapsTheKeysPerQuery) {
+  LlamaConfig c = preset_config("smollm2-135m");
+  FlopOptions o;
+  o.targets = {"q_proj"};
+  o.attn_len = 6;
+  const double full = flops_per_token(c, o).fwd.attn;
+  EXPECT_DOUBLE_EQ(full, 4.0 * 576 * (21.0 / 6) * 30);
+  c.sliding_window = 2;
+  EXPECT_DOUBLE_EQ(flops_per_token(c, o).fwd.attn, 4.0 * 576 * (11.0 / 6) * 30);
+  c.sliding_layers.assign(30, false);
+  c.sliding_layers[3] = c.sliding_layers[7] = true;
+  EXPECT_DOUBLE_EQ(flops_per_token(c, o).fwd.attn, 4.0 * 576 * ((11.0 / 6) * 2 + (21.0 / 6) * 28));
+  c.sliding_window = 6;  // as long as the span: no change
+  EXPECT_DOUBLE_EQ(flops_per_token(c, o).fwd.attn, full);
+}
+
 // Full fine-tuning: backward computes weight gradients too (2x forward matmuls), no LoRA terms;
 // total = 6 (N_lin + N_head) + 3.5 A without recompute.
 TEST(Flops, FullFineTuneIsSixN) {

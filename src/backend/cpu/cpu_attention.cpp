@@ -50,10 +50,12 @@ AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv
 // tile by tile); run[t] is where the run of equal seg values ending at t starts (a tile pair
 // inside one run and below the diagonal needs no per-element mask). Exact for any seg layout.
 // With a KV cache (off > 0, seg null) query t sits at position t + off and sees keys s <= t + off.
+// A sliding window (window > 0) also hides keys s <= t + off - window.
 struct RowVis {
   const int32_t* seg = nullptr;
   std::vector<int64_t> first, run;
   int64_t off = 0;
+  int64_t window = 0;
 
   RowVis(const int32_t* seg_b, int64_t t_len, int64_t off_ = 0)
       : seg(seg_b), first(size_t(t_len), 0), run(size_t(t_len), 0), off(off_) {
@@ -64,16 +66,24 @@ struct RowVis {
       run[size_t(t)] = t > 0 && seg[t] == seg[t - 1] ? run[size_t(t - 1)] : t;
     }
   }
-  bool visible(int64_t s, int64_t t) const { return s <= t + off && (!seg || seg[s] == seg[t]); }
+  bool visible(int64_t s, int64_t t) const {
+    return s <= t + off && (!seg || seg[s] == seg[t]) && (window == 0 || t + off - s < window);
+  }
+  // The first key query t may see.
+  int64_t first_key(int64_t t) const {
+    int64_t f = seg ? first[size_t(t)] : 0;
+    if (window > 0) f = std::max(f, t + off - window + 1);
+    return f;
+  }
   // The smallest first key over the queries [q0, q1).
   int64_t tile_first(int64_t q0, int64_t q1) const {
     int64_t f = q0 + off;
-    for (int64_t t = q0; t < q1; t++) f = std::min(f, first[size_t(t)]);
+    for (int64_t t = q0; t < q1; t++) f = std::min(f, first_key(t));
     return f;
   }
   // Every key of [k0, k1) is visible to every query of [q0, q1).
   bool all_visible(int64_t k0, int64_t k1, int64_t q0, int64_t q1) const {
-    return k1 - 1 <= q0 + off && run[size_t(q1 - 1)] <= k0;
+    return k1 - 1 <= q0 + off && run[size_t(q1 - 1)] <= k0 && (window == 0 || q1 - 1 + off - k0 < window);
   }
   // s[i*ld + j] = -inf where key k0+j is hidden from query q0+i.
   void mask(float* s, int64_t ld, int64_t q0, int64_t m, int64_t k0, int64_t n) const {
@@ -122,8 +132,9 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   const float* k = a.k.f32();  // (B,T,Hkv,D)
   const float* v = a.v.f32();  // (B,T,Hkv,D)
   const int64_t ldq = g.hq * g.d, ldk = g.hkv * g.d;
+  if (a.window < 0) fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 'window'", "must be >= 0");
   std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
-  for (RowVis& r : vis) r.off = off;
+  for (RowVis& r : vis) r.off = off, r.window = a.window;
   const int64_t nqt = ceil_div(g.t, kFwdQ), bh = g.b * g.hq;
 
 #pragma omp parallel if (g.b * g.hq * g.t * tk * g.d > cpu::kParallelMin)
@@ -200,7 +211,9 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
   const float* out = a.out.f32();    // (B,T,Hq,D)
   const float* lse = a.lse.f32();    // (B,Hq,T)
   const int64_t ldq = g.hq * g.d, ldk = g.hkv * g.d, gd = g.group * g.d;
-  const std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
+  if (a.window < 0) fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 'window'", "must be >= 0");
+  std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
+  for (RowVis& r : vis) r.window = a.window;
   const int64_t nkt = ceil_div(g.t, kBwdK), nqt = ceil_div(g.t, kBwdQ);
   const bool par = g.b * g.hq * g.t * g.t * g.d > cpu::kParallelMin;
   const int max_threads = par ? omp_get_max_threads() : 1;
@@ -237,6 +250,7 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
             const int64_t h = hk * g.group + hh;
             for (int64_t qt = k0 / kBwdQ; qt < nqt; qt++) {
               const int64_t q0 = qt * kBwdQ, q1 = std::min(g.t, q0 + kBwdQ), m = q1 - q0;
+              if (a.window > 0 && q0 - a.window >= k1 - 1) break;  // this and later query tiles are past the window
               if (rv.tile_first(q0, q1) >= k1) continue;  // no query of this tile sees these keys
               const int64_t qo = ((bi * g.t + q0) * g.hq + h) * g.d;
               gemm(false, true, m, n, g.d, a.scale, q + qo, ldq, k + kvo, ldk, 0.0f, s.data(), kBwdK);

@@ -181,6 +181,7 @@ struct AttnParams {
   int d;               // head dim: a multiple of 8, at most the kernel's tile width D
   int n_head, n_head_kv, group;
   float scale_log2;    // scale * log2(e): scores go through exp2
+  int window;          // sliding window: query position t sees keys s > t - window; 0: none
   // forward
   bf16* out;           // (B,T,Hq,D)
   float* lse;          // (B,Hq,T)

@@ -1,5 +1,6 @@
 // attention_fwd / attention_bwd ops: argument checks, the delta pre-pass and the dq epilogue
 // around the flash-attention kernels (cuda_attention_fwd.cu, cuda_attention_bwd.cu).
+#include <climits>
 #include <cmath>
 #include <string>
 
@@ -111,9 +112,12 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   check_tensor(op, "v", a.v, nkv, true, false);
   if (g.b == 0 || g.t == 0) return;
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
+  if (a.window < 0 || a.window > INT32_MAX)
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'window'", "must be in [0, 2^31)");
   if (cudnn_attention_fwd(*this, a, tk)) return;  // sm_90/sm_100: cuDNN's fused attention
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
   p.t_kv = tk;
+  p.window = a.window < tk ? int(a.window) : 0;  // a window as long as the keys hides nothing
   p.out = static_cast<attn::bf16*>(a.out.data);
   p.lse = a.lse.f32();
   attention_fwd_launch(p, g.b, stream_);
@@ -136,6 +140,8 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dout", &a.dout}, {"q", &a.q},
                          {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
     check_vec_aligned(op, name, *t);
+  if (a.window < 0 || a.window > INT32_MAX)
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'window'", "must be in [0, 2^31)");
   if (cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention
 
   const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
@@ -148,6 +154,7 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   QLORA_CUDA_LAUNCH_CHECK();
 
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
+  p.window = a.window < g.t ? int(a.window) : 0;
   p.dout = static_cast<const attn::bf16*>(a.dout.data);
   p.lse_in = a.lse.f32();
   p.delta = delta;

@@ -8,6 +8,7 @@
 // transpose, so dS^T goes through shared memory and the block adds its dQ part into an f32
 // accumulator with atomics (dq is reproducible to rounding only). Instantiated for tile widths
 // D = 64, 128; smaller head dims run zero-padded (attention_mma.cuh).
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/attention_mma.cuh"
@@ -45,9 +46,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
   load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, k0, T, p.d / 8);
   cp_async_commit();
 
-  // Queries before k0 see none of these keys; iterations run over (head in group, query block).
+  // Queries before k0 see none of these keys, nor (sliding window) queries from the block's last
+  // key + window on; iterations run over (head in group, query block).
   const int q_start = int(k0 / Tr::kBq);
-  const int n_qb = int((T + Tr::kBq - 1) / Tr::kBq) - q_start;
+  const int64_t q_end = p.window > 0 && k0 + Tr::kBc - 1 + p.window < T ? k0 + Tr::kBc - 1 + p.window : T;
+  const int n_qb = int((q_end + Tr::kBq - 1) / Tr::kBq) - q_start;
   const int n_it = p.group * n_qb;
 
   auto prefetch = [&](int it, int stage) {
@@ -110,7 +113,11 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
     }
 
     // P^T = exp2(S^T scale log2e - lse log2e), masked entries 0.
-    const bool need_mask = seg != nullptr || q0 < k0 + warp * 16 + 15 || q0 + Tr::kBq > T;
+    // Sliding window: query t sees key k iff t - k < window, i.e. tl - 8 * (e >> 1) < wlim with
+    // t - k = (q0 - k0 - warp * 16 - g) + tl - 8 * (e >> 1) (one int live instead of a 64-bit bound).
+    const int wlim = p.window > 0 ? p.window - (int(q0 - k0) - warp * 16 - g) : INT_MAX;
+    const bool need_mask = seg != nullptr || q0 < k0 + warp * 16 + 15 || q0 + Tr::kBq > T ||
+                           (p.window > 0 && int(q0 - k0) + Tr::kBq - 1 - warp * 16 >= p.window);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -119,7 +126,8 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
         float pv = exp2f(st[nt][e] * p.scale_log2 - lse2[tl]);
         if (need_mask) {
           const int64_t t = q0 + tl, key = key_r[e >> 1];
-          const bool vis = key <= t && t < T && (seg == nullptr || seg[t] == seg_key[e >> 1]);
+          const bool vis = key <= t && t < T && (seg == nullptr || seg[t] == seg_key[e >> 1]) &&
+                           tl - 8 * (e >> 1) < wlim;
           if (!vis) pv = 0.0f;
         }
         st[nt][e] = pv;

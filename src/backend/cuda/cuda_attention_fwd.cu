@@ -36,14 +36,17 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   const uint32_t sK = sQ + Tr::kQBytes;      // 2 x (kBc, D)
   const uint32_t sV = sK + 2 * Tr::kKVBytes;  // 2 x (kBc, D)
 
-  // Keys past the block's last query are never visible (causal), so the loop stops there.
+  // Keys past the block's last query are never visible (causal), so the loop stops there; with a
+  // sliding window it starts at the tile of the block's first query's first key.
   const int64_t kv_end = Tk < q0 + Tr::kBr + off ? Tk : q0 + Tr::kBr + off;
   const int n_kb = int((kv_end + Tr::kBc - 1) / Tr::kBc);
+  const int64_t first_key = p.window > 0 && q0 + off - p.window + 1 > 0 ? q0 + off - p.window + 1 : 0;
+  const int j0 = int(first_key / Tr::kBc);
 
   load_tile<Tr::kBr, D, Tr::kThreads>(sQ, qg, ldq, q0, T, dchunks);
   cp_async_commit();
-  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, 0, Tk, dchunks);
-  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, 0, Tk, dchunks);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sK, kg, ldk, int64_t(j0) * Tr::kBc, Tk, dchunks);
+  load_tile<Tr::kBc, D, Tr::kThreads>(sV, vg, ldk, int64_t(j0) * Tr::kBc, Tk, dchunks);
   cp_async_commit();
   cp_async_wait<1>();  // Q landed (K/V stage 0 may still be in flight)
   __syncthreads();
@@ -62,8 +65,8 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   const int64_t row_t[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const int seg_row[2] = {seg && row_t[0] < T ? seg[row_t[0]] : -1, seg && row_t[1] < T ? seg[row_t[1]] : -1};
 
-  for (int j = 0; j < n_kb; j++) {
-    const int stage = j & 1;
+  for (int j = j0; j < n_kb; j++) {
+    const int stage = (j - j0) & 1;
     if (j + 1 < n_kb) {  // prefetch the next K/V tile into the other stage
       load_tile<Tr::kBc, D, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVBytes, kg, ldk, int64_t(j + 1) * Tr::kBc, Tk, dchunks);
       load_tile<Tr::kBc, D, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVBytes, vg, ldk, int64_t(j + 1) * Tr::kBc, Tk, dchunks);
@@ -92,8 +95,10 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
       }
 
     // Scale into the log2 domain and mask. Only tiles that reach past the warp's first row, run
-    // past the sequence end, or have documents need the per-element test.
-    const bool need_mask = seg != nullptr || k0 + Tr::kBc - 1 > q0 + off + warp * 16 || k0 + Tr::kBc > Tk;
+    // past the sequence end, start before the window of the warp's last row, or have documents
+    // need the per-element test.
+    const bool need_mask = seg != nullptr || k0 + Tr::kBc - 1 > q0 + off + warp * 16 || k0 + Tr::kBc > Tk ||
+                           (p.window > 0 && int(q0 + off - k0) + warp * 16 + 15 >= p.window);
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -101,7 +106,8 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
         float x = s[nt][e] * p.scale_log2;
         if (need_mask) {
           const int64_t key = k0 + nt * 8 + 2 * q4 + (e & 1), t = row_t[e >> 1];
-          const bool vis = key <= t + off && key < Tk && (seg == nullptr || seg[key] == seg_row[e >> 1]);
+          const bool vis = key <= t + off && key < Tk && (seg == nullptr || seg[key] == seg_row[e >> 1]) &&
+                           (p.window == 0 || int(t + off - key) < p.window);
           if (!vis) x = -INFINITY;
         }
         s[nt][e] = x;

@@ -172,11 +172,14 @@ namespace {
 // Unsupported error. A packed call with an unknown document count under Cudnn uses one entry
 // per token (correct, slow).
 bool take_cudnn(CudaBackend& be, const char* op, int64_t b, int64_t t, int64_t t_kv, int64_t hq, int64_t d,
-                const int32_t* seg, int64_t& n_docs) {
+                const int32_t* seg, int64_t& n_docs, int64_t window) {
   const AttnKernel k = attention_kernel_setting();
   if (k == AttnKernel::Own) return false;
   if (k == AttnKernel::Cudnn && seg && n_docs <= 0) n_docs = b * t;
-  const std::string why = cudnn_attention_refusal(be, b, t, t_kv, hq, d, seg != nullptr, n_docs);
+  // The graph is built without cuDNN's diagonal-band (sliding-window) bound: windowed calls run on
+  // the own kernel, which masks them.
+  const std::string why = window > 0 ? "a sliding window of " + std::to_string(window) + " keys (not wired to cuDNN's diagonal band)"
+                                     : cudnn_attention_refusal(be, b, t, t_kv, hq, d, seg != nullptr, n_docs);
   if (why.empty()) return true;
   if (k == AttnKernel::Cudnn)
     unsupported(op, "QLORA_ATTENTION_KERNEL=cudnn, but cuDNN's fused attention does not take this call: " + why,
@@ -257,7 +260,8 @@ void run(CudaBackend& be, const sdpa::Plan& p, std::unordered_map<int64_t, void*
 
 bool cudnn_attention_fwd(CudaBackend& be, const AttentionFwdArgs& a, int64_t t_kv) {
   int64_t docs = a.n_docs;
-  if (!take_cudnn(be, "attention_fwd", a.b, a.t, t_kv == a.t ? 0 : t_kv, a.n_head, a.head_dim, a.seg, docs)) return false;
+  if (!take_cudnn(be, "attention_fwd", a.b, a.t, t_kv == a.t ? 0 : t_kv, a.n_head, a.head_dim, a.seg, docs, a.window))
+    return false;
 #if QLORA_HAVE_CUDNN
   const char* op = "attention_fwd";
   const int64_t entries = sdpa::entries_bucket(a.seg ? docs : a.b);
@@ -280,7 +284,7 @@ bool cudnn_attention_fwd(CudaBackend& be, const AttentionFwdArgs& a, int64_t t_k
 
 bool cudnn_attention_bwd(CudaBackend& be, const AttentionBwdArgs& a) {
   int64_t docs = a.n_docs;
-  if (!take_cudnn(be, "attention_bwd", a.b, a.t, 0, a.n_head, a.head_dim, a.seg, docs)) return false;
+  if (!take_cudnn(be, "attention_bwd", a.b, a.t, 0, a.n_head, a.head_dim, a.seg, docs, a.window)) return false;
 #if QLORA_HAVE_CUDNN
   const char* op = "attention_bwd";
   const int64_t entries = sdpa::entries_bucket(a.seg ? docs : a.b);
