@@ -85,7 +85,9 @@ int cmd_data(int argc, char** argv) {
   const TrainConfig cfg = load_train_config(config, overrides, &notes);
   const TokenizerSource ts = open_tokenizer_source(cfg.model_name_or_path);
   std::vector<std::string> lines;
-  const TrainData d = load_train_data(cfg, ts, [&](const std::string& l) { lines.push_back(l); });
+  // The summary prints after the notes; progress on a long file goes to stderr as it comes.
+  const TrainData d = load_train_data(cfg, ts, [&](const std::string& l) { lines.push_back(l); },
+                                      [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); });
   const DatasetStats& st = d.stats;
 
   // What packing gives (or would give) for the train examples as the trainer gets them.
@@ -124,6 +126,9 @@ int cmd_data(int argc, char** argv) {
     j["split_mismatch"] = st.split_mismatch;
     j["double_bos"] = st.double_bos;
     j["eos_added"] = st.eos_added;
+    j["threads"] = d.threads;
+    j["prepare_seconds"] = d.prepare_s;  // reading, templating and tokenizing the train files
+    j["pack_seconds"] = d.pack_s;
     j["files"] = json::array();
     for (const auto& f : d.files)
       j["files"].push_back({{"path", f.spec.path}, {"format", f.stats.format}, {"weight", f.spec.weight},

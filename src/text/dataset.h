@@ -102,6 +102,9 @@ struct DatasetOptions {
   bool skip_bad_rows = false;
   int64_t vocab_size = 0;      // > 0: pre-tokenized ids must be below it
   int64_t limit_rows = 0;      // > 0: stop after this many examples (previews)
+  // Called on the loading thread after each chunk of rows (a few thousand): rows taken so far, and
+  // the bytes of the file read so far out of its size.
+  std::function<void(int64_t rows, int64_t bytes_read, int64_t bytes_total)> progress;
 };
 
 struct DatasetStats {

@@ -1,8 +1,15 @@
 // One dataset file -> examples: JSONL / JSON-array reading, per-file format detection, bad-row
-// policy, truncation and the counts the user sees.
+// policy, truncation and the counts the user sees. Rows are parsed, templated and tokenized in
+// parallel (OpenMP, a chunk of rows at a time) and taken in file order, so the examples, counts and
+// errors are the same for any thread count.
+#include <omp.h>
+
 #include <algorithm>
 #include <cctype>
+#include <exception>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -53,6 +60,16 @@ struct RawRow {
   bool parsed = false;
 };
 
+// What preparing one row gave: its example and encode notes, or the error it raised.
+struct Prepared {
+  Example ex;
+  EncodeInfo info;
+  std::optional<Error> error;      // a qlora::Error (Data errors follow the bad-row policy)
+  std::exception_ptr other;        // anything else, rethrown as it is
+};
+
+constexpr size_t kChunkRows = 4096;  // rows read, then prepared in parallel, at a time
+
 bool starts_with_bracket(std::istream& in) {
   char ch;
   while (in.get(ch))
@@ -81,7 +98,9 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     if (st.bad_row_messages.size() < 5) st.bad_row_messages.push_back(e.what());
   };
 
-  auto process = [&](const json& row, const std::string& where) {
+  // JSON -> example for one row. Reads fmt and detected_at; sets them only while fmt is Auto, which
+  // the caller runs on one thread.
+  auto process = [&](const json& row, const std::string& where, EncodeInfo& info) {
     if (fmt == DatasetFormat::Auto) {
       if (!row.is_object()) fail(ErrorKind::Data, where, "row is not a JSON object", "each row must be one {...} object");
       fmt = detect_format(row, opt.fields);
@@ -101,7 +120,6 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
       if (e.kind() != ErrorKind::Data || detected_at.empty() || detected_at == where) throw;
       fail(e.kind(), e.where(), e.message() + " [format detected from " + detected_at + "]", e.hint());
     }
-    EncodeInfo info;
     const bool alpaca = fmt == DatasetFormat::Alpaca && opt.alpaca_render;
     Example ex = encode_row(r, tok, opt.mask, alpaca ? opt.alpaca_render : opt.render, where, &info);
     if (opt.vocab_size > 0)
@@ -109,9 +127,6 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
         if (id < 0 || id >= opt.vocab_size)
           fail(ErrorKind::Data, where, "token id " + std::to_string(id) + " is outside the vocabulary of " +
                                            std::to_string(opt.vocab_size));
-    st.split_mismatch += info.split_mismatch;
-    st.double_bos += info.double_bos;
-    st.eos_added += info.eos_added;
     return ex;
   };
 
@@ -154,14 +169,13 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     out.push_back(std::move(ex));
   };
 
-  auto one = [&](const RawRow& raw) {
-    st.rows++;
-    Example ex;
+  // Parse and encode one row; safe to run for many rows at once once fmt is known.
+  auto prepare = [&](const RawRow& raw, Prepared& p) {
     try {
-      json row;
       if (raw.parsed) {
-        row = raw.value;
+        p.ex = process(raw.value, raw.where, p.info);
       } else {
+        json row;
         try {
           row = json::parse(raw.text);
         } catch (const json::parse_error& e) {
@@ -171,17 +185,56 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
           fail(ErrorKind::Data, raw.where, "malformed JSON: " + json_error_reason(e),
                "each line must be one complete JSON object (JSON Lines)");
         }
+        p.ex = process(row, raw.where, p.info);
       }
-      ex = process(row, raw.where);
     } catch (const Error& e) {
-      if (e.kind() != ErrorKind::Data) throw;
-      bad(e);
+      p.error = e;
+    } catch (...) {
+      p.other = std::current_exception();
+    }
+  };
+  // Take a prepared row, in file order: counts, the bad-row policy, truncation.
+  auto take = [&](Prepared& p, const std::string& where) {
+    st.rows++;
+    if (p.other) std::rethrow_exception(p.other);
+    if (p.error) {
+      if (p.error->kind() != ErrorKind::Data) throw *p.error;
+      bad(*p.error);
       return;
     }
-    keep(std::move(ex), raw.where);
+    st.split_mismatch += p.info.split_mismatch;
+    st.double_bos += p.info.double_bos;
+    st.eos_added += p.info.eos_added;
+    keep(std::move(p.ex), where);
+  };
+  const bool limited = opt.limit_rows > 0;
+  auto done = [&] { return limited && st.examples >= opt.limit_rows; };
+  // A chunk of rows: one at a time until the format is known (detection reads the first good row),
+  // the rest in parallel, then taken in order.
+  std::vector<Prepared> prepared;
+  auto run_chunk = [&](std::vector<RawRow>& rows) {
+    size_t i = 0;
+    for (; i < rows.size() && fmt == DatasetFormat::Auto && !done(); i++) {
+      Prepared p;
+      prepare(rows[i], p);
+      take(p, rows[i].where);
+    }
+    if (i == rows.size() || done()) return;
+    prepared.assign(rows.size() - i, Prepared{});
+    const int64_t n = int64_t(prepared.size()), first = int64_t(i);
+#pragma omp parallel for schedule(dynamic, 16) if (n > 1)
+    for (int64_t j = 0; j < n; j++) prepare(rows[size_t(first + j)], prepared[size_t(j)]);
+    for (int64_t j = 0; j < n && !done(); j++) take(prepared[size_t(j)], rows[size_t(first + j)].where);
+    prepared.clear();
   };
 
-  const bool limited = opt.limit_rows > 0;
+  std::vector<RawRow> chunk;
+  chunk.reserve(kChunkRows);
+  std::error_code size_ec;
+  const int64_t file_bytes = int64_t(std::filesystem::file_size(path, size_ec));
+  auto report = [&](int64_t bytes_read) {
+    if (opt.progress) opt.progress(st.rows, size_ec ? 0 : std::min(bytes_read, file_bytes), size_ec ? 0 : file_bytes);
+  };
   if (starts_with_bracket(in)) {
     std::stringstream ss;
     ss << in.rdbuf();
@@ -196,16 +249,31 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
       fail(ErrorKind::Data, path, "malformed JSON: " + json_error_reason(e),
            "a .json dataset must be one JSON array of row objects (or use JSON Lines)");
     }
-    for (size_t i = 0; i < arr.size() && !(limited && st.examples >= opt.limit_rows); i++)
-      one(RawRow{path + ": row " + std::to_string(i + 1), "", std::move(arr[i]), true});
+    for (size_t i = 0; i < arr.size() && !done(); i++) {
+      chunk.push_back(RawRow{path + ": row " + std::to_string(i + 1), "", std::move(arr[i]), true});
+      if (chunk.size() == kChunkRows || i + 1 == arr.size()) {
+        run_chunk(chunk);
+        chunk.clear();
+        report(int64_t(double(file_bytes) * double(i + 1) / double(arr.size())));
+      }
+    }
   } else {
     std::string line;
     int64_t lineno = 0;
-    while (!(limited && st.examples >= opt.limit_rows) && std::getline(in, line)) {
+    // Previews (limit_rows) read a few rows at a time: they stop as soon as they have enough.
+    const size_t per_chunk = limited ? std::min<size_t>(kChunkRows, size_t(std::max<int64_t>(opt.limit_rows, 16))) : kChunkRows;
+    while (!done() && std::getline(in, line)) {
       lineno++;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      one(RawRow{path + ":" + std::to_string(lineno), std::move(line), {}, false});
+      chunk.push_back(RawRow{path + ":" + std::to_string(lineno), std::move(line), {}, false});
+      if (chunk.size() == per_chunk) {
+        run_chunk(chunk);
+        chunk.clear();
+        report(int64_t(in.tellg()));
+      }
     }
+    if (!chunk.empty() && !done()) run_chunk(chunk);
+    report(file_bytes);
   }
   st.format = fmt == DatasetFormat::Auto ? "unknown" : format_name(fmt);
   if (stats_out) *stats_out = st;

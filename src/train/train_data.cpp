@@ -2,8 +2,14 @@
 // eval split, packing, and the summary the user sees before training starts.
 #include "train/train_data.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -155,26 +161,36 @@ ChatRenderFn resolve_chat_template(const std::string& value, const Tokenizer* to
 namespace {
 
 // Templates are resolved at the first chat row: text-only data never needs one. Problems with
-// the template itself are Config errors, which no row-skipping hides.
+// the template itself are Config errors, which no row-skipping hides; every row that needs the
+// template then gets the same error. Rows are prepared on several threads (load_dataset): the
+// first to arrive resolves, under a lock, and the others wait for it.
 struct LazyTemplates {
   std::string value;
   const Tokenizer* tok = nullptr;
-  bool done = false;
+  std::mutex mu;
+  std::atomic<bool> done{false};
+  std::optional<Error> error;  // resolving failed: rethrown to every caller
   ChatRenderFn render, alpaca;
   void resolve() {
-    if (done) return;
-    done = true;
-    try {
-      render = resolve_chat_template(value, tok);
-    } catch (const Error& e) {
-      fail(ErrorKind::Config, e.where(), "chat_template: " + e.message(), e.hint());
+    if (!done.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!done.load(std::memory_order_relaxed)) {
+        try {
+          render = resolve_chat_template(value, tok);
+        } catch (const Error& e) {
+          error = Error(ErrorKind::Config, e.where(), "chat_template: " + e.message(), e.hint());
+        }
+        if (!error && !render) {
+          try {
+            alpaca = resolve_chat_template("alpaca", tok);
+          } catch (const Error&) {
+            alpaca = nullptr;  // alpaca rows then fail like other chat rows, naming the missing template
+          }
+        }
+        done.store(true, std::memory_order_release);
+      }
     }
-    if (render) return;
-    try {
-      alpaca = resolve_chat_template("alpaca", tok);
-    } catch (const Error&) {
-      alpaca = nullptr;  // alpaca rows then fail like other chat rows, naming the missing template
-    }
+    if (error) throw *error;
   }
 };
 
@@ -262,17 +278,35 @@ EvalData load_eval_data(const TrainConfig& cfg, const TokenizerSource& ts,
 }
 
 TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
-                          const std::function<void(const std::string&)>& log) {
+                          const std::function<void(const std::string&)>& log,
+                          const std::function<void(const std::string&)>& progress) {
   TrainData d;
   d.tokenizer_name = ts.name;
-  const DatasetOptions opt = dataset_options(cfg, ts);
+  DatasetOptions opt = dataset_options(cfg, ts);
   d.template_name = chat_template_label(cfg.chat_template, ts.tokenizer.get());
+  d.threads = omp_get_max_threads();
   const std::vector<DatasetSpec> specs = dataset_specs(cfg);
   std::vector<std::vector<Example>> per_file;
   int64_t total = 0;
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   for (const DatasetSpec& spec : specs) {
     DataFileReport fr;
     fr.spec = spec;
+    // Progress on a long file: a line after 2 s, then every 10 s (rows/s and the ETA by bytes read).
+    const auto start = clock::now();
+    auto next = start + std::chrono::seconds(2);
+    opt.progress = [&, start](int64_t rows, int64_t done, int64_t total_bytes) {
+      const auto now = clock::now();
+      if (now < next || total_bytes <= 0 || done >= total_bytes) return;
+      next = now + std::chrono::seconds(10);
+      const double s = std::chrono::duration<double>(now - start).count();
+      char line[256];
+      std::snprintf(line, sizeof line, "data: %s: %.0f%% (%lld rows, %.0f rows/s on %d thread%s), ETA %.0f s",
+                    spec.path.c_str(), 100.0 * double(done) / double(total_bytes), (long long)rows, double(rows) / s,
+                    d.threads, d.threads == 1 ? "" : "s", s * double(total_bytes - done) / double(std::max<int64_t>(done, 1)));
+      (progress ? progress : log)(line);
+    };
     per_file.push_back(load_dataset(spec, ts.tokenizer.get(), opt, &fr.stats));
     total += int64_t(per_file.back().size());
     d.stats.add(fr.stats);
@@ -293,8 +327,12 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
     d.files[i].weighted = int64_t(keep.size());
     d.train.insert(d.train.end(), std::make_move_iterator(keep.begin()), std::make_move_iterator(keep.end()));
   }
+  d.prepare_s = std::chrono::duration<double>(clock::now() - t0).count();
+  opt.progress = nullptr;
   if (!cfg.eval_file.empty()) d.eval = load_eval_file(cfg, ts, opt, specs[0].format);
+  const auto t_pack = clock::now();
   if (cfg.packing) d.train = pack_examples(d.train, cfg.max_length, uint64_t(cfg.seed), &d.pack);
+  d.pack_s = std::chrono::duration<double>(clock::now() - t_pack).count();
   d.eval = pack_eval(cfg, std::move(d.eval));
   for (const auto* set : {&d.train, &d.eval})
     for (const Example& e : *set) d.longest = std::max<int64_t>(d.longest, int64_t(e.ids.size()));
@@ -350,6 +388,17 @@ std::vector<std::string> describe_train_data(const TrainData& d, const TrainConf
     out.push_back("data: packing " + std::to_string(d.pack.documents) + " examples into " + std::to_string(d.pack.rows) +
                   " rows of " + std::to_string(d.pack.capacity) + " tokens (efficiency " +
                   pct(d.pack.tokens, d.pack.rows * d.pack.capacity) + ")");
+  {
+    char t[200];
+    std::snprintf(t, sizeof t, "data: prepared in %.2f s (%.0f rows/s on %d thread%s)", d.prepare_s,
+                  d.prepare_s > 0 ? double(st.rows) / d.prepare_s : 0.0, d.threads, d.threads == 1 ? "" : "s");
+    std::string line = t;
+    if (d.pack.rows) {
+      std::snprintf(t, sizeof t, ", packed in %.2f s", d.pack_s);
+      line += t;
+    }
+    out.push_back(line);
+  }
   if (!d.eval.empty()) out.push_back("data: eval " + std::to_string(d.eval.size()) + (cfg.packing ? " packed rows" : " examples"));
   return out;
 }

@@ -27,6 +27,8 @@ struct TrainData {
   int64_t longest = 0;               // longest row (train or eval) as batched
   int32_t pad_id = 0;
   std::string tokenizer_name, template_name;
+  double prepare_s = 0, pack_s = 0;  // wall time reading + templating + tokenizing the train files; packing
+  int threads = 1;                   // threads that prepared the rows
 };
 
 // The tokenizer a model path names, without loading weights: a directory with tokenizer.json
@@ -52,9 +54,11 @@ std::string chat_template_label(const std::string& chat_template, const Tokenize
 DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts);
 
 // Reads the train files (with weights), eval_file or a val_set_size split, and packs when asked;
-// reports what it did through `log`.
+// reports what it did through `log`, and progress on a long file (percent, rows/s, ETA) through
+// `progress` (null: through `log`).
 TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
-                          const std::function<void(const std::string&)>& log);
+                          const std::function<void(const std::string&)>& log,
+                          const std::function<void(const std::string&)>& progress = nullptr);
 TrainData load_train_data(const TrainConfig& cfg, const ModelSource& src,
                           const std::function<void(const std::string&)>& log);
 
