@@ -148,6 +148,12 @@ const std::vector<KeyRow>& key_table() {
                "counted; 10 in a row stop the run)."},
       {.name = "logging_steps", .field = &T::logging_steps, .def = "1", .range = {.lo = 1},
        .help = "Log a line every N optimizer steps (metrics.jsonl gets every step)."},
+      {.name = "report_to", .field = &T::report_to, .def = "none", .choices = {"none", "tensorboard", "all"},
+       .help = "Also log every metrics.jsonl value as TensorBoard scalars (train/loss, train/learning_rate, "
+               "eval/loss, ...): tensorboard, or all (tensorboard is the one integration built in); none."},
+      {.name = "logging_dir", .field = &T::logging_dir, .def = "",
+       .help = "Where report_to: tensorboard writes its event file; default output_dir/runs/<date>_<host>, as "
+               "transformers does (a resumed run starts a new one)."},
       {.name = "eval_strategy", .field = &T::eval_strategy, .def = "steps", .choices = {"no", "steps", "epoch"},
        .help = "When to evaluate if eval data exists: steps = every eval_steps (and at the end), epoch, no."},
       {.name = "eval_steps", .field = &T::eval_steps, .def = "0", .range = {.lo = 0},

@@ -50,6 +50,8 @@ struct TrainConfig {
   std::string nan_policy;  // stop|skip: what a step with a non-finite loss or gradient norm does
   // logging / eval / checkpoints
   int64_t logging_steps;
+  std::string report_to;    // none|tensorboard|all (all = tensorboard, the one integration built in)
+  std::string logging_dir;  // TensorBoard event files; "" = output_dir/runs/<date>_<host>
   std::string eval_strategy;  // no|steps|epoch
   int64_t eval_steps;         // 0 = only at the end
   int64_t save_steps;         // 0 = only at the end

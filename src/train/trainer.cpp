@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include "train/progress.h"
 #include "train/sample_answers.h"
 #include "train/schedule.h"
+#include "train/tensorboard.h"
 #include "train/data_parallel.h"
 #include "train/engine_config.h"
 #include "train/step.h"
@@ -274,12 +276,14 @@ struct Trainer::Run {
   int64_t micro_per_step = 1;  // the global batch: bs x ga x world rows
   int64_t total = 0, start = 0;
   std::optional<MetricsWriter> metrics;  // rank 0 writes every file; the other ranks only train
+  std::optional<TensorBoardWriter> tensorboard;  // report_to: tensorboard
   std::optional<ProgressReporter> progress;
   nlohmann::ordered_json samples_before;
   TrainSummary sum;
 
   void write_metrics(const nlohmann::json& rec) {
     if (metrics) metrics->write(rec);
+    if (tensorboard) tensorboard->record(rec);
   }
 };
 
@@ -383,6 +387,20 @@ void Trainer::open_outputs(Run& r) {
     // (keeping "step 0" would leave an earlier run's step-0 eval beside this one's).
     if (std::error_code ec; r.start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
     r.metrics.emplace(cfg_.output_dir, r.start);
+    if (cfg_.report_to != "none") {
+      std::string dir = cfg_.logging_dir;
+      if (dir.empty()) {  // transformers: runs/<%b%d_%H-%M-%S>_<host>
+        char stamp[64] = "", host[256] = "localhost";
+        const std::time_t now = std::time(nullptr);
+        std::tm tm{};
+        localtime_r(&now, &tm);
+        std::strftime(stamp, sizeof stamp, "%b%d_%H-%M-%S", &tm);
+        gethostname(host, sizeof host - 1);
+        dir = cfg_.output_dir + "/runs/" + stamp + "_" + host;
+      }
+      r.tensorboard.emplace(dir);
+      log("tensorboard: " + r.tensorboard->path() + " (tensorboard --logdir " + dir + ")");
+    }
   }
   r.progress.emplace(r.total, cfg_.logging_steps, stderr, lead_ ? -1 : 0);
   r.progress->set_ranks(r.world);
