@@ -172,8 +172,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   }
   // Mistral's sliding_window (non-null in v0.1: 4096; MistralAttention applies it to every layer).
   // Qwen2 and Qwen3 apply theirs only with use_sliding_window, to the layers from
-  // max_window_layers (default 28) on, or to the layers `layer_types` marks "sliding_attention". Kept so that
-  // rows longer than the window are refused.
+  // max_window_layers (default 28) on, or to the layers `layer_types` marks "sliding_attention".
   const json* sw = json_find(j, "sliding_window");
   const bool sw_set = sw && !sw->is_null();
   if (c.model_type == "mistral" && sw_set) {

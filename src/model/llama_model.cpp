@@ -581,19 +581,16 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   }
 
   be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps});
-  if (cfg_.qk_norm) {  // q = rmsnorm_per_head(q_proj(ln1)), k likewise, each head's D values one row
-    const int64_t D = cfg_.head_dim;
-    linear_fwd(a.q_raw, a.ln1, l, Q, a, train, seed);
-    linear_fwd(a.k_raw, a.ln1, l, K, a, train, seed);
-    be_.rmsnorm_fwd({as_matrix(a.q, n * cfg_.n_head, D), a.rstd_q, as_matrix(a.q_raw, n * cfg_.n_head, D), L.q_norm_w,
-                     n * cfg_.n_head, D, eps});
-    be_.rmsnorm_fwd({as_matrix(a.k, n * cfg_.n_head_kv, D), a.rstd_k, as_matrix(a.k_raw, n * cfg_.n_head_kv, D),
-                     L.k_norm_w, n * cfg_.n_head_kv, D, eps});
-  } else {
-    linear_fwd(a.q, a.ln1, l, Q, a, train, seed);
-    linear_fwd(a.k, a.ln1, l, K, a, train, seed);
-  }
+  // qk_norm: the projections land in q_raw/k_raw and an RMSNorm over each head (one row of D
+  // values per head) writes q and k.
+  linear_fwd(cfg_.qk_norm ? a.q_raw : a.q, a.ln1, l, Q, a, train, seed);
+  linear_fwd(cfg_.qk_norm ? a.k_raw : a.k, a.ln1, l, K, a, train, seed);
   linear_fwd(a.v, a.ln1, l, V, a, train, seed);
+  if (cfg_.qk_norm) {
+    const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
+    be_.rmsnorm_fwd({as_matrix(a.q, hq, D), a.rstd_q, as_matrix(a.q_raw, hq, D), L.q_norm_w, hq, D, eps});
+    be_.rmsnorm_fwd({as_matrix(a.k, hk, D), a.rstd_k, as_matrix(a.k_raw, hk, D), L.k_norm_w, hk, D, eps});
+  }
   be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
   const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
@@ -640,19 +637,20 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
   // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward).
   const bool dx = l > 0;
-  if (cfg_.qk_norm) {  // through the per-head norms (frozen weights) into datt, free since attention_bwd
-    const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
-    Tensor dq_raw = as_matrix(w.datt, n, cfg_.q_dim()), dk_raw = as_matrix(w.datt, n, cfg_.kv_dim());
-    be_.rmsnorm_bwd({as_matrix(dq_raw, hq, D), Tensor(), as_matrix(dq, hq, D), as_matrix(a.q_raw, hq, D), L.q_norm_w,
-                     a.rstd_q, hq, D});                                       // dq_raw =
-    linear_bwd(dln, false, dq_raw, a.ln1, l, Q, a, seed, dx);                 // dln =
-    be_.rmsnorm_bwd({as_matrix(dk_raw, hk, D), Tensor(), as_matrix(dk, hk, D), as_matrix(a.k_raw, hk, D), L.k_norm_w,
-                     a.rstd_k, hk, D});                                       // dk_raw =
-    linear_bwd(dln, true, dk_raw, a.ln1, l, K, a, seed, dx);                  // dln +=
-  } else {
-    linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed, dx);                     // dln =
-    linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
-  }
+  // qk_norm: back through the per-head norms (frozen weights) into ws.datt, free since
+  // attention_bwd; q's gradient is consumed by its projection before k's overwrites it.
+  const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
+  auto through_norm = [&](Tensor& d, const Tensor& raw, const Tensor& w_norm, const Tensor& rstd, int64_t rows, int64_t cols) {
+    if (!cfg_.qk_norm) return;
+    const Tensor d_raw = as_matrix(w.datt, n, cols);
+    be_.rmsnorm_bwd({as_matrix(d_raw, rows, D), Tensor(), as_matrix(d, rows, D), as_matrix(raw, rows, D), w_norm, rstd,
+                     rows, D});                                               // d_raw =
+    d = d_raw;
+  };
+  through_norm(dq, a.q_raw, L.q_norm_w, a.rstd_q, hq, cfg_.q_dim());
+  linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed, dx);                     // dln =
+  through_norm(dk, a.k_raw, L.k_norm_w, a.rstd_k, hk, cfg_.kv_dim());
+  linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
   linear_bwd(dln, true, dv, a.ln1, l, V, a, seed, dx);                      // dln +=
   if (!dx) return;
   be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, L.ln1_w, a.rstd1, n, C});

@@ -29,8 +29,10 @@ struct AttnDims {
   int64_t b, t, hq, hkv, d, group;
 };
 
-// Shared checks for fwd and bwd: head counts must divide, scale must be set.
-AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, float scale) {
+// Shared checks for fwd and bwd: head counts must divide, scale must be set, window >= 0.
+AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, float scale,
+                   int64_t window) {
+  if (window < 0) fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 'window'", "must be >= 0");
   cpu::check_dim(op, "b", b);
   cpu::check_dim(op, "t", t);
   cpu::check_dim(op, "head_dim", d);
@@ -113,7 +115,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   const char* op = "attention_fwd";
-  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
+  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
   const int64_t tk = a.t_kv == 0 ? g.t : a.t_kv, off = tk - g.t;  // keys per sequence; query position offset
   if (off < 0 || (off > 0 && a.seg))
     fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 't_kv'",
@@ -132,7 +134,6 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   const float* k = a.k.f32();  // (B,T,Hkv,D)
   const float* v = a.v.f32();  // (B,T,Hkv,D)
   const int64_t ldq = g.hq * g.d, ldk = g.hkv * g.d;
-  if (a.window < 0) fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 'window'", "must be >= 0");
   std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
   for (RowVis& r : vis) r.off = off, r.window = a.window;
   const int64_t nqt = ceil_div(g.t, kFwdQ), bh = g.b * g.hq;
@@ -189,7 +190,7 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
 // the result is the same bits on every run.
 void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
   const char* op = "attention_bwd";
-  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
+  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
   const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
   cpu::check_f32(op, "dq", a.dq, nq);
   cpu::check_f32(op, "dk", a.dk, nkv);
@@ -211,7 +212,6 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
   const float* out = a.out.f32();    // (B,T,Hq,D)
   const float* lse = a.lse.f32();    // (B,Hq,T)
   const int64_t ldq = g.hq * g.d, ldk = g.hkv * g.d, gd = g.group * g.d;
-  if (a.window < 0) fail(ErrorKind::Internal, std::string("cpu op ") + op + ", argument 'window'", "must be >= 0");
   std::vector<RowVis> vis = row_visibility(a.seg, g.b, g.t);
   for (RowVis& r : vis) r.window = a.window;
   const int64_t nkt = ceil_div(g.t, kBwdK), nqt = ceil_div(g.t, kBwdQ);

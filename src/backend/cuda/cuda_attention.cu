@@ -48,7 +48,10 @@ struct AttnDims {
   int64_t b, t, hq, hkv, d;
 };
 
-AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, float scale) {
+AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, float scale,
+                   int64_t window) {
+  if (window < 0 || window > INT32_MAX)
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'window'", "must be in [0, 2^31)");
   check_dim(op, "b", b);
   check_dim(op, "t", t);
   check_dim(op, "head_dim", d);
@@ -98,7 +101,7 @@ void attention_set_smem_limits() {
 
 void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   const char* op = "attention_fwd";
-  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
+  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
   const int64_t tk = a.t_kv == 0 ? g.t : a.t_kv;  // keys per sequence (more than t with a KV cache)
   if (tk < g.t || (tk > g.t && a.seg))
     fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 't_kv'",
@@ -112,8 +115,6 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   check_tensor(op, "v", a.v, nkv, true, false);
   if (g.b == 0 || g.t == 0) return;
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
-  if (a.window < 0 || a.window > INT32_MAX)
-    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'window'", "must be in [0, 2^31)");
   if (cudnn_attention_fwd(*this, a, tk)) return;  // sm_90/sm_100: cuDNN's fused attention
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
   p.t_kv = tk;
@@ -125,7 +126,7 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
 
 void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   const char* op = "attention_bwd";
-  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale);
+  const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
   const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
   check_tensor(op, "dq", a.dq, nq, true, false);
   check_tensor(op, "dk", a.dk, nkv, true, false);
@@ -140,8 +141,6 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dout", &a.dout}, {"q", &a.q},
                          {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
     check_vec_aligned(op, name, *t);
-  if (a.window < 0 || a.window > INT32_MAX)
-    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'window'", "must be in [0, 2^31)");
   if (cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention
 
   const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);

@@ -125,12 +125,14 @@ struct CudnnAttnAccess {
 };
 
 std::string cudnn_attention_refusal(Backend& backend, int64_t b, int64_t t, int64_t t_kv, int64_t hq, int64_t d,
-                                    bool seg, int64_t n_docs) {
+                                    bool seg, int64_t n_docs, int64_t window) {
   auto* cu = dynamic_cast<CudaBackend*>(&backend);
   if (!cu) return "not the CUDA backend";
+  // The graph is built without cuDNN's diagonal-band bound: windowed calls run on the own kernel.
+  if (window > 0) return "a sliding window of " + std::to_string(window) + " keys (not wired to cuDNN's diagonal band)";
   CudaBackend& be = *cu;
 #if !QLORA_HAVE_CUDNN
-  (void)be, (void)b, (void)t, (void)t_kv, (void)hq, (void)d, (void)seg, (void)n_docs;
+  (void)be, (void)b, (void)t, (void)t_kv, (void)hq, (void)d, (void)seg, (void)n_docs, (void)window;
   return "this build has no cuDNN (cmake found no libcudnn, cudnn_graph.h or cuDNN frontend headers)";
 #else
   CudnnAttnState& st = CudnnAttnAccess::state(be);
@@ -176,10 +178,7 @@ bool take_cudnn(CudaBackend& be, const char* op, int64_t b, int64_t t, int64_t t
   const AttnKernel k = attention_kernel_setting();
   if (k == AttnKernel::Own) return false;
   if (k == AttnKernel::Cudnn && seg && n_docs <= 0) n_docs = b * t;
-  // The graph is built without cuDNN's diagonal-band (sliding-window) bound: windowed calls run on
-  // the own kernel, which masks them.
-  const std::string why = window > 0 ? "a sliding window of " + std::to_string(window) + " keys (not wired to cuDNN's diagonal band)"
-                                     : cudnn_attention_refusal(be, b, t, t_kv, hq, d, seg != nullptr, n_docs);
+  const std::string why = cudnn_attention_refusal(be, b, t, t_kv, hq, d, seg != nullptr, n_docs, window);
   if (why.empty()) return true;
   if (k == AttnKernel::Cudnn)
     unsupported(op, "QLORA_ATTENTION_KERNEL=cudnn, but cuDNN's fused attention does not take this call: " + why,

@@ -25,7 +25,7 @@ bool cudnn_attention_bwd(CudaBackend& be, const AttentionBwdArgs& a);
 // "" when cuDNN takes a call with these properties on `be`, else why not (for errors and tests;
 // a backend that is not the CUDA backend is refused).
 std::string cudnn_attention_refusal(Backend& be, int64_t b, int64_t t, int64_t t_kv, int64_t hq, int64_t d,
-                                    bool seg, int64_t n_docs);
+                                    bool seg, int64_t n_docs, int64_t window = 0);
 // cuDNN SDPA graphs executed and distinct graphs built by `be` so far (tests, benchmarks); 0 for
 // a backend that is not the CUDA backend.
 int64_t cudnn_attention_runs(const Backend& be);
