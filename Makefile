@@ -17,7 +17,7 @@ NEED_PIP := 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps demo-deps fuzz-deps configure build test test-sanitize crash-test fuzz fuzz-build fuzz-smoke demo \
-        demo-tiny real-models clean
+        demo-dpo demo-tiny real-models clean
 
 all: build
 
@@ -116,6 +116,11 @@ fuzz-smoke: fuzz-build
 demo: configure demo-deps
 	cmake --build $(BUILD) -j $(JOBS) --target qlora
 	QLORA=./$(BUILD)/qlora ./examples/smollm2/run_demo.sh
+
+# DPO on the same model with preference pairs derived from the same definitions (examples/smollm2/).
+demo-dpo: configure demo-deps
+	cmake --build $(BUILD) -j $(JOBS) --target qlora
+	QLORA=./$(BUILD)/qlora ./examples/smollm2/run_dpo_demo.sh
 
 demo-tiny: configure
 	cmake --build $(BUILD) -j $(JOBS) --target qlora

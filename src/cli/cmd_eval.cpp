@@ -59,12 +59,15 @@ int cmd_eval(int argc, char** argv) {
 
   const EvalReport r = evaluate_model(cfg, adapter, [&] { return select_backend(cfg.device, int(cfg.threads)); });
   const double loss = r.loss, ppl = std::exp(loss);
+  const bool pref = r.objective != "sft";  // a preference objective: no perplexity
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (as_json) {
     nlohmann::ordered_json j;
+    j["objective"] = r.objective;
     j["loss"] = loss;
-    j["perplexity"] = ppl;
+    j["perplexity"] = pref ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(ppl);
+    for (const auto& [k, v] : r.metrics) j[k] = v;
     j["tokens"] = r.tokens;
     j["examples"] = r.examples;
     j["rows"] = r.rows;
@@ -82,8 +85,14 @@ int cmd_eval(int argc, char** argv) {
   std::printf("examples:      %lld (%lld rows in %lld batches of up to %lld)\n", (long long)r.examples,
               (long long)r.rows, (long long)r.batches, (long long)cfg.per_device_eval_batch_size);
   std::printf("tokens scored: %lld (the tokens training puts loss on)\n", (long long)r.tokens);
-  std::printf("loss:          %.6f (mean per scored token, as eval_loss in training)\n", loss);
-  std::printf("perplexity:    %.4f (exp(loss))\n", ppl);
+  if (pref) {
+    std::printf("loss:          %.6f (rl: %s, the mean over the eval batches, as eval_loss in training)\n", loss,
+                r.objective.c_str());
+    for (const auto& [k, v] : r.metrics) std::printf("%-14s %.6f\n", (k + ":").c_str(), v);
+  } else {
+    std::printf("loss:          %.6f (mean per scored token, as eval_loss in training)\n", loss);
+    std::printf("perplexity:    %.4f (exp(loss))\n", ppl);
+  }
   std::printf("time:          %s\n", format_duration(secs).c_str());
   return 0;
 }

@@ -40,6 +40,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--checkpointing")) r.checkpointing = s.checkpointing;
   if (unset("--gemm-dtype")) r.gemm_dtype = s.gemm_dtype;
   if (unset("--sharding")) r.sharding = s.sharding;  // what training does
+  if (unset("--rl")) r.objective = s.objective;
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
   r.kv_cache_tokens = qlora::sample_kv_tokens(t, r.seq_len);
 }
@@ -70,7 +71,7 @@ int cmd_plan(int argc, char** argv) {
                "Exit status: 0 fits, 3 does not fit, 1 bad input."};
   app.name("qlora plan");
   qlora::PlanRequest r;
-  std::string model, gpu, config, targets, compare, method = "lora", base_precision, optimizer_dtype = "fp32";
+  std::string model, gpu, config, targets, compare, method = "lora", objective = "sft", base_precision, optimizer_dtype = "fp32";
   std::string sharding = "none", checkpointing = "none", gemm_dtype = "bf16";
   std::vector<std::string> overrides;
   bool dq = false, no_dq = false, lora_dropout = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
@@ -85,6 +86,10 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--config,-c", config, "training YAML: its model, LoRA, batch and memory options become the defaults");
   app.add_option("--set", overrides, "key=value override of the training YAML (repeatable)");
   app.add_option("--method", method, "full | lora | qlora")->capture_default_str();
+  app.add_option("--rl", objective,
+                 "objective: sft | dpo | orpo | simpo | kto (preference rows hold two documents: --seq-len is both, "
+                 "twice max_length)")
+      ->capture_default_str();
   app.add_option("--base-precision", base_precision, "bf16 | fp16 | fp32 | fp8 | nf4 | fp4 | nvfp4 | mxfp4 (default bf16, nf4 for qlora)");
   app.add_flag("--double-quant", dq, "double-quantize nf4/fp4 block scales (default on for nf4/fp4)");
   app.add_flag("--no-double-quant", no_dq, "store nf4/fp4 block scales in fp32");
@@ -133,6 +138,7 @@ int cmd_plan(int argc, char** argv) {
   // Each flag the command line gives is parsed here, once (the error names the flag).
   auto given = [&](const char* opt) { return app.count(opt) > 0 || config.empty(); };
   if (given("--method")) r.method = qlora::parse_method(method, "--method");
+  if (given("--rl")) r.objective = qlora::parse_objective(objective, "--rl");
   if (app.count("--base-precision")) r.base_precision = qlora::parse_base_precision(base_precision, "--base-precision");
   if (dq) r.double_quant = true;
   if (no_dq) r.double_quant = false;

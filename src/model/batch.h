@@ -13,6 +13,7 @@ struct Batch {
   std::vector<int32_t> targets;     // (B,T) label of the NEXT token (already shifted); -100 = no loss
   std::vector<int32_t> positions;   // (B,T) RoPE positions; restart at each packed document
   std::vector<int32_t> seg;         // (B,T) document id per token; empty = one document per row
+  std::vector<int8_t> roles;        // (B,T) DocRole (text/dataset.h) of each token's document; empty = SFT
 
   int64_t n() const { return b * t; }
   int64_t n_trained() const {

@@ -16,6 +16,10 @@ namespace qlora {
 
 struct EngineSpec {
   Method method = Method::Lora;
+  // Sft, or a preference objective: rows of seq_len tokens hold two documents (prompt + chosen and
+  // prompt + rejected; KTO: a rated completion and its KL probe), and Dpo/Kto add a forward of the
+  // reference (adapters off, no activations kept) to every micro-batch.
+  Objective objective = Objective::Sft;
   // Unset: the compute dtype's float (fp32 on the CPU, bf16 on a GPU) for lora and full, nf4 for
   // qlora; a pre-quantized checkpoint keeps its own format (adopt_stored_quantization).
   std::optional<BasePrecision> base_precision;

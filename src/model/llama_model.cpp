@@ -471,7 +471,7 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   }
   if (p <= V && cfg_.attention_bias)
     be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
-  const int li = lora_index(l, p);
+  const int li = adapters_on_ ? lora_index(l, p) : -1;
   if (li < 0) return;
   const LoraParam& A = lora_params_[size_t(li)];
   const LoraParam& B = lora_params_[size_t(li) + 1];
@@ -662,7 +662,8 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
 // are left out: the labeled rows of final_ln are gathered into ws.tmp (the embedding op on a
 // table of n rows), run through the head in chunks, and their gradient rows scattered back into
 // ws.dln (which is zero elsewhere, as the loss does not depend on those positions).
-double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
+double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, const RowWeightFn* weigh,
+                                 std::vector<float>* row_losses) {
   const int64_t C = cfg_.hidden_size, Vv = cfg_.vocab_size;
   const StepViews& w = *views_;
   Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
@@ -692,7 +693,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
     l.ndim = 1;
     l.shape = {m, 0, 0, 0};
     l.data = static_cast<float*>(losses.data) + c0;
-    be_.cross_entropy_fwd_bwd({logits, logits, l, targets + c0, m, Vv, grad_scale});
+    be_.cross_entropy_fwd_bwd({logits, logits, l, targets + c0, m, Vv, weigh ? 1.0f : grad_scale});
     if (backward) {
       // The head's dgrad is interleaved with its forward chunk by chunk: timed apart, as backward.
       const double t0 = times_ ? synced_now() : 0.0;
@@ -706,6 +707,24 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale) {
   if (m_rows > 0) be_.copy_to_host(row_loss.data(), losses.data, size_t(m_rows) * 4);
   double sum = 0;
   for (float v : row_loss) sum += v;
+  if (backward && weigh) {
+    // Each row of ds is its token's unit gradient; runs of equal weight are scaled together.
+    const std::vector<float> wt = (*weigh)(row_loss);
+    if (int64_t(wt.size()) != m_rows)
+      fail(ErrorKind::Internal, "forward_backward_weighted",
+           std::to_string(wt.size()) + " weights for " + std::to_string(m_rows) + " labeled positions");
+    for (int64_t r0 = 0; r0 < m_rows;) {
+      int64_t r1 = r0 + 1;
+      while (r1 < m_rows && wt[size_t(r1)] == wt[size_t(r0)]) r1++;
+      if (wt[size_t(r0)] != 1.0f) {
+        Tensor d = as_matrix(ds, r1 - r0, C);
+        d.data = static_cast<char*>(ds.data) + r0 * C * es;
+        be_.scale({d, (r1 - r0) * C, wt[size_t(r0)]});
+      }
+      r0 = r1;
+    }
+  }
+  if (row_losses) *row_losses = std::move(row_loss);
   if (backward) {
     const double t0 = times_ ? synced_now() : 0.0;
     if (subset) {
@@ -748,11 +767,20 @@ double LlamaModel::synced_now() {
 }
 
 double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64_t seed) {
+  return step_with(batch, grad_scale, nullptr, seed);
+}
+
+double LlamaModel::forward_backward_weighted(const Batch& batch, const RowWeightFn& weigh, uint64_t seed) {
+  return step_with(batch, 1.0f, &weigh, seed);
+}
+
+double LlamaModel::step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed) {
+  if (!adapters_on_) fail(ErrorKind::Internal, "forward_backward", "the adapters are switched off: nothing to train");
   const double t0 = times_ ? synced_now() : 0.0;
   head_bwd_s_ = 0;
   forward(batch, true, seed);
   const int64_t n = batch.n();
-  const double loss = head_and_loss(n, true, grad_scale);
+  const double loss = head_and_loss(n, true, grad_scale, weigh);
   const double t1 = times_ ? synced_now() : 0.0;
   const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = cfg_.n_layer - 1; l >= 0; l--) {
@@ -779,6 +807,13 @@ double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64
 double LlamaModel::forward_loss(const Batch& batch) {
   forward(batch, false, 0);
   return head_and_loss(batch.n(), false, 0.0f);
+}
+
+std::vector<float> LlamaModel::token_losses(const Batch& batch) {
+  forward(batch, false, 0);
+  std::vector<float> rows;
+  head_and_loss(batch.n(), false, 0.0f, nullptr, &rows);
+  return rows;
 }
 
 std::vector<float> LlamaModel::logits(const Batch& batch) {

@@ -105,6 +105,19 @@ class LlamaModel {
   void set_step_times(StepTimes* t) { times_ = t; }
   // Forward only (no dropout): summed token loss.
   double forward_loss(const Batch& batch);
+
+  // Objectives that are not a sum of token losses (preference training) see the token losses of
+  // the labeled positions, in batch order, and answer with d(objective)/d(token loss) per position.
+  using RowWeightFn = std::function<std::vector<float>(const std::vector<float>& row_losses)>;
+  // Forward, then `weigh` over the labeled positions' token losses, then backward with those
+  // weights: LoRA grads "+=" the gradient of sum_i weight_i * loss_i. Returns the summed token loss.
+  double forward_backward_weighted(const Batch& batch, const RowWeightFn& weigh, uint64_t dropout_seed);
+  // Forward only (no dropout): the token losses of the labeled positions, in batch order.
+  std::vector<float> token_losses(const Batch& batch);
+  // Off: every forward runs the frozen base alone, as if no adapter were attached (the reference
+  // model of preference training; peft's disable_adapter). On by default.
+  void set_adapters_enabled(bool on) { adapters_on_ = on; }
+  bool adapters_enabled() const { return adapters_on_; }
   // Layers of the quantized base dequantized since the model was built: the engine's side of
   // dequant_layers_per_micro_step, which the planner's speed model counts.
   int64_t dequantized_layers() const { return dequantized_layers_; }
@@ -136,7 +149,12 @@ class LlamaModel {
   void linear_fwd(const Tensor& y, const Tensor& x, int64_t layer, int proj, const Acts& a, bool train, uint64_t seed);
   void linear_bwd(const Tensor& dx, bool accumulate, const Tensor& dy, const Tensor& x, int64_t layer, int proj,
                   const Acts& a, uint64_t seed, bool need_dx = true);
-  double head_and_loss(int64_t n, bool backward, float grad_scale);
+  // weigh: backward with per-position weights (forward_backward_weighted); row_losses: the
+  // labeled positions' token losses, copied out.
+  double head_and_loss(int64_t n, bool backward, float grad_scale, const RowWeightFn* weigh = nullptr,
+                       std::vector<float>* row_losses = nullptr);
+  // forward_backward with a scalar gradient scale, or with per-position weights when weigh is set.
+  double step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed);
   void forward(const Batch& batch, bool train, uint64_t seed);
 
   LlamaConfig cfg_;
@@ -188,6 +206,7 @@ class LlamaModel {
   int64_t kv_pos_ = 0;              // positions in the KV cache
   std::vector<Tensor> kv_k_, kv_v_;  // per layer (kv_cache_tokens, kv_dim); empty without a cache
   std::vector<float> decode_logits_;  // (V) after the last decoded token
+  bool adapters_on_ = true;         // set_adapters_enabled
   StepTimes* times_ = nullptr;      // set_step_times
   double head_bwd_s_ = 0;           // LM-head backward time inside head_and_loss (timing on)
   double synced_now();              // seconds on a steady clock, after backend().synchronize()

@@ -167,4 +167,50 @@ Sharding parse_sharding(const std::string& value, const std::string& key) {
                     {{"ddp", "none"}, {"zero-1", "zero1"}, {"zero-2", "zero2"}, {"zero-3", "zero3"}});
 }
 
+const char* objective_name(Objective o) {
+  switch (o) {
+    case Objective::Sft: return "sft";
+    case Objective::Dpo: return "dpo";
+    case Objective::Orpo: return "orpo";
+    case Objective::Simpo: return "simpo";
+    case Objective::Kto: return "kto";
+  }
+  return "sft";
+}
+
+const std::vector<Objective>& objectives() {
+  static const std::vector<Objective> o = {Objective::Sft, Objective::Dpo, Objective::Orpo, Objective::Simpo,
+                                           Objective::Kto};
+  return o;
+}
+
+std::vector<std::string> objective_names() { return names_of(objectives(), objective_name); }
+
+Objective parse_objective(const std::string& value, const std::string& key) {
+  return parse_mode(value, key, objectives(), objective_name,
+                    "sft (supervised), dpo, orpo, simpo or kto (preference training)",
+                    {{"", "sft"}, {"cpo_simpo", "simpo"}});
+}
+
+const char* dpo_loss_name(DpoLoss l) {
+  switch (l) {
+    case DpoLoss::Sigmoid: return "sigmoid";
+    case DpoLoss::Ipo: return "ipo";
+    case DpoLoss::Hinge: return "hinge";
+    case DpoLoss::Robust: return "robust";
+  }
+  return "sigmoid";
+}
+
+const std::vector<DpoLoss>& dpo_losses() {
+  static const std::vector<DpoLoss> l = {DpoLoss::Sigmoid, DpoLoss::Ipo, DpoLoss::Hinge, DpoLoss::Robust};
+  return l;
+}
+
+std::vector<std::string> dpo_loss_names() { return names_of(dpo_losses(), dpo_loss_name); }
+
+DpoLoss parse_dpo_loss(const std::string& value, const std::string& key) {
+  return parse_mode(value, key, dpo_losses(), dpo_loss_name, "sigmoid, ipo, hinge or robust");
+}
+
 }  // namespace qlora

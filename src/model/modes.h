@@ -33,6 +33,29 @@ GemmDtype parse_gemm_dtype(const std::string& value, const std::string& key);
 const std::vector<GemmDtype>& gemm_dtypes();  // Bf16, Fp8, Fp4
 std::vector<std::string> gemm_dtype_names();
 
+// The training objective. Sft: the mean token loss of the labeled tokens. Dpo, Orpo, Simpo: a
+// preference between a chosen and a rejected completion of one prompt (rows of two documents);
+// Kto: completions rated desirable or not (train/preference.h has their definitions). Dpo and Kto
+// also run the reference: the same model with the adapters off.
+enum class Objective { Sft, Dpo, Orpo, Simpo, Kto };
+
+const char* objective_name(Objective o);  // "sft" | "dpo" | "orpo" | "simpo" | "kto"
+std::vector<std::string> objective_names();
+// Also takes cpo_simpo (= simpo) and the empty string (= sft).
+Objective parse_objective(const std::string& value, const std::string& key);
+const std::vector<Objective>& objectives();
+inline bool is_preference(Objective o) { return o != Objective::Sft; }
+inline bool uses_reference(Objective o) { return o == Objective::Dpo || o == Objective::Kto; }
+
+// DPO's loss on the reward margin: sigmoid (with label smoothing: conservative DPO), ipo, hinge,
+// robust.
+enum class DpoLoss { Sigmoid, Ipo, Hinge, Robust };
+
+const char* dpo_loss_name(DpoLoss l);
+std::vector<std::string> dpo_loss_names();
+DpoLoss parse_dpo_loss(const std::string& value, const std::string& key);
+const std::vector<DpoLoss>& dpo_losses();
+
 // What is trained. Full: every weight (planned; the engine trains adapters only). Lora: adapters on
 // a float base. Qlora: adapters on a quantized base.
 enum class Method { Full, Lora, Qlora };

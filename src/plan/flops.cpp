@@ -41,6 +41,7 @@ FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
   else
     f.bwd = {2 * s.n_lin, 2 * s.n_head, 4 * r * s.p_l, 2.5 * A};
   if (o.recompute) f.recompute = {2 * s.n_lin, 0, 2 * r * s.p_l, A};
+  if (o.reference) f.reference = {2 * s.n_lin, 2 * s.n_head, 0, A};
   return f;
 }
 

@@ -16,6 +16,7 @@ struct FlopOptions {
   std::vector<std::string> targets;  // adapted projections (ignored for full)
   int64_t attn_len = 2048;           // tokens a query attends within: the sequence, or the document when packed
   bool recompute = false;            // activation checkpointing re-runs each layer's forward
+  bool reference = false;            // DPO/KTO: one more forward, the adapters off, nothing kept
 };
 
 // FLOPs of one pass, split by where they run (base GEMMs may use fp8/fp4 tensor cores).
@@ -28,8 +29,8 @@ struct FlopParts {
 };
 
 struct FlopCounts {  // per token
-  FlopParts fwd, bwd, recompute;
-  double total() const { return fwd.total() + bwd.total() + recompute.total(); }
+  FlopParts fwd, bwd, recompute, reference;
+  double total() const { return fwd.total() + bwd.total() + recompute.total() + reference.total(); }
   // Forward + backward without recompute: the "model FLOPs" that MFU is measured on.
   double model() const { return fwd.total() + bwd.total(); }
 };
@@ -48,6 +49,7 @@ ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targe
 // backward = 2 n_lin + 2 n_head + 4 r p_l + 2.5 A      (frozen base: dgrad only; FA backward = 2.5x)
 //          = 4 n_lin + 4 n_head           + 2.5 A      (full fine-tune: dgrad + wgrad)
 // recompute = 2 n_lin + 2 r p_l + A                    (LM head is not recomputed)
+// reference = 2 n_lin + 2 n_head + A                   (DPO/KTO: the forward with the adapters off)
 FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o);
 
 }  // namespace qlora

@@ -30,6 +30,9 @@ std::string method_text(const PlanRequest& r) {
     if (r.lora.targets.size() != 7)
       for (size_t i = 0; i < r.lora.targets.size(); i++) m += (i ? "," : "") + r.lora.targets[i];
   }
+  if (is_preference(r.objective))
+    m += std::string(", ") + objective_name(r.objective) + " (rows of two documents" +
+         (uses_reference(r.objective) ? ", a reference forward with the adapters off" : "") + ")";
   return m;
 }
 
@@ -72,6 +75,7 @@ json request_json(const PlanRequest& r) {
   return {{"model", label(r)},
           {"params", r.model.n_params()},
           {"method", method_name(r.method)},
+          {"objective", objective_name(r.objective)},
           {"base_precision", base_precision_name(r.base())},
           {"double_quant", r.double_quant.value_or(false)},
           {"lora_r", r.method == Method::Full ? 0 : r.lora.r},
@@ -161,8 +165,9 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
   t += std::string("\nspeed") + (p.fits ? "" : " (if it fit)") + " - an estimate: time = FLOPs/(peak x efficiency) + bytes/bandwidth + exposed communication\n";
   const FlopCounts& f = s.per_token;
   t += "  FLOPs per token   " + fmt_si(f.total(), "FLOP") + " (forward " + fmt_si(f.fwd.total(), "") + ", backward " +
-       fmt_si(f.bwd.total(), "") + ", recompute " + fmt_si(f.recompute.total(), "") + "; attention " +
-       fmt_si(f.fwd.attn + f.bwd.attn + f.recompute.attn, "") + ")\n";
+       fmt_si(f.bwd.total(), "") + ", recompute " + fmt_si(f.recompute.total(), "") +
+       (f.reference.total() > 0 ? ", reference " + fmt_si(f.reference.total(), "") : std::string()) + "; attention " +
+       fmt_si(f.fwd.attn + f.bwd.attn + f.recompute.attn + f.reference.attn, "") + ")\n";
   t += "  FLOPs per step    " + fmt_si(s.flops_per_step, "FLOP") + " over " + fmt_si(s.tokens_per_step, "tokens") + " on " +
        std::to_string(r.topo.world()) + " GPU(s)\n";
   t += "  GEMMs             " + seconds(s.t_gemm) + "\n";
@@ -232,7 +237,8 @@ json plan_json(const PlanResult& p, const ReportOptions& o) {
             {"flops_per_step", s.flops_per_step},
             {"tokens_per_step", s.useful_tokens_per_step},
             {"flops_per_token", {{"forward", s.per_token.fwd.total()}, {"backward", s.per_token.bwd.total()},
-                                 {"recompute", s.per_token.recompute.total()}, {"total", s.per_token.total()}}},
+                                 {"recompute", s.per_token.recompute.total()},
+                                 {"reference", s.per_token.reference.total()}, {"total", s.per_token.total()}}},
             {"time_s", {{"gemm", s.t_gemm}, {"attention", s.t_attn}, {"memory_bound", s.t_memory},
                         {"communication", s.t_comm}, {"communication_exposed", s.t_comm_exposed},
                         {"offload", s.t_offload}, {"offload_exposed", s.t_offload_exposed},

@@ -54,7 +54,11 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   fo.lora_r = r.lora.r;
   fo.targets = r.lora.targets;
   fo.attn_len = r.packing && r.avg_doc_len > 0 ? r.avg_doc_len : r.seq_len;
+  // Preference rows hold two documents (prompt + each completion), each attending within itself
+  // (they are never packed further).
+  if (is_preference(r.objective)) fo.attn_len = std::max<int64_t>(1, r.seq_len / 2);
   fo.recompute = recompute;
+  fo.reference = uses_reference(r.objective);
   e.per_token = flops_per_token(c, fo);
   e.attention_path = attention_path(r.gpu, a).description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // windowed layers run the own kernel (docs/cuda_backend.md)
@@ -74,15 +78,16 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
 
   // Compute: base GEMMs at the chosen tensor-core dtype; LoRA, LM head and attention in bf16.
   const FlopCounts& f = e.per_token;
-  const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base;
+  const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base + f.reference.base;
   // The engine's FP8/FP4 base GEMMs (an fp8 base with --gemm-dtype fp8, an NVFP4/MXFP4 base with
   // fp4: model_plan_options' resolved gemm_dtype) cover the forward and its recompute; the
   // backward's dy W runs in bf16 on the dequantized layer.
   const GemmDtype gemm = model_plan_options(r).gemm_dtype;
   const bool lowp_base_gemm = gemm != GemmDtype::Bf16;
   const double bf16_base = lowp_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
-  const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.fwd.lora + f.bwd.lora + f.recompute.lora;
-  const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn;
+  const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.reference.head + f.fwd.lora + f.bwd.lora +
+                            f.recompute.lora;
+  const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn + f.reference.attn;
   const double bf16_peak = r.gpu.bf16_tflops * 1e12;
   const double base_peak = r.gpu.peak_tflops(r.gemm_dtype) * 1e12;
   const double base_eff = r.gemm_dtype == GemmDtype::Bf16 ? a.gemm_efficiency : a.lowp_gemm_efficiency;
@@ -101,7 +106,10 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // micro-step (2L - 4: a layer once for the forward, once for its recompute and gradients, the
   // two layers at each turn kept), each reading the stored bytes and writing the GEMM operand.
   // With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
-  const double layers = double(dequant_layers_per_micro_step(c.n_layer, gemm));
+  // The reference forward (DPO, KTO) dequantizes every layer once more (3L - 4), where the
+  // forward GEMMs read a dequantized layer.
+  const double layers = double(dequant_layers_per_micro_step(c.n_layer, gemm)) +
+                        (fo.reference && gemm == GemmDtype::Bf16 ? double(c.n_layer) : 0.0);
   const double operand =
       r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base(), lowp_base_gemm ? GemmDtype::Bf16 : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
@@ -130,7 +138,8 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   const double act_bytes = r.gpu.is_cpu ? 4.0 : 2.0;
   const int64_t qk = (c.qk_norm ? 4 : 2) * (c.q_dim() + c.kv_dim());
   const double ew = act_bytes * double(10 * c.hidden_size + qk + 3 * c.intermediate_size);
-  e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)", ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
+  e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)",
+                            ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0)) * tok_gpu});
   // FP8/FP4 base GEMMs quantize each projection's bf16 input per call (forward and recompute): the
   // amax pass and the quantize pass each read it, and the codes (1 byte; fp4: half a byte and an
   // e4m3 scale per 16) are written and read once by the GEMM. As the engine does it: q, k, v and
@@ -144,8 +153,10 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   }
   // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM. On the
   // CPU the exponentials, not the bytes, bound it: a calibrated logits-per-second rate.
-  if (r.gpu.is_cpu) t_cpu_work += double(c.vocab_size) * tok_gpu / r.gpu.ce_elems_per_s;
-  else e.memory_bytes.push_back({"cross-entropy logits", 3.0 * 4.0 * double(c.vocab_size) * tok_gpu});
+  // The reference forward computes the logits once more (written and read: 2 of the 3 passes).
+  const double ce_passes = fo.reference ? 5.0 / 3.0 : 1.0;
+  if (r.gpu.is_cpu) t_cpu_work += ce_passes * double(c.vocab_size) * tok_gpu / r.gpu.ce_elems_per_s;
+  else e.memory_bytes.push_back({"cross-entropy logits", ce_passes * 3.0 * 4.0 * double(c.vocab_size) * tok_gpu});
 
   int64_t trainable = 0, weight_bytes = 0;
   for (const auto& b : replica.buffers) {
@@ -195,7 +206,8 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
         // per micro-step in steady state (the forward's last two and the backward's first two
         // are reused), whatever the GEMM dtype.
         const double blob = double(layer_base_blob(c, model_plan_options(r)).total);
-        add("all-gather base layers (per micro-step)", blob, 1, double(dequant_layers_per_micro_step(c.n_layer)) * ga);
+        add("all-gather base layers (per micro-step)", blob, 1,
+            (double(dequant_layers_per_micro_step(c.n_layer)) + (fo.reference ? double(c.n_layer) : 0.0)) * ga);
         break;
       }
     }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "model/peft_io.h"
 #include "train/engine_config.h"
 #include "train/model_source.h"
+#include "train/preference_step.h"
 #include "train/progress.h"
 #include "train/train_data.h"
 #include "train/trainer.h"
@@ -57,7 +59,7 @@ EvalReport evaluate_model(const TrainConfig& cfg, const std::string& adapter,
   auto be = make_backend();
   const int64_t ebs = cfg.per_device_eval_batch_size;
   // The training run's engine in one process, at the evaluation's shapes, with the adapter's LoRA.
-  EngineSpec spec = with_shapes(engine_spec(cfg), cfg, ebs, std::min(cfg.max_length, ed.longest));
+  EngineSpec spec = with_shapes(engine_spec(cfg), cfg, ebs, std::min(row_tokens_cap(cfg), ed.longest));
   spec.lora = lora;
   spec.sharding = Sharding::None;
   LoadedModel lm = load_model_for_training(spec, *be, src, uint64_t(cfg.seed));
@@ -73,22 +75,44 @@ EvalReport evaluate_model(const TrainConfig& cfg, const std::string& adapter,
   ProgressReporter progress(n, std::max<int64_t>(1, n / 10));
   auto last = std::chrono::steady_clock::now();
   const auto eval_start = last;
-  const EvalTotals t = evaluate_batches(*lm.model, batches, [&](const EvalTotals& so_far) {
-    const auto now = std::chrono::steady_clock::now();
-    const double dt = std::chrono::duration<double>(now - last).count();
-    const double total_s = std::chrono::duration<double>(now - eval_start).count();
-    last = now;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | loss %.4f | %.0f scored tok/s", (long long)so_far.batches,
-                  (long long)n, so_far.mean(), total_s > 0 ? double(so_far.tokens) / total_s : 0.0);
-    progress.update_text(so_far.batches, dt, buf);
-  });
+  const std::optional<PreferenceSpec> pref = preference_spec(cfg);
+  EvalTotals t;
+  PrefEvalTotals pt;
+  if (pref) {  // the objective and its metrics per batch, as the trainer's preference eval
+    for (int64_t j = 0; j < n; j++) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const PrefEvalTotals one = evaluate_preference(*lm.model, *pref, {batches[size_t(j)]});
+      pt.loss += one.loss / double(n);
+      for (const auto& [k, v] : one.metrics.sum) {
+        pt.metrics.sum[k] += v;
+        pt.metrics.count[k] += one.metrics.count.at(k);
+      }
+      t.tokens += batches[size_t(j)].n_trained();
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | %s loss so far %.4f", (long long)(j + 1), (long long)n,
+                    cfg.rl.c_str(), pt.loss * double(n) / double(j + 1));
+      progress.update_text(j + 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), buf);
+    }
+  } else {
+    t = evaluate_batches(*lm.model, batches, [&](const EvalTotals& so_far) {
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - last).count();
+      const double total_s = std::chrono::duration<double>(now - eval_start).count();
+      last = now;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | loss %.4f | %.0f scored tok/s", (long long)so_far.batches,
+                    (long long)n, so_far.mean(), total_s > 0 ? double(so_far.tokens) / total_s : 0.0);
+      progress.update_text(so_far.batches, dt, buf);
+    });
+  }
   progress.finish();
   if (t.tokens == 0)
     fail(ErrorKind::Data, ed.source, "the eval data has no trained token to score",
          "check train_on_inputs / roles_to_train: eval scores the tokens training would train on");
   EvalReport r;
-  r.loss = t.mean();
+  r.loss = pref ? pt.loss : t.mean();
+  r.objective = cfg.rl;
+  if (pref) r.metrics = pt.metrics.means();
   r.tokens = t.tokens;
   r.examples = ed.examples;
   r.rows = int64_t(ed.rows.size());

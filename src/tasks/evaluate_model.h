@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -11,7 +12,10 @@
 namespace qlora {
 
 struct EvalReport {
-  double loss = 0;                // mean loss per scored token: the trainer's eval_loss
+  double loss = 0;                // the trainer's eval_loss: mean loss per scored token (SFT), or the
+                                  // preference objective's mean over the eval batches
+  std::string objective = "sft";  // the config's rl
+  std::map<std::string, double> metrics;  // preference objectives: rewards/..., logps/... (TRL's names)
   int64_t tokens = 0;             // tokens scored (those training puts loss on)
   int64_t examples = 0, rows = 0, batches = 0;
   std::string data;               // where the eval data came from

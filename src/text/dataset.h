@@ -13,15 +13,25 @@ class Tokenizer;
 
 constexpr int32_t kNoLoss = -100;  // same value as kIgnoreIndex in model/batch.h (HF's ignore_index)
 
+// What a token is to the objective. SFT rows are trained on their labeled tokens; preference rows
+// hold a chosen and a rejected completion of one prompt (DPO, ORPO, SimPO), or one completion
+// marked desirable or not and a mismatched completion that only measures the KL term (KTO), each
+// document its prompt's tokens (Prompt; ORPO scores the chosen one's) then its completion's.
+enum class DocRole : int8_t { Sft = 0, Prompt, Chosen, Rejected, Desirable, Undesirable, KlProbe };
+
 // Tokens of one training row, Hugging Face style: labels[t] is the label of token t (kNoLoss = none).
 // A packed row holds several documents back to back; doc_lens says how many tokens each has.
 struct Example {
   std::vector<int32_t> ids, labels;  // (T)
   std::vector<int32_t> doc_lens;     // empty = one document
+  std::vector<DocRole> roles;        // per token (preference rows); empty = SFT
   int64_t n_trained() const;         // tokens that produce loss after the causal shift
 };
 
-enum class DatasetFormat { Auto, Text, Pretokenized, Alpaca, ShareGpt, Messages, PromptCompletion, Segments };
+// Preference: TRL's prompt/chosen/rejected (or chosen/rejected sharing an implicit prompt), text
+// or message lists; Unpaired: KTO's prompt/completion/label. Both only for preference objectives.
+enum class DatasetFormat { Auto, Text, Pretokenized, Alpaca, ShareGpt, Messages, PromptCompletion, Segments,
+                           Preference, Unpaired };
 const char* format_name(DatasetFormat f);
 // "auto", "text", ... as in the config's dataset_format; Config error naming `where` otherwise.
 DatasetFormat parse_format(const std::string& name, const std::string& where);
@@ -39,7 +49,7 @@ DatasetFormat detect_format(const nlohmann::json& row, const FieldMap& fields);
 // One row, normalized. Plain rows are text pieces (text, prompt/completion strings, segments);
 // chat rows are messages with a per-message "trained" flag; token rows come pre-tokenized.
 struct Row {
-  enum Kind { Plain, Chat, Tokens } kind = Plain;
+  enum Kind { Plain, Chat, Tokens, Preference } kind = Plain;
   struct Piece {
     std::string text;
     bool trained = false;
@@ -51,12 +61,17 @@ struct Row {
   std::vector<char> trained;                           // Chat: per message
   nlohmann::json extra = nlohmann::json::object();     // Chat: template context (tools, ...)
   std::vector<int32_t> ids, labels;                    // Tokens
+  // Preference: prompt and completions, all strings or all message lists (the prompt extracted
+  // when implicit); Unpaired rows keep their completion in `chosen` and their label in `desirable`.
+  nlohmann::json prompt, chosen, rejected;
+  bool unpaired = false, desirable = true;
 };
 
 // Which messages get loss in chat formats (train_on_inputs aside).
 struct MaskOptions {
   bool train_on_inputs = false;                       // every token gets loss
   std::vector<std::string> roles_to_train = {"assistant"};
+  bool prompt_nll = false;  // preference rows: the chosen's prompt tokens carry labels too (ORPO's NLL)
 };
 
 // A JSON object -> Row in format `fmt`. Data error at `where` naming the format and the fields
@@ -126,6 +141,32 @@ struct DatasetStats {
 // every row is like that is an error.
 std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok, const DatasetOptions& opt,
                                   DatasetStats* stats);
+
+// ---------------------------------------------------------------------------------------------
+// Preference rows (text/preference_rows.cpp), tokenized as TRL's DPOTrainer / KTOTrainer do.
+
+// A JSON object in format Preference or Unpaired -> Row (Data error naming the field at fault: a
+// missing or empty completion, a chosen equal to its rejected, mixed strings and message lists).
+Row parse_preference_row(const nlohmann::json& obj, DatasetFormat f, const std::string& where);
+// Row -> Example: one document per completion, each the prompt's tokens (role Prompt) then the
+// completion's (Chosen/Rejected or Desirable/Undesirable), labels on the completion only (with
+// prompt_nll also on the chosen's prompt after its first token). Text rows get
+// the tokenizer's EOS appended to each completion unless it ends with it, and are tokenized with
+// the tokenizer's special tokens; chat rows render the prompt with the generation prompt and the
+// prompt followed by the completion without, tokenized as rendered. The completion starts where
+// the prompt's tokens and the prompt+completion's tokens first differ.
+Example encode_preference_row(const Row& row, const Tokenizer& tok, const ChatRenderFn& render,
+                              const std::string& where, bool prompt_nll = false);
+// Each document of a preference example to at most max_length tokens: truncate_right keeps the
+// start (a prompt that fills max_length drops the row, as TRL's keep_start), truncate_left keeps the
+// end, drop drops the row, error fails naming `where`. Returns whether it was cut / dropped.
+enum class PrefFit { Kept, Truncated, Dropped };
+PrefFit fit_preference(Example& ex, int64_t max_length, const std::string& truncation, const std::string& where);
+// KTO's KL probes: within each run of batch_size examples (file order), example i gets a second
+// document of its own prompt followed by the previous example's completion (the first takes the
+// run's last), role KlProbe, cut to max_length as fit_preference cuts. Examples are Desirable or
+// Undesirable single documents.
+void add_kl_probes(std::vector<Example>& ex, int64_t batch_size, int64_t max_length, const std::string& truncation);
 
 // Token run boundaries for previews: [[trained text]] marks (or ANSI colour when `ansi`).
 std::string render_example(const Example& ex, const Tokenizer& tok, bool ansi);

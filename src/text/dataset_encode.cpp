@@ -190,6 +190,7 @@ Example encode_row(const Row& row, const Tokenizer* tok, const MaskOptions& mask
   if (!tok)
     fail(ErrorKind::Config, where, "text rows need a tokenizer, but the model has none",
          "add the model's tokenizer.json, or use pre-tokenized rows {\"input_ids\": [...]}");
+  if (row.kind == Row::Preference) return encode_preference_row(row, *tok, render, where, mask.prompt_nll);
   Builder b{*tok, mask.train_on_inputs, {}, {}, {}};
   if (row.kind == Row::Chat) encode_chat(row, b, mask, render, where, inf);
   else encode_plain(row, b, inf);

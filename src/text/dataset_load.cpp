@@ -134,7 +134,20 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
   std::string shortest_dropped_at;
   auto keep = [&](Example ex, const std::string& where) {
     const int64_t n = int64_t(ex.ids.size());
-    if (n > opt.max_length) {
+    if (!ex.roles.empty()) {  // preference rows: max_length bounds each completion with its prompt
+      const PrefFit fit = fit_preference(ex, opt.max_length, opt.truncation, where);
+      if (fit == PrefFit::Dropped) {
+        st.dropped++;
+        int64_t longest_doc = 0;
+        for (int32_t len : ex.doc_lens) longest_doc = std::max<int64_t>(longest_doc, len);
+        if (shortest_dropped == 0 || longest_doc < shortest_dropped) {
+          shortest_dropped = longest_doc;
+          shortest_dropped_at = where;
+        }
+        return;
+      }
+      st.truncated += fit == PrefFit::Truncated;
+    } else if (n > opt.max_length) {
       if (opt.truncation == "error")
         fail(ErrorKind::Data, where, "row has " + std::to_string(n) + " tokens, above max_length " +
                                          std::to_string(opt.max_length),
@@ -285,7 +298,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     if (st.dropped == st.rows)  // every row is longer than max_length: say by how much, and where
       fail(ErrorKind::Data, path,
            "no usable example: all " + std::to_string(st.rows) + " rows are longer than max_length " +
-               std::to_string(opt.max_length) + " and truncation is 'drop' (the shortest, " +
+               std::to_string(opt.max_length) + " and truncation is '" + opt.truncation + "' (the shortest, " +
                std::to_string(shortest_dropped) + " tokens, is " + shortest_dropped_at + ")",
            "raise max_length to at least " + std::to_string(shortest_dropped) +
                ", or set truncation: truncate_right | truncate_left");

@@ -27,6 +27,9 @@ const FormatName kFormats[] = {
     {DatasetFormat::PromptCompletion, "prompt_completion",
      "'prompt' and 'completion', both strings or both message lists"},
     {DatasetFormat::Segments, "segments", "'segments': [{\"label\": true|false, \"text\": ...}]"},
+    {DatasetFormat::Preference, "preference",
+     "'chosen' and 'rejected' (strings or message lists), optional 'prompt' (else the shared start)"},
+    {DatasetFormat::Unpaired, "unpaired_preference", "'prompt', 'completion' and a boolean 'label'"},
 };
 
 const FormatName& entry(DatasetFormat f) {
@@ -175,6 +178,8 @@ DatasetFormat detect_format(const json& row, const FieldMap& fm) {
   }
   if (has("messages")) return DatasetFormat::Messages;
   if (has("conversations")) return DatasetFormat::ShareGpt;
+  if (has("chosen") && has("rejected")) return DatasetFormat::Preference;
+  if (has("prompt") && has("completion") && has("label")) return DatasetFormat::Unpaired;
   if (has("prompt") && has("completion")) return DatasetFormat::PromptCompletion;
   if (has("instruction") && has("output")) return DatasetFormat::Alpaca;
   if (has(fm.text)) return DatasetFormat::Text;
@@ -282,6 +287,9 @@ Row parse_row(const json& obj, DatasetFormat f, const FieldMap& fm, const MaskOp
       for (size_t i = n_prompt; i < r.trained.size(); i++) r.trained[i] = 1;
       return r;
     }
+    case DatasetFormat::Preference:
+    case DatasetFormat::Unpaired:
+      return parse_preference_row(obj, f, where);
     case DatasetFormat::Auto:
       fail(ErrorKind::Internal, where, "parse_row called with format auto");
   }

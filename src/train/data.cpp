@@ -50,10 +50,11 @@ std::vector<bool> eval_mask(size_t n, int64_t n_eval, uint64_t seed) {
 
 Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
   int64_t t = 0;
-  bool packed = false;
+  bool packed = false, roles = false;
   for (auto* e : rows) {
     t = std::max<int64_t>(t, int64_t(e->ids.size()));
     packed = packed || !e->doc_lens.empty();
+    roles = roles || !e->roles.empty();
   }
   const int64_t b = int64_t(rows.size());
   Batch x;
@@ -63,6 +64,7 @@ Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
   x.targets.assign(size_t(b * t), kIgnoreIndex);  // (B,T)
   x.positions.assign(size_t(b * t), 0);         // (B,T)
   if (packed) x.seg.assign(size_t(b * t), 0);   // (B,T)
+  if (roles) x.roles.assign(size_t(b * t), int8_t(DocRole::Sft));
   for (int64_t i = 0; i < b; i++) {
     const Example& e = *rows[size_t(i)];
     const int64_t n = int64_t(e.ids.size());
@@ -76,6 +78,7 @@ Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
         x.positions[at] = int32_t(p);
         if (j + 1 < end) x.targets[at] = e.labels[size_t(j + 1)];  // never across a document end
         if (packed) x.seg[at] = int32_t(d);
+        if (roles && !e.roles.empty()) x.roles[at] = int8_t(e.roles[size_t(j)]);
       }
     }
     QLORA_ASSERT(j == n);

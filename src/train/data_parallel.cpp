@@ -50,7 +50,7 @@ void DataParallelStep::reduce_grads() {
 }
 
 StepResult DataParallelStep::run(const std::vector<Batch>& global, const OptimHyper& h, double lr, int64_t step,
-                                 uint64_t dropout_seed, bool stop_here, bool* stop_any) {
+                                 uint64_t dropout_seed, bool stop_here, bool* stop_any, const MicroStepFn& micro) {
   StepResult r;
   for (const auto& b : global) {  // every rank holds the whole step: the normalizer needs no message
     r.tokens += b.n();
@@ -59,17 +59,18 @@ StepResult DataParallelStep::run(const std::vector<Batch>& global, const OptimHy
   if (r.trained_tokens == 0) fail(ErrorKind::Data, "step " + std::to_string(step + 1), "no trained token in the step's micro-batches");
   const Slice mine = micro_batch_share(int64_t(global.size()), comm_);
   model_.zero_grads();
-  const float scale = float(1.0 / double(r.trained_tokens));
-  double sums[2] = {0, stop_here ? 1.0 : 0.0};  // loss sum of my micro-batches, stop votes
-  for (size_t j = mine.begin; j < mine.end(); j++)
-    sums[0] += model_.forward_backward(global[j], scale, micro_batch_seed(dropout_seed, step, int64_t(j)));
+  double sums[2] = {0, stop_here ? 1.0 : 0.0};  // my micro-batches' shares of the loss, stop votes
+  for (size_t j = mine.begin; j < mine.end(); j++) {
+    const uint64_t seed = micro_batch_seed(dropout_seed, step, int64_t(j));
+    sums[0] += micro ? micro(global[j], int64_t(j), seed) : token_mean_share(model_, global[j], r.trained_tokens, seed);
+  }
   if (zero1_) {
     zero1_->step(h, lr, step, sums, r, stop_any);
     return r;
   }
   reduce_grads();
   comm_.allreduce_sum(sums, 2);
-  r.loss = sums[0] / double(r.trained_tokens);
+  r.loss = sums[0];
   if (stop_any) *stop_any = sums[1] > 0;
   apply_optimizer(model_, h, lr, step, r);
   return r;

@@ -27,8 +27,9 @@ class DataParallelStep {
   // trained tokens of all of them and gets the dropout seed of its global index, so the sum over
   // ranks is that process's gradient up to fp32 summation order. stop_here: this rank was asked to
   // stop (SIGTERM); *stop_any: whether any rank was, the same answer on every rank.
+  // micro: as train_step's (empty: the token mean over the whole step's trained tokens).
   StepResult run(const std::vector<Batch>& global, const OptimHyper& h, double lr, int64_t step, uint64_t dropout_seed,
-                 bool stop_here, bool* stop_any);
+                 bool stop_here, bool* stop_any, const MicroStepFn& micro = {});
   // The ZeRO-1 optimizer, or null without sharding.
   Zero1Optimizer* zero1() { return zero1_.get(); }
 

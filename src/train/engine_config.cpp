@@ -12,15 +12,34 @@ EngineSpec engine_spec(const TrainConfig& c) {
   if (s.base_precision && is_bnb_4bit(*s.base_precision)) s.double_quant = c.bnb_4bit_use_double_quant;
   s.lora.r = c.r;
   s.lora.alpha = c.lora_alpha;
-  s.lora.dropout = c.lora_dropout;
+  s.objective = parse_objective(c.rl, "rl");
+  // TRL's preference trainers run without dropout unless disable_dropout: false.
+  s.lora.dropout = is_preference(s.objective) && c.disable_dropout ? 0.0 : c.lora_dropout;
   s.lora.use_rslora = c.use_rslora;
   s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
   s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");
   s.ce_chunk = c.ce_chunk_size;
   s.gemm_dtype = parse_gemm_dtype(c.gemm_dtype, "gemm_dtype");
   s.sharding = parse_sharding(c.sharding, "sharding");
-  return with_shapes(s, c, c.per_device_train_batch_size, c.max_length);
+  return with_shapes(s, c, c.per_device_train_batch_size, row_tokens_cap(c));
 }
+
+std::optional<PreferenceSpec> preference_spec(const TrainConfig& c) {
+  const Objective o = parse_objective(c.rl, "rl");
+  if (!is_preference(o)) return std::nullopt;
+  PreferenceSpec p;
+  p.method = o;
+  p.loss = parse_dpo_loss(c.loss_type, "loss_type");
+  p.beta = c.beta;
+  p.label_smoothing = c.label_smoothing;
+  p.simpo_gamma = c.simpo_gamma;
+  p.cpo_alpha = c.cpo_alpha;
+  p.desirable_weight = c.desirable_weight;
+  p.undesirable_weight = c.undesirable_weight;
+  return p;
+}
+
+int64_t row_tokens_cap(const TrainConfig& c) { return is_preference(parse_objective(c.rl, "rl")) ? 2 * c.max_length : c.max_length; }
 
 int64_t sample_kv_tokens(const TrainConfig& c, int64_t seq_len) {
   return c.sample_prompts.empty() ? 0 : seq_len + c.sample_max_new_tokens;

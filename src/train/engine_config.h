@@ -3,7 +3,10 @@
 #pragma once
 #include <cstdint>
 
+#include <optional>
+
 #include "model/engine_spec.h"
+#include "train/preference.h"
 #include "train/train_config.h"
 
 namespace qlora {
@@ -12,6 +15,13 @@ namespace qlora {
 // dtype, sharding and the shapes (per_device_train_batch_size x max_length), each parsed from its
 // key (the error names it).
 EngineSpec engine_spec(const TrainConfig& c);
+
+// The longest row a config's batches can hold: max_length, or twice it for preference objectives,
+// whose rows hold two documents of at most max_length tokens each.
+int64_t row_tokens_cap(const TrainConfig& c);
+
+// The preference objective of a config (rl, loss_type, beta, ...), or nullopt for rl: sft.
+std::optional<PreferenceSpec> preference_spec(const TrainConfig& c);
 
 // Positions of the sample answers' KV cache for rows of seq_len tokens: a prompt as long as a
 // training row plus its answer; 0 without sample_prompts.

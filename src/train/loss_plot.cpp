@@ -40,7 +40,7 @@ LossSeries read_loss_series(const std::string& path) {
   if (!in) fail(ErrorKind::Io, path, "cannot read file");
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
-  std::map<int64_t, double> train, eval, lr;
+  std::map<int64_t, double> train, eval, lr, acc, eval_acc;
   std::map<int64_t, bool> skipped;
   for (size_t i = 0; i < lines.size(); i++) {
     if (lines[i].find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -63,11 +63,15 @@ LossSeries read_loss_series(const std::string& path) {
     }
     if (number_at(j, "eval_loss", &v)) eval[step] = v;
     if (number_at(j, "learning_rate", &v)) lr[step] = v;
+    if (number_at(j, "rewards/accuracies", &v)) acc[step] = v;
+    if (number_at(j, "eval_rewards/accuracies", &v)) eval_acc[step] = v;
   }
   LossSeries s;
   s.train = sorted(train);
   s.eval = sorted(eval);
   s.lr = sorted(lr);
+  s.accuracy = sorted(acc);
+  s.eval_accuracy = sorted(eval_acc);
   for (const auto& [step, _] : skipped) s.skipped.push_back(step);
   return s;
 }
@@ -151,6 +155,7 @@ const char* const kTrainColor = "#1f77b4";
 const char* const kEvalColor = "#ff7f0e";
 const char* const kLrColor = "#2ca02c";
 const char* const kSkipColor = "#d62728";
+const char* const kAccColor = "#9467bd";
 
 }  // namespace
 
@@ -161,6 +166,9 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
   for (const auto& [st, v] : s.eval) max_step = std::max(max_step, st), lmin = std::min(lmin, v), lmax = std::max(lmax, v);
   for (const auto& [st, v] : s.lr) max_step = std::max(max_step, st), lr_max = std::max(lr_max, v);
   for (int64_t st : s.skipped) max_step = std::max(max_step, st);
+  for (const auto* acc : {&s.accuracy, &s.eval_accuracy})
+    for (const auto& [st, v] : *acc) max_step = std::max(max_step, st), lmin = std::min(lmin, v), lmax = std::max(lmax, v);
+  const bool has_acc = !s.accuracy.empty() || !s.eval_accuracy.empty();
   if (!std::isfinite(lmin)) lmin = 0, lmax = 1;
   const Axis ax = nice_axis(0, double(max_step), 8, true);
   const Axis ay = nice_axis(lmin, lmax, 6, false);
@@ -209,7 +217,8 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
       << "\" stroke=\"#444\"/><text x=\"" << num(kLeft - 8) << "\" y=\"" << num(Y(t) + 4) << "\">" << tick_label(t, ay.tick)
       << "</text>\n";
   o << "<text transform=\"translate(" << num(kLeft - 58) << " " << num(kTop + ph / 2)
-    << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">loss (per trained token)</text>\n</g>\n";
+    << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">"
+    << (has_acc ? "loss; reward accuracy" : "loss (per trained token)") << "</text>\n</g>\n";
 
   if (has_lr) {
     o << "<g id=\"lr-axis\" text-anchor=\"start\" fill=\"" << kLrColor << "\">\n";
@@ -254,6 +263,16 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
         << fmt("%.6f", v) << "</title></circle>\n";
     o << "</g>\n";
   }
+  // Preference runs: the fraction of pairs whose chosen reward beats the rejected one.
+  const std::pair<const std::vector<std::pair<int64_t, double>>*, const char*> accs[] = {
+      {&s.accuracy, "reward-accuracy"}, {&s.eval_accuracy, "eval-reward-accuracy"}};
+  for (const auto& [acc, id] : accs) {
+    if (acc->empty()) continue;
+    o << "<polyline id=\"" << id << "\" fill=\"none\" stroke=\"" << kAccColor << "\" stroke-width=\"1.6\" stroke-dasharray=\""
+      << (acc == &s.accuracy ? "2 3" : "8 3 2 3") << "\" points=\"";
+    for (size_t i = 0; i < acc->size(); i++) o << (i ? " " : "") << num(X(double((*acc)[i].first))) << "," << num(Y((*acc)[i].second));
+    o << "\"/>\n";
+  }
   if (!s.skipped.empty()) {
     o << "<g id=\"skipped-steps\" stroke=\"" << kSkipColor << "\" stroke-width=\"2\">\n";
     for (int64_t st : s.skipped)
@@ -278,6 +297,8 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
   if (!s.eval.empty())
     item(seg(kEvalColor, "") + "<circle cx=\"" + num(lx + 12) + "\" cy=\"" + num(ly) + "\" r=\"4\" fill=\"" + kEvalColor + "\"/>",
          "eval loss");
+  if (!s.accuracy.empty()) item(seg(kAccColor, " stroke-dasharray=\"2 3\""), "accuracy");
+  if (!s.eval_accuracy.empty()) item(seg(kAccColor, " stroke-dasharray=\"8 3 2 3\""), "eval accuracy");
   if (has_lr) item(seg(kLrColor, " stroke-dasharray=\"6 4\""), "learning rate (right axis)");
   if (!s.skipped.empty()) item(seg(kSkipColor, ""), "skipped step (not finite)");
   o << "</g>\n</svg>\n";

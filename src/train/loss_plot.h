@@ -11,6 +11,8 @@ namespace qlora {
 // The series of a metrics.jsonl, sorted by step; a step logged twice keeps its last record.
 struct LossSeries {
   std::vector<std::pair<int64_t, double>> train, eval, lr;  // (step, loss / eval_loss / learning_rate)
+  // Preference runs: rewards/accuracies and eval_rewards/accuracies, drawn on the loss axis.
+  std::vector<std::pair<int64_t, double>> accuracy, eval_accuracy;
   std::vector<int64_t> skipped;                              // steps without a finite loss (nan_policy: skip)
 };
 
@@ -19,7 +21,7 @@ struct LossSeries {
 LossSeries read_loss_series(const std::string& metrics_path);
 
 // The SVG text. Linear axes with 1-2-2.5-5 tick steps: step (x), loss (left), learning rate
-// (right, dashed line). Train-loss lines break at skipped steps (red marks on the x axis). The
+// (right, dashed line); preference runs' reward accuracy on the loss axis (dotted lines). Train-loss lines break at skipped steps (red marks on the x axis). The
 // <rect id="plot-area"> carries the axis ranges as data-* attributes (data-step-min/max,
 // data-loss-min/max, data-lr-min/max) so that a reader can map coordinates back to values.
 std::string loss_plot_svg(const LossSeries& s, const std::string& title, const std::string& subtitle = "");

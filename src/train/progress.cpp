@@ -54,10 +54,17 @@ double ProgressReporter::eta_seconds() const {
 }
 
 std::string ProgressReporter::status_line(const StepReport& r) const {
-  char buf[160];
+  char buf[256];
   const std::string ranks = ranks_ > 1 ? " | " + std::to_string(ranks_) + " ranks" : std::string();
-  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.1e | %.0f tok/s%s | ETA %s", (long long)r.step,
-                (long long)total_, r.loss, r.lr, r.tokens_per_s, ranks.c_str(), format_duration(eta_seconds()).c_str());
+  std::string extra;
+  for (const auto& [name, v] : r.extra) {
+    char e[64];
+    std::snprintf(e, sizeof e, " | %s %.4g", name.c_str(), v);
+    extra += e;
+  }
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f%s | lr %.1e | %.0f tok/s%s | ETA %s", (long long)r.step,
+                (long long)total_, r.loss, extra.c_str(), r.lr, r.tokens_per_s, ranks.c_str(),
+                format_duration(eta_seconds()).c_str());
   return buf;
 }
 

@@ -18,7 +18,13 @@ uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j) {
   return mix(dropout_seed, uint64_t(step) * 1000 + uint64_t(j));
 }
 
-StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed) {
+double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, uint64_t seed) {
+  const float scale = float(1.0 / double(trained_tokens));
+  return model.forward_backward(b, scale, seed) / double(trained_tokens);
+}
+
+StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed,
+                            const MicroStepFn& micro) {
   StepResult r;
   for (const auto& b : mbs) {
     r.tokens += b.n();
@@ -26,10 +32,12 @@ StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, in
   }
   if (r.trained_tokens == 0) fail(ErrorKind::Data, "step " + std::to_string(step + 1), "no trained token in the step's micro-batches");
   model.zero_grads();
-  double loss_sum = 0;
-  const float scale = float(1.0 / double(r.trained_tokens));
-  for (size_t j = 0; j < mbs.size(); j++) loss_sum += model.forward_backward(mbs[j], scale, micro_batch_seed(dropout_seed, step, int64_t(j)));
-  r.loss = loss_sum / double(r.trained_tokens);
+  double loss = 0;
+  for (size_t j = 0; j < mbs.size(); j++) {
+    const uint64_t seed = micro_batch_seed(dropout_seed, step, int64_t(j));
+    loss += micro ? micro(mbs[j], int64_t(j), seed) : token_mean_share(model, mbs[j], r.trained_tokens, seed);
+  }
+  r.loss = loss;
   return r;
 }
 
@@ -53,8 +61,8 @@ void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t 
 }
 
 StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const OptimHyper& h, double lr, int64_t step,
-                      uint64_t dropout_seed) {
-  StepResult r = accumulate_grads(model, mbs, step, dropout_seed);
+                      uint64_t dropout_seed, const MicroStepFn& micro) {
+  StepResult r = accumulate_grads(model, mbs, step, dropout_seed, micro);
   apply_optimizer(model, h, lr, step, r);
   return r;
 }

@@ -1,6 +1,7 @@
 // One optimizer step over a list of micro-batches: accumulate, clip, AdamW.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,16 @@ struct StepResult {
   int64_t tokens = 0, trained_tokens = 0;
 };
 
-// Loss of each micro-batch is normalized by the trained tokens of ALL micro-batches, so
-// accumulation equals one large batch. `step` is 0-based; AdamW bias correction uses step+1.
-// Gradients that are not finite leave the weights untouched (result.grad_norm is NaN/inf).
+// How micro-batch j of a step becomes gradients: LoRA grads "+=" the gradient of the micro-batch's
+// share of the step's loss, which it returns (the step's loss is the sum of the shares). Empty: the
+// token mean, each micro-batch's summed token loss over the trained tokens of the whole step, so
+// accumulation equals one large batch. Preference objectives bring their own (preference_step.h).
+using MicroStepFn = std::function<double(const Batch& b, int64_t j, uint64_t dropout_seed)>;
+
+// `step` is 0-based; AdamW bias correction uses step+1. Gradients that are not finite leave the
+// weights untouched (result.grad_norm is NaN/inf).
 StepResult train_step(LlamaModel& model, const std::vector<Batch>& micro_batches, const OptimHyper& h, double lr,
-                      int64_t step, uint64_t dropout_seed);
+                      int64_t step, uint64_t dropout_seed, const MicroStepFn& micro = {});
 
 // The dropout seed of micro-batch j (0-based, in the step) of optimizer step `step`; data-parallel
 // ranks use the global index j, so dropout is the same at any world size.
@@ -33,7 +39,9 @@ uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j);
 // accumulate_grads followed by apply_optimizer.
 // Zeroes the LoRA grads and runs forward + backward over every micro-batch: fills loss and tokens.
 StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& micro_batches, int64_t step,
-                            uint64_t dropout_seed);
+                            uint64_t dropout_seed, const MicroStepFn& micro = {});
+// The token-mean share of one micro-batch (MicroStepFn's default) for a step of `trained_tokens`.
+double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, uint64_t seed);
 // Global grad norm (into r.grad_norm), clipping and AdamW; leaves the weights untouched when the
 // loss or the norm is not finite.
 void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r);

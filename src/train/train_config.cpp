@@ -183,6 +183,35 @@ const std::vector<KeyRow>& key_table() {
        .value_aliases = {{"all", "all-linear"}}},
       {.name = "use_rslora", .field = &T::use_rslora, .def = "false",
        .help = "Rank-stabilized LoRA: scale = lora_alpha / sqrt(r)."},
+      {.name = "rl", .field = &T::rl, .def = "sft", .choices = {"sft", "dpo", "orpo", "simpo", "kto"},
+       .help = "The objective: sft (supervised, the token loss of the trained tokens), or a preference method on "
+               "preference rows: dpo (and its loss_type), orpo, simpo or kto. DPO and KTO compare with the base "
+               "model with the adapters off (no second copy).",
+       .value_aliases = {{"", "sft"}, {"cpo_simpo", "simpo"}, {"false", "sft"}},
+       .bad_value_hint = "use sft, dpo, orpo, simpo or kto (ipo: rl: dpo with loss_type: ipo)"},
+      {.name = "loss_type", .field = &T::loss_type, .def = "sigmoid", .choices = {"sigmoid", "ipo", "hinge", "robust"},
+       .help = "rl: dpo only. sigmoid: -log sigmoid(beta * margin) (with label_smoothing: conservative DPO); "
+               "ipo: squared distance of the per-token margin from 1/(2 beta); hinge: max(0, 1 - beta * margin); "
+               "robust: the noise-robust sigmoid (label_smoothing = the flip rate)."},
+      {.name = "beta", .field = &T::beta, .def = "0.1", .range = {.lo = 0, .lo_open = true},
+       .help = "Preference objectives: DPO/KTO's weight of the deviation from the reference, ORPO's lambda on the "
+               "odds-ratio term, SimPO's reward scale."},
+      {.name = "label_smoothing", .field = &T::label_smoothing, .def = "0", .range = {.lo = 0, .hi = 0.5, .hi_open = true},
+       .help = "rl: dpo (loss_type sigmoid or robust) and simpo: the assumed rate of flipped preference labels."},
+      {.name = "simpo_gamma", .field = &T::simpo_gamma, .def = "0.5", .range = {.lo = 0},
+       .help = "rl: simpo: the target reward margin (gamma)."},
+      {.name = "cpo_alpha", .field = &T::cpo_alpha, .def = "0", .range = {.lo = 0},
+       .help = "rl: simpo: weight of the NLL of the chosen completions added to the loss (CPO's term; 0 = pure SimPO)."},
+      {.name = "desirable_weight", .field = &T::desirable_weight, .def = "1.0", .range = {.lo = 0, .lo_open = true},
+       .help = "rl: kto: weight of the desirable rows' loss."},
+      {.name = "undesirable_weight", .field = &T::undesirable_weight, .def = "1.0", .range = {.lo = 0, .lo_open = true},
+       .help = "rl: kto: weight of the undesirable rows' loss."},
+      {.name = "precompute_ref_log_probs", .field = &T::precompute_ref_log_probs, .def = "false",
+       .help = "rl: dpo/kto: compute the reference log-probs once before training instead of in every step. Not "
+               "implemented: the reference forward runs interleaved (true is refused)."},
+      {.name = "disable_dropout", .field = &T::disable_dropout, .def = "true",
+       .help = "Preference objectives: train without LoRA dropout, as TRL does by default (false keeps "
+               "lora_dropout). SFT always applies lora_dropout."},
       {.name = "base_precision", .field = &T::base_precision, .def = "",
        .choices = {"", "fp32", "bf16", "fp8", "nf4", "fp4", "nvfp4", "mxfp4"},
        .help = "Storage format of the frozen base weights; empty = as stored in the checkpoint."},
@@ -422,6 +451,43 @@ std::vector<Entry> expand_warmup_steps(const YAML::Node& v, const Loc& loc, Note
   return {{"warmup_steps", v, loc}};
 }
 
+// LLaMA-Factory's stage: sft, dpo or kto (reward modelling and PPO are not implemented).
+std::vector<Entry> expand_stage(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  const std::string s = lower(scalar_text(v));
+  if (s == "sft" || s == "dpo" || s == "kto") {
+    notes.push_back("stage: " + s + " -> rl: " + s);
+    return {make_entry("rl", s, loc)};
+  }
+  fail(ErrorKind::Config, loc.where, "stage: '" + scalar_text(v) + "' is not supported",
+       "use stage: sft, dpo or kto (pt, rm and ppo are not implemented)");
+}
+
+// LLaMA-Factory's pref_loss: sigmoid/hinge/ipo are DPO's loss types; orpo and simpo are methods.
+std::vector<Entry> expand_pref_loss(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  const std::string s = lower(scalar_text(v));
+  if (s == "sigmoid" || s == "hinge" || s == "ipo") {
+    notes.push_back("pref_loss: " + s + " -> loss_type: " + s);
+    return {make_entry("loss_type", s, loc)};
+  }
+  if (s == "orpo" || s == "simpo") {
+    notes.push_back("pref_loss: " + s + " -> rl: " + s);
+    return {make_entry("rl", s, loc)};
+  }
+  fail(ErrorKind::Config, loc.where, "pref_loss: '" + scalar_text(v) + "' is not supported",
+       "use sigmoid, hinge, ipo (DPO), orpo or simpo; robust: loss_type: robust");
+}
+
+// TRL's truncation_mode: keep_start cuts the end of each sequence, keep_end its start.
+std::vector<Entry> expand_truncation_mode(const YAML::Node& v, const Loc& loc, Notes& notes) {
+  const std::string s = lower(scalar_text(v));
+  const char* to = s == "keep_start" ? "truncate_right" : s == "keep_end" ? "truncate_left" : nullptr;
+  if (!to)
+    fail(ErrorKind::Config, loc.where, "truncation_mode: '" + scalar_text(v) + "' is not keep_start or keep_end",
+         "or set truncation: drop | truncate_left | truncate_right | error");
+  notes.push_back("truncation_mode: " + s + " -> truncation: " + to);
+  return {make_entry("truncation", to, loc)};
+}
+
 // LLaMA-Factory keys that only confirm what qlora does anyway.
 Expand accept_only(const char* key, const char* ok, const char* hint) {
   return [=](const YAML::Node& v, const Loc& loc, Notes& notes) -> std::vector<Entry> {
@@ -479,6 +545,19 @@ const std::vector<AliasRow>& alias_table() {
       {"lr_scheduler._component_", "lr_scheduler_type"},
       {"lr_scheduler.num_warmup_steps", "warmup_steps"},
       {"warmup_steps", "warmup_steps", expand_warmup_steps},
+      // preference training: axolotl (rl_beta, kto_*_weight), LLaMA-Factory (stage, pref_*), TRL
+      {"rl_beta", "beta"},
+      {"pref_beta", "beta"},
+      {"dpo_beta", "beta"},
+      {"dpo_label_smoothing", "label_smoothing"},
+      {"dpo_loss_type", "loss_type"},
+      {"kto_desirable_weight", "desirable_weight"},
+      {"kto_chosen_weight", "desirable_weight"},
+      {"kto_undesirable_weight", "undesirable_weight"},
+      {"kto_rejected_weight", "undesirable_weight"},
+      {"stage", "rl", expand_stage},
+      {"pref_loss", "loss_type", expand_pref_loss},
+      {"truncation_mode", "truncation", expand_truncation_mode},
   };
   return rows;
 }
@@ -874,6 +953,35 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
     c.base_precision = c.bnb_4bit_quant_type;
     if (!is_set("bnb_4bit_use_double_quant"))
       notes.push_back("load_in_4bit: bnb_4bit_use_double_quant defaults to true (QLoRA)");
+  }
+
+  // Preference keys only where the objective uses them: a value that would change nothing is refused.
+  {
+    const std::string& m = c.rl;
+    auto only_for = [&](const char* key, bool applies, bool non_default, const std::string& who) {
+      if (!applies && non_default)
+        fail(ErrorKind::Config, where(key), std::string(key) + " applies to " + who + ", not to rl: " + m,
+             std::string("remove ") + key + " or set rl accordingly");
+    };
+    const bool pref = m != "sft";
+    only_for("loss_type", m == "dpo", c.loss_type != "sigmoid", "rl: dpo");
+    only_for("beta", pref, c.beta != 0.1, "the preference objectives (rl: dpo, orpo, simpo, kto)");
+    only_for("label_smoothing", (m == "dpo" && (c.loss_type == "sigmoid" || c.loss_type == "robust")) || m == "simpo",
+             c.label_smoothing != 0, "rl: dpo with loss_type sigmoid or robust, and rl: simpo");
+    only_for("simpo_gamma", m == "simpo", c.simpo_gamma != 0.5, "rl: simpo");
+    only_for("cpo_alpha", m == "simpo", c.cpo_alpha != 0, "rl: simpo");
+    only_for("desirable_weight", m == "kto", c.desirable_weight != 1.0, "rl: kto");
+    only_for("undesirable_weight", m == "kto", c.undesirable_weight != 1.0, "rl: kto");
+    if (c.precompute_ref_log_probs)
+      fail(ErrorKind::Config, where("precompute_ref_log_probs"),
+           "precompute_ref_log_probs is not implemented: the reference forward runs in each step",
+           "remove it; the reference costs one forward without activations per micro-batch");
+    if (pref && c.packing)
+      fail(ErrorKind::Config, where("packing"), "packing is not implemented for rl: " + m,
+           "remove packing: each preference row already holds its completions back to back, unpadded");
+    if (pref && c.train_on_inputs)
+      fail(ErrorKind::Config, where("train_on_inputs"), "train_on_inputs does not apply to rl: " + m,
+           "preference objectives score the completions only; remove train_on_inputs");
   }
 
   if (c.warmup_steps > 0 && c.warmup_ratio > 0)

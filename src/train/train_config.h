@@ -66,6 +66,16 @@ struct TrainConfig {
   double lora_dropout;
   std::vector<std::string> target_modules;  // after loading: explicit names, "all-linear" expanded
   bool use_rslora;
+  // preference training (rl != sft)
+  std::string rl;             // sft|dpo|orpo|simpo|kto: the objective
+  std::string loss_type;      // dpo: sigmoid|ipo|hinge|robust
+  double beta;                // dpo/kto: KL weight; orpo: lambda; simpo: reward scale
+  double label_smoothing;     // dpo sigmoid/robust, simpo
+  double simpo_gamma;         // simpo: target margin
+  double cpo_alpha;           // simpo: weight of the chosen NLL
+  double desirable_weight, undesirable_weight;  // kto
+  bool precompute_ref_log_probs;
+  bool disable_dropout;       // preference objectives: no LoRA dropout (TRL's default)
   // precision + memory
   std::string base_precision;  // "" = as stored | fp32|bf16|fp8|nf4|fp4|nvfp4|mxfp4
   bool load_in_4bit;

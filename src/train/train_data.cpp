@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "model/llama_config.h"
+#include "model/modes.h"
 #include "text/tokenizer.h"
 
 #include "text/chat_template.h"
@@ -215,6 +216,7 @@ DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts
   o.fields.content = cfg.message_field_content;
   o.mask.train_on_inputs = cfg.train_on_inputs;
   o.mask.roles_to_train = cfg.roles_to_train;
+  o.mask.prompt_nll = parse_objective(cfg.rl, "rl") == Objective::Orpo;  // ORPO's NLL also scores the prompt
   o.max_length = cfg.max_length;
   o.truncation = cfg.truncation;
   o.skip_bad_rows = cfg.skip_bad_rows;
@@ -229,10 +231,45 @@ DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts
 
 namespace {
 
+// The rows a file gave must be what the objective trains on: SFT rows for sft, chosen/rejected
+// pairs for dpo/orpo/simpo, rated completions for kto.
+void check_objective_rows(const TrainConfig& cfg, const std::vector<Example>& rows, const std::string& path) {
+  const Objective obj = parse_objective(cfg.rl, "rl");
+  for (const Example& e : rows) {
+    const bool pref = !e.roles.empty();
+    const bool unpaired = pref && (e.roles.back() == DocRole::Desirable || e.roles.back() == DocRole::Undesirable);
+    if (!is_preference(obj) && pref)
+      fail(ErrorKind::Config, path, std::string("the file holds preference rows (") +
+                                        (unpaired ? "prompt/completion/label" : "chosen/rejected") +
+                                        ") but the objective is rl: sft",
+           unpaired ? "set rl: kto to train on them" : "set rl: dpo, orpo or simpo to train on them");
+    if (is_preference(obj) && !pref)
+      fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on preference rows, and this file's are not",
+           obj == Objective::Kto ? "rows need 'prompt', 'completion' and a boolean 'label'"
+                                 : "rows need 'chosen' and 'rejected' (and optionally 'prompt')");
+    if (obj == Objective::Kto && pref && !unpaired)
+      fail(ErrorKind::Config, path, "rl: kto trains on rated completions (prompt/completion/label), and this file has pairs",
+           "use rl: dpo, orpo or simpo for chosen/rejected rows");
+    if (is_preference(obj) && obj != Objective::Kto && unpaired)
+      fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on chosen/rejected pairs, and this file has "
+                                        "rated completions (prompt/completion/label)",
+           "use rl: kto for them");
+  }
+}
+
+// KTO's KL probes, paired within runs of the train batch size as TRL pairs them.
+void add_objective_docs(const TrainConfig& cfg, std::vector<Example>& rows) {
+  if (parse_objective(cfg.rl, "rl") == Objective::Kto)
+    add_kl_probes(rows, cfg.per_device_train_batch_size, cfg.max_length, cfg.truncation);
+}
+
 std::vector<Example> load_eval_file(const TrainConfig& cfg, const TokenizerSource& ts, const DatasetOptions& opt,
                                     DatasetFormat format) {
   DatasetStats es;
-  return load_dataset(DatasetSpec{cfg.eval_file, 1.0, format}, ts.tokenizer.get(), opt, &es);
+  std::vector<Example> rows = load_dataset(DatasetSpec{cfg.eval_file, 1.0, format}, ts.tokenizer.get(), opt, &es);
+  check_objective_rows(cfg, rows, cfg.eval_file);
+  add_objective_docs(cfg, rows);
+  return rows;
 }
 
 // Eval rows are packed with their own seed, so the train packing never changes them.
@@ -308,6 +345,7 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
       (progress ? progress : log)(line);
     };
     per_file.push_back(load_dataset(spec, ts.tokenizer.get(), opt, &fr.stats));
+    check_objective_rows(cfg, per_file.back(), spec.path);
     total += int64_t(per_file.back().size());
     d.stats.add(fr.stats);
     d.files.push_back(std::move(fr));
@@ -327,6 +365,8 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
     d.files[i].weighted = int64_t(keep.size());
     d.train.insert(d.train.end(), std::make_move_iterator(keep.begin()), std::make_move_iterator(keep.end()));
   }
+  add_objective_docs(cfg, d.train);
+  if (cfg.eval_file.empty()) add_objective_docs(cfg, d.eval);
   d.prepare_s = std::chrono::duration<double>(clock::now() - t0).count();
   opt.progress = nullptr;
   if (!cfg.eval_file.empty()) d.eval = load_eval_file(cfg, ts, opt, specs[0].format);

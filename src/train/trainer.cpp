@@ -103,6 +103,25 @@ double Trainer::evaluate(const std::vector<Batch>& batches) {
   return t.mean();
 }
 
+PrefEvalTotals Trainer::evaluate_preference_batches(const std::vector<Batch>& batches) {
+  LlamaModel& model = *lm_.model;
+  const int world = comm_->size();
+  if (world == 1) return evaluate_preference(model, *pref_, batches);
+  const Slice mine = slice_of(batches.size(), comm_->rank(), world);
+  std::vector<Batch> share(batches.begin() + std::ptrdiff_t(mine.begin), batches.begin() + std::ptrdiff_t(mine.end()));
+  PrefEvalTotals part = evaluate_preference(model, *pref_, share);
+  if (model.base_sharded() && mine.count < (batches.size() + size_t(world) - 1) / size_t(world))
+    evaluate_preference(model, *pref_, {batches[mine.count ? mine.end() - 1 : 0]});  // lockstep gathers
+  std::vector<double> v = part.metrics.flat();
+  v.push_back(part.loss * double(share.size()));  // this rank's sum of batch objectives
+  comm_->allreduce_sum(v.data(), v.size());
+  PrefEvalTotals t;
+  t.loss = v.back() / double(std::max<size_t>(1, batches.size()));
+  v.pop_back();
+  t.metrics = PrefMetricMeans::from_flat(v);
+  return t;
+}
+
 bool Trainer::state_finite_everywhere() {
   double broken = optimizer_state_finite(*lm_.model) ? 0.0 : 1.0;  // ZeRO-1: each rank checks its share
   comm_->allreduce_sum(&broken, 1);
@@ -312,10 +331,11 @@ ModelSource Trainer::prepare_data(Run& r) {
 }
 
 void Trainer::load_model(Run& r, const ModelSource& source) {
+  pref_ = preference_spec(cfg_);
   const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
   const int64_t ebs = cfg_.per_device_eval_batch_size;
   // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
-  const EngineSpec spec = with_shapes(engine_spec(cfg_), cfg_, std::max(bs, ebs), std::min(cfg_.max_length, r.data.longest));
+  const EngineSpec spec = with_shapes(engine_spec(cfg_), cfg_, std::max(bs, ebs), std::min(row_tokens_cap(cfg_), r.data.longest));
   r.fsdp = spec.sharding == Sharding::Fsdp;
   r.zero1 = splits_optimizer(spec, comm_->size());
   lm_ = load_model_for_training(spec, be_, source, uint64_t(cfg_.seed), comm_);
@@ -407,10 +427,24 @@ void Trainer::open_outputs(Run& r) {
   r.sum.total_steps = r.total;
 }
 
+// eval_loss, and for preference objectives eval_<metric> as TRL names them, into rec.
+double Trainer::eval_into(Run& r, nlohmann::json& rec) {
+  if (!pref_) {
+    const double el = evaluate(r.eval_batches);
+    rec["eval_loss"] = el;
+    return el;
+  }
+  const PrefEvalTotals t = evaluate_preference_batches(r.eval_batches);
+  rec["eval_loss"] = t.loss;
+  for (const auto& [k, v] : t.metrics.means()) rec["eval_" + k] = v;
+  return t.loss;
+}
+
 void Trainer::before_training(Run& r) {
   if ((lead_ || r.world > 1) && r.start == 0 && !r.eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline
-    const double el = evaluate(r.eval_batches);
-    r.write_metrics({{"step", 0}, {"eval_loss", el}});
+    nlohmann::json rec = {{"step", 0}};
+    const double el = eval_into(r, rec);
+    r.write_metrics(rec);
     log("eval_loss " + std::to_string(el) + " before training");
   }
   // Sample answers before training (a resumed run keeps the first run's from samples.json).
@@ -451,8 +485,17 @@ void Trainer::train_loop(Run& r) {
     for (int64_t j = 0; j < r.micro_per_step; j++) mbs.push_back(stream.next());
     const double lr = lr_at(sp, step);
     const int64_t gathered0 = model.gathered_base_bytes();
-    const StepResult res = dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed)
-                              : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed));
+    PrefMetricMeans pref_metrics;  // this rank's micro-batches' metrics (preference objectives)
+    const MicroStepFn micro = pref_ ? preference_micro_step(model, *pref_, r.micro_per_step, &pref_metrics) : MicroStepFn{};
+    const StepResult res =
+        dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed, micro)
+            : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed), micro);
+    std::map<std::string, double> step_metrics;
+    if (pref_) {
+      std::vector<double> v = pref_metrics.flat();
+      if (world > 1) comm_->allreduce_sum(v.data(), v.size());
+      step_metrics = PrefMetricMeans::from_flat(v).means();
+    }
     const double loss = res.loss, gnorm = res.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
       // train_step left the weights and moments untouched: the state is the last good one.
@@ -482,15 +525,21 @@ void Trainer::train_loop(Run& r) {
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const int64_t done = step + 1;
     sum.last_loss = loss;
-    if (lead_) r.progress->update(StepReport{done, loss, lr, double(res.tokens) / dt, dt});
+    if (lead_) {
+      StepReport rep{done, loss, lr, double(res.tokens) / dt, dt, {}};
+      if (auto it = step_metrics.find("rewards/accuracies"); it != step_metrics.end()) rep.extra = {{"acc", it->second}};
+      if (auto it = step_metrics.find("rewards/margins"); it != step_metrics.end()) rep.extra.push_back({"margin", it->second});
+      r.progress->update(rep);
+    }
 
     nlohmann::json rec;
     bool log_now = done % std::max<int64_t>(1, cfg_.logging_steps) == 0 || done == total;
     if (log_now) {
       rec = {{"step", done}, {"loss", loss}, {"learning_rate", lr}, {"grad_norm", gnorm},
-             {"tokens_per_second", double(res.tokens) / dt}, {"trained_tokens", res.trained_tokens},
+             {"tokens_per_second", double(res.tokens) / dt}, {"step_seconds", dt}, {"trained_tokens", res.trained_tokens},
              {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(r.data.train.size())))}};
       if (r.fsdp) rec["fsdp_allgather_bytes"] = gathered;
+      for (const auto& [k, v] : step_metrics) rec[k] = v;
     }
     if (r.fsdp && done == start + 2)  // the first step after one in steady state (the first gathers every layer)
       progress_message("fsdp: step " + std::to_string(done) + " all-gathered " + std::to_string(gathered) +
@@ -498,10 +547,9 @@ void Trainer::train_loop(Run& r) {
     const bool eval_now = (lead_ || world > 1) && !r.eval_batches.empty() && cfg_.eval_strategy != "no" &&
                           ((cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0) || done == total);
     if (eval_now) {
-      const double el = evaluate(r.eval_batches);
-      sum.eval_loss = el;
       rec["step"] = done;
-      rec["eval_loss"] = el;
+      const double el = eval_into(r, rec);
+      sum.eval_loss = el;
       progress_message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
     }
     if (!rec.is_null()) r.write_metrics(rec);

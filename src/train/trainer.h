@@ -3,6 +3,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "train/data.h"
 #include "train/data_parallel.h"
 #include "train/model_source.h"
+#include "train/preference_step.h"
 #include "train/train_config.h"
 
 namespace qlora {
@@ -75,6 +77,10 @@ class Trainer {
   TrainSummary finish(Run& r);                          // checkpoint if stopped, else adapter and plot
 
   double evaluate(const std::vector<Batch>& batches);
+  double eval_into(Run& r, nlohmann::json& rec);  // the eval loss (and preference metrics) into rec
+  // Preference objectives: the mean objective over the batches and the means of their metrics,
+  // sharded over ranks as evaluate() is.
+  PrefEvalTotals evaluate_preference_batches(const std::vector<Batch>& batches);
   // Called on every rank (ZeRO-1 gathers the moments); rank 0 writes.
   void save_checkpoint(const std::string& dir, int64_t step, const DataStream& stream);
   // Every rank's LoRA weights and moments are finite (the same answer on every rank).
@@ -93,6 +99,7 @@ class Trainer {
   LoadedModel lm_;
   std::unique_ptr<DataParallelStep> dp_;  // more than one rank
   std::shared_ptr<const Tokenizer> tokenizer_;  // set when sample_prompts is
+  std::optional<PreferenceSpec> pref_;          // rl: dpo, orpo, simpo, kto
 };
 
 }  // namespace qlora

@@ -59,7 +59,7 @@ void Zero1Optimizer::step(const OptimHyper& h, double lr, int64_t step, double s
   double all[3] = {sums[0], sums[1], 0.0};
   for (size_t i = 0; i < block_[size_t(me)]; i++) all[2] += double(g[i]) * double(g[i]);
   comm_.allreduce_sum(all, 3);
-  r.loss = all[0] / double(r.trained_tokens);
+  r.loss = all[0];  // the sum of every micro-batch's share
   if (stop_any) *stop_any = all[1] > 0;
   r.grad_norm = std::sqrt(all[2]);
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) return;  // every rank sees the same values

@@ -17,7 +17,7 @@ class Zero1Optimizer {
  public:
   Zero1Optimizer(LlamaModel& model, Comm& comm);
   // After the local forward/backward: reduce-scatter the gradients, the global norm (from every
-  // rank's share, summed in f64 in rank order, with the loss sum and stop vote in sums[0..1]),
+  // rank's share, summed in f64 in rank order, with the shares of the loss and the stop vote in sums[0..1]),
   // clipping, AdamW on this rank's share and the all-gather of the updated weights. Fills
   // r.loss from sums[0], r.grad_norm and *stop_any. Non-finite loss or norm: weights untouched.
   void step(const OptimHyper& h, double lr, int64_t step, double sums[2], StepResult& r, bool* stop_any);

@@ -16,15 +16,21 @@ TEST(TrainCliOffload, OffloadTrainsExactlyAsFullCheckpointing) {
                                   " max_steps=6 logging_steps=1 eval_steps=3 threads=1 device=cpu gradient_checkpointing=" + ckpt[i]);
     ASSERT_EQ(r.code, 0) << r.output;
   }
-  // Per-step lines equal except the measured speed.
+  // Per-step lines equal except the measured speed and step time.
   auto strip_speed = [](std::string s) {
-    std::string o;
-    for (size_t at = 0;;) {
-      const size_t t = s.find("\"tokens_per_second\":", at);
-      if (t == std::string::npos) return o + s.substr(at);
-      o += s.substr(at, t - at);
-      at = s.find_first_of(",}", t);
+    for (const char* key : {"\"tokens_per_second\":", "\"step_seconds\":"}) {
+      std::string o;
+      for (size_t at = 0;;) {
+        const size_t t = s.find(key, at);
+        if (t == std::string::npos) {
+          s = o + s.substr(at);
+          break;
+        }
+        o += s.substr(at, t - at);
+        at = s.find_first_of(",}", t);
+      }
     }
+    return s;
   };
   const std::string a = read_file(out[0] + "/metrics.jsonl"), b = read_file(out[1] + "/metrics.jsonl");
   ASSERT_FALSE(a.empty());

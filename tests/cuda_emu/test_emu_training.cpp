@@ -23,6 +23,9 @@
 #include "model/llama_model.h"
 #include "train/model_source.h"
 #include "model/peft_io.h"
+#include "core/rng.h"
+#include "train/data.h"
+#include "train/preference_step.h"
 #include "train/step.h"
 #include "../model/model_test_util.h"
 
@@ -126,17 +129,22 @@ void compare_training(const std::string& method, const std::string& precision, c
 // difference be within 16 units of the CPU's largest element (measured: at most 2.8% normwise and
 // 4.3% elementwise over the 28 adapters of both runs, at sm_80, sm_90 and sm_100), where a wrong
 // or missing term differs by order 1 and the AdamW updates compared above allow 20%.
+// step: the forward and backward to compare (default: the token-mean SFT step on the fixture batch).
+using GradStep = std::function<StepResult(LlamaModel&)>;
 void compare_gradients(const std::string& method, const std::string& precision, const std::string& ckpt, double rel,
-                       const std::string& variant = "llama_gqa") {
+                       const std::string& variant = "llama_gqa", GradStep step = {}) {
   std::string why;
   std::unique_ptr<Backend> cu = make_cuda_backend(&why);
   ASSERT_TRUE(cu) << why;
   TrainRun gpu = make_run(std::move(cu), method, precision, ckpt, 0, variant);
   TrainRun cpu = make_run(make_cpu_backend(), method, precision, ckpt, 0, variant);
-  SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
-  const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
-  const StepResult rg = accumulate_grads(*gpu.model, {batch}, 0, 0);
-  const StepResult rc = accumulate_grads(*cpu.model, {batch}, 0, 0);
+  if (!step) {
+    SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
+    const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+    step = [batch](LlamaModel& m) { return accumulate_grads(m, {batch}, 0, 0); };
+  }
+  const StepResult rg = step(*gpu.model);
+  const StepResult rc = step(*cpu.model);
   EXPECT_NEAR(rg.loss, rc.loss, 4.0 / 256 * std::fabs(rc.loss));
   auto& gp = gpu.model->lora_params();
   auto& cp = cpu.model->lora_params();
@@ -330,6 +338,29 @@ TEST(CudaEmuTraining, QloraPrefetchesTheNextLayerOnASideStream) {
   const int64_t L = r.model->config().n_layer;
   EXPECT_EQ(r.model->dequantized_layers(), 2 * L - 2);
   EXPECT_EQ(emu::stream_waits() - waits, 2 * 7 * (2 * L - 3));
+}
+
+// Preference objectives on the CUDA backend: the reference forward with the adapters off and the
+// backward weighted per position (the scale op on runs of the LM head's gradient rows), on rows of
+// two documents. A batch of 2 rows, each a 3-4 token prompt with completions of 2-3 tokens.
+GradStep preference_step(Objective method) {
+  Rng rng(31);
+  const std::vector<Example> rows = testing_util::preference_rows(method, rng, 96, {{3, 3, 2}, {4, 2, 2}});
+  const Batch batch = pad_batch({&rows[0], &rows[1]}, 0);
+  PreferenceSpec ps;
+  ps.method = method;
+  ps.beta = 0.5;
+  return [batch, ps](LlamaModel& m) { return accumulate_grads(m, {batch}, 0, 0, preference_micro_step(m, ps, 1, nullptr)); };
+}
+
+TEST(CudaEmuTraining, DpoQloraNf4GradientsWithCheckpointingMatchTheCpu) {
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "llama_gqa", preference_step(Objective::Dpo));
+}
+TEST(CudaEmuTraining, OrpoLoraBf16GradientsMatchTheCpu) {
+  compare_gradients("lora", "", "none", 10.0 / 256, "llama_gqa", preference_step(Objective::Orpo));
+}
+TEST(CudaEmuTraining, KtoLoraBf16GradientsMatchTheCpu) {
+  compare_gradients("lora", "", "none", 10.0 / 256, "llama_gqa", preference_step(Objective::Kto));
 }
 
 TEST(CudaEmuTraining, LoraBf16StepsMatchTheCpu) { compare_training("lora", "", "none"); }

@@ -1,16 +1,20 @@
 // Shared helpers for model tests: build a model on any backend from a fixture directory, read
 // fixture tensors, compare results.
 #pragma once
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/batch.h"
 #include "model/llama_model.h"
 #include "model/peft_io.h"
+#include "model/modes.h"
+#include "text/dataset.h"
 #include "train/model_source.h"
 
 namespace qlora::testing_util {
@@ -97,6 +101,37 @@ inline std::vector<Batch> small_micro_batches(int64_t vocab) {
     mbs.push_back(Batch::from_hf(2, 12, ids, labels));
   }
   return mbs;
+}
+
+// Preference rows for model tests: row i is a prompt of shapes[i][0] random tokens followed by
+// two completions of shapes[i][1] and shapes[i][2] random tokens, each a document of its own, with
+// the roles `method` gives them (KTO: the first desirable in even rows, undesirable in odd ones,
+// then a KL probe; ORPO also labels the chosen's prompt after its first token).
+inline std::vector<Example> preference_rows(Objective method, Rng& rng, int64_t vocab,
+                                            const std::vector<std::array<int, 3>>& shapes) {
+  std::vector<Example> rows(shapes.size());
+  for (size_t i = 0; i < shapes.size(); i++) {
+    std::vector<int32_t> prompt(size_t(shapes[i][0]));
+    for (auto& v : prompt) v = int32_t(rng.below(uint64_t(vocab)));
+    for (int d = 0; d < 2; d++) {
+      const DocRole role = method == Objective::Kto
+                               ? (d == 0 ? (i % 2 ? DocRole::Undesirable : DocRole::Desirable) : DocRole::KlProbe)
+                               : (d == 0 ? DocRole::Chosen : DocRole::Rejected);
+      for (size_t k = 0; k < prompt.size(); k++) {
+        rows[i].ids.push_back(prompt[k]);
+        rows[i].labels.push_back(method == Objective::Orpo && d == 0 && k > 0 ? prompt[k] : kNoLoss);
+        rows[i].roles.push_back(DocRole::Prompt);
+      }
+      for (int k = 0; k < shapes[i][1 + d]; k++) {
+        const int32_t v = int32_t(rng.below(uint64_t(vocab)));
+        rows[i].ids.push_back(v);
+        rows[i].labels.push_back(v);
+        rows[i].roles.push_back(role);
+      }
+      rows[i].doc_lens.push_back(int32_t(prompt.size()) + shapes[i][1 + d]);
+    }
+  }
+  return rows;
 }
 
 }  // namespace qlora::testing_util

@@ -12,6 +12,8 @@
 #include "core/rng.h"
 #include "model/llama_config.h"
 #include "model_test_util.h"
+#include "train/data.h"
+#include "train/preference_step.h"
 
 using namespace qlora;
 using namespace qlora::testing_util;
@@ -90,11 +92,19 @@ struct RefModel {
       }
   }
 
-  // Summed cross-entropy of `batch` (rows of t tokens, one document each).
+  // Summed cross-entropy of `batch`.
   double loss(const Batch& batch) const {
+    double total = 0;
+    for (double v : token_losses(batch)) total += v;
+    return total;
+  }
+
+  // Cross-entropy of each labeled position, in batch order. Packed rows (batch.seg) attend within
+  // their own document only.
+  std::vector<double> token_losses(const Batch& batch) const {
     const int64_t T = batch.t, C = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
     const int64_t H = c.n_head, KV = c.n_head_kv, V = c.vocab_size;
-    double total = 0;
+    std::vector<double> out;
     for (int64_t b = 0; b < batch.b; b++) {
       std::vector<int32_t> pos(batch.positions.begin() + b * T, batch.positions.begin() + (b + 1) * T);
       Mat x(size_t(T * C));
@@ -121,7 +131,8 @@ struct RefModel {
             double mx = -INFINITY;
             const int64_t W = c.window_of(l);  // sliding window: keys j with i - j < W
             for (int64_t j = 0; j <= i; j++) {
-              if (W > 0 && i - j >= W) {
+              const bool other_doc = !batch.seg.empty() && batch.seg[size_t(b * T + i)] != batch.seg[size_t(b * T + j)];
+              if ((W > 0 && i - j >= W) || other_doc) {
                 s[size_t(j)] = -INFINITY;
                 continue;
               }
@@ -155,10 +166,10 @@ struct RefModel {
         double mx = -INFINITY, z = 0;
         for (int64_t e = 0; e < V; e++) mx = std::max(mx, logits[size_t(t * V + e)]);
         for (int64_t e = 0; e < V; e++) z += std::exp(logits[size_t(t * V + e)] - mx);
-        total += std::log(z) + mx - logits[size_t(t * V + y)];
+        out.push_back(std::log(z) + mx - logits[size_t(t * V + y)]);
       }
     }
-    return total;
+    return out;
   }
 };
 
@@ -235,7 +246,99 @@ void check_model(const std::string& variant, size_t stride) {
               variant.c_str(), (long long)checked, worst_rel);
 }
 
+// A preference objective's LoRA gradients through the whole model: rows of two documents (prompt +
+// completion each, positions restarting, attention kept inside each), the reference run with the
+// adapters off, the objective over the completions' summed log-probs (train/preference.h, whose own
+// derivatives tests/train/test_preference_objective.cpp checks), against finite differences of the
+// double model. Checks the weighted backward, the reference forward and the batch layout.
+void check_preference(Objective method, size_t stride) {
+  LoraSpec spec = fixture_lora();
+  TestModel t = make_model("llama_gqa", spec, 2, 14);
+  Rng rng(23);
+  for (auto& p : t.model->lora_params()) {
+    std::vector<float> h(size_t(p.w.numel()));
+    for (auto& x : h) x = rng.uniform(-0.2f, 0.2f);
+    t.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
+  }
+  const int64_t V = t.model->config().vocab_size;
+  // Row i: a prompt of 3 + i tokens, then two completions of 4 - i and 3 tokens.
+  const std::vector<Example> rows = preference_rows(method, rng, V, {{3, 4, 3}, {4, 3, 3}});
+  const Batch batch = pad_batch({&rows[0], &rows[1]}, 0);
+  PreferenceSpec ps;
+  ps.method = method;
+  ps.beta = method == Objective::Kto ? 0.5 : 0.3;  // large enough that the terms are far from flat
+  t.model->zero_grads();
+  const double engine_loss = preference_micro_step(*t.model, ps, 1, nullptr)(batch, 0, 0);
+
+  RefModel ref;
+  ref.c = t.model->config();
+  ref.lora_scale = double(spec.scale());
+  for (float f : rope_inv_freq(ref.c)) ref.inv_freq.push_back(double(f));
+  SafetensorsArchive ar(fixtures() + "/models/llama_gqa");
+  for (const auto& name : ar.names()) ref.base[name] = to_double(floats(ar, name));
+  const std::vector<PrefSeq> seqs = preference_sequences(batch, ps);
+  std::vector<double> ref_logp;
+  if (ps.uses_reference()) {
+    RefModel base = ref;  // adapters off
+    const std::vector<double> tl = base.token_losses(batch);
+    for (const PrefSeq& q : seqs) {
+      double s = 0;
+      for (int64_t i = q.begin; i < q.end; i++) s -= tl[size_t(i)];
+      ref_logp.push_back(s);
+    }
+  }
+  for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
+  auto logps = [&]() {
+    const std::vector<double> tl = ref.token_losses(batch);
+    std::vector<double> lp;
+    for (const PrefSeq& q : seqs) {
+      double s = 0;
+      for (int64_t i = q.begin; i < q.end; i++) s -= tl[size_t(i)];
+      lp.push_back(s);
+    }
+    return lp;
+  };
+  const std::vector<double> lp0 = logps();
+  auto objective = [&]() {
+    std::vector<double> lp = logps();
+    // KTO's KL estimate is a constant of the step (detached, as TRL computes it under no_grad).
+    for (size_t i = 0; i < seqs.size(); i++)
+      if (seqs[i].role == DocRole::KlProbe) lp[i] = lp0[i];
+    return preference_objective(ps, seqs, lp, ref_logp).loss;
+  };
+  EXPECT_NEAR(engine_loss, objective(), 2e-6 * std::fabs(objective())) << objective_name(method);
+  double worst_rel = 0;
+  int64_t checked = 0;
+  for (auto& p : t.model->lora_params()) {
+    const std::vector<float> g = host(*t.be, p.g);
+    Mat& wv = ref.lora.at(p.name);
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < wv.size(); i += stride) {
+      const double orig = wv[i], h = 1e-5;
+      wv[i] = orig + h;
+      const double up = objective();
+      wv[i] = orig - h;
+      const double down = objective();
+      wv[i] = orig;
+      const double fd = (up - down) / (2 * h);
+      scale = std::max(scale, std::fabs(fd));
+      err = std::max(err, std::fabs(double(g[i]) - fd));
+      checked++;
+    }
+    ASSERT_GT(scale, 0) << p.name << ": no gradient to check";
+    EXPECT_LT(err / scale, 2e-5) << objective_name(method) << " " << p.name;
+    worst_rel = std::max(worst_rel, err / scale);
+  }
+  EXPECT_GT(checked, 500);
+  std::printf("%s: %lld LoRA parameters checked, worst error %.2e of its tensor's largest gradient\n",
+              objective_name(method), (long long)checked, worst_rel);
+}
+
 }  // namespace
+
+TEST(PreferenceGradientsDouble, Dpo) { check_preference(Objective::Dpo, 7); }
+TEST(PreferenceGradientsDouble, Orpo) { check_preference(Objective::Orpo, 7); }
+TEST(PreferenceGradientsDouble, Kto) { check_preference(Objective::Kto, 7); }
 
 // Llama 3 layout: GQA, llama3 rope scaling, untied head.
 TEST(LoraGradientsDouble, LlamaGqaEveryParameter) { check_model("llama_gqa", 1); }

@@ -155,3 +155,25 @@ TEST(Speed, DirectionsOfChange) {
   EXPECT_LT(padded.speed.tokens_per_second, 0.3 * packed);
   EXPECT_EQ(padded.speed.useful_tokens_per_step, 512.0);
 }
+
+// Preference objectives: rows of two documents attend within each half, and DPO/KTO add the
+// reference forward (decoder, LM head and attention, no LoRA) to every token: by hand on 8B LoRA.
+TEST(Speed, PreferenceObjectivesCountTheReferenceForward) {
+  PlanRequest sft = request("llama3-8b", "h100", "lora");
+  sft.seq_len = 2048;
+  PlanRequest dpo = sft, orpo = sft;
+  dpo.objective = Objective::Dpo;
+  orpo.objective = Objective::Orpo;
+  const SpeedEstimate s = make_plan(sft).speed, d = make_plan(dpo).speed, o = make_plan(orpo).speed;
+  const double n_lin = 6979321856.0, n_head = 525336576.0;
+  const double half_attn = 4 * 4096 * 1025.0 / 2 * 32;  // A over 1024-token documents
+  EXPECT_EQ(s.per_token.reference.total(), 0.0);
+  EXPECT_EQ(o.per_token.reference.total(), 0.0);  // ORPO and SimPO have no reference
+  EXPECT_NEAR(o.per_token.fwd.attn, half_attn, 1e-3);
+  EXPECT_NEAR(d.per_token.reference.total(), 2 * n_lin + 2 * n_head + half_attn, 1e3);
+  EXPECT_EQ(d.per_token.reference.lora, 0.0);
+  EXPECT_GT(d.step_time_s, o.step_time_s);
+  EXPECT_LT(o.step_time_s, s.step_time_s);  // same tokens, shorter attention spans
+  // The reference keeps nothing: the memory plan is the same.
+  EXPECT_EQ(make_plan(dpo).total_bytes, make_plan(sft).total_bytes);
+}

@@ -99,10 +99,10 @@ TEST(Progress, TerminalRedrawsOneLine) {
   Capture cap;
   {
     ProgressReporter p(100, 10, cap.f, /*tty=*/1);
-    p.update({.step = 12, .loss = 2.34123, .lr = 1.9e-4, .tokens_per_s = 1234.4, .step_seconds = 1.0});
+    p.update({.step = 12, .loss = 2.34123, .lr = 1.9e-4, .tokens_per_s = 1234.4, .step_seconds = 1.0, .extra = {}});
     EXPECT_EQ(p.eta_seconds(), 88.0);
     p.message("eval loss 2.1");
-    p.update({.step = 13, .loss = 2.3, .lr = 1.8e-4, .tokens_per_s = 1000, .step_seconds = 1.0});
+    p.update({.step = 13, .loss = 2.3, .lr = 1.8e-4, .tokens_per_s = 1000, .step_seconds = 1.0, .extra = {}});
   }  // destructor clears the line
   std::string t = cap.text();
   EXPECT_EQ(t.rfind("\rstep 12/100 | loss 2.3412 | lr 1.9e-04 | 1234 tok/s | ETA 1m28s\x1b[K", 0), 0u) << t;
@@ -114,7 +114,7 @@ TEST(Progress, TerminalRedrawsOneLine) {
 TEST(Progress, PlainLogEveryLoggingStepsAndAtTheEnd) {
   Capture cap;
   ProgressReporter p(7, 3, cap.f, /*tty=*/0);
-  for (int s = 1; s <= 7; ++s) p.update({.step = s, .loss = 1.0, .lr = 1e-4, .tokens_per_s = 10, .step_seconds = 2});
+  for (int s = 1; s <= 7; ++s) p.update({.step = s, .loss = 1.0, .lr = 1e-4, .tokens_per_s = 10, .step_seconds = 2, .extra = {}});
   p.finish();
   std::string t = cap.text();
   EXPECT_EQ(t.find('\r'), std::string::npos);
@@ -128,15 +128,15 @@ TEST(Progress, EtaIsAMovingAverage) {
   Capture cap;
   ProgressReporter p(100, 1, cap.f, 0, /*eta_window=*/4);
   EXPECT_TRUE(std::isnan(p.eta_seconds()));
-  p.update({.step = 1, .step_seconds = 50.0});  // slow first step (allocation, warm-up)
+  p.update({.step = 1, .step_seconds = 50.0, .extra = {}});  // slow first step (allocation, warm-up)
   EXPECT_DOUBLE_EQ(p.eta_seconds(), 99 * 50.0);
-  for (int s = 2; s <= 5; ++s) p.update({.step = s, .step_seconds = 1.0 + s});  // 3,4,5,6
+  for (int s = 2; s <= 5; ++s) p.update({.step = s, .step_seconds = 1.0 + s, .extra = {}});  // 3,4,5,6
   EXPECT_DOUBLE_EQ(p.eta_seconds(), 95 * 4.5);  // the first step left the window
 }
 
 TEST(Progress, StatusLineShowsTheRanksOfAMultiRankRun) {
   ProgressReporter one(10, 1, stderr, 0);
-  const StepReport r{3, 2.5, 1e-3, 1000, 0.1};
+  const StepReport r{3, 2.5, 1e-3, 1000, 0.1, {}};
   EXPECT_EQ(one.status_line(r).find("ranks"), std::string::npos);  // one process: unchanged
   ProgressReporter four(10, 1, stderr, 0);
   four.set_ranks(4);
