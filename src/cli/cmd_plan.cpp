@@ -41,6 +41,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--gemm-dtype")) r.gemm_dtype = s.gemm_dtype;
   if (unset("--sharding")) r.sharding = s.sharding;  // what training does
   if (unset("--rl")) r.objective = s.objective;
+  r.reference_precomputed = s.reference_precomputed;
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
   r.kv_cache_tokens = qlora::sample_kv_tokens(t, r.seq_len);
 }

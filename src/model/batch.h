@@ -14,6 +14,7 @@ struct Batch {
   std::vector<int32_t> positions;   // (B,T) RoPE positions; restart at each packed document
   std::vector<int32_t> seg;         // (B,T) document id per token; empty = one document per row
   std::vector<int8_t> roles;        // (B,T) DocRole (text/dataset.h) of each token's document; empty = SFT
+  std::vector<double> ref_logps;    // per document, rows in order: precomputed reference log-probs (or empty)
 
   int64_t n() const { return b * t; }
   int64_t n_trained() const {

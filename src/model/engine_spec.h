@@ -20,6 +20,7 @@ struct EngineSpec {
   // prompt + rejected; KTO: a rated completion and its KL probe), and Dpo/Kto add a forward of the
   // reference (adapters off, no activations kept) to every micro-batch.
   Objective objective = Objective::Sft;
+  bool reference_precomputed = false;  // Dpo/Kto: the reference log-probs come with the data (no forward in the step)
   // Unset: the compute dtype's float (fp32 on the CPU, bf16 on a GPU) for lora and full, nf4 for
   // qlora; a pre-quantized checkpoint keeps its own format (adopt_stored_quantization).
   std::optional<BasePrecision> base_precision;

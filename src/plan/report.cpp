@@ -32,7 +32,11 @@ std::string method_text(const PlanRequest& r) {
   }
   if (is_preference(r.objective))
     m += std::string(", ") + objective_name(r.objective) + " (rows of two documents" +
-         (uses_reference(r.objective) ? ", a reference forward with the adapters off" : "") + ")";
+         (uses_reference(r.objective)
+              ? (r.reference_precomputed ? ", reference log-probs computed before training"
+                                         : ", a reference forward with the adapters off")
+              : "") +
+         ")";
   return m;
 }
 

@@ -58,7 +58,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // (they are never packed further).
   if (is_preference(r.objective)) fo.attn_len = std::max<int64_t>(1, r.seq_len / 2);
   fo.recompute = recompute;
-  fo.reference = uses_reference(r.objective);
+  fo.reference = uses_reference(r.objective) && !r.reference_precomputed;
   e.per_token = flops_per_token(c, fo);
   e.attention_path = attention_path(r.gpu, a).description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // windowed layers run the own kernel (docs/cuda_backend.md)

@@ -25,6 +25,9 @@ struct Example {
   std::vector<int32_t> ids, labels;  // (T)
   std::vector<int32_t> doc_lens;     // empty = one document
   std::vector<DocRole> roles;        // per token (preference rows); empty = SFT
+  // Per document, the reference model's summed log-prob of its completion, when computed before
+  // training (precompute_ref_log_probs); empty: computed in each step.
+  std::vector<double> ref_logps;
   int64_t n_trained() const;         // tokens that produce loss after the causal shift
 };
 

@@ -65,6 +65,11 @@ Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
   x.positions.assign(size_t(b * t), 0);         // (B,T)
   if (packed) x.seg.assign(size_t(b * t), 0);   // (B,T)
   if (roles) x.roles.assign(size_t(b * t), int8_t(DocRole::Sft));
+  // Precomputed reference log-probs travel with their rows (all rows have them, or none).
+  bool ref = !rows.empty();
+  for (auto* e : rows) ref = ref && !e->ref_logps.empty();
+  if (ref)
+    for (auto* e : rows) x.ref_logps.insert(x.ref_logps.end(), e->ref_logps.begin(), e->ref_logps.end());
   for (int64_t i = 0; i < b; i++) {
     const Example& e = *rows[size_t(i)];
     const int64_t n = int64_t(e.ids.size());

@@ -13,6 +13,7 @@ EngineSpec engine_spec(const TrainConfig& c) {
   s.lora.r = c.r;
   s.lora.alpha = c.lora_alpha;
   s.objective = parse_objective(c.rl, "rl");
+  s.reference_precomputed = uses_reference(s.objective) && c.precompute_ref_log_probs;
   // TRL's preference trainers run without dropout unless disable_dropout: false.
   s.lora.dropout = is_preference(s.objective) && c.disable_dropout ? 0.0 : c.lora_dropout;
   s.lora.use_rslora = c.use_rslora;

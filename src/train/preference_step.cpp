@@ -2,13 +2,22 @@
 #include "train/preference_step.h"
 
 #include "core/error.h"
+#include "train/data.h"
 
 namespace qlora {
 
 namespace {
 
-// The reference's summed log-probs: the same forward with every adapter switched off.
+// The reference's summed log-probs: precomputed with the batch, or the same forward with every
+// adapter switched off.
 std::vector<double> reference_logps(LlamaModel& model, const std::vector<PrefSeq>& seqs, const Batch& b) {
+  if (!b.ref_logps.empty()) {
+    if (b.ref_logps.size() != seqs.size())
+      fail(ErrorKind::Internal, "preference batch",
+           std::to_string(b.ref_logps.size()) + " precomputed reference log-probs for " + std::to_string(seqs.size()) +
+               " completions");
+    return b.ref_logps;
+  }
   model.set_adapters_enabled(false);
   std::vector<float> rows;
   try {
@@ -61,6 +70,43 @@ PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec
     t.metrics.add(o.metrics);
   }
   return t;
+}
+
+void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, std::vector<Example>& examples,
+                                int64_t batch_size, int32_t pad_id, Comm* comm,
+                                const std::function<void(int64_t, int64_t)>& progress) {
+  if (!spec.uses_reference()) fail(ErrorKind::Internal, "precompute_reference_logps", "the objective has no reference");
+  for (Example& e : examples) e.ref_logps.clear();
+  const std::vector<Batch> batches = make_batches(examples, batch_size, pad_id);
+  const int world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  // Where each batch's documents start in the flat list of every example's documents.
+  std::vector<size_t> first(batches.size() + 1, 0);
+  size_t n_docs = 0, at = 0;
+  for (size_t j = 0; j < batches.size(); j++) {
+    first[j] = n_docs;
+    for (int64_t r = 0; r < batches[j].b; r++) n_docs += examples[at++].doc_lens.size();
+  }
+  first[batches.size()] = n_docs;
+  std::vector<double> all(n_docs, 0.0);
+  const size_t per_rank = (batches.size() + size_t(world) - 1) / size_t(world);
+  for (size_t k = 0; k < per_rank; k++) {
+    const size_t j = k * size_t(world) + size_t(rank);
+    const bool mine = j < batches.size();
+    // Under fsdp every rank gathers every layer with the others: a rank out of batches repeats the last.
+    const Batch& b = batches[mine ? j : batches.size() - 1];
+    const std::vector<PrefSeq> seqs = preference_sequences(b, spec);
+    const std::vector<double> ref = reference_logps(model, seqs, b);
+    if (mine) {
+      if (ref.size() != first[j + 1] - first[j])
+        fail(ErrorKind::Internal, "precompute_reference_logps", "a document without a scored completion");
+      std::copy(ref.begin(), ref.end(), all.begin() + std::ptrdiff_t(first[j]));
+    }
+    if (progress) progress(int64_t(std::min(batches.size(), (k + 1) * size_t(world))), int64_t(batches.size()));
+  }
+  if (world > 1) comm->allreduce_sum(all.data(), all.size());
+  at = 0;
+  for (Example& e : examples)
+    for (size_t d = 0; d < e.doc_lens.size(); d++) e.ref_logps.push_back(all[at++]);
 }
 
 }  // namespace qlora

@@ -4,9 +4,12 @@
 // No second model, no padding between chosen and rejected (two documents of one row).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "core/comm.h"
 #include "model/llama_model.h"
+#include "text/dataset.h"
 #include "train/preference.h"
 #include "train/step.h"
 
@@ -27,11 +30,21 @@ struct PrefEvalTotals {
 PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches);
 
 // The summed log-probs of every completion of a batch under the policy (adapters on) and under
-// the reference (adapters off; empty when the method has none). Forward only.
+// the reference (adapters off, or the batch's precomputed ref_logps; empty when the method has
+// none). Forward only.
 struct PrefLogps {
   std::vector<PrefSeq> seqs;
   std::vector<double> policy, reference;
 };
 PrefLogps preference_logps(LlamaModel& model, const PreferenceSpec& spec, const Batch& b);
+
+// precompute_ref_log_probs: every document's reference log-prob (adapters off) into its example's
+// ref_logps, in batches of batch_size examples in order. With a Comm of several ranks each rank
+// runs its share of the batches (under fsdp all run the same number of forwards) and the values
+// are summed over ranks, so every rank ends with all of them. `progress` (may be null) gets the
+// batches done and their total.
+void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, std::vector<Example>& examples,
+                                int64_t batch_size, int32_t pad_id, Comm* comm,
+                                const std::function<void(int64_t, int64_t)>& progress = nullptr);
 
 }  // namespace qlora

@@ -207,8 +207,9 @@ const std::vector<KeyRow>& key_table() {
       {.name = "undesirable_weight", .field = &T::undesirable_weight, .def = "1.0", .range = {.lo = 0, .lo_open = true},
        .help = "rl: kto: weight of the undesirable rows' loss."},
       {.name = "precompute_ref_log_probs", .field = &T::precompute_ref_log_probs, .def = "false",
-       .help = "rl: dpo/kto: compute the reference log-probs once before training instead of in every step. Not "
-               "implemented: the reference forward runs interleaved (true is refused)."},
+       .help = "rl: dpo/kto: compute the reference log-probs of every train and eval example once before training "
+               "(a forward per example with the adapters off) instead of in every step; kept in "
+               "output_dir/reference_logps.json, which a resumed run (or a rerun on the same data) reads back."},
       {.name = "disable_dropout", .field = &T::disable_dropout, .def = "true",
        .help = "Preference objectives: train without LoRA dropout, as TRL does by default (false keeps "
                "lora_dropout). SFT always applies lora_dropout."},
@@ -972,10 +973,13 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
     only_for("cpo_alpha", m == "simpo", c.cpo_alpha != 0, "rl: simpo");
     only_for("desirable_weight", m == "kto", c.desirable_weight != 1.0, "rl: kto");
     only_for("undesirable_weight", m == "kto", c.undesirable_weight != 1.0, "rl: kto");
-    if (c.precompute_ref_log_probs)
-      fail(ErrorKind::Config, where("precompute_ref_log_probs"),
-           "precompute_ref_log_probs is not implemented: the reference forward runs in each step",
-           "remove it; the reference costs one forward without activations per micro-batch");
+    only_for("precompute_ref_log_probs", m == "dpo" || m == "kto", c.precompute_ref_log_probs,
+             "rl: dpo and kto (the objectives with a reference)");
+    if (m == "kto" && c.per_device_train_batch_size < 2)
+      fail(ErrorKind::Config, where("per_device_train_batch_size"),
+           "rl: kto needs per_device_train_batch_size of at least 2: each row's KL probe pairs its prompt with "
+           "another row's completion of the same batch",
+           "set per_device_train_batch_size: 2 or more (TRL refuses 1 too)");
     if (pref && c.packing)
       fail(ErrorKind::Config, where("packing"), "packing is not implemented for rl: " + m,
            "remove packing: each preference row already holds its completions back to back, unpadded");

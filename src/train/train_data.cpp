@@ -409,7 +409,8 @@ std::vector<std::string> describe_train_data(const TrainData& d, const TrainConf
   out.push_back("data: " + std::to_string(st.rows) + " rows -> " + std::to_string(st.examples) + " examples" +
                 (weighted != st.examples ? " (" + std::to_string(weighted) + " with weights)" : std::string()) + ", " +
                 std::to_string(st.tokens) + " tokens (" + std::to_string(st.trained_tokens) + " trained, " +
-                pct(st.trained_tokens, st.tokens) + "), longest " + std::to_string(st.longest) + " | max_length " +
+                pct(st.trained_tokens, st.tokens) + "), longest " + std::to_string(st.longest) +
+                (is_preference(parse_objective(cfg.rl, "rl")) ? " (a row: two sequences)" : "") + " | max_length " +
                 std::to_string(cfg.max_length) + ": truncated " + std::to_string(st.truncated) + " (" + cfg.truncation +
                 "), dropped " + std::to_string(st.dropped) + " | skipped: " + std::to_string(st.no_loss) +
                 " without a trained token, " + std::to_string(st.bad_rows) + " bad rows");

@@ -310,6 +310,7 @@ TrainSummary Trainer::run() {
   Run r;
   const ModelSource source = prepare_data(r);
   load_model(r, source);
+  precompute_reference(r);
   resume(r);
   open_outputs(r);
   before_training(r);
@@ -383,6 +384,93 @@ void Trainer::load_model(Run& r, const ModelSource& source) {
     for (int q = 0; q < world; q++) list += (q ? ", " : "") + std::to_string(int64_t(per_rank[size_t(q)]));
     log("memory allocated per rank (bytes): " + list);
   }
+}
+
+namespace {
+
+// What the reference log-probs depend on: the base model as held and every example's tokens.
+std::string reference_fingerprint(const TrainConfig& c, const std::vector<Example>& train, const std::vector<Example>& eval) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (const std::string* s : {&c.model_name_or_path, &c.base_precision, &c.gemm_dtype}) mix(s->data(), s->size() + 1);
+  for (const auto* set : {&train, &eval})
+    for (const Example& e : *set) {
+      mix(e.ids.data(), e.ids.size() * 4);
+      mix(e.labels.data(), e.labels.size() * 4);
+      mix(e.doc_lens.data(), e.doc_lens.size() * 4);
+    }
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
+}  // namespace
+
+// precompute_ref_log_probs: each train and eval document's reference log-prob, computed once (or
+// read back from output_dir/reference_logps.json when it was made for this model and data).
+void Trainer::precompute_reference(Run& r) {
+  if (!pref_ || !pref_->uses_reference() || !cfg_.precompute_ref_log_probs) return;
+  const std::string path = cfg_.output_dir + "/reference_logps.json";
+  const std::string fp = reference_fingerprint(cfg_, r.data.train, r.data.eval);
+  auto count = [](const std::vector<Example>& v) {
+    size_t n = 0;
+    for (const Example& e : v) n += e.doc_lens.size();
+    return n;
+  };
+  bool loaded = false;
+  if (std::error_code ec; fs::exists(path, ec)) {
+    try {
+      std::ifstream in(path);
+      const nlohmann::json j = nlohmann::json::parse(in);
+      const auto train = j.at("train").get<std::vector<double>>(), eval = j.at("eval").get<std::vector<double>>();
+      if (j.at("fingerprint") == fp && train.size() == count(r.data.train) && eval.size() == count(r.data.eval)) {
+        for (auto [set, values] : {std::pair{&r.data.train, &train}, std::pair{&r.data.eval, &eval}}) {
+          size_t at = 0;
+          for (Example& e : *set) {
+            e.ref_logps.assign(values->begin() + std::ptrdiff_t(at), values->begin() + std::ptrdiff_t(at + e.doc_lens.size()));
+            at += e.doc_lens.size();
+          }
+        }
+        loaded = true;
+        log("reference log-probs: read " + std::to_string(train.size() + eval.size()) + " from " + path);
+      }
+    } catch (const std::exception&) {  // unreadable or from another version: computed again below
+    }
+  }
+  if (comm_->size() > 1) {  // computing is collective: all ranks read the file, or all compute
+    double read = loaded ? 1.0 : 0.0;
+    comm_->allreduce_sum(&read, 1);
+    loaded = read == double(comm_->size());
+  }
+  if (!loaded) {
+    LlamaModel& model = *lm_.model;
+    const auto t0 = std::chrono::steady_clock::now();
+    Comm* comm = comm_->size() > 1 ? comm_ : nullptr;
+    const int64_t bs = std::max(cfg_.per_device_train_batch_size, cfg_.per_device_eval_batch_size);
+    const auto report = [&](int64_t done, int64_t total) {
+      if (lead_ && (done == total || done % 50 == 0))
+        std::fprintf(stderr, "reference log-probs: batch %lld/%lld\n", (long long)done, (long long)total);
+    };
+    precompute_reference_logps(model, *pref_, r.data.train, bs, r.data.pad_id, comm, report);
+    if (!r.data.eval.empty()) precompute_reference_logps(model, *pref_, r.data.eval, bs, r.data.pad_id, comm, report);
+    nlohmann::json j = {{"fingerprint", fp}, {"model", cfg_.model_name_or_path}, {"train", nlohmann::json::array()},
+                        {"eval", nlohmann::json::array()}};
+    for (const Example& e : r.data.train)
+      for (double v : e.ref_logps) j["train"].push_back(v);
+    for (const Example& e : r.data.eval)
+      for (double v : e.ref_logps) j["eval"].push_back(v);
+    if (lead_) {
+      fs::create_directories(cfg_.output_dir);
+      write_file_atomic(path, j.dump() + "\n");
+    }
+    log("reference log-probs: computed " + std::to_string(count(r.data.train) + count(r.data.eval)) + " in " +
+        format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + ", kept in " + path);
+  }
+  // The eval batches were built before: again, now with the values.
+  r.eval_batches = make_batches(r.data.eval, cfg_.per_device_eval_batch_size, r.data.pad_id);
 }
 
 void Trainer::resume(Run& r) {

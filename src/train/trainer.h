@@ -70,6 +70,7 @@ class Trainer {
   struct Run;
   ModelSource prepare_data(Run& r);                     // data, sample prompts' template
   void load_model(Run& r, const ModelSource& source);   // the engine spec, the model, data parallel
+  void precompute_reference(Run& r);                    // precompute_ref_log_probs: into the examples
   void resume(Run& r);                                  // from resume_from_checkpoint, if set
   void open_outputs(Run& r);                            // output_dir, metrics.jsonl, progress
   void before_training(Run& r);                         // baseline eval and sample answers

@@ -111,7 +111,7 @@ TEST(TrainPreference, RowsThatDoNotFitTheObjectiveAreRefused) {
       {"kto", "pairs_text.jsonl", "", "rl: dpo, orpo or simpo"},
       {"orpo", "pairs_text.jsonl", "loss_type=ipo", "loss_type applies to rl: dpo"},
       {"dpo", "pairs_text.jsonl", "packing=true", "packing is not implemented"},
-      {"dpo", "pairs_text.jsonl", "precompute_ref_log_probs=true", "not implemented"},
+      {"kto", "kto.jsonl", "per_device_train_batch_size=1", "rl: kto needs per_device_train_batch_size of at least 2"},
   };
   for (const Case& c : cases) {
     RunResult r = run_qlora(args(out, c.rl, c.file, "max_steps=1 " + c.extra));
@@ -124,6 +124,44 @@ TEST(TrainPreference, RowsThatDoNotFitTheObjectiveAreRefused) {
   EXPECT_NE(r.output.find("tiny_train.jsonl"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("trains on preference rows"), std::string::npos) << r.output;
   fs::remove_all(out);
+}
+
+// precompute_ref_log_probs: the reference log-probs computed once before training (and read back
+// from output_dir by the next run on the same data) train as the in-step reference does.
+TEST(TrainPreference, PrecomputedReferenceTrainsAsTheInStepOne) {
+  const std::string a = temp_dir("pref_instep"), b = temp_dir("pref_pre");
+  const std::string extra = "max_steps=4 eval_file=" + fx("preference/pairs_chat.jsonl") + " eval_steps=2";
+  for (const std::string& rl : {std::string("dpo"), std::string("kto")}) {
+    const std::string file = rl == "kto" ? "kto.jsonl" : "pairs_text.jsonl";
+    const std::string eval = rl == "kto" ? " eval_file=" + fx("preference/kto.jsonl") : "";
+    RunResult in_step = run_qlora(args(a, rl, file, extra + eval));
+    ASSERT_EQ(in_step.code, 0) << in_step.output;
+    RunResult pre = run_qlora(args(b, rl, file, extra + eval + " precompute_ref_log_probs=true"));
+    ASSERT_EQ(pre.code, 0) << pre.output;
+    EXPECT_NE(pre.output.find("reference log-probs: computed"), std::string::npos) << pre.output;
+    ASSERT_TRUE(fs::exists(b + "/reference_logps.json"));
+    const auto x = records(a), y = records(b);
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); i++)
+      for (const char* k : {"loss", "eval_loss", "rewards/chosen", "eval_rewards/chosen"})
+        if (x[i].contains(k)) {
+          const double u = x[i][k], v = y[i][k];
+          EXPECT_NEAR(u, v, 1e-6 * std::max(1.0, std::fabs(u))) << rl << " " << k << " in record " << i;
+        }
+    // A rerun on the same model and data reads the values back instead of computing them.
+    RunResult again = run_qlora(args(b, rl, file, extra + eval + " precompute_ref_log_probs=true"));
+    ASSERT_EQ(again.code, 0) << again.output;
+    EXPECT_NE(again.output.find("reference log-probs: read"), std::string::npos) << again.output;
+    EXPECT_EQ(records(b).back()["loss"], y.back()["loss"]);
+    fs::remove_all(a);
+    fs::remove_all(b);
+  }
+  // Only the objectives with a reference take it.
+  const std::string c = temp_dir("pref_pre_orpo");
+  RunResult r = run_qlora(args(c, "orpo", "pairs_text.jsonl", "max_steps=1 precompute_ref_log_probs=true"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("precompute_ref_log_probs applies to rl: dpo and kto"), std::string::npos) << r.output;
+  fs::remove_all(c);
 }
 
 // SIGKILL mid-run, then resume_from_checkpoint=latest: the same final loss, bit for bit (CPU).

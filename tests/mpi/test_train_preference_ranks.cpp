@@ -30,11 +30,15 @@ std::map<int64_t, nlohmann::json> records(const std::string& out) {
 
 }  // namespace
 
-TEST(MpiPreference, DpoOnTwoFsdpRanksEqualsOneProcess) {
+class MpiPreference : public ::testing::TestWithParam<bool> {};
+
+// Param: precompute_ref_log_probs (each rank computes its share of the batches, summed over ranks).
+TEST_P(MpiPreference, DpoOnTwoFsdpRanksEqualsOneProcess) {
+  const std::string pre = GetParam() ? "precompute_ref_log_probs=true " : "";
   const std::string one = temp_dir("pref_one"), two = temp_dir("pref_two");
-  RunResult r1 = train(0, common() + "gradient_accumulation_steps=4 output_dir=" + one);
+  RunResult r1 = train(0, common() + pre + "gradient_accumulation_steps=4 output_dir=" + one);
   ASSERT_EQ(r1.code, 0) << r1.output;
-  RunResult r2 = train(2, common() + "gradient_accumulation_steps=2 sharding=fsdp output_dir=" + two);
+  RunResult r2 = train(2, common() + pre + "gradient_accumulation_steps=2 sharding=fsdp output_dir=" + two);
   ASSERT_EQ(r2.code, 0) << r2.output;
   expect_same_curves(one, two, kLossRtol);
   expect_same_adapter(two, one, kAdapterRtol);
@@ -49,4 +53,10 @@ TEST(MpiPreference, DpoOnTwoFsdpRanksEqualsOneProcess) {
       compared++;
     }
   EXPECT_GE(compared, 4 * 3 + 3);  // 4 steps x 3 train metrics + 3 evals
+  if (GetParam()) {
+    EXPECT_EQ(read_file(one + "/reference_logps.json"), read_file(two + "/reference_logps.json"));
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Reference, MpiPreference, ::testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "Precomputed" : "InStep"; });

@@ -176,4 +176,9 @@ TEST(Speed, PreferenceObjectivesCountTheReferenceForward) {
   EXPECT_LT(o.step_time_s, s.step_time_s);  // same tokens, shorter attention spans
   // The reference keeps nothing: the memory plan is the same.
   EXPECT_EQ(make_plan(dpo).total_bytes, make_plan(sft).total_bytes);
+  // precompute_ref_log_probs: no reference forward in the step.
+  PlanRequest pre = dpo;
+  pre.reference_precomputed = true;
+  EXPECT_EQ(make_plan(pre).speed.per_token.reference.total(), 0.0);
+  EXPECT_EQ(make_plan(pre).speed.step_time_s, o.step_time_s);
 }

@@ -14,7 +14,7 @@
 namespace qlora {
 namespace {
 
-Example doc(std::vector<int32_t> ids, std::vector<int32_t> labels) { return Example{std::move(ids), std::move(labels), {}, {}}; }
+Example doc(std::vector<int32_t> ids, std::vector<int32_t> labels) { return Example{std::move(ids), std::move(labels), {}, {}, {}}; }
 
 TEST(DataBatches, PackedRowRestartsPositionsAndStopsTargetsAtDocumentEnds) {
   Example row;

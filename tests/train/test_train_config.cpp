@@ -387,3 +387,26 @@ TEST(TrainConfig, SamplePromptsAreTextsNotNameLists) {
   EXPECT_NE(std::string(e.what()).find("entry 2 is empty"), std::string::npos) << e.what();
   expect_error([] { parse("sample_max_new_tokens: 0\n"); }, ErrorKind::Config);
 }
+
+// Preference training under the names axolotl, LLaMA-Factory and TRL use.
+TEST(TrainConfig, PreferenceKeysAndAliases) {
+  TrainConfig c = parse("stage: dpo\npref_beta: 0.2\ndpo_label_smoothing: 0.1\ntruncation_mode: keep_end\n");
+  EXPECT_EQ(c.rl, "dpo");
+  EXPECT_EQ(c.beta, 0.2);
+  EXPECT_EQ(c.label_smoothing, 0.1);
+  EXPECT_EQ(c.truncation, "truncate_left");
+  c = parse("pref_loss: simpo\nsimpo_gamma: 1.0\ncpo_alpha: 0.5\n");
+  EXPECT_EQ(c.rl, "simpo");
+  EXPECT_EQ(c.simpo_gamma, 1.0);
+  c = parse("rl: kto\nper_device_train_batch_size: 4\nkto_desirable_weight: 1.5\nkto_rejected_weight: 0.5\nrl_beta: 0.3\n");
+  EXPECT_EQ(c.desirable_weight, 1.5);
+  EXPECT_EQ(c.undesirable_weight, 0.5);
+  EXPECT_EQ(c.beta, 0.3);
+  c = parse("rl: dpo\npref_loss: ipo\n");
+  EXPECT_EQ(c.loss_type, "ipo");
+  EXPECT_EQ(parse("rl: cpo_simpo\n").rl, "simpo");
+  for (const char* bad : {"stage: ppo\n", "pref_loss: kto_pair\n", "truncation_mode: middle\n", "rl: grpo\n",
+                          "rl: orpo\nsimpo_gamma: 1.0\n", "beta: 0.5\n"}) {
+    EXPECT_THROW(parse(bad), Error) << bad;
+  }
+}
