@@ -13,27 +13,38 @@ namespace qlora {
 
 namespace {
 
-// Per-layer names: GGUF suffix after "blk.N." <-> HF suffix after "model.layers.N.".
+// Per-layer names: GGUF suffix after "blk.N." <-> HF suffix after "model.layers.N.", and which
+// configs have the tensor.
+enum class Needs { Always, AttentionBias, QkNorm };
 struct LayerName {
   const char* gguf;
   const char* hf;
+  Needs needs = Needs::Always;
 };
 const LayerName kLayerNames[] = {
     {"attn_norm.weight", "input_layernorm.weight"},
     {"attn_q.weight", "self_attn.q_proj.weight"},
     {"attn_k.weight", "self_attn.k_proj.weight"},
     {"attn_v.weight", "self_attn.v_proj.weight"},
-    {"attn_q.bias", "self_attn.q_proj.bias"},
-    {"attn_k.bias", "self_attn.k_proj.bias"},
-    {"attn_v.bias", "self_attn.v_proj.bias"},
-    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias", Needs::AttentionBias},
+    {"attn_k.bias", "self_attn.k_proj.bias", Needs::AttentionBias},
+    {"attn_v.bias", "self_attn.v_proj.bias", Needs::AttentionBias},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight", Needs::QkNorm},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight", Needs::QkNorm},
     {"attn_output.weight", "self_attn.o_proj.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
     {"ffn_up.weight", "mlp.up_proj.weight"},
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
+bool present(const LayerName& n, const LlamaConfig& cfg) {
+  switch (n.needs) {
+    case Needs::Always: return true;
+    case Needs::AttentionBias: return cfg.attention_bias;
+    case Needs::QkNorm: return cfg.qk_norm;
+  }
+  return true;
+}
 const LayerName kGlobalNames[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
@@ -189,12 +200,8 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
   std::vector<std::string> out{"model.embed_tokens.weight"};
   for (int64_t l = 0; l < cfg.n_layer; l++) {
     std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const auto& n : kLayerNames) {
-      std::string hf = n.hf;
-      if (!cfg.attention_bias && hf.find(".bias") != std::string::npos) continue;
-      if (!cfg.qk_norm && hf.find("_norm.weight") != std::string::npos && hf.find("self_attn.") == 0) continue;
-      out.push_back(p + hf);
-    }
+    for (const auto& n : kLayerNames)
+      if (present(n, cfg)) out.push_back(p + n.hf);
   }
   out.push_back("model.norm.weight");
   if (!cfg.tie_word_embeddings) out.push_back("lm_head.weight");
