@@ -36,6 +36,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from cpu_train_bench import cpu_model, git_sha  # noqa: E402  (the machine and commit, as the SFT bench records them)
 
 # Runs argv and prints its peak RSS (KiB) as the last line of stderr.
 RSS_WRAPPER = ("import resource, subprocess, sys\n"
@@ -57,23 +59,6 @@ def run_measured(cmd, env, log):
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}")
     rss = [l for l in err.splitlines() if l.startswith("peak_rss_kib ")]
     return int(rss[-1].split()[1]) * 1024
-
-
-def git_sha():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, cwd=ROOT).strip()
-    except Exception:
-        return None
-
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def median(v):
