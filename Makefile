@@ -4,7 +4,8 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PKGS := cmake g++ make pkg-config libomp-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev \
             libopenblas-openmp-dev libpcre2-dev libutf8proc-dev libgtest-dev \
-            libboost-context-dev openmpi-bin libopenmpi-dev patchelf libprotobuf-dev protobuf-compiler
+            libboost-context-dev openmpi-bin libopenmpi-dev patchelf libprotobuf-dev protobuf-compiler \
+            libxxhash-dev
 # The fuzzers: clang with libFuzzer.
 FUZZ_PKGS := clang libclang-rt-dev libomp-dev
 # The demo's model download and dataset source.

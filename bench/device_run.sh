@@ -46,12 +46,12 @@ if [ "${1:-}" = "--pack-deps" ]; then
   # The qlora CLI (end-to-end benchmark): header-only nlohmann-json and CLI11, static yaml-cpp,
   # PCRE2 and utf8proc (static: nothing to find at run time).
   cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/yaml-cpp "$stage/include/" || exit 1
-  cp /usr/include/pcre2.h /usr/include/utf8proc.h "$stage/include/" || exit 1
+  cp /usr/include/pcre2.h /usr/include/utf8proc.h /usr/include/xxhash.h "$stage/include/" || exit 1
   # The cuDNN frontend headers (cuDNN fused attention), fetched by cmake into the cache.
   cfe="$ROOT/.cache/qlora/cudnn-frontend-1.32.0/include"
   if [ -f "$cfe/cudnn_frontend.h" ]; then cp -r "$cfe/." "$stage/include/" || exit 1
   else echo "warning: $cfe missing (configure the main build once); the bundle has no cuDNN frontend" >&2; fi
-  cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a "$stage/lib/" || exit 1
+  cp $lib/libyaml-cpp.a $lib/libpcre2-8.a $lib/libutf8proc.a $lib/libxxhash.a "$stage/lib/" || exit 1
   # Open MPI's headers and shared libraries: qlora links MPI (src/dist/); a single process never
   # starts the MPI runtime, so the libraries need only load (no mpirun, no MCA plugins).
   mkdir -p "$stage/include/openmpi" "$stage/lib/mpi"
@@ -144,10 +144,10 @@ fi
 
 # The qlora CLI's libraries (only for QLORA_E2E=1): from the system, else from the carried bundle.
 have_cli_deps() {
-  printf '#include <nlohmann/json.hpp>\n#include <CLI/CLI.hpp>\n#include <yaml-cpp/yaml.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n#include <utf8proc.h>\nint main(){YAML::Load("a: 1"); pcre2_code_free(nullptr); return utf8proc_version() ? 0 : 1;}\n' |
-    g++ -std=c++20 -x c++ - -o /dev/null -lyaml-cpp -lpcre2-8 -lutf8proc >/dev/null 2>&1
+  printf '#include <nlohmann/json.hpp>\n#include <CLI/CLI.hpp>\n#include <yaml-cpp/yaml.h>\n#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n#include <utf8proc.h>\n#include <xxhash.h>\nint main(){YAML::Load("a: 1"); pcre2_code_free(nullptr); return utf8proc_version() && XXH64("", 0, 0) ? 0 : 1;}\n' |
+    g++ -std=c++20 -x c++ - -o /dev/null -lyaml-cpp -lpcre2-8 -lutf8proc -lxxhash >/dev/null 2>&1
 }
-CLI_INC="" CLI_LIBS="yaml-cpp;pcre2-8;utf8proc"
+CLI_INC="" CLI_LIBS="yaml-cpp;pcre2-8;utf8proc;xxhash"
 # MPI for src/dist/ (the qlora CLI links it): the system's, else the bundle's Open MPI libraries.
 have_mpi() { command -v mpicxx >/dev/null 2>&1 || [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ]; }
 MPI_INC="" MPI_LIB=""
@@ -155,9 +155,9 @@ if [ "$E2E" = 1 ] && { [ "${QLORA_FORCE_DEPS_BUNDLE:-0}" = 1 ] || ! have_cli_dep
   bundle="${QLORA_DEVICE_DEPS:-$ROOT/build-devdeps}/qlora_devdeps.tar.xz"
   [ -f /tmp/qdeps/lib/libyaml-cpp.a ] || { [ -f "$bundle" ] && mkdir -p /tmp/qdeps && tar -xJf "$bundle" -C /tmp/qdeps; }
   if [ -f /tmp/qdeps/lib/libyaml-cpp.a ]; then
-    log "qlora CLI libraries missing here: using the bundle's (nlohmann-json, CLI11, yaml-cpp, PCRE2, utf8proc)"
+    log "qlora CLI libraries missing here: using the bundle's (nlohmann-json, CLI11, yaml-cpp, PCRE2, utf8proc, xxHash)"
     CLI_INC=/tmp/qdeps/include
-    CLI_LIBS="/tmp/qdeps/lib/libyaml-cpp.a;/tmp/qdeps/lib/libpcre2-8.a;/tmp/qdeps/lib/libutf8proc.a"
+    CLI_LIBS="/tmp/qdeps/lib/libyaml-cpp.a;/tmp/qdeps/lib/libpcre2-8.a;/tmp/qdeps/lib/libutf8proc.a;/tmp/qdeps/lib/libxxhash.a"
   else
     log "warning: the qlora CLI's libraries are missing and $bundle lacks them (remake it with --pack-deps)"
   fi
@@ -269,6 +269,7 @@ endif()
 list(GET CLI_LIBS 0 YAML_LIB)
 list(GET CLI_LIBS 1 PCRE2_LIB)
 list(GET CLI_LIBS 2 UTF8PROC_LIB)
+list(GET CLI_LIBS 3 XXHASH_LIB)
 foreach(area io text model plan train dist)
   file(GLOB srcs_\${area} \${R}/src/\${area}/*.cpp)
 endforeach()
@@ -284,7 +285,7 @@ else()
   target_link_libraries(qlora_dist PUBLIC qlora_core MPI::MPI_CXX)
 endif()
 add_library(qlora_io STATIC \${srcs_io})
-target_link_libraries(qlora_io PUBLIC qlora_core \${YAML_LIB})
+target_link_libraries(qlora_io PUBLIC qlora_core \${YAML_LIB} \${XXHASH_LIB})
 add_library(qlora_text STATIC \${srcs_text})
 target_link_libraries(qlora_text PUBLIC qlora_io \${PCRE2_LIB} \${UTF8PROC_LIB})
 target_compile_definitions(qlora_text PRIVATE QLORA_HAVE_UTF8PROC=1)

@@ -94,7 +94,7 @@ int cmd_data(int argc, char** argv) {
   PackStats pack = d.pack;
   if (!cfg.packing) {
     std::vector<int64_t> lens;
-    for (const Example& e : d.train) lens.push_back(int64_t(e.ids.size())), pack.tokens += lens.back();
+    for (size_t i = 0; i < d.train.size(); i++) lens.push_back(d.train.length(i)), pack.tokens += lens.back();
     pack.documents = int64_t(lens.size());
     pack.capacity = cfg.max_length;
     pack.rows = int64_t(pack_ffd(lens, cfg.max_length, uint64_t(cfg.seed)).size());
@@ -129,6 +129,9 @@ int cmd_data(int argc, char** argv) {
     j["threads"] = d.threads;
     j["prepare_seconds"] = d.prepare_s;  // reading, templating and tokenizing the train files
     j["pack_seconds"] = d.pack_s;
+    j["cache"] = {{"path", d.cache.path}, {"reused", d.cache.reused}, {"bytes", d.cache.bytes},
+                  {"load_seconds", d.cache.load_s}, {"write_seconds", d.write_s}, {"note", d.cache.note},
+                  {"prepared_at", d.cache.prepared_at}};
     j["files"] = json::array();
     for (const auto& f : d.files)
       j["files"].push_back({{"path", f.spec.path}, {"format", f.stats.format}, {"weight", f.spec.weight},

@@ -2,6 +2,8 @@
 // step uses, for long enough (~0.25 s each) that OpenMP and BLAS start-up costs are amortized.
 #include "plan/cpu_device.h"
 
+#include "io/cache_dir.h"
+
 #include <omp.h>
 #include <unistd.h>
 
@@ -71,13 +73,6 @@ std::string cpu_model_name() {
       if (c != std::string::npos) return line.substr(line.find_first_not_of(' ', c + 1));
     }
   return "unknown CPU";
-}
-
-std::filesystem::path cache_dir() {
-  if (const char* d = std::getenv("QLORA_CACHE_DIR"); d && *d) return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::filesystem::path(d) / "qlora";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::filesystem::path(h) / ".cache" / "qlora";
-  return {};
 }
 
 // The measured rates, as stored in the cache file.
@@ -190,7 +185,7 @@ CpuCalibration cpu_calibration(bool refresh) {
   if (!ec) build = std::to_string(mtime.time_since_epoch().count());
   const nlohmann::json key = {{"version", kCalibrationVersion}, {"cpu_model", id.cpu_model}, {"blas", id.blas},
                               {"simd", id.simd}, {"threads", id.threads}, {"build", build}};
-  const std::filesystem::path dir = cache_dir();
+  const std::filesystem::path dir = user_cache_dir();
   const std::filesystem::path file =
       dir.empty() ? std::filesystem::path() : dir / ("cpu-calibration-" + std::to_string(std::hash<std::string>{}(key.dump())) + ".json");
   if (!refresh && !file.empty()) {

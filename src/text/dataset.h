@@ -123,6 +123,9 @@ struct DatasetOptions {
   // Called on the loading thread after each chunk of rows (a few thousand): rows taken so far, and
   // the bytes of the file read so far out of its size.
   std::function<void(int64_t rows, int64_t bytes_read, int64_t bytes_total)> progress;
+  // Set: each kept example goes here as it is taken, in file order, and load_dataset returns none
+  // (the caller streams them to storage instead of holding the file's examples).
+  std::function<void(Example&&)> sink;
 };
 
 struct DatasetStats {

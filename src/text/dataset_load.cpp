@@ -179,7 +179,8 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     st.trained_tokens += tr;
     st.longest = std::max<int64_t>(st.longest, int64_t(ex.ids.size()));
     st.lengths.push_back(int32_t(ex.ids.size()));
-    out.push_back(std::move(ex));
+    if (opt.sink) opt.sink(std::move(ex));
+    else out.push_back(std::move(ex));
   };
 
   // Parse and encode one row; safe to run for many rows at once once fmt is known.
@@ -290,7 +291,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
   }
   st.format = fmt == DatasetFormat::Auto ? "unknown" : format_name(fmt);
   if (stats_out) *stats_out = st;
-  if (out.empty()) {
+  if (st.examples == 0) {
     if (st.rows == 0) fail(ErrorKind::Data, path, "dataset is empty", "expected one JSON object per line");
     std::string why = std::to_string(st.rows) + " rows read: " + std::to_string(st.no_loss) +
                       " without a trained token, " + std::to_string(st.dropped) + " dropped as too long, " +

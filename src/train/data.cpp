@@ -21,19 +21,30 @@ std::vector<int64_t> permutation(size_t n, uint64_t seed) {
 
 }  // namespace
 
-std::vector<Example> apply_weight(std::vector<Example> ex, double weight, uint64_t seed) {
+std::vector<int64_t> weight_indices(size_t n, double weight, uint64_t seed) {
   if (!(weight > 0) || !std::isfinite(weight))
     fail(ErrorKind::Config, "datasets weight", "weight " + std::to_string(weight) + " is not a positive number");
-  if (weight == 1.0) return ex;
+  std::vector<int64_t> out;
+  if (weight == 1.0) {
+    for (size_t i = 0; i < n; i++) out.push_back(int64_t(i));
+    return out;
+  }
   const auto copies = int64_t(std::floor(weight));
-  const auto extra = int64_t(std::llround((weight - double(copies)) * double(ex.size())));
-  std::vector<Example> out;
-  out.reserve(size_t(copies) * ex.size() + size_t(extra));
-  for (int64_t c = 0; c < copies; c++) out.insert(out.end(), ex.begin(), ex.end());
-  std::vector<int64_t> pick = permutation(ex.size(), seed ^ 0x3e1ull);
+  const auto extra = int64_t(std::llround((weight - double(copies)) * double(n)));
+  out.reserve(size_t(copies) * n + size_t(extra));
+  for (int64_t c = 0; c < copies; c++)
+    for (size_t i = 0; i < n; i++) out.push_back(int64_t(i));
+  std::vector<int64_t> pick = permutation(n, seed ^ 0x3e1ull);
   pick.resize(size_t(extra));
   std::sort(pick.begin(), pick.end());
-  for (int64_t i : pick) out.push_back(ex[size_t(i)]);
+  out.insert(out.end(), pick.begin(), pick.end());
+  return out;
+}
+
+std::vector<Example> apply_weight(std::vector<Example> ex, double weight, uint64_t seed) {
+  if (weight == 1.0) return ex;
+  std::vector<Example> out;
+  for (int64_t i : weight_indices(ex.size(), weight, seed)) out.push_back(ex[size_t(i)]);
   return out;
 }
 
@@ -97,7 +108,7 @@ Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
   return x;
 }
 
-DataStream::DataStream(const std::vector<Example>* ex, int64_t bs, uint64_t seed, int32_t pad)
+DataStream::DataStream(const ExampleSet* ex, int64_t bs, uint64_t seed, int32_t pad)
     : ex_(ex), bs_(bs), seed_(seed), pad_(pad) {
   shuffle();
 }
@@ -118,8 +129,10 @@ Batch DataStream::next() {
     index_ = 0;
     shuffle();
   }
+  std::vector<Example> made;
+  while (int64_t(made.size()) < bs_ && index_ < int64_t(order_.size())) made.push_back((*ex_)[size_t(order_[size_t(index_++)])]);
   std::vector<const Example*> rows;
-  while (int64_t(rows.size()) < bs_ && index_ < int64_t(order_.size())) rows.push_back(&(*ex_)[size_t(order_[size_t(index_++)])]);
+  for (const Example& e : made) rows.push_back(&e);
   return pad_batch(rows, pad_);
 }
 
@@ -128,6 +141,18 @@ std::vector<Batch> make_batches(const std::vector<Example>& ex, int64_t bs, int3
   for (size_t i = 0; i < ex.size(); i += size_t(bs)) {
     std::vector<const Example*> rows;
     for (size_t j = i; j < std::min(ex.size(), i + size_t(bs)); j++) rows.push_back(&ex[j]);
+    out.push_back(pad_batch(rows, pad));
+  }
+  return out;
+}
+
+std::vector<Batch> make_batches(const ExampleSet& ex, int64_t bs, int32_t pad) {
+  std::vector<Batch> out;
+  for (size_t i = 0; i < ex.size(); i += size_t(bs)) {
+    std::vector<Example> made;
+    for (size_t j = i; j < std::min(ex.size(), i + size_t(bs)); j++) made.push_back(ex[j]);
+    std::vector<const Example*> rows;
+    for (const Example& e : made) rows.push_back(&e);
     out.push_back(pad_batch(rows, pad));
   }
   return out;

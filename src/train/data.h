@@ -7,6 +7,7 @@
 
 #include "model/batch.h"
 #include "text/dataset.h"
+#include "text/example_store.h"
 
 namespace qlora {
 
@@ -23,6 +24,8 @@ struct TextEncoder {
 // Repeats/subsamples examples by a weight: floor(w) full copies plus a seeded subset of
 // round(frac(w) * n) rows, in file order within each copy.
 std::vector<Example> apply_weight(std::vector<Example> ex, double weight, uint64_t seed);
+// The same as indices: which of n rows, in what order, apply_weight keeps.
+std::vector<int64_t> weight_indices(size_t n, double weight, uint64_t seed);
 
 // Which of n rows form the eval set: `n_eval` of a seeded permutation.
 std::vector<bool> eval_mask(size_t n, int64_t n_eval, uint64_t seed);
@@ -34,7 +37,7 @@ Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad_id);
 // Deterministic epoch-shuffled stream of micro-batches; its cursor (epoch, index) is checkpointed.
 class DataStream {
  public:
-  DataStream(const std::vector<Example>* examples, int64_t batch_size, uint64_t seed, int32_t pad_id);
+  DataStream(const ExampleSet* examples, int64_t batch_size, uint64_t seed, int32_t pad_id);
   Batch next();  // pads to the longest row of the micro-batch; pad targets -100
   int64_t epoch() const { return epoch_; }
   int64_t index() const { return index_; }
@@ -43,7 +46,7 @@ class DataStream {
 
  private:
   void shuffle();
-  const std::vector<Example>* ex_;
+  const ExampleSet* ex_;
   int64_t bs_;
   uint64_t seed_;
   int32_t pad_;
@@ -53,5 +56,6 @@ class DataStream {
 
 // Batches of a fixed list, in order (evaluation).
 std::vector<Batch> make_batches(const std::vector<Example>& ex, int64_t batch_size, int32_t pad_id);
+std::vector<Batch> make_batches(const ExampleSet& ex, int64_t batch_size, int32_t pad_id);
 
 }  // namespace qlora

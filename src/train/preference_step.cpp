@@ -72,11 +72,11 @@ PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec
   return t;
 }
 
-void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, std::vector<Example>& examples,
+void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, ExampleSet& examples,
                                 int64_t batch_size, int32_t pad_id, Comm* comm,
                                 const std::function<void(int64_t, int64_t)>& progress) {
   if (!spec.uses_reference()) fail(ErrorKind::Internal, "precompute_reference_logps", "the objective has no reference");
-  for (Example& e : examples) e.ref_logps.clear();
+  examples.clear_ref_logps();
   const std::vector<Batch> batches = make_batches(examples, batch_size, pad_id);
   const int world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   // Where each batch's documents start in the flat list of every example's documents.
@@ -84,7 +84,7 @@ void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, s
   size_t n_docs = 0, at = 0;
   for (size_t j = 0; j < batches.size(); j++) {
     first[j] = n_docs;
-    for (int64_t r = 0; r < batches[j].b; r++) n_docs += examples[at++].doc_lens.size();
+    for (int64_t r = 0; r < batches[j].b; r++) n_docs += size_t(examples.docs(at++));
   }
   first[batches.size()] = n_docs;
   std::vector<double> all(n_docs, 0.0);
@@ -105,8 +105,11 @@ void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, s
   }
   if (world > 1) comm->allreduce_sum(all.data(), all.size());
   at = 0;
-  for (Example& e : examples)
-    for (size_t d = 0; d < e.doc_lens.size(); d++) e.ref_logps.push_back(all[at++]);
+  for (size_t i = 0; i < examples.size(); i++) {
+    const size_t n = size_t(examples.docs(i));
+    examples.set_ref_logps(i, std::vector<double>(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + n)));
+    at += n;
+  }
 }
 
 }  // namespace qlora

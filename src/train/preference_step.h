@@ -10,6 +10,7 @@
 #include "core/comm.h"
 #include "model/llama_model.h"
 #include "text/dataset.h"
+#include "text/example_store.h"
 #include "train/preference.h"
 #include "train/step.h"
 
@@ -43,7 +44,7 @@ PrefLogps preference_logps(LlamaModel& model, const PreferenceSpec& spec, const 
 // runs its share of the batches (under fsdp all run the same number of forwards) and the values
 // are summed over ranks, so every rank ends with all of them. `progress` (may be null) gets the
 // batches done and their total.
-void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, std::vector<Example>& examples,
+void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, ExampleSet& examples,
                                 int64_t batch_size, int32_t pad_id, Comm* comm,
                                 const std::function<void(int64_t, int64_t)>& progress = nullptr);
 

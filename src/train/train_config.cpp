@@ -107,6 +107,10 @@ const std::vector<KeyRow>& key_table() {
        .help = "Pack several examples into each max_length row (attention never crosses examples)."},
       {.name = "max_length", .field = &T::max_length, .def = "2048", .range = {.lo = 1},
        .help = "Maximum tokens per training row."},
+      {.name = "dataset_prepared_path", .field = &T::dataset_prepared_path, .def = "",
+       .help = "Folder of the prepared-dataset cache: the tokenized, masked and packed data, written once and reused "
+               "while the data files, tokenizer, template and data options are unchanged. Empty = datasets/ under "
+               "$QLORA_CACHE_DIR, $XDG_CACHE_HOME/qlora or ~/.cache/qlora; none = prepare every run in memory."},
       {.name = "per_device_train_batch_size", .field = &T::per_device_train_batch_size, .def = "1",
        .range = {.lo = 1}, .help = "Rows per micro-batch on each device."},
       {.name = "per_device_eval_batch_size", .field = &T::per_device_eval_batch_size, .def = "0",

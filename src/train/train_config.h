@@ -32,6 +32,7 @@ struct TrainConfig {
   std::string truncation;      // drop|truncate_left|truncate_right|error
   bool packing;
   int64_t max_length;
+  std::string dataset_prepared_path;  // prepared-data cache folder; "" = the user cache, "none" = off
   // batch + steps
   int64_t per_device_train_batch_size;
   int64_t per_device_eval_batch_size;  // after loading: never 0 (0 in YAML = train batch size)

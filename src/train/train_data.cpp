@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "train/data_cache.h"
 #include "model/llama_config.h"
 #include "model/modes.h"
 #include "text/tokenizer.h"
@@ -231,100 +233,220 @@ DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts
 
 namespace {
 
-// The rows a file gave must be what the objective trains on: SFT rows for sft, chosen/rejected
-// pairs for dpo/orpo/simpo, rated completions for kto.
-void check_objective_rows(const TrainConfig& cfg, const std::vector<Example>& rows, const std::string& path) {
+// A file's rows must be what the objective trains on: SFT rows for sft, chosen/rejected pairs for
+// dpo/orpo/simpo, rated completions for kto.
+void check_objective_row(const TrainConfig& cfg, Objective obj, const Example& e, const std::string& path) {
+  const bool pref = !e.roles.empty();
+  const bool unpaired = pref && (e.roles.back() == DocRole::Desirable || e.roles.back() == DocRole::Undesirable);
+  if (!is_preference(obj) && pref)
+    fail(ErrorKind::Config, path, std::string("the file holds preference rows (") +
+                                      (unpaired ? "prompt/completion/label" : "chosen/rejected") +
+                                      ") but the objective is rl: sft",
+         unpaired ? "set rl: kto to train on them" : "set rl: dpo, orpo or simpo to train on them");
+  if (is_preference(obj) && !pref)
+    fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on preference rows, and this file's are not",
+         obj == Objective::Kto ? "rows need 'prompt', 'completion' and a boolean 'label'"
+                               : "rows need 'chosen' and 'rejected' (and optionally 'prompt')");
+  if (obj == Objective::Kto && pref && !unpaired)
+    fail(ErrorKind::Config, path, "rl: kto trains on rated completions (prompt/completion/label), and this file has pairs",
+         "use rl: dpo, orpo or simpo for chosen/rejected rows");
+  if (is_preference(obj) && obj != Objective::Kto && unpaired)
+    fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on chosen/rejected pairs, and this file has "
+                                      "rated completions (prompt/completion/label)",
+         "use rl: kto for them");
+}
+
+// Reads one file into the writer (each example checked against the objective as it comes);
+// returns its records [first, end).
+std::pair<int64_t, int64_t> load_into(ExampleWriter& w, const TrainConfig& cfg, const DatasetSpec& spec,
+                                      const TokenizerSource& ts, DatasetOptions opt, DatasetStats* stats) {
   const Objective obj = parse_objective(cfg.rl, "rl");
-  for (const Example& e : rows) {
-    const bool pref = !e.roles.empty();
-    const bool unpaired = pref && (e.roles.back() == DocRole::Desirable || e.roles.back() == DocRole::Undesirable);
-    if (!is_preference(obj) && pref)
-      fail(ErrorKind::Config, path, std::string("the file holds preference rows (") +
-                                        (unpaired ? "prompt/completion/label" : "chosen/rejected") +
-                                        ") but the objective is rl: sft",
-           unpaired ? "set rl: kto to train on them" : "set rl: dpo, orpo or simpo to train on them");
-    if (is_preference(obj) && !pref)
-      fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on preference rows, and this file's are not",
-           obj == Objective::Kto ? "rows need 'prompt', 'completion' and a boolean 'label'"
-                                 : "rows need 'chosen' and 'rejected' (and optionally 'prompt')");
-    if (obj == Objective::Kto && pref && !unpaired)
-      fail(ErrorKind::Config, path, "rl: kto trains on rated completions (prompt/completion/label), and this file has pairs",
-           "use rl: dpo, orpo or simpo for chosen/rejected rows");
-    if (is_preference(obj) && obj != Objective::Kto && unpaired)
-      fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on chosen/rejected pairs, and this file has "
-                                        "rated completions (prompt/completion/label)",
-           "use rl: kto for them");
+  const int64_t first = int64_t(w.count());
+  opt.sink = [&](Example&& e) {
+    check_objective_row(cfg, obj, e, spec.path);
+    w.add(e);
+  };
+  load_dataset(spec, ts.tokenizer.get(), opt, stats);
+  return {first, int64_t(w.count())};
+}
+
+// KTO's KL probes, paired within runs of the train batch size as TRL pairs them: the examples are
+// read back, given their probe and stored again as new records.
+std::vector<int64_t> with_objective_docs(const TrainConfig& cfg, ExampleWriter& w, std::vector<int64_t> recs) {
+  if (parse_objective(cfg.rl, "rl") != Objective::Kto) return recs;
+  std::vector<Example> ex;
+  for (int64_t r : recs) ex.push_back(w.get(size_t(r)));
+  add_kl_probes(ex, cfg.per_device_train_batch_size, cfg.max_length, cfg.truncation);
+  std::vector<int64_t> out;
+  for (const Example& e : ex) out.push_back(w.add(e));
+  return out;
+}
+
+// The rows of a set: packed by first-fit decreasing (pack_examples' bins, from the records'
+// lengths alone) or one record each.
+RowPlan plan_rows(const ExampleWriter& w, const std::vector<int64_t>& recs, bool pack, int64_t capacity, uint64_t seed,
+                  PackStats* stats) {
+  RowPlan p;
+  p.packed = pack && !recs.empty();
+  if (!p.packed) {
+    for (int64_t r : recs) p.add_row({r});
+    return p;
   }
-}
-
-// KTO's KL probes, paired within runs of the train batch size as TRL pairs them.
-void add_objective_docs(const TrainConfig& cfg, std::vector<Example>& rows) {
-  if (parse_objective(cfg.rl, "rl") == Objective::Kto)
-    add_kl_probes(rows, cfg.per_device_train_batch_size, cfg.max_length, cfg.truncation);
-}
-
-std::vector<Example> load_eval_file(const TrainConfig& cfg, const TokenizerSource& ts, const DatasetOptions& opt,
-                                    DatasetFormat format) {
-  DatasetStats es;
-  std::vector<Example> rows = load_dataset(DatasetSpec{cfg.eval_file, 1.0, format}, ts.tokenizer.get(), opt, &es);
-  check_objective_rows(cfg, rows, cfg.eval_file);
-  add_objective_docs(cfg, rows);
-  return rows;
-}
-
-// Eval rows are packed with their own seed, so the train packing never changes them.
-std::vector<Example> pack_eval(const TrainConfig& cfg, std::vector<Example> eval) {
-  if (!cfg.packing || eval.empty()) return eval;
-  return pack_examples(eval, cfg.max_length, uint64_t(cfg.seed) + 1, nullptr);
+  std::vector<int64_t> lengths(recs.size());
+  for (size_t i = 0; i < recs.size(); i++) lengths[i] = w.tokens(size_t(recs[i]));
+  PackStats st;
+  st.documents = int64_t(recs.size());
+  st.capacity = capacity;
+  std::vector<int64_t> row;
+  for (const auto& bin : pack_ffd(lengths, capacity, seed)) {
+    row.clear();
+    for (int64_t d : bin) row.push_back(recs[size_t(d)]), st.tokens += lengths[size_t(d)];
+    p.add_row(row);
+  }
+  st.rows = int64_t(p.rows());
+  if (stats) *stats = st;
+  return p;
 }
 
 int32_t pad_id_of(const TokenizerSource& ts) { return ts.tokenizer && ts.tokenizer->eos_id() ? *ts.tokenizer->eos_id() : 0; }
 
-}  // namespace
+// ---- the note stored with the prepared data: what the report needs, without preparing again
 
-EvalData load_eval_data(const TrainConfig& cfg, const TokenizerSource& ts,
-                        const std::function<void(const std::string&)>& log) {
-  EvalData e;
-  e.tokenizer_name = ts.name;
-  e.template_name = chat_template_label(cfg.chat_template, ts.tokenizer.get());
-  e.pad_id = pad_id_of(ts);
-  std::vector<Example> rows;
-  if (!cfg.eval_file.empty()) {
-    rows = load_eval_file(cfg, ts, dataset_options(cfg, ts), dataset_specs(cfg)[0].format);
-    e.source = cfg.eval_file;
-  } else if (cfg.val_set_size > 0) {
-    TrainConfig unpacked = cfg;  // split as training does; packing below, once
-    unpacked.packing = false;
-    rows = std::move(load_train_data(unpacked, ts, log).eval);
-    std::string files;
-    for (const DatasetSpec& s : dataset_specs(cfg)) files += (files.empty() ? "" : ", ") + s.path;
-    e.source = "val_set_size split of " + files;
-  } else {
-    fail(ErrorKind::Config, "eval_file", "the config has no eval data (neither eval_file nor val_set_size is set)",
-         "pass --data FILE, or set eval_file: or val_set_size: in the config");
-  }
-  if (rows.empty())
-    fail(ErrorKind::Data, e.source, "no eval examples (every row was empty, dropped or without a trained token)");
-  e.examples = int64_t(rows.size());
-  e.rows = pack_eval(cfg, std::move(rows));
-  for (const Example& x : e.rows) e.longest = std::max<int64_t>(e.longest, int64_t(x.ids.size()));
-  log("data: eval " + e.source + ": " + std::to_string(e.examples) + " examples" +
-      (cfg.packing ? " in " + std::to_string(e.rows.size()) + " packed rows" : std::string()) + " [tokenizer: " +
-      e.tokenizer_name + "; chat template: " + e.template_name + "]");
-  return e;
+nlohmann::json stats_json(const DatasetStats& s) {
+  return {{"rows", s.rows},           {"examples", s.examples},
+          {"tokens", s.tokens},       {"trained_tokens", s.trained_tokens},
+          {"longest", s.longest},     {"truncated", s.truncated},
+          {"dropped", s.dropped},     {"no_loss", s.no_loss},
+          {"bad_rows", s.bad_rows},   {"split_mismatch", s.split_mismatch},
+          {"double_bos", s.double_bos}, {"eos_added", s.eos_added},
+          {"bad_row_messages", s.bad_row_messages}, {"format", s.format}};
 }
 
-TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
-                          const std::function<void(const std::string&)>& log,
-                          const std::function<void(const std::string&)>& progress) {
+DatasetStats stats_from(const nlohmann::json& j) {
+  DatasetStats s;
+  s.rows = j.at("rows"), s.examples = j.at("examples"), s.tokens = j.at("tokens");
+  s.trained_tokens = j.at("trained_tokens"), s.longest = j.at("longest"), s.truncated = j.at("truncated");
+  s.dropped = j.at("dropped"), s.no_loss = j.at("no_loss"), s.bad_rows = j.at("bad_rows");
+  s.split_mismatch = j.at("split_mismatch"), s.double_bos = j.at("double_bos"), s.eos_added = j.at("eos_added");
+  s.bad_row_messages = j.at("bad_row_messages").get<std::vector<std::string>>();
+  s.format = j.at("format");
+  return s;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+nlohmann::json train_meta(const TrainData& d, const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  nlohmann::json files = nlohmann::json::array();
+  for (size_t i = 0; i < d.files.size(); i++) {
+    const DataFileReport& f = d.files[i];
+    files.push_back({{"path", f.spec.path}, {"weight", f.spec.weight}, {"format", format_name(f.spec.format)},
+                     {"stats", stats_json(f.stats)}, {"weighted", f.weighted},
+                     {"records", {ranges[i].first, ranges[i].second}}});
+  }
+  return {{"kind", "train"},
+          {"stats", stats_json(d.stats)},
+          {"files", files},
+          {"pack", {{"documents", d.pack.documents}, {"rows", d.pack.rows}, {"tokens", d.pack.tokens},
+                    {"capacity", d.pack.capacity}}},
+          {"longest", d.longest},
+          {"tokenizer", d.tokenizer_name},
+          {"template", d.template_name},
+          {"prepare_seconds", d.prepare_s},
+          {"pack_seconds", d.pack_s},
+          {"threads", d.threads},
+          {"prepared_at", d.cache.prepared_at}};
+}
+
+TrainData train_from_store(const std::shared_ptr<const ExampleStore>& store) {
+  const nlohmann::json& m = store->meta();
+  if (m.value("kind", "") != "train") fail(ErrorKind::Data, store->path(), "prepared data for another purpose");
+  TrainData d;
+  d.stats = stats_from(m.at("stats"));
+  for (const auto& f : m.at("files")) {
+    DataFileReport r;
+    r.spec.path = f.at("path");
+    r.spec.weight = f.at("weight");
+    r.spec.format = parse_format(f.at("format").get<std::string>(), store->path());
+    r.stats = stats_from(f.at("stats"));
+    r.weighted = f.at("weighted");
+    const int64_t first = f.at("records").at(0), end = f.at("records").at(1);
+    for (int64_t k = first; k < end && size_t(k) < store->count(); k++) d.stats.lengths.push_back(int32_t(store->tokens(size_t(k))));
+    d.files.push_back(std::move(r));
+  }
+  const auto& p = m.at("pack");
+  d.pack.documents = p.at("documents"), d.pack.rows = p.at("rows"), d.pack.tokens = p.at("tokens");
+  d.pack.capacity = p.at("capacity");
+  d.longest = m.at("longest");
+  d.tokenizer_name = m.at("tokenizer");
+  d.template_name = m.at("template");
+  d.prepare_s = m.at("prepare_seconds");
+  d.pack_s = m.at("pack_seconds");
+  d.threads = m.at("threads");
+  d.cache.prepared_at = m.at("prepared_at");
+  d.train = ExampleSet(store, store->plan(0));
+  d.eval = ExampleSet(store, store->plan(1));
+  return d;
+}
+
+int64_t longest_row(const ExampleSet& s) {
+  int64_t n = 0;
+  for (size_t i = 0; i < s.size(); i++) n = std::max(n, s.length(i));
+  return n;
+}
+
+// The cache file of a key, or "" (with the reason in `note`) when caching is off or its folder
+// cannot be made.
+std::string cache_file(const TrainConfig& cfg, const std::string& key, std::string* note) {
+  const std::string dir = data_cache_dir(cfg);
+  if (dir.empty()) {
+    *note = cfg.dataset_prepared_path == "none" ? "dataset_prepared_path: none" : "no cache folder (HOME is not set)";
+    return "";
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    *note = "cannot create the cache folder " + dir + ": " + ec.message() + " (set dataset_prepared_path)";
+    return "";
+  }
+  // A preparation that was killed leaves its temporary file: gone after a day (one still being
+  // written by another run is younger).
+  const auto day_ago = fs::file_time_type::clock::now() - std::chrono::hours(24);
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().find(".qlora-data.tmp-") != std::string::npos && e.last_write_time(ec) < day_ago)
+      fs::remove(e.path(), ec);
+  return (fs::path(dir) / (key + ".qlora-data")).string();
+}
+
+// An existing cache file of `key`, checked whole; null (and `note` says why) when there is none
+// usable.
+std::shared_ptr<const ExampleStore> open_cached(const std::string& path, const std::string& key, std::string* note) {
+  std::error_code ec;
+  if (path.empty() || !fs::exists(path, ec)) return nullptr;
+  std::string why;
+  auto store = ExampleStore::open(path, key, &why);
+  if (!store) *note = path + " was not used: " + why + "; prepared again";
+  return store;
+}
+
+TrainData prepare_train(const TrainConfig& cfg, const TokenizerSource& ts, const std::string& path, const std::string& key,
+                        const std::function<void(const std::string&)>& log,
+                        const std::function<void(const std::string&)>& progress) {
   TrainData d;
   d.tokenizer_name = ts.name;
-  DatasetOptions opt = dataset_options(cfg, ts);
   d.template_name = chat_template_label(cfg.chat_template, ts.tokenizer.get());
   d.threads = omp_get_max_threads();
+  d.cache.prepared_at = utc_now();
+  DatasetOptions opt = dataset_options(cfg, ts);
   const std::vector<DatasetSpec> specs = dataset_specs(cfg);
-  std::vector<std::vector<Example>> per_file;
-  int64_t total = 0;
+  ExampleWriter w(path, key);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   for (const DatasetSpec& spec : specs) {
@@ -344,12 +466,15 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
                     d.threads, d.threads == 1 ? "" : "s", s * double(total_bytes - done) / double(std::max<int64_t>(done, 1)));
       (progress ? progress : log)(line);
     };
-    per_file.push_back(load_dataset(spec, ts.tokenizer.get(), opt, &fr.stats));
-    check_objective_rows(cfg, per_file.back(), spec.path);
-    total += int64_t(per_file.back().size());
-    d.stats.add(fr.stats);
+    ranges.push_back(load_into(w, cfg, spec, ts, opt, &fr.stats));
+    DatasetStats add = fr.stats;
+    add.lengths.clear();  // kept once, below
+    d.stats.add(add);
+    d.stats.lengths.insert(d.stats.lengths.end(), fr.stats.lengths.begin(), fr.stats.lengths.end());
+    fr.stats.lengths.clear();
     d.files.push_back(std::move(fr));
   }
+  const int64_t total = int64_t(w.count());
   // The eval split comes before the weights, so a repeated row never lands on both sides.
   std::vector<bool> to_eval;
   if (cfg.eval_file.empty() && cfg.val_set_size > 0) {
@@ -357,34 +482,149 @@ TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
                                                 : int64_t(cfg.val_set_size);
     to_eval = eval_mask(size_t(total), n_eval, uint64_t(cfg.seed));
   }
-  size_t row = 0;
+  std::vector<int64_t> train_recs, eval_recs;
   for (size_t i = 0; i < specs.size(); i++) {
-    std::vector<Example> keep;
-    for (Example& e : per_file[i]) (!to_eval.empty() && to_eval[row++] ? d.eval : keep).push_back(std::move(e));
-    keep = apply_weight(std::move(keep), specs[i].weight, uint64_t(cfg.seed) + 7919 * i);
-    d.files[i].weighted = int64_t(keep.size());
-    d.train.insert(d.train.end(), std::make_move_iterator(keep.begin()), std::make_move_iterator(keep.end()));
+    std::vector<int64_t> keep;
+    for (int64_t r = ranges[i].first; r < ranges[i].second; r++)
+      (!to_eval.empty() && to_eval[size_t(r)] ? eval_recs : keep).push_back(r);
+    const std::vector<int64_t> pick = weight_indices(keep.size(), specs[i].weight, uint64_t(cfg.seed) + 7919 * i);
+    d.files[i].weighted = int64_t(pick.size());
+    for (int64_t k : pick) train_recs.push_back(keep[size_t(k)]);
   }
-  add_objective_docs(cfg, d.train);
-  if (cfg.eval_file.empty()) add_objective_docs(cfg, d.eval);
+  train_recs = with_objective_docs(cfg, w, std::move(train_recs));
+  if (cfg.eval_file.empty()) eval_recs = with_objective_docs(cfg, w, std::move(eval_recs));
   d.prepare_s = std::chrono::duration<double>(clock::now() - t0).count();
   opt.progress = nullptr;
-  if (!cfg.eval_file.empty()) d.eval = load_eval_file(cfg, ts, opt, specs[0].format);
+  if (!cfg.eval_file.empty()) {
+    DatasetStats es;
+    const auto [first, end] = load_into(w, cfg, DatasetSpec{cfg.eval_file, 1.0, specs[0].format}, ts, opt, &es);
+    for (int64_t r = first; r < end; r++) eval_recs.push_back(r);
+    eval_recs = with_objective_docs(cfg, w, std::move(eval_recs));
+  }
   const auto t_pack = clock::now();
-  if (cfg.packing) d.train = pack_examples(d.train, cfg.max_length, uint64_t(cfg.seed), &d.pack);
+  const RowPlan train = plan_rows(w, train_recs, cfg.packing, cfg.max_length, uint64_t(cfg.seed), &d.pack);
   d.pack_s = std::chrono::duration<double>(clock::now() - t_pack).count();
-  d.eval = pack_eval(cfg, std::move(d.eval));
-  for (const auto* set : {&d.train, &d.eval})
-    for (const Example& e : *set) d.longest = std::max<int64_t>(d.longest, int64_t(e.ids.size()));
+  // Eval rows are packed with their own seed, so the train packing never changes them.
+  const RowPlan eval = plan_rows(w, eval_recs, cfg.packing, cfg.max_length, uint64_t(cfg.seed) + 1, nullptr);
+  for (const RowPlan* p : {&train, &eval})
+    for (size_t r = 0; r < p->rows(); r++) {
+      int64_t n = 0;
+      for (int64_t k = p->row_off[r]; k < p->row_off[r + 1]; k++) n += w.tokens(size_t(p->items[size_t(k)]));
+      d.longest = std::max(d.longest, n);
+    }
+  const auto t_write = clock::now();
+  auto store = w.finish(train, eval, train_meta(d, ranges));
+  d.write_s = std::chrono::duration<double>(clock::now() - t_write).count();
+  d.train = ExampleSet(store, train);
+  d.eval = ExampleSet(store, eval);
+  d.cache.path = path;
+  d.cache.bytes = int64_t(store->bytes());
+  return d;
+}
+
+}  // namespace
+
+EvalData load_eval_data(const TrainConfig& cfg, const TokenizerSource& ts,
+                        const std::function<void(const std::string&)>& log) {
+  EvalData e;
+  e.tokenizer_name = ts.name;
+  e.template_name = chat_template_label(cfg.chat_template, ts.tokenizer.get());
+  e.pad_id = pad_id_of(ts);
+  if (!cfg.eval_file.empty()) {
+    e.source = cfg.eval_file;
+    const std::string key = data_cache_key(cfg, ts, DataPurpose::EvalFile);
+    const std::string path = cache_file(cfg, key, &e.cache.note);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::shared_ptr<const ExampleStore> store = open_cached(path, key, &e.cache.note);
+    if (store && store->meta().value("kind", "") == "eval") {
+      e.cache.reused = true;
+      e.cache.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      ExampleWriter w(path, key);
+      DatasetStats es;
+      const auto [first, end] = load_into(w, cfg, DatasetSpec{cfg.eval_file, 1.0, dataset_specs(cfg)[0].format}, ts,
+                                          dataset_options(cfg, ts), &es);
+      std::vector<int64_t> recs;
+      for (int64_t r = first; r < end; r++) recs.push_back(r);
+      recs = with_objective_docs(cfg, w, std::move(recs));
+      const RowPlan plan = plan_rows(w, recs, cfg.packing, cfg.max_length, uint64_t(cfg.seed) + 1, nullptr);
+      store = w.finish(RowPlan{}, plan, {{"kind", "eval"}, {"examples", recs.size()}, {"prepared_at", utc_now()}});
+    }
+    e.cache.path = path;
+    e.cache.bytes = int64_t(store->bytes());
+    e.cache.prepared_at = store->meta().value("prepared_at", "");
+    e.examples = store->meta().at("examples");
+    e.rows = ExampleSet(store, store->plan(1));
+  } else if (cfg.val_set_size > 0) {
+    TrainData d = load_train_data(cfg, ts, log);
+    e.rows = d.eval;
+    e.examples = int64_t(d.eval.plan().items.size());
+    e.cache = d.cache;
+    std::string files;
+    for (const DatasetSpec& s : dataset_specs(cfg)) files += (files.empty() ? "" : ", ") + s.path;
+    e.source = "val_set_size split of " + files;
+  } else {
+    fail(ErrorKind::Config, "eval_file", "the config has no eval data (neither eval_file nor val_set_size is set)",
+         "pass --data FILE, or set eval_file: or val_set_size: in the config");
+  }
+  if (e.rows.empty())
+    fail(ErrorKind::Data, e.source, "no eval examples (every row was empty, dropped or without a trained token)");
+  e.longest = longest_row(e.rows);
+  log("data: eval " + e.source + ": " + std::to_string(e.examples) + " examples" +
+      (cfg.packing ? " in " + std::to_string(e.rows.size()) + " packed rows" : std::string()) + " [tokenizer: " +
+      e.tokenizer_name + "; chat template: " + e.template_name + "]");
+  if (!e.cache.note.empty()) log("data: prepared-data cache: " + e.cache.note);
+  else if (e.cache.reused) log("data: eval rows read from the prepared-data cache " + e.cache.path);
+  return e;
+}
+
+TrainData load_train_data(const TrainConfig& cfg, const TokenizerSource& ts,
+                          const std::function<void(const std::string&)>& log,
+                          const std::function<void(const std::string&)>& progress) {
+  const std::string key = data_cache_key(cfg, ts, DataPurpose::Train);
+  std::string note;
+  const std::string path = cache_file(cfg, key, &note);
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainData d;
+  if (auto store = open_cached(path, key, &note)) {
+    d = train_from_store(store);
+    d.cache.path = path;
+    d.cache.reused = true;
+    d.cache.bytes = int64_t(store->bytes());
+    d.cache.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    d = prepare_train(cfg, ts, path, key, log, progress);
+  }
+  d.cache.note = note;
   d.pad_id = pad_id_of(ts);
   for (const std::string& line : describe_train_data(d, cfg)) log(line);
   return d;
 }
 
 TrainData load_train_data(const TrainConfig& cfg, const ModelSource& src,
-                          const std::function<void(const std::string&)>& log) {
+                          const std::function<void(const std::string&)>& log, Comm* comm) {
   TokenizerSource ts{src.tokenizer, src.encoder.name, src.config.vocab_size};
-  return load_train_data(cfg, ts, log);
+  if (!comm || comm->size() == 1 || data_cache_dir(cfg).empty()) return load_train_data(cfg, ts, log);
+  // Rank 0 prepares; the others wait for its word (a broadcast under the Comm's timeout), then map
+  // the file it wrote. A rank that does not see it (node-local folders) prepares its own copy.
+  int32_t ok = 0;
+  std::optional<TrainData> d;
+  std::optional<Error> error;
+  if (comm->rank() == 0) {
+    try {
+      d = load_train_data(cfg, ts, log);
+      ok = 1;
+    } catch (const Error& e) {
+      error = e;
+    }
+  }
+  comm->broadcast(&ok, sizeof ok, 0);
+  if (error) throw *error;
+  if (!ok)
+    fail(ErrorKind::Data, "rank " + std::to_string(comm->rank()), "rank 0 could not prepare the training data",
+         "its output says why");
+  if (comm->rank() == 0) return std::move(*d);
+  return load_train_data(cfg, ts, [](const std::string&) {});
 }
 
 std::vector<std::string> describe_train_data(const TrainData& d, const TrainConfig& cfg) {
@@ -430,15 +670,25 @@ std::vector<std::string> describe_train_data(const TrainData& d, const TrainConf
                   " rows of " + std::to_string(d.pack.capacity) + " tokens (efficiency " +
                   pct(d.pack.tokens, d.pack.rows * d.pack.capacity) + ")");
   {
-    char t[200];
-    std::snprintf(t, sizeof t, "data: prepared in %.2f s (%.0f rows/s on %d thread%s)", d.prepare_s,
+    char t[300];
+    std::snprintf(t, sizeof t, "%.2f s (%.0f rows/s on %d thread%s)", d.prepare_s,
                   d.prepare_s > 0 ? double(st.rows) / d.prepare_s : 0.0, d.threads, d.threads == 1 ? "" : "s");
-    std::string line = t;
+    std::string line = std::string(d.cache.reused ? "data: prepared " + d.cache.prepared_at + " in " : "data: prepared in ") + t;
     if (d.pack.rows) {
       std::snprintf(t, sizeof t, ", packed in %.2f s", d.pack_s);
       line += t;
     }
+    const double mb = double(d.cache.bytes) / 1e6;
+    if (d.cache.reused) {
+      std::snprintf(t, sizeof t, "; reused from the cache %s (%.1f MB, checked and mapped in %.2f s)", d.cache.path.c_str(),
+                    mb, d.cache.load_s);
+      line += t;
+    } else if (!d.cache.path.empty()) {
+      std::snprintf(t, sizeof t, "; cached in %s (%.1f MB, finished in %.2f s)", d.cache.path.c_str(), mb, d.write_s);
+      line += t;
+    }
     out.push_back(line);
+    if (!d.cache.note.empty()) out.push_back("data: prepared-data cache: " + d.cache.note);
   }
   if (!d.eval.empty()) out.push_back("data: eval " + std::to_string(d.eval.size()) + (cfg.packing ? " packed rows" : " examples"));
   return out;

@@ -320,7 +320,7 @@ TrainSummary Trainer::run() {
 
 ModelSource Trainer::prepare_data(Run& r) {
   ModelSource probe = open_model_source(cfg_.model_name_or_path);
-  r.data = load_train_data(cfg_, probe, [this](const std::string& l) { log(l); });
+  r.data = load_train_data(cfg_, probe, [this](const std::string& l) { log(l); }, comm_);
   if (!cfg_.sample_prompts.empty()) {
     tokenizer_ = probe.tokenizer;
     if (!tokenizer_)
@@ -389,7 +389,7 @@ void Trainer::load_model(Run& r, const ModelSource& source) {
 namespace {
 
 // What the reference log-probs depend on: the base model as held and every example's tokens.
-std::string reference_fingerprint(const TrainConfig& c, const std::vector<Example>& train, const std::vector<Example>& eval) {
+std::string reference_fingerprint(const TrainConfig& c, const ExampleSet& train, const ExampleSet& eval) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* p, size_t n) {
     const unsigned char* b = static_cast<const unsigned char*>(p);
@@ -415,9 +415,9 @@ void Trainer::precompute_reference(Run& r) {
   if (!pref_ || !pref_->uses_reference() || !cfg_.precompute_ref_log_probs) return;
   const std::string path = cfg_.output_dir + "/reference_logps.json";
   const std::string fp = reference_fingerprint(cfg_, r.data.train, r.data.eval);
-  auto count = [](const std::vector<Example>& v) {
+  auto count = [](const ExampleSet& v) {
     size_t n = 0;
-    for (const Example& e : v) n += e.doc_lens.size();
+    for (size_t i = 0; i < v.size(); i++) n += size_t(v.docs(i));
     return n;
   };
   bool loaded = false;
@@ -429,9 +429,10 @@ void Trainer::precompute_reference(Run& r) {
       if (j.at("fingerprint") == fp && train.size() == count(r.data.train) && eval.size() == count(r.data.eval)) {
         for (auto [set, values] : {std::pair{&r.data.train, &train}, std::pair{&r.data.eval, &eval}}) {
           size_t at = 0;
-          for (Example& e : *set) {
-            e.ref_logps.assign(values->begin() + std::ptrdiff_t(at), values->begin() + std::ptrdiff_t(at + e.doc_lens.size()));
-            at += e.doc_lens.size();
+          for (size_t i = 0; i < set->size(); i++) {
+            const size_t n = size_t(set->docs(i));
+            set->set_ref_logps(i, std::vector<double>(values->begin() + std::ptrdiff_t(at), values->begin() + std::ptrdiff_t(at + n)));
+            at += n;
           }
         }
         loaded = true;

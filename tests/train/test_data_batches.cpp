@@ -46,6 +46,7 @@ TEST(DataBatches, UnpackedRowsMatchTheHuggingFaceShift) {
 TEST(DataBatches, StreamReshufflesEachEpochAndSeeksExactly) {
   std::vector<Example> ex;
   for (int32_t i = 0; i < 10; i++) ex.push_back(doc({i, i}, {i, i}));
+  const ExampleSet set = ExampleSet::of(ex);
   auto epoch_order = [&](DataStream& s) {
     std::vector<int32_t> o;
     for (int k = 0; k < 5; k++) {
@@ -55,17 +56,17 @@ TEST(DataBatches, StreamReshufflesEachEpochAndSeeksExactly) {
     }
     return o;
   };
-  DataStream s(&ex, 2, 42, 0);
+  DataStream s(&set, 2, 42, 0);
   auto e0 = epoch_order(s), e1 = epoch_order(s);
   EXPECT_NE(e0, e1);
   EXPECT_EQ(std::set<int32_t>(e0.begin(), e0.end()).size(), 10u);
   EXPECT_EQ(std::set<int32_t>(e1.begin(), e1.end()).size(), 10u);
-  DataStream again(&ex, 2, 42, 0);
+  DataStream again(&set, 2, 42, 0);
   EXPECT_EQ(epoch_order(again), e0);
-  DataStream sought(&ex, 2, 42, 0);
+  DataStream sought(&set, 2, 42, 0);
   sought.seek(1, 0);
   EXPECT_EQ(epoch_order(sought), e1);
-  DataStream other(&ex, 2, 43, 0);
+  DataStream other(&set, 2, 43, 0);
   EXPECT_NE(epoch_order(other), e0);
 }
 

@@ -99,8 +99,9 @@ TEST_P(PreferenceParity, TwoStepsMatchTrl) {
   SafetensorsArchive tensors(pref_dir() + GetParam() + ".safetensors");
   const TrainConfig cfg = config_of(fx);
   const TrainData data = load_train_data(cfg, open_tokenizer_source(cfg.model_name_or_path), [](const std::string&) {});
+  const std::vector<Example> train = data.train.materialize();
   std::vector<const Example*> rows;
-  for (const Example& e : data.train) rows.push_back(&e);
+  for (const Example& e : train) rows.push_back(&e);
   const Batch batch = pad_batch(rows, data.pad_id);
 
   ModelPlanOptions po;
