@@ -50,28 +50,33 @@ def make_chat_set(path, n):
             f.write(json.dumps({"messages": msgs}) + "\n")
 
 
+def tree_rss(pid):
+    """RSS bytes of pid and all its descendants, from /proc (0 for a process that is gone)."""
+    total, todo, page = 0, [pid], os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * page
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return total
+
+
 def run_measured(cmd, env, log_path):
     """Runs cmd; returns (stdout, wall seconds, peak RSS bytes summed over its process tree)."""
-    import psutil
     t0 = time.perf_counter()
     with open(log_path, "w") as err:
-        p = psutil.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         peak = [0]
         done = threading.Event()
 
         def sample():
             while not done.is_set():
-                try:
-                    procs = [p] + p.children(recursive=True)
-                    total = 0
-                    for q in procs:
-                        try:
-                            total += q.memory_info().rss
-                        except psutil.Error:
-                            pass
-                    peak[0] = max(peak[0], total)
-                except psutil.Error:
-                    pass
+                peak[0] = max(peak[0], tree_rss(p.pid))
                 time.sleep(0.02)
 
         th = threading.Thread(target=sample, daemon=True)

@@ -13,6 +13,7 @@
 #include "text/packing.h"
 #include "text/tokenizer.h"
 #include "train/train_config.h"
+#include "train/data_report.h"
 #include "train/train_data.h"
 
 namespace qlora {
@@ -21,39 +22,10 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Bucket {
-  int64_t lo, hi, count;
-};
-
-// Powers of two: 1-16, 17-32, ... up to the longest example.
-std::vector<Bucket> histogram(const std::vector<int32_t>& lengths, int64_t longest) {
-  std::vector<Bucket> b;
-  for (int64_t lo = 1, hi = 16; lo <= std::max<int64_t>(1, longest); lo = hi + 1, hi *= 2) b.push_back({lo, hi, 0});
-  for (int32_t n : lengths)
-    for (auto& k : b)
-      if (n >= k.lo && n <= k.hi) {
-        k.count++;
-        break;
-      }
-  return b;
-}
-
 std::string fmt_pct(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * x);
   return buf;
-}
-
-// The first n examples in file order, unpacked, for --show.
-std::vector<Example> preview(const TrainConfig& cfg, const TokenizerSource& ts, int64_t n) {
-  std::vector<Example> out;
-  DatasetOptions o = dataset_options(cfg, ts);
-  for (const DatasetSpec& s : dataset_specs(cfg)) {
-    if (int64_t(out.size()) >= n) break;
-    o.limit_rows = n - int64_t(out.size());
-    for (auto& e : load_dataset(s, ts.tokenizer.get(), o, nullptr)) out.push_back(std::move(e));
-  }
-  return out;
 }
 
 std::string ids_text(const std::vector<int32_t>& v) {
@@ -89,57 +61,14 @@ int cmd_data(int argc, char** argv) {
   const TrainData d = load_train_data(cfg, ts, [&](const std::string& l) { lines.push_back(l); },
                                       [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); });
   const DatasetStats& st = d.stats;
-
-  // What packing gives (or would give) for the train examples as the trainer gets them.
-  PackStats pack = d.pack;
-  if (!cfg.packing) {
-    std::vector<int64_t> lens;
-    for (size_t i = 0; i < d.train.size(); i++) lens.push_back(d.train.length(i)), pack.tokens += lens.back();
-    pack.documents = int64_t(lens.size());
-    pack.capacity = cfg.max_length;
-    pack.rows = int64_t(pack_ffd(lens, cfg.max_length, uint64_t(cfg.seed)).size());
-  }
-  const std::vector<Bucket> hist = histogram(st.lengths, st.longest);
-  std::vector<Example> samples = show > 0 ? preview(cfg, ts, show) : std::vector<Example>{};
+  const PackStats pack = packing_of(d, cfg);  // what packing gives, or would give
+  const std::vector<LengthBucket> hist = length_histogram(st);
+  std::vector<Example> samples = show > 0 ? preview_examples(cfg, ts, show) : std::vector<Example>{};
 
   if (as_json) {
-    json j;
+    json j = train_data_json(d, cfg);
     j["config"] = config;
-    j["tokenizer"] = d.tokenizer_name;
-    j["chat_template"] = d.template_name;
     j["notes"] = notes;
-    j["rows"] = st.rows;
-    j["examples"] = st.examples;
-    j["train_examples"] = pack.documents;  // after weights and the eval split
-    j["eval_examples"] = int64_t(d.eval.size());
-    j["tokens"] = st.tokens;
-    j["trained_tokens"] = st.trained_tokens;
-    j["trained_share"] = st.tokens ? double(st.trained_tokens) / double(st.tokens) : 0.0;
-    j["longest"] = st.longest;
-    j["max_length"] = cfg.max_length;
-    j["truncation"] = cfg.truncation;
-    j["truncated"] = st.truncated;
-    j["dropped"] = st.dropped;
-    j["no_trained_token"] = st.no_loss;
-    j["bad_rows"] = st.bad_rows;
-    j["bad_row_messages"] = st.bad_row_messages;
-    j["split_mismatch"] = st.split_mismatch;
-    j["double_bos"] = st.double_bos;
-    j["eos_added"] = st.eos_added;
-    j["threads"] = d.threads;
-    j["prepare_seconds"] = d.prepare_s;  // reading, templating and tokenizing the train files
-    j["pack_seconds"] = d.pack_s;
-    j["cache"] = {{"path", d.cache.path}, {"reused", d.cache.reused}, {"bytes", d.cache.bytes},
-                  {"load_seconds", d.cache.load_s}, {"write_seconds", d.write_s}, {"note", d.cache.note},
-                  {"prepared_at", d.cache.prepared_at}};
-    j["files"] = json::array();
-    for (const auto& f : d.files)
-      j["files"].push_back({{"path", f.spec.path}, {"format", f.stats.format}, {"weight", f.spec.weight},
-                            {"rows", f.stats.rows}, {"examples", f.stats.examples}, {"weighted", f.weighted}});
-    j["histogram"] = json::array();
-    for (const auto& b : hist) j["histogram"].push_back({{"lo", b.lo}, {"hi", b.hi}, {"count", b.count}});
-    j["packing"] = {{"enabled", cfg.packing}, {"documents", pack.documents}, {"rows", pack.rows},
-                    {"capacity", pack.capacity}, {"efficiency", pack.efficiency()}};
     j["samples"] = json::array();
     for (const auto& e : samples) {
       json s = {{"ids", e.ids}, {"labels", e.labels}};

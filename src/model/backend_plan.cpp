@@ -46,7 +46,7 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   using MC = MemCategory;
   namespace cp = cuda_plan;
   const DType cd = o.compute_dtype;
-  const int64_t N = o.micro_batch * o.seq_len, V = c.vocab_size, r = o.lora_r;
+  const int64_t N = o.micro_batch * o.seq_len, V = c.vocab_size, r = o.lora.r;
   const bool f32_base = base_of(o) == BasePrecision::Fp32 && cd != DType::F32;
   const bool lora = o.method != Method::Full;
 
@@ -77,7 +77,7 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   for (const auto& t : all_linear_targets()) {
     const auto [out, in] = projection_shape(c, t);
     if (f32_base) cvt_b = std::max(cvt_b, out * in);
-    if (lora && std::find(o.targets.begin(), o.targets.end(), t) != o.targets.end())
+    if (lora && std::find(o.lora.targets.begin(), o.lora.targets.end(), t) != o.lora.targets.end())
       cvt_b = std::max(cvt_b, r * std::max(in, out));
   }
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::MatmulCvtA), MC::Workspace, DType::BF16, {cvt_a}, Lifetime::Layer);

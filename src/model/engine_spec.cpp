@@ -48,9 +48,7 @@ ModelPlanOptions resolve_engine(const EngineSpec& s, const EngineTarget& t) {
   o.base_precision = s.base_precision;
   o.quant_blocksize = s.quant_blocksize;
   o.double_quant = s.double_quant.value_or(s.base_precision && is_bnb_4bit(*s.base_precision));
-  o.lora_r = s.lora.r;
-  o.targets = s.lora.targets;
-  o.lora_dropout = s.lora.dropout > 0;
+  o.lora = s.lora;
   o.optimizer_dtype = s.optimizer_dtype;
   o.micro_batch = s.micro_batch;
   o.seq_len = s.seq_len;

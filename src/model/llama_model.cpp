@@ -62,9 +62,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     fail(ErrorKind::Unsupported, "method", "full fine-tuning is planned but not implemented by the engine",
          "use method lora or qlora");
   opts_.compute_dtype = be_.compute_dtype();
-  opts_.lora_r = lora_.r;
-  opts_.targets = lora_.targets;
-  opts_.lora_dropout = lora_.dropout > 0;
+  opts_.lora = lora_;
   ckpt_ = recomputes(opts_.checkpointing);
   {
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};

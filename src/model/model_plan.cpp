@@ -43,13 +43,13 @@ LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o) {
 int64_t dequant_layers_per_micro_step(int64_t n_layer) { return std::max<int64_t>(0, 2 * n_layer - 4); }
 
 static bool is_target(const ModelPlanOptions& o, const std::string& p) {
-  return std::find(o.targets.begin(), o.targets.end(), p) != o.targets.end();
+  return std::find(o.lora.targets.begin(), o.lora.targets.end(), p) != o.lora.targets.end();
 }
 
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o) {
   const DType cd = o.compute_dtype;
   const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
-  const int64_t N = o.micro_batch * o.seq_len, r = o.lora_r;
+  const int64_t N = o.micro_batch * o.seq_len, r = o.lora.r;
   const BasePrecision base = base_of(o);
   const bool quantized = is_quantized(base);
   const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
@@ -188,7 +188,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   plan.add("ws.dup", MC::Workspace, cd, {N, F}, Lifetime::Layer);
   if (o.method != Method::Full) {
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
-    if (o.lora_dropout) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
+    if (o.lora.dropout > 0) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
   }
   if (quantized) {  // two slots of one layer's seven projections: the layer in use and the next,
     int64_t layer = 0;  // dequantized ahead (dequant_layers_per_micro_step)

@@ -9,6 +9,7 @@
 #include "core/memory_plan.h"
 #include "model/modes.h"
 #include "model/llama_config.h"
+#include "model/lora.h"
 
 namespace qlora {
 
@@ -19,9 +20,7 @@ struct ModelPlanOptions {
   int64_t quant_blocksize = 64;
   bool double_quant = true;
   bool quantize_embeddings = false;     // embeddings / lm_head stay in compute dtype unless asked
-  int64_t lora_r = 16;
-  std::vector<std::string> targets;     // q_proj ... down_proj
-  bool lora_dropout = false;
+  LoraSpec lora;                        // r and targets size the adapters; dropout > 0 plans its mask's buffer
   DType optimizer_dtype = DType::F32;
   // ZeRO-1 over this many data-parallel ranks: each AdamW moment is planned as "<name>.shard" of
   // ceil(elements / optimizer_shards) elements, this rank's share (as shard_plan() plans it).

@@ -1,7 +1,9 @@
 // The prepared-examples layout (little-endian, every section 8-byte aligned):
 //   header  64 bytes: "QLORAPD\0", u32 version, u32 0, the key (<= 48 bytes, NUL-padded)
-//   records each: i32 ids[ntok], i32 labels[ntok], i32 doc_lens[ndoc], i8 roles[ntok or 0], padding
-//   index   per record: u64 offset, u64 ntok | ndoc << 32 | has_roles << 63
+//   records each: i32 ids[ntok], labels, i32 doc_lens[ndoc], i8 roles[ntok or 0], padding; labels
+//           are i32[ntok], or (when every label is its token or -100, as the data layer makes them)
+//           one bit per token, set where the label is the token
+//   index   per record: u64 offset, u64 ntok | ndoc << 32 | masked_labels << 62 | has_roles << 63
 //   plans   per set (train, eval): u64 rows, u64 items, u64 packed, i64 row_off[rows + 1], i64 items[]
 //   note    JSON text, padded
 //   footer  64 bytes: u64 records, index, plans, note offsets, note length, XXH3-64 of every byte
@@ -23,9 +25,34 @@ namespace {
 
 constexpr char kMagic[8] = {'Q', 'L', 'O', 'R', 'A', 'P', 'D', '\0'};
 constexpr char kEnd[8] = {'Q', 'L', 'O', 'R', 'A', 'E', 'N', 'D'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeader = 64, kFooter = 64, kKeyMax = 48;
-constexpr uint64_t kRolesBit = 1ull << 63;
+constexpr uint64_t kRolesBit = 1ull << 63, kMaskBit = 1ull << 62;
+
+// Where a record's parts are, from its index word.
+struct Layout {
+  uint64_t ntok, ndoc, labels_at, docs_at, roles_at, bytes;
+  bool masked, roles;
+  explicit Layout(uint64_t w)
+      : ntok(uint32_t(w)), ndoc((w >> 32) & 0x3fffffffu), masked(w & kMaskBit), roles(w & kRolesBit) {
+    labels_at = ntok * 4;
+    docs_at = labels_at + (masked ? (ntok + 7) / 8 : ntok * 4);
+    roles_at = docs_at + ndoc * 4;
+    bytes = roles_at + (roles ? ntok : 0);
+  }
+  // labels[at..at+ntok) from the record at p
+  void labels(const uint8_t* p, int32_t* out) const {
+    if (!masked) {
+      std::memcpy(out, p + labels_at, ntok * 4);
+      return;
+    }
+    for (uint64_t t = 0; t < ntok; t++) {
+      int32_t id;
+      std::memcpy(&id, p + 4 * t, 4);
+      out[t] = (p[labels_at + t / 8] >> (t % 8)) & 1 ? id : kNoLoss;
+    }
+  }
+};
 
 uint64_t pad8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 
@@ -38,17 +65,17 @@ T load(const uint8_t* p) {
 
 // A record's bytes (at p) -> Example; `w` is its index word.
 Example decode_record(const uint8_t* p, uint64_t w) {
-  const size_t ntok = uint32_t(w), ndoc = size_t((w >> 32) & 0x7fffffffu);
+  const Layout L(w);
   Example e;
-  e.ids.resize(ntok);
-  e.labels.resize(ntok);
-  e.doc_lens.resize(ndoc);
-  std::memcpy(e.ids.data(), p, ntok * 4);
-  std::memcpy(e.labels.data(), p + ntok * 4, ntok * 4);
-  std::memcpy(e.doc_lens.data(), p + ntok * 8, ndoc * 4);
-  if (w & kRolesBit) {
-    e.roles.resize(ntok);
-    std::memcpy(e.roles.data(), p + ntok * 8 + ndoc * 4, ntok);
+  e.ids.resize(L.ntok);
+  e.labels.resize(L.ntok);
+  e.doc_lens.resize(L.ndoc);
+  std::memcpy(e.ids.data(), p, L.ntok * 4);
+  L.labels(p, e.labels.data());
+  std::memcpy(e.doc_lens.data(), p + L.docs_at, L.ndoc * 4);
+  if (L.roles) {
+    e.roles.resize(L.ntok);
+    std::memcpy(e.roles.data(), p + L.roles_at, L.ntok);
   }
   return e;
 }
@@ -93,12 +120,21 @@ void ExampleWriter::put(const void* p, size_t n) {
 int64_t ExampleWriter::add(const Example& ex) {
   const uint64_t ntok = ex.ids.size(), ndoc = ex.doc_lens.size();
   if (ex.labels.size() != ntok || (!ex.roles.empty() && ex.roles.size() != ntok) || ntok >= (1ull << 32) ||
-      ndoc >= (1ull << 31))
+      ndoc >= (1ull << 30))
     fail(ErrorKind::Internal, "ExampleWriter::add", "inconsistent example");
+  bool masked = true;
+  for (uint64_t t = 0; t < ntok && masked; t++) masked = ex.labels[t] == kNoLoss || ex.labels[t] == ex.ids[t];
   index_.push_back(at_);
-  index_.push_back(ntok | ndoc << 32 | (ex.roles.empty() ? 0 : kRolesBit));
+  index_.push_back(ntok | ndoc << 32 | (masked ? kMaskBit : 0) | (ex.roles.empty() ? 0 : kRolesBit));
   put(ex.ids.data(), ntok * 4);
-  put(ex.labels.data(), ntok * 4);
+  if (masked) {
+    std::string bits((ntok + 7) / 8, '\0');
+    for (uint64_t t = 0; t < ntok; t++)
+      if (ex.labels[t] != kNoLoss) bits[t / 8] = char(uint8_t(bits[t / 8]) | (1u << (t % 8)));
+    put(bits.data(), bits.size());
+  } else {
+    put(ex.labels.data(), ntok * 4);
+  }
   put(ex.doc_lens.data(), ndoc * 4);
   put(ex.roles.data(), ex.roles.size());
   static const char zeros[8] = {};
@@ -108,9 +144,7 @@ int64_t ExampleWriter::add(const Example& ex) {
 
 Example ExampleWriter::get(size_t rec) const {
   const uint64_t off = index_[2 * rec], w = index_[2 * rec + 1];
-  const uint64_t ntok = uint32_t(w), ndoc = (w >> 32) & 0x7fffffffu;
-  const bool roles = w & kRolesBit;
-  const size_t n = size_t(ntok * 8 + ndoc * 4 + (roles ? ntok : 0));
+  const size_t n = size_t(Layout(w).bytes);
   std::string bytes(n, '\0');
   const uint64_t flushed = at_ - buf_.size();
   if (off >= flushed) {
@@ -269,8 +303,7 @@ bool ExampleStore::parse(std::string* why, const std::string& key) {
   index_ = base_ + index_off;
   for (size_t r = 0; r < n_; r++) {
     const uint64_t off = load<uint64_t>(index_ + 16 * r), w = load<uint64_t>(index_ + 16 * r + 8);
-    const uint64_t ntok = uint32_t(w), ndoc = (w >> 32) & 0x7fffffffu, roles = (w & kRolesBit) ? ntok : 0;
-    if (off < kHeader || off % 8 || off + ntok * 8 + ndoc * 4 + roles > index_off) return bad("record " + std::to_string(r));
+    if (off < kHeader || off % 8 || off + Layout(w).bytes > index_off) return bad("record " + std::to_string(r));
   }
   uint64_t at = plans_off;
   for (RowPlan& p : plans_) {
@@ -305,7 +338,7 @@ bool ExampleStore::parse(std::string* why, const std::string& key) {
 int64_t ExampleStore::tokens(size_t rec) const { return int64_t(uint32_t(load<uint64_t>(index_ + 16 * rec + 8))); }
 
 int64_t ExampleStore::docs(size_t rec) const {
-  return int64_t((load<uint64_t>(index_ + 16 * rec + 8) >> 32) & 0x7fffffffu);
+  return int64_t(Layout(load<uint64_t>(index_ + 16 * rec + 8)).ndoc);
 }
 
 Example ExampleStore::get(size_t rec) const {
@@ -315,14 +348,13 @@ Example ExampleStore::get(size_t rec) const {
 
 void ExampleStore::append_packed(size_t rec, Example& row) const {
   QLORA_ASSERT(rec < n_ && docs(rec) == 0);
-  const uint64_t off = load<uint64_t>(index_ + 16 * rec);
-  const size_t ntok = size_t(tokens(rec));
-  const uint8_t* p = base_ + off;
-  const size_t at = row.ids.size();
+  const uint8_t* p = base_ + load<uint64_t>(index_ + 16 * rec);
+  const Layout L(load<uint64_t>(index_ + 16 * rec + 8));
+  const size_t ntok = size_t(L.ntok), at = row.ids.size();
   row.ids.resize(at + ntok);
   row.labels.resize(at + ntok);
   std::memcpy(row.ids.data() + at, p, ntok * 4);
-  std::memcpy(row.labels.data() + at, p + ntok * 4, ntok * 4);
+  L.labels(p, row.labels.data() + at);
   if (ntok) row.labels[at] = kNoLoss;  // no target reaches back into the previous document
   row.doc_lens.push_back(int32_t(ntok));
 }

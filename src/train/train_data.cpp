@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "train/data_cache.h"
+#include "train/data_report.h"
 #include "model/llama_config.h"
 #include "model/modes.h"
 #include "text/tokenizer.h"
@@ -627,70 +628,14 @@ TrainData load_train_data(const TrainConfig& cfg, const ModelSource& src,
   return load_train_data(cfg, ts, [](const std::string&) {});
 }
 
-std::vector<std::string> describe_train_data(const TrainData& d, const TrainConfig& cfg) {
-  const DatasetStats& st = d.stats;
-  auto pct = [](int64_t a, int64_t b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f%%", b ? 100.0 * double(a) / double(b) : 0.0);
-    return std::string(buf);
-  };
-  std::vector<std::string> out;
-  std::string files;
-  for (const auto& f : d.files) {
-    char w[32];
-    std::snprintf(w, sizeof w, "%g", f.spec.weight);
-    files += (files.empty() ? "" : ", ") + f.spec.path + " (" + f.stats.format + ", " + std::to_string(f.stats.examples) +
-             " examples" + (f.spec.weight != 1.0 ? ", weight " + std::string(w) + " -> " + std::to_string(f.weighted) : "") +
-             ")";
+std::vector<Example> preview_examples(const TrainConfig& cfg, const TokenizerSource& ts, int64_t n) {
+  std::vector<Example> out;
+  DatasetOptions o = dataset_options(cfg, ts);
+  for (const DatasetSpec& s : dataset_specs(cfg)) {
+    if (int64_t(out.size()) >= n) break;
+    o.limit_rows = n - int64_t(out.size());
+    for (auto& e : load_dataset(s, ts.tokenizer.get(), o, nullptr)) out.push_back(std::move(e));
   }
-  out.push_back("data: " + files + " [tokenizer: " + d.tokenizer_name + "; chat template: " + d.template_name + "]");
-  int64_t weighted = 0;
-  for (const auto& f : d.files) weighted += f.weighted;
-  out.push_back("data: " + std::to_string(st.rows) + " rows -> " + std::to_string(st.examples) + " examples" +
-                (weighted != st.examples ? " (" + std::to_string(weighted) + " with weights)" : std::string()) + ", " +
-                std::to_string(st.tokens) + " tokens (" + std::to_string(st.trained_tokens) + " trained, " +
-                pct(st.trained_tokens, st.tokens) + "), longest " + std::to_string(st.longest) +
-                (is_preference(parse_objective(cfg.rl, "rl")) ? " (a row: two sequences)" : "") + " | max_length " +
-                std::to_string(cfg.max_length) + ": truncated " + std::to_string(st.truncated) + " (" + cfg.truncation +
-                "), dropped " + std::to_string(st.dropped) + " | skipped: " + std::to_string(st.no_loss) +
-                " without a trained token, " + std::to_string(st.bad_rows) + " bad rows");
-  for (const auto& m : st.bad_row_messages) out.push_back("data: skipped bad row: " + m);
-  if (st.split_mismatch)
-    out.push_back("data: warning: " + std::to_string(st.split_mismatch) +
-                  " rows tokenize differently turn by turn than as one text; their ids follow the turn split "
-                  "(the loss mask stays exact)");
-  if (st.double_bos)
-    out.push_back("data: warning: " + std::to_string(st.double_bos) +
-                  " rows start with two BOS tokens (the template and the tokenizer both add one)");
-  if (st.eos_added)
-    out.push_back("data: " + std::to_string(st.eos_added) +
-                  " EOS tokens inserted after trained turns that the template does not end with a special token");
-  if (d.pack.rows)
-    out.push_back("data: packing " + std::to_string(d.pack.documents) + " examples into " + std::to_string(d.pack.rows) +
-                  " rows of " + std::to_string(d.pack.capacity) + " tokens (efficiency " +
-                  pct(d.pack.tokens, d.pack.rows * d.pack.capacity) + ")");
-  {
-    char t[300];
-    std::snprintf(t, sizeof t, "%.2f s (%.0f rows/s on %d thread%s)", d.prepare_s,
-                  d.prepare_s > 0 ? double(st.rows) / d.prepare_s : 0.0, d.threads, d.threads == 1 ? "" : "s");
-    std::string line = std::string(d.cache.reused ? "data: prepared " + d.cache.prepared_at + " in " : "data: prepared in ") + t;
-    if (d.pack.rows) {
-      std::snprintf(t, sizeof t, ", packed in %.2f s", d.pack_s);
-      line += t;
-    }
-    const double mb = double(d.cache.bytes) / 1e6;
-    if (d.cache.reused) {
-      std::snprintf(t, sizeof t, "; reused from the cache %s (%.1f MB, checked and mapped in %.2f s)", d.cache.path.c_str(),
-                    mb, d.cache.load_s);
-      line += t;
-    } else if (!d.cache.path.empty()) {
-      std::snprintf(t, sizeof t, "; cached in %s (%.1f MB, finished in %.2f s)", d.cache.path.c_str(), mb, d.write_s);
-      line += t;
-    }
-    out.push_back(line);
-    if (!d.cache.note.empty()) out.push_back("data: prepared-data cache: " + d.cache.note);
-  }
-  if (!d.eval.empty()) out.push_back("data: eval " + std::to_string(d.eval.size()) + (cfg.packing ? " packed rows" : " examples"));
   return out;
 }
 

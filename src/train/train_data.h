@@ -96,7 +96,7 @@ struct EvalData {
 EvalData load_eval_data(const TrainConfig& cfg, const TokenizerSource& ts,
                         const std::function<void(const std::string&)>& log);
 
-// The summary lines load_train_data logs (also printed by `qlora data`).
-std::vector<std::string> describe_train_data(const TrainData& d, const TrainConfig& cfg);
+// The first n examples in file order, unpacked (qlora data --show).
+std::vector<Example> preview_examples(const TrainConfig& cfg, const TokenizerSource& ts, int64_t n);
 
 }  // namespace qlora

@@ -38,8 +38,8 @@ int64_t planned_total(const std::string& base_precision, bool double_quant) {
   o.compute_dtype = DType::F32;
   o.base_precision = optional_base_precision(base_precision, "base_precision");
   o.double_quant = double_quant;
-  o.lora_r = 16;
-  o.targets = all_linear_targets();
+  o.lora.r = 16;
+  o.lora.targets = all_linear_targets();
   o.micro_batch = 1;
   o.seq_len = 32;
   MemoryPlan p;

@@ -110,9 +110,10 @@ TEST(FsdpEngine, OneShardComputesExactlyWhatTheWholeBaseComputes) {
         EXPECT_GT(nonzero, ga.size() / 4);
       }
       EXPECT_EQ(whole.model->forward_loss(batch), fsdp.model->forward_loss(batch));
-      if (precision != "fp32")
+      if (precision != "fp32") {
         for (const auto& proj : all_linear_targets())
           EXPECT_EQ(fsdp.model->base_quantized(1, proj).data, whole.model->base_quantized(1, proj).data) << proj;
+      }
     }
 }
 
@@ -160,7 +161,9 @@ TEST(FsdpEngine, GathersPerMicroStepAreWhatThePlannerCounts) {
       // gathers is the engine's, the bytes per gather the plan's own blob.
       const int64_t gpu_blob = layer_base_blob(deep, model_plan_options(plan.req)).total;
       EXPECT_EQ(planned, double(3 * dequant_layers_per_micro_step(L) * gpu_blob));
-      if (precision == "nf4") EXPECT_EQ(gpu_blob, blob);  // packed bytes do not depend on the device
+      if (precision == "nf4") {
+        EXPECT_EQ(gpu_blob, blob);  // packed bytes do not depend on the device
+      }
     }
 }
 

@@ -41,8 +41,8 @@ TEST(PlanAllocation, CheckpointingShrinksActivations) {
   LoraSpec lora = fixture_lora();
   MemoryPlan none, full;
   ModelPlanOptions o;
-  o.targets = lora.targets;
-  o.lora_r = 4;
+  o.lora = lora;
+  o.lora.r = 4;
   o.seq_len = 512;
   LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
   c.n_layer = 8;

@@ -281,6 +281,39 @@ TEST(DataCache, EvalFileAloneIsCachedForQloraEval) {
   expect_same_rows(load(c).eval, a.rows);
 }
 
+TEST(DataCache, StoreKeepsEveryLabelKind) {
+  // Labels that are their token or -100 are stored as bits; others (pre-tokenized rows may carry
+  // any label) as they are; roles and document lengths travel too; packed rows cut the first label.
+  std::vector<Example> rows(3);
+  rows[0].ids = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  rows[0].labels = {-100, 6, 7, -100, 9, 10, 11, 12, 13};
+  rows[1].ids = {1, 2, 3};
+  rows[1].labels = {-100, 42, 3};
+  rows[2].ids = {4, 4, 4, 4};
+  rows[2].labels = {-100, -100, 4, 4};
+  rows[2].doc_lens = {2, 2};
+  rows[2].roles = {DocRole::Prompt, DocRole::Chosen, DocRole::Prompt, DocRole::Rejected};
+  const ExampleSet set = ExampleSet::of(rows);
+  for (size_t i = 0; i < rows.size(); i++) {
+    const Example e = set[i];
+    EXPECT_EQ(e.ids, rows[i].ids);
+    EXPECT_EQ(e.labels, rows[i].labels);
+    EXPECT_EQ(e.doc_lens, rows[i].doc_lens);
+    EXPECT_EQ(e.roles, rows[i].roles);
+  }
+  std::vector<Example> docs = {rows[0], rows[1]};
+  const std::vector<Example> packed = pack_examples(docs, 16, 1, nullptr);
+  RowPlan plan;
+  plan.packed = true;
+  plan.add_row({0, 1});
+  const Example row = ExampleSet(set.store(), plan)[0];
+  ASSERT_EQ(packed.size(), 1u);
+  EXPECT_EQ(row.ids, packed[0].ids);
+  EXPECT_EQ(row.labels, packed[0].labels);
+  EXPECT_EQ(row.doc_lens, (std::vector<int32_t>{9, 3}));
+  EXPECT_EQ(row.labels, (std::vector<int32_t>{-100, 6, 7, -100, 9, 10, 11, 12, 13, -100, 42, 3}));
+}
+
 TEST(DataCache, StoreRefusesOutOfBoundsPlans) {
   // A file whose checksum is right but whose plan points past its records is refused, not read.
   ExampleWriter wr("", "k");
