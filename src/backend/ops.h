@@ -158,6 +158,9 @@ struct DropoutArgs {
   int64_t n = 0;
   float p = 0.0f;
   uint64_t seed = 0, stream = 0;
+  // Element i uses mask position offset + i: a tile of rows of a larger tensor gets the mask the
+  // whole tensor would.
+  uint64_t offset = 0;
 };
 
 // Cross-entropy over one chunk of rows, fused with its gradient.

@@ -37,6 +37,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--seq-len")) r.seq_len = s.seq_len;
   if (unset("--packing") && unset("--no-packing")) r.packing = t.packing;
   if (unset("--ce-chunk")) r.ce_chunk = s.ce_chunk;
+  if (unset("--mlp-tile-tokens")) r.mlp_tile = s.mlp_tile;
   if (unset("--checkpointing")) r.checkpointing = s.checkpointing;
   if (unset("--gemm-dtype")) r.gemm_dtype = s.gemm_dtype;
   if (unset("--sharding")) r.sharding = s.sharding;  // what training does
@@ -107,6 +108,8 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--avg-doc-len", r.avg_doc_len, "mean example length in tokens (attention span when packed, padding when not)");
   app.add_option("--checkpointing", checkpointing, "activation checkpointing: none | full | offload")->capture_default_str();
   app.add_option("--ce-chunk", r.ce_chunk, "tokens per cross-entropy chunk")->capture_default_str();
+  app.add_option("--mlp-tile-tokens", r.mlp_tile, "with checkpointing: tokens per MLP tile (0 = 8192 when a micro-batch holds more)")
+      ->capture_default_str();
   app.add_option("--sharding", sharding, "none | zero1 | zero2 | zero3 | fsdp")->capture_default_str();
   app.add_option("--gpus-per-node", r.topo.gpus_per_node, "GPUs per node")->capture_default_str();
   app.add_option("--nodes", r.topo.nodes, "nodes")->capture_default_str();

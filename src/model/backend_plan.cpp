@@ -49,6 +49,10 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   const int64_t N = o.micro_batch * o.seq_len, V = c.vocab_size, r = o.lora.r;
   const bool f32_base = base_of(o) == BasePrecision::Fp32 && cd != DType::F32;
   const bool lora = o.method != Method::Full;
+  // Rows a projection's GEMM takes at once: the MLP's run over tiles (mlp_rows), the rest over N.
+  auto rows_of = [&](const std::string& proj) {
+    return proj == "gate_proj" || proj == "up_proj" || proj == "down_proj" ? mlp_rows(o) : N;
+  };
 
   // Made by the backend itself when it is constructed.
   plan.add_bytes(cp::kLtWorkspaceName, MC::Workspace, cp::kLtWorkspaceBytes);
@@ -87,16 +91,15 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
 
   // matmul_fp8 (FP8 base GEMMs): amax partials, scale and the e4m3 codes of the widest input.
   if (o.gemm_dtype == GemmDtype::Fp8) {
-    int64_t in_max = 0;
-    for (const auto& t : all_linear_targets()) in_max = std::max(in_max, projection_shape(c, t).second);
-    plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp8Act), MC::Workspace, cp::fp8_act_bytes(N, in_max),
-                   Lifetime::Layer);
+    int64_t bytes = 0;
+    for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp8_act_bytes(rows_of(t), projection_shape(c, t).second));
+    plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp8Act), MC::Workspace, bytes, Lifetime::Layer);
     plan.buffers.back().owner = BufferOwner::ArenaScratch;
   }
   // matmul_fp4 (FP4 base GEMMs): amax partials, scales, e2m1 codes and tiled e4m3 of the widest input.
   if (o.gemm_dtype == GemmDtype::Fp4) {
     int64_t bytes = 0;
-    for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp4_act_bytes(N, projection_shape(c, t).second));
+    for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp4_act_bytes(rows_of(t), projection_shape(c, t).second));
     plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp4Act), MC::Workspace, bytes, Lifetime::Layer);
     plan.buffers.back().owner = BufferOwner::ArenaScratch;
   }

@@ -10,6 +10,12 @@ BasePrecision resolved_base(const EngineSpec& s, DType compute) {
   return s.method == Method::Qlora ? BasePrecision::Nf4 : float_base(compute);
 }
 
+int64_t resolved_mlp_tile(const EngineSpec& s) {
+  if (!recomputes(s.checkpointing)) return 0;
+  if (s.mlp_tile > 0) return s.mlp_tile;
+  return s.micro_batch * s.seq_len > kAutoMlpTileTokens ? kAutoMlpTileTokens : 0;
+}
+
 EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute) {
   EngineSpec s = in;
   const BasePrecision base = resolved_base(s, compute);
@@ -37,6 +43,10 @@ EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute) {
       fail(ErrorKind::Config, "--quant-blocksize " + std::to_string(b), "nf4/fp4 block size must be a power of two in [32, 4096]",
            "bitsandbytes uses 64 by default");
   }
+  if (s.mlp_tile > 0 && !recomputes(s.checkpointing))
+    fail(ErrorKind::Config, "--mlp-tile-tokens " + std::to_string(s.mlp_tile),
+         "MLP tiles apply to the recompute of a checkpointed layer, and checkpointing is off",
+         "add --checkpointing full (or offload), or drop --mlp-tile-tokens");
   if (s.method == Method::Full) s.lora.targets.clear();
   return s;
 }
@@ -53,6 +63,7 @@ ModelPlanOptions resolve_engine(const EngineSpec& s, const EngineTarget& t) {
   o.micro_batch = s.micro_batch;
   o.seq_len = s.seq_len;
   o.checkpointing = s.checkpointing;
+  o.mlp_tile = resolved_mlp_tile(s);
   o.ce_chunk = s.ce_chunk;
   o.kv_cache_tokens = s.kv_cache_tokens;
   o.gemm_dtype = s.gemm_dtype;

@@ -31,6 +31,9 @@ struct EngineSpec {
   int64_t micro_batch = 1;             // sequences per micro-step
   int64_t seq_len = 2048;              // tokens per sequence
   Checkpointing checkpointing = Checkpointing::None;
+  // Tokens per MLP tile under checkpointing (mlp_tile_tokens); 0: auto, tiles of
+  // kAutoMlpTileTokens when a micro-batch holds more tokens, else untiled (resolved_mlp_tile).
+  int64_t mlp_tile = 0;
   int64_t ce_chunk = 1024;             // tokens per cross-entropy chunk
   GemmDtype gemm_dtype = GemmDtype::Bf16;
   Sharding sharding = Sharding::None;
@@ -41,6 +44,10 @@ struct EngineSpec {
 inline Method default_method(std::optional<BasePrecision> base) {
   return base && is_quantized(*base) ? Method::Qlora : Method::Lora;
 }
+
+inline constexpr int64_t kAutoMlpTileTokens = 8192;
+// The MLP tile a spec runs with (ModelPlanOptions::mlp_tile): 0 without checkpointing.
+int64_t resolved_mlp_tile(const EngineSpec& s);
 
 // The base precision a spec runs with on a backend computing in `compute`.
 BasePrecision resolved_base(const EngineSpec& s, DType compute);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/rng.h"
 #include "model/backend_plan.h"
 #include "model/gemm_dtype.h"
@@ -48,6 +50,13 @@ static Tensor with_rows(Tensor t, int64_t n) {
   t.shape[0] = n;
   return t;
 }
+// Rows [r0, r0 + n) of a row-major (rows, cols) tensor.
+static Tensor row_slice(Tensor t, int64_t r0, int64_t n) {
+  const int64_t cols = t.ndim > 1 ? t.numel() / t.shape[0] : 1;
+  t.data = static_cast<char*>(t.data) + r0 * cols * int64_t(dtype_size(t.dtype));
+  t.shape[0] = n;
+  return t;
+}
 // Columns [0, cols) of a (rows, wide) workspace viewed as a dense (rows, cols) matrix.
 static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
   t.ndim = 2;
@@ -64,6 +73,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.compute_dtype = be_.compute_dtype();
   opts_.lora = lora_;
   ckpt_ = recomputes(opts_.checkpointing);
+  mlp_rows_ = mlp_rows(opts_);
   {
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
     opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
@@ -78,6 +88,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   offload_ = opts_.checkpointing == Checkpointing::Offload;
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
+  check_host_memory();
   arena_ = std::make_unique<Arena>(be_, plan_);
   if (is_quantized(base_of(opts_))) {
     quantized_base_ = true;
@@ -127,10 +138,12 @@ void LlamaModel::resolve_views() {
       {&StepViews::dgate, "ws.dgate"}, {&StepViews::dup, "ws.dup"},     {&StepViews::datt, "ws.datt"},
       {&StepViews::dq, "ws.dq"},       {&StepViews::dk, "ws.dk"},       {&StepViews::dv, "ws.dv"},
       {&StepViews::inv_freq, "rope.inv_freq"}, {&StepViews::embed, "embed_tokens"},
-      {&StepViews::final_x, "act.final_x"},    {&StepViews::final_ln, "act.final_ln"},
+      {&StepViews::final_x, "act.final_x"},
       {&StepViews::final_rstd, "act.final_rstd"}, {&StepViews::norm, "norm"},
       {&StepViews::chunk, "logits.chunk"},     {&StepViews::losses, "logits.losses"}};
   for (const auto& [member, name] : kStep) v.*member = ar.get(name);
+  // act.final_ln, or (the plan's choice) the first N x C values of ws.datt.
+  v.final_ln = ar.has("act.final_ln") ? ar.get("act.final_ln") : as_matrix(v.datt, max_tokens(), cfg_.hidden_size);
   v.lora_dh = opt("ws.lora_dh");
   v.lora_xd = opt("ws.lora_xd");
   v.dequant = opt("ws.dequant");
@@ -401,10 +414,32 @@ void LlamaModel::zero_grads() {
   for (auto& p : lora_params_) be_.memset0(p.g.data, size_t(p.g.nbytes()));
 }
 
+// What the plan needs from the machine's memory: on a GPU the host buffers (offloaded layer
+// inputs, pinned, so never swapped), on the CPU everything. More than MemAvailable is refused now,
+// before anything is allocated, instead of failing (or being killed) during a step.
+void LlamaModel::check_host_memory() const {
+  const bool cpu = be_.device() == DeviceKind::Cpu;
+  const int64_t need = cpu ? plan_.total_bytes() : plan_.host_bytes();
+  const int64_t avail = available_host_bytes();
+  if (need == 0 || avail == 0 || need <= avail) return;
+  auto gib = [](int64_t b) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.2f GiB", double(b) / double(1ll << 30));
+    return std::string(s);
+  };
+  fail(ErrorKind::Config, "memory plan",
+       (cpu ? "the run needs " + gib(need) + " of memory"
+            : "activation offload keeps " + gib(need) + " of layer inputs in pinned host memory") +
+           " and the machine has " + gib(avail) + " available (MemAvailable)",
+       ckpt_ ? "use shorter rows (max_length) or a smaller micro-batch, or a machine with more memory"
+             : "use gradient_checkpointing: full, shorter rows (max_length) or a smaller micro-batch");
+}
+
 LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
   Acts a = layers_[size_t(l)].a;
-  for (Tensor* t : {&a.x, &a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.xmid, &a.ln2, &a.rstd2, &a.gate, &a.up, &a.h})
+  for (Tensor* t : {&a.x, &a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.xmid, &a.ln2, &a.rstd2})
     *t = with_rows(*t, n);
+  for (Tensor* t : {&a.gate, &a.up, &a.h}) *t = with_rows(*t, std::min(n, mlp_rows_));  // tiled: one tile
   if (cfg_.qk_norm) {
     a.q_raw = with_rows(a.q_raw, n);
     a.k_raw = with_rows(a.k_raw, n);
@@ -457,7 +492,7 @@ static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer)
 
 // y (N,out) "=" x W^T + bias + s * dropout(x) A^T B^T
 void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
-                            uint64_t seed) {
+                            uint64_t seed, int64_t row0) {
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
   if (opts_.gemm_dtype == GemmDtype::Fp8) {  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
     gather_layer(l);
@@ -471,21 +506,25 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
     be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
   const int li = adapters_on_ ? lora_index(l, p) : -1;
   if (li < 0) return;
-  const LoraParam& A = lora_params_[size_t(li)];
   const LoraParam& B = lora_params_[size_t(li) + 1];
-  const int64_t r = lora_.r;
+  lora_h_fwd(x, l, p, a, train, seed, row0);                                        // h = xd A^T  (N,r)
+  be_.matmul({y, row_slice(a.lora_h[p], row0, n), B.w, n, out, lora_.r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
+}
+
+void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bool train, uint64_t seed, int64_t row0) {
+  const int64_t n = x.dim(0), in = x.dim(1);
+  const LoraParam& A = lora_params_[size_t(lora_index(l, p))];
   Tensor xin = x;
   if (train && lora_.dropout > 0) {
     xin = as_matrix(views_->lora_xd, n, in);
-    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
+    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p), uint64_t(row0 * in)});
   }
-  be_.matmul({a.lora_h[p], xin, A.w, n, r, in, false, true, 1.0f, 0.0f});          // h = xd A^T  (N,r)
-  be_.matmul({y, a.lora_h[p], B.w, n, out, r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
+  be_.matmul({row_slice(a.lora_h[p], row0, n), xin, A.w, n, lora_.r, in, false, true, 1.0f, 0.0f});
 }
 
 // dx (N,in) "=" or "+=" dy W (+ LoRA path); dA, dB "+=".
 void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const Tensor& x, int64_t l, int p,
-                            const Acts& a, uint64_t seed, bool need_dx) {
+                            const Acts& a, uint64_t seed, bool need_dx, int64_t row0) {
   const int64_t n = dy.dim(0), out = dy.dim(1), in = dx.dim(1);
   if (need_dx) be_.matmul({dx, dy, base_weight(l, p), n, in, out, false, false, 1.0f, acc ? 1.0f : 0.0f});
   const int li = lora_index(l, p);
@@ -495,13 +534,14 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   const int64_t r = lora_.r;
   const float s = lora_.scale();
   const bool drop = lora_.dropout > 0;
-  be_.matmul({B.g, dy, a.lora_h[p], out, r, n, true, false, s, 1.0f});  // dB += s dy^T h   (out,r)
+  const uint64_t mask_at = uint64_t(row0 * in);
+  be_.matmul({B.g, dy, row_slice(a.lora_h[p], row0, n), out, r, n, true, false, s, 1.0f});  // dB += s dy^T h   (out,r)
   Tensor dh = as_matrix(views_->lora_dh, n, r);
   be_.matmul({dh, dy, B.w, n, r, out, false, false, s, 0.0f});  // dh = s dy B   (N,r)
   Tensor xin = x;
   if (drop) {
     xin = as_matrix(views_->lora_xd, n, in);
-    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
+    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p), mask_at});
   }
   be_.matmul({A.g, dh, xin, r, in, n, true, false, 1.0f, 1.0f});  // dA += dh^T xd   (r,in)
   if (!need_dx) return;
@@ -510,7 +550,7 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   } else {
     Tensor t = as_matrix(views_->lora_xd, n, in);
     be_.matmul({t, dh, A.w, n, in, r, false, false, 1.0f, 0.0f});
-    be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, dropout_stream(l, p)});
+    be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, dropout_stream(l, p), mask_at});
     be_.add({dx, t, n * in});
   }
 }
@@ -597,11 +637,56 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
   be_.add({a.xmid, a.x, a.xmid.numel()});            // ... + x
   be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps});
+  if (n > mlp_rows_) {  // over tiles; a recompute leaves the MLP to the backward, tile by tile
+    if (!recompute) mlp_fwd_tiled(a, next, l, n, train, seed);
+    return;
+  }
   linear_fwd(a.gate, a.ln2, l, G, a, train, seed);
   linear_fwd(a.up, a.ln2, l, U, a, train, seed);
   be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel()});
   linear_fwd(next, a.h, l, D, a, train, seed);  // next = down_proj(h) ...
   be_.add({next, a.xmid, next.numel()});        // ... + xmid
+}
+
+// One tile's rows [t0, t0 + m): its ln2 rows and gate = gate_proj(ln2), up = up_proj(ln2),
+// h = swiglu(gate, up) computed into the one-tile buffers.
+LlamaModel::MlpTile LlamaModel::mlp_tile_fwd(const Acts& a, int64_t l, int64_t t0, int64_t m, bool train, uint64_t seed) {
+  MlpTile t{row_slice(a.ln2, t0, m), with_rows(a.gate, m), with_rows(a.up, m), with_rows(a.h, m)};
+  linear_fwd(t.gate, t.ln2, l, G, a, train, seed, t0);
+  linear_fwd(t.up, t.ln2, l, U, a, train, seed, t0);
+  be_.swiglu_fwd({t.h, t.gate, t.up, t.h.numel()});
+  return t;
+}
+
+// next = xmid + down(swiglu(gate(ln2), up(ln2))), mlp_rows_ tokens at a time through the one-tile
+// gate/up/h buffers.
+void LlamaModel::mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t l, int64_t n, bool train, uint64_t seed) {
+  for (int64_t t0 = 0; t0 < n; t0 += mlp_rows_) {
+    const int64_t m = std::min(mlp_rows_, n - t0);
+    const Tensor h = mlp_tile_fwd(a, l, t0, m, train, seed).h;
+    const Tensor out = row_slice(next, t0, m);
+    linear_fwd(out, h, l, D, a, train, seed, t0);
+    be_.add({out, row_slice(a.xmid, t0, m), out.numel()});
+  }
+}
+
+// The MLP's backward a tile at a time: each tile's gate, up and activation (and down_proj's LoRA
+// intermediate) are recomputed from ln2, then back-propagated into that tile's rows of ws.dln;
+// the LoRA gradients accumulate over the tiles.
+void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t seed) {
+  const StepViews& w = *views_;
+  const int64_t F = cfg_.intermediate_size;
+  for (int64_t t0 = 0; t0 < n; t0 += mlp_rows_) {
+    const int64_t m = std::min(mlp_rows_, n - t0);
+    const auto [ln2, gate, up, h] = mlp_tile_fwd(a, l, t0, m, true, seed);
+    if (lora_index(l, D) >= 0) lora_h_fwd(h, l, D, a, true, seed, t0);
+    const Tensor dh = as_matrix(w.tmp, m, F), dgate = with_rows(w.dgate, m), dup = with_rows(w.dup, m);
+    const Tensor dln = row_slice(with_rows(w.dln, n), t0, m);
+    linear_bwd(dh, false, row_slice(with_rows(w.dres, n), t0, m), h, l, D, a, seed, true, t0);  // dh = ; dA,dB +=
+    be_.swiglu_bwd({dgate, dup, dh, gate, up, m * F});                                            // dgate, dup =
+    linear_bwd(dln, false, dgate, ln2, l, G, a, seed, true, t0);                                  // dln =
+    linear_bwd(dln, true, dup, ln2, l, U, a, seed, true, t0);                                     // dln +=
+  }
 }
 
 // On entry ws.dres holds d(layer output); on exit d(layer input).
@@ -617,10 +702,14 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   const Tensor inv_freq = w.inv_freq;
 
   // MLP: out = xmid + down(swiglu(gate(ln2), up(ln2))), ln2 = rmsnorm(xmid)
-  linear_bwd(tmp_f, false, dres, a.h, l, D, a, seed);                       // dh = ; dA,dB +=
-  be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F});                 // dgate, dup =
-  linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                      // dln =
-  linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                         // dln +=
+  if (n > mlp_rows_) {
+    mlp_bwd_tiled(a, l, n, seed);
+  } else {
+    linear_bwd(tmp_f, false, dres, a.h, l, D, a, seed);                     // dh = ; dA,dB +=
+    be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F});               // dgate, dup =
+    linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                    // dln =
+    linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                       // dln +=
+  }
   be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, L.ln2_w, a.rstd2, n, C});
   be_.add({dres, tmp_c, n * C});                                            // dres = d xmid
 

@@ -59,6 +59,7 @@ class LlamaModel {
 
   const LlamaConfig& config() const { return cfg_; }
   const MemoryPlan& plan() const { return plan_; }
+  const ModelPlanOptions& options() const { return opts_; }  // as resolved (compute dtype, GEMM dtype, MLP tile)
   Arena& arena() { return *arena_; }
   Backend& backend() { return be_; }
   int64_t max_tokens() const { return opts_.micro_batch * opts_.seq_len; }
@@ -138,6 +139,7 @@ class LlamaModel {
   struct LayerViews;  // everything one layer's step touches, resolved once
   struct StepViews;   // workspaces, head and loss buffers, resolved once
   void resolve_views();
+  void check_host_memory() const;
   Acts acts(int64_t layer, int64_t n) const;
   Tensor base_weight(int64_t layer, int proj);
   int lora_index(int64_t layer, int proj) const;
@@ -146,9 +148,21 @@ class LlamaModel {
   // backward does not read) goes to ws.tmp, leaving the next layer's input or slot untouched.
   void layer_fwd(int64_t layer, int64_t n, bool train, uint64_t seed, bool recompute = false);
   void layer_bwd(int64_t layer, int64_t n, uint64_t seed);
-  void linear_fwd(const Tensor& y, const Tensor& x, int64_t layer, int proj, const Acts& a, bool train, uint64_t seed);
+  // row0: x, y, dx and dy are rows [row0, row0 + rows) of the micro-batch (an MLP tile): the
+  // LoRA intermediate and the dropout mask are those rows of the whole tensor's.
+  void linear_fwd(const Tensor& y, const Tensor& x, int64_t layer, int proj, const Acts& a, bool train, uint64_t seed,
+                  int64_t row0 = 0);
   void linear_bwd(const Tensor& dx, bool accumulate, const Tensor& dy, const Tensor& x, int64_t layer, int proj,
-                  const Acts& a, uint64_t seed, bool need_dx = true);
+                  const Acts& a, uint64_t seed, bool need_dx = true, int64_t row0 = 0);
+  // Only the LoRA intermediate h = dropout(x) A^T of rows [row0, ...) (the recompute of an MLP tile
+  // needs down_proj's, not its output).
+  void lora_h_fwd(const Tensor& x, int64_t layer, int proj, const Acts& a, bool train, uint64_t seed, int64_t row0);
+  struct MlpTile {
+    Tensor ln2, gate, up, h;
+  };
+  MlpTile mlp_tile_fwd(const Acts& a, int64_t layer, int64_t t0, int64_t m, bool train, uint64_t seed);
+  void mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t layer, int64_t n, bool train, uint64_t seed);
+  void mlp_bwd_tiled(const Acts& a, int64_t layer, int64_t n, uint64_t seed);
   // weigh: backward with per-position weights (forward_backward_weighted); row_losses: the
   // labeled positions' token losses, copied out.
   double head_and_loss(int64_t n, bool backward, float grad_scale, const RowWeightFn* weigh = nullptr,
@@ -168,6 +182,7 @@ class LlamaModel {
   std::vector<LayerViews> layers_;
   std::unique_ptr<StepViews> views_;
   bool ckpt_ = false;
+  int64_t mlp_rows_ = 0;  // rows of the MLP's buffers (mlp_rows); below max_tokens(): the MLP runs in tiles
   // gradient_checkpointing: offload. Layer l's input lives in device slot act.offload_slot.{l % 2};
   // the inputs of layers 0 .. n_layer-3 also go to host memory (host_x_[l]) in the forward and
   // come back a layer ahead in the backward (forward_backward); the last two never leave the slots.

@@ -46,10 +46,16 @@ static bool is_target(const ModelPlanOptions& o, const std::string& p) {
   return std::find(o.lora.targets.begin(), o.lora.targets.end(), p) != o.lora.targets.end();
 }
 
+int64_t mlp_rows(const ModelPlanOptions& o) {
+  const int64_t n = o.micro_batch * o.seq_len;
+  return recomputes(o.checkpointing) && o.mlp_tile > 0 ? std::min(o.mlp_tile, n) : n;
+}
+
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o) {
   const DType cd = o.compute_dtype;
   const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int64_t N = o.micro_batch * o.seq_len, r = o.lora.r;
+  const int64_t T = mlp_rows(o);  // the MLP's rows: a tile of the micro-batch's tokens, or all
   const BasePrecision base = base_of(o);
   const bool quantized = is_quantized(base);
   const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
@@ -154,15 +160,17 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "xmid", MC::Activations, cd, {N, C}, life);
     plan.add(p + "ln2", MC::Activations, cd, {N, C}, life);
     plan.add(p + "rstd2", MC::Activations, DType::F32, {N}, life);
-    plan.add(p + "gate", MC::Activations, cd, {N, F}, life);
-    plan.add(p + "up", MC::Activations, cd, {N, F}, life);
-    plan.add(p + "h", MC::Activations, cd, {N, F}, life);
+    plan.add(p + "gate", MC::Activations, cd, {T, F}, life);
+    plan.add(p + "up", MC::Activations, cd, {T, F}, life);
+    plan.add(p + "h", MC::Activations, cd, {T, F}, life);
     if (o.method != Method::Full)
       for (const auto& t : all_linear_targets())
         if (is_target(o, t)) plan.add(p + t + ".lora_h", MC::Activations, cd, {N, r}, life);
   }
   plan.add("act.final_x", MC::Activations, cd, {N, C}, Lifetime::Step);
-  plan.add("act.final_ln", MC::Activations, cd, {N, C}, Lifetime::Step);
+  // The final norm's output feeds only the LM head, which runs between the last layer's forward and
+  // the first layer's backward: it lives in ws.datt (free then) unless that is narrower than C.
+  if (c.q_dim() < C) plan.add("act.final_ln", MC::Activations, cd, {N, C}, Lifetime::Step);
   plan.add("act.final_rstd", MC::Activations, DType::F32, {N}, Lifetime::Step);
   // label_rows / label_targets: the positions that carry a label and their targets, so the LM head
   // and the loss run on those rows only.
@@ -175,20 +183,22 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   plan.add("logits.chunk", MC::Logits, DType::F32, {chunk, V}, Lifetime::Layer);
   plan.add("logits.losses", MC::Logits, DType::F32, {N}, Lifetime::Step);
 
-  // Backward workspace: residual gradient plus the widest per-layer gradients.
-  const int64_t wide = std::max({F, c.q_dim(), C});
+  // Backward workspace: residual gradient plus the widest per-layer gradients. ws.tmp and
+  // ws.lora_xd hold (N, C) or (N, q_dim) values, or one MLP tile's (T, F) (flat: the model views
+  // them at each use's shape; the size grows with N, as the fit search needs).
+  const int64_t wide = std::max(N * std::max(c.q_dim(), C), T * F);
   plan.add("ws.dres", MC::Workspace, cd, {N, C}, Lifetime::Step);
   plan.add("ws.dln", MC::Workspace, cd, {N, C}, Lifetime::Layer);
-  plan.add("ws.tmp", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
+  plan.add("ws.tmp", MC::Workspace, cd, {wide}, Lifetime::Layer);
   plan.add("ws.datt", MC::Workspace, cd, {N, c.q_dim()}, Lifetime::Layer);
   plan.add("ws.dq", MC::Workspace, cd, {N, c.q_dim()}, Lifetime::Layer);
   plan.add("ws.dk", MC::Workspace, cd, {N, c.kv_dim()}, Lifetime::Layer);
   plan.add("ws.dv", MC::Workspace, cd, {N, c.kv_dim()}, Lifetime::Layer);
-  plan.add("ws.dgate", MC::Workspace, cd, {N, F}, Lifetime::Layer);
-  plan.add("ws.dup", MC::Workspace, cd, {N, F}, Lifetime::Layer);
+  plan.add("ws.dgate", MC::Workspace, cd, {T, F}, Lifetime::Layer);
+  plan.add("ws.dup", MC::Workspace, cd, {T, F}, Lifetime::Layer);
   if (o.method != Method::Full) {
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
-    if (o.lora.dropout > 0) plan.add("ws.lora_xd", MC::Workspace, cd, {N, wide}, Lifetime::Layer);
+    if (o.lora.dropout > 0) plan.add("ws.lora_xd", MC::Workspace, cd, {wide}, Lifetime::Layer);
   }
   if (quantized) {  // two slots of one layer's seven projections: the layer in use and the next,
     int64_t layer = 0;  // dequantized ahead (dequant_layers_per_micro_step)

@@ -32,6 +32,10 @@ struct ModelPlanOptions {
   int64_t base_shards = 0, base_shard_rank = 0;
   int64_t micro_batch = 1, seq_len = 2048;
   Checkpointing checkpointing = Checkpointing::None;
+  // Checkpointing only: the MLP (gate, up, activation, down and their gradients) runs over tiles of
+  // this many tokens in the forward and in the backward's recompute, so its (tokens x intermediate)
+  // buffers are one tile long. 0, or at least micro_batch * seq_len: untiled.
+  int64_t mlp_tile = 0;
   int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk
   // Generation through the training forward: each layer's keys and values for this many positions
   // (prompt + answer). 0: no KV cache (a run without sample answers).
@@ -43,6 +47,9 @@ struct ModelPlanOptions {
   // resolve_gemm_dtype (model/gemm_dtype.h) before planning: buffers and scratch depend on it.
   GemmDtype gemm_dtype = GemmDtype::Bf16;
 };
+
+// Rows of the MLP's (tokens x intermediate) buffers: the tile, or every token of a micro-batch.
+int64_t mlp_rows(const ModelPlanOptions& o);
 
 // The base precision the options run with: as set, else the compute dtype's float.
 inline BasePrecision base_of(const ModelPlanOptions& o) { return o.base_precision.value_or(float_base(o.compute_dtype)); }

@@ -1,6 +1,8 @@
 // TrainConfig -> EngineSpec (train/engine_config.h).
 #include "train/engine_config.h"
 
+#include "core/error.h"
+
 namespace qlora {
 
 EngineSpec engine_spec(const TrainConfig& c) {
@@ -20,6 +22,11 @@ EngineSpec engine_spec(const TrainConfig& c) {
   s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
   s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");
   s.ce_chunk = c.ce_chunk_size;
+  s.mlp_tile = c.mlp_tile_tokens;
+  if (s.mlp_tile > 0 && !recomputes(s.checkpointing))
+    fail(ErrorKind::Config, "mlp_tile_tokens", "MLP tiles apply to the recompute of a checkpointed layer, and "
+                                               "gradient_checkpointing is none",
+         "set gradient_checkpointing: full (or offload), or remove mlp_tile_tokens");
   s.gemm_dtype = parse_gemm_dtype(c.gemm_dtype, "gemm_dtype");
   s.sharding = parse_sharding(c.sharding, "sharding");
   return with_shapes(s, c, c.per_device_train_batch_size, row_tokens_cap(c));

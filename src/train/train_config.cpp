@@ -241,6 +241,10 @@ const std::vector<KeyRow>& key_table() {
        .value_aliases = {{"true", "full"}, {"false", "none"}, {"unsloth", "offload"}}},
       {.name = "ce_chunk_size", .field = &T::ce_chunk_size, .def = "1024", .range = {.lo = 1},
        .help = "Tokens per cross-entropy chunk; full fp32 logits are never held."},
+      {.name = "mlp_tile_tokens", .field = &T::mlp_tile_tokens, .def = "0", .range = {.lo = 0},
+       .help = "With gradient_checkpointing: tokens per tile of the MLP (gate, up, activation, down and their "
+               "gradients), so its intermediates are one tile long. 0 = tiles of 8192 tokens when a micro-batch "
+               "holds more, else untiled. Needs gradient_checkpointing full or offload."},
       {.name = "bf16", .field = &T::bf16, .def = "false",
        .help = "Accepted for compatibility; compute precision follows the device (bf16 on CUDA, fp32 on CPU).",
        .value_aliases = {{"auto", "true"}}},

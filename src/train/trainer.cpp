@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "io/atomic_file.h"
 #include "io/json_util.h"
 #include "model/peft_io.h"
@@ -375,7 +376,16 @@ void Trainer::load_model(Run& r, const ModelSource& source) {
         " bytes; each rank holds its share of every layer (bytes per rank: " + list +
         "), all-gathered a layer ahead of use" + (r.fsdp_nccl ? " (NCCL, into the device slot)" : ""));
   }
-  log("memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes");
+  {
+    const int64_t host = model.plan().host_bytes();
+    std::string line = "memory plan: " + std::to_string(model.plan().total_bytes()) + " bytes";
+    if (host > 0)
+      line += " (" + std::to_string(host) + " of them in pinned host memory; " +
+              std::to_string(available_host_bytes()) + " bytes available)";
+    if (model.options().mlp_tile > 0)
+      line += "; the MLP runs in tiles of " + std::to_string(model.options().mlp_tile) + " tokens";
+    log(line);
+  }
   if (world > 1) {  // what each rank's arena holds, against `qlora plan --gpus-per-node N`
     std::vector<double> per_rank(size_t(world), 0.0);
     for (const auto& [cat, bytes] : model.arena().allocated()) per_rank[size_t(comm_->rank())] += double(bytes);

@@ -36,6 +36,7 @@ using testing_util::ints;
 struct Case {
   std::string method, precision, ckpt;
   bool label_subset;  // SFT labels (the LM head runs on the labeled rows) or every position labeled
+  int64_t mlp_tile = 0;  // the MLP over tiles of this many rows (checkpointing only)
 };
 
 ModelPlanOptions plan_options(const Case& c) {
@@ -48,12 +49,13 @@ ModelPlanOptions plan_options(const Case& c) {
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
   po.ce_chunk = 8;  // several chunks per step, the last one partial
+  po.mlp_tile = c.mlp_tile;
   return po;
 }
 
 std::string name(const Case& c) {
   return c.method + "/" + (c.precision.empty() ? "bf16" : c.precision) + " ckpt=" + c.ckpt +
-         (c.label_subset ? " label subset" : " all labeled");
+         (c.label_subset ? " label subset" : " all labeled") + (c.mlp_tile ? " mlp tile " + std::to_string(c.mlp_tile) : "");
 }
 
 // Builds the model on a fresh CUDA backend, trains a few steps, and checks the harness's counts
@@ -129,6 +131,13 @@ TEST(CudaEmuMemoryPlan, LoraBf16AllocationEqualsThePlan) {
 TEST(CudaEmuMemoryPlan, QloraNf4AllocationEqualsThePlan) {
   for (const char* ckpt : {"none", "full"})
     for (bool subset : {true, false}) check_allocation_equals_plan({"qlora", "nf4", ckpt, subset});
+}
+
+// The MLP over tiles of 7 rows (7, 7, 7, 3 of 24 tokens), the buffers one tile long: the steps stay
+// inside the plan.
+TEST(CudaEmuMemoryPlan, TiledMlpAllocationEqualsThePlan) {
+  for (const char* ckpt : {"full", "offload"})
+    check_allocation_equals_plan({"qlora", "nf4", ckpt, true, 7});
 }
 
 // `qlora plan --gpu h100-sxm` plans the CUDA engine exactly: its buffer list (the backend's own

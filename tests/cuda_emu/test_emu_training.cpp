@@ -37,8 +37,9 @@ using testing_util::ints;
 using TrainRun = testing_util::TestModel;
 
 // The fixture model `variant` (tests/fixtures/models) with its trained parity adapter.
+// mlp_tile: the MLP's tile under checkpointing (0: untiled).
 TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt,
-                  int64_t kv_cache_tokens = 0, const std::string& variant = "llama_gqa") {
+                  int64_t kv_cache_tokens = 0, const std::string& variant = "llama_gqa", int64_t mlp_tile = 0) {
   ModelPlanOptions po;
   po.method = parse_method(method, "method");
   po.base_precision = optional_base_precision(precision, "base_precision");
@@ -48,6 +49,7 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
   po.kv_cache_tokens = kv_cache_tokens;
+  po.mlp_tile = mlp_tile;
   // A trained adapter (B != 0), so the LoRA path contributes from the first step.
   return testing_util::make_model_on(std::move(be), variant, po, testing_util::fixture_lora(),
                                      "parity/" + variant + "_adapter");
@@ -131,12 +133,13 @@ void compare_training(const std::string& method, const std::string& precision, c
 // or missing term differs by order 1 and the AdamW updates compared above allow 20%.
 // step: the forward and backward to compare (default: the token-mean SFT step on the fixture batch).
 using GradStep = std::function<StepResult(LlamaModel&)>;
+// mlp_tile: the GPU model runs its MLP over tiles of that many rows (the CPU model untiled).
 void compare_gradients(const std::string& method, const std::string& precision, const std::string& ckpt, double rel,
-                       const std::string& variant = "llama_gqa", GradStep step = {}) {
+                       const std::string& variant = "llama_gqa", GradStep step = {}, int64_t mlp_tile = 0) {
   std::string why;
   std::unique_ptr<Backend> cu = make_cuda_backend(&why);
   ASSERT_TRUE(cu) << why;
-  TrainRun gpu = make_run(std::move(cu), method, precision, ckpt, 0, variant);
+  TrainRun gpu = make_run(std::move(cu), method, precision, ckpt, 0, variant, mlp_tile);
   TrainRun cpu = make_run(make_cpu_backend(), method, precision, ckpt, 0, variant);
   if (!step) {
     SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
@@ -368,6 +371,10 @@ TEST(CudaEmuTraining, LoraBf16StepsMatchTheCpu) { compare_training("lora", "", "
 TEST(CudaEmuTraining, LoraBf16GradientsMatchTheCpu) { compare_gradients("lora", "", "none", 10.0 / 256); }
 
 TEST(CudaEmuTraining, QloraNf4GradientsWithCheckpointingMatchTheCpu) { compare_gradients("qlora", "nf4", "full", 10.0 / 256); }
+// The MLP over tiles of 5 rows (5, 5, 5, 5, 4 of 24 tokens) through the CUDA ops' row-offset views.
+TEST(CudaEmuTraining, QloraNf4TiledMlpGradientsMatchTheCpu) {
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "llama_gqa", {}, 5);
+}
 
 TEST(CudaEmuTraining, QloraNf4StepsWithCheckpointingMatchTheCpu) { compare_training("qlora", "nf4", "full"); }
 

@@ -79,6 +79,13 @@ inline std::vector<float> floats(const SafetensorsArchive& ar, const std::string
 // max |a-b| / max|b|: relative to the largest element of this reference tensor (its own scale,
 // not 1, so small gradients are held to the same relative precision as large ones). An all-zero
 // reference only matches an all-zero result.
+// An f32 tensor of a model's backend, copied to the host.
+inline std::vector<float> host_copy(LlamaModel& m, const Tensor& t) {
+  std::vector<float> v(size_t(t.numel()));
+  m.backend().copy_to_host(v.data(), t.data, v.size() * 4);
+  return v;
+}
+
 inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0, scale = 0;
   for (size_t i = 0; i < a.size(); i++) {

@@ -15,6 +15,7 @@ namespace qlora {
 namespace {
 
 using testing_util::fixtures;
+using testing_util::host_copy;
 
 // Counts the offload copies (by direction, and their bytes) and waits the model issues.
 class CountingCpu : public testing_util::ForwardingCpu {
@@ -52,12 +53,6 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t 
   m->load_base(random_tensor_source(7));
   m->init_lora(1);
   return m;
-}
-
-std::vector<float> host_copy(LlamaModel& m, const Tensor& t) {
-  std::vector<float> v(size_t(t.numel()));
-  m.backend().copy_to_host(v.data(), t.data, v.size() * 4);
-  return v;
 }
 
 // Three AdamW steps of two micro-batches each: the losses, gradient norms and every adapter

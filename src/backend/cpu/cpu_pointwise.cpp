@@ -64,7 +64,7 @@ static void dropout_apply(const char* op, const DropoutArgs& a) {
   const float keep_scale = a.p < 1.0f ? 1.0f / (1.0f - a.p) : 0.0f;
 #pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
   for (int64_t i = 0; i < a.n; i++) {
-    const bool keep = hash_uniform(a.seed, a.stream, uint64_t(i)) >= a.p;
+    const bool keep = hash_uniform(a.seed, a.stream, a.offset + uint64_t(i)) >= a.p;
     out[i] = keep ? x[i] * keep_scale : 0.0f;
   }
 }

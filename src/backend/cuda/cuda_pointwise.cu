@@ -74,9 +74,9 @@ struct SwigluBwdF {  // in: dout, gate, up; out: dgate, dup
 };
 struct DropoutF {
   float p, keep_scale;
-  uint64_t seed, stream;
+  uint64_t seed, stream, offset;
   __device__ void operator()(const float* x, float* y, int64_t i) const {
-    y[0] = hash_uniform_hd(seed, stream, uint64_t(i)) >= p ? x[0] * keep_scale : 0.0f;
+    y[0] = hash_uniform_hd(seed, stream, offset + uint64_t(i)) >= p ? x[0] * keep_scale : 0.0f;
   }
 };
 // y (N,M) += bias (M): the bias index is the column.
@@ -183,7 +183,7 @@ static void dropout_apply(CudaBackend& be, const char* op, const DropoutArgs& a)
   }
   // p == 1 drops everything; 1/(1-p) would be inf and 0*inf NaN, so it gets its own scale.
   const float keep_scale = a.p < 1.0f ? 1.0f / (1.0f - a.p) : 0.0f;
-  launch_map<1, 1>(be, {&a.x}, {&a.out}, a.n, DropoutF{a.p, keep_scale, a.seed, a.stream});
+  launch_map<1, 1>(be, {&a.x}, {&a.out}, a.n, DropoutF{a.p, keep_scale, a.seed, a.stream, a.offset});
 }
 
 void CudaBackend::dropout_fwd(const DropoutArgs& a) { dropout_apply(*this, "dropout_fwd", a); }

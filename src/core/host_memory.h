@@ -1,0 +1,11 @@
+// How much memory the machine can still give this process.
+#pragma once
+#include <cstdint>
+
+namespace qlora {
+
+// /proc/meminfo's MemAvailable in bytes (memory the kernel can hand out without swapping); 0 when
+// it cannot be read.
+int64_t available_host_bytes();
+
+}  // namespace qlora
