@@ -1119,4 +1119,6 @@ std::string config_reference_markdown() {
 
 std::string suggest_config_key(const std::string& key) { return closest(key, all_key_names()); }
 
+bool reports_to_tensorboard(const TrainConfig& cfg) { return cfg.report_to == "tensorboard" || cfg.report_to == "all"; }
+
 }  // namespace qlora

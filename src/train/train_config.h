@@ -120,6 +120,9 @@ void finalize_train_config(TrainConfig& cfg, std::vector<std::string>* notes = n
 // YAML with every effective value in table order; loading it back gives the same TrainConfig.
 std::string dump_train_config(const TrainConfig& cfg);
 
+// report_to as the trainer uses it: whether TensorBoard event files are written (tensorboard, all).
+bool reports_to_tensorboard(const TrainConfig& cfg);
+
 // Markdown table of every key: type, default, allowed values, help and accepted aliases.
 std::string config_reference_markdown();
 

@@ -506,7 +506,7 @@ void Trainer::open_outputs(Run& r) {
     // (keeping "step 0" would leave an earlier run's step-0 eval beside this one's).
     if (std::error_code ec; r.start == 0) fs::remove(cfg_.output_dir + "/metrics.jsonl", ec);
     r.metrics.emplace(cfg_.output_dir, r.start);
-    if (cfg_.report_to != "none") {
+    if (reports_to_tensorboard(cfg_)) {
       std::string dir = cfg_.logging_dir;
       if (dir.empty()) {  // transformers: runs/<%b%d_%H-%M-%S>_<host>
         char stamp[64] = "", host[256] = "localhost";
