@@ -142,29 +142,18 @@ int64_t ExampleWriter::add(const Example& ex) {
   return int64_t(count() - 1);
 }
 
-Example ExampleWriter::get(size_t rec) const {
+Example ExampleWriter::get(size_t rec) {
   const uint64_t off = index_[2 * rec], w = index_[2 * rec + 1];
-  const size_t n = size_t(Layout(w).bytes);
-  std::string bytes(n, '\0');
   const uint64_t flushed = at_ - buf_.size();
-  if (off >= flushed) {
-    std::memcpy(bytes.data(), buf_.data() + (off - flushed), n);
-  } else {  // partly in the file: flush what is pending is not possible on a const writer, so read both
-    const int fd = ::open(file_->temp_path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(ErrorKind::Io, file_->temp_path(), "cannot read back the prepared data");
-    const size_t in_file = size_t(std::min<uint64_t>(flushed - off, n));
-    size_t got = 0;
-    while (got < in_file) {
-      const ssize_t r = ::pread(fd, bytes.data() + got, in_file - got, off_t(off + got));
-      if (r <= 0) {
-        ::close(fd);
-        fail(ErrorKind::Io, file_->temp_path(), "cannot read back the prepared data");
-      }
-      got += size_t(r);
-    }
-    ::close(fd);
-    if (in_file < n) std::memcpy(bytes.data() + in_file, buf_.data(), n - in_file);
-  }
+  if (off >= flushed) return decode_record(reinterpret_cast<const uint8_t*>(buf_.data() + (off - flushed)), w);
+  // Written out already: what is pending follows it into the file, and the record is read back.
+  file_->append(buf_);
+  buf_.clear();
+  std::string bytes(size_t(Layout(w).bytes), '\0');
+  std::ifstream in(file_->temp_path(), std::ios::binary);
+  in.seekg(std::streamoff(off));
+  if (!in.read(bytes.data(), std::streamsize(bytes.size())))
+    fail(ErrorKind::Io, file_->temp_path(), "cannot read back the prepared data");
   return decode_record(reinterpret_cast<const uint8_t*>(bytes.data()), w);
 }
 

@@ -74,7 +74,7 @@ class ExampleWriter {
   size_t count() const { return index_.size() / 2; }
   int64_t tokens(size_t rec) const { return int64_t(uint32_t(index_[2 * rec + 1])); }
   // Reads a record back (KTO pairs completions after the split; rare, so a slow path is fine).
-  Example get(size_t rec) const;
+  Example get(size_t rec);
   std::shared_ptr<const ExampleStore> finish(const RowPlan& train, const RowPlan& eval, const nlohmann::json& meta);
 
  private:

@@ -468,10 +468,7 @@ TrainData prepare_train(const TrainConfig& cfg, const TokenizerSource& ts, const
       (progress ? progress : log)(line);
     };
     ranges.push_back(load_into(w, cfg, spec, ts, opt, &fr.stats));
-    DatasetStats add = fr.stats;
-    add.lengths.clear();  // kept once, below
-    d.stats.add(add);
-    d.stats.lengths.insert(d.stats.lengths.end(), fr.stats.lengths.begin(), fr.stats.lengths.end());
+    d.stats.add(fr.stats);    // the lengths move to the whole set's stats
     fr.stats.lengths.clear();
     d.files.push_back(std::move(fr));
   }
