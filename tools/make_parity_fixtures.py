@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import transformers
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
-                          get_cosine_schedule_with_warmup)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config, get_cosine_schedule_with_warmup)
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -80,6 +80,17 @@ def variant_configs():
                                  use_sliding_window=True, sliding_window=4, max_window_layers=1,
                                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                      1007, "legacy"),
+        # Gemma 3 text: (1 + w) norms before and after attention and MLP, q/k norms, embeddings
+        # times sqrt(64), GeGLU, query_pre_attn_scalar 20 (not head_dim 24), two sliding layers
+        # (window 5 on 12-token rows, RoPE base 1e4) and a global one (base 1e6, linear scaling 2).
+        "gemma3": (Gemma3TextConfig(**{**DIMS, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=24,
+                                    query_pre_attn_scalar=20, sliding_window=5, tie_word_embeddings=True,
+                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                    rope_parameters={
+                                        "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                           "rope_theta": 1000000.0},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+                   1009, "v5"),
     }
 
 

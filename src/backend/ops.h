@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/activation.h"
 #include "core/tensor.h"
 #include "quant/format.h"
 
@@ -71,16 +72,21 @@ struct EmbeddingBwdArgs {
   int64_t n = 0, c = 0, vocab = 0;
 };
 
-// out = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps).  x,out (N,C); w (C); rstd (N) F32 "=".
+// out = x * rstd * (w + w_offset), rstd = 1/sqrt(mean(x^2)+eps).  x,out (N,C); w (C); rstd (N) F32 "=".
+// w_offset: 0 (Llama's RMSNorm), or 1 for Gemma's, which stores the weight as an offset from one
+// and multiplies by (1 + w) in f32.
 struct RmsnormFwdArgs {
   Tensor out, rstd, x, w;
   int64_t n = 0, c = 0;
   float eps = 1e-5f;
+  float w_offset = 0.0f;
 };
 // dx "=" (N,C); dw "+=" (C) optional (empty = frozen norm weight); dout,x (N,C); rstd (N) from fwd.
+// w_offset as in RmsnormFwdArgs (dw is the same either way).
 struct RmsnormBwdArgs {
   Tensor dx, dw, dout, x, w, rstd;
   int64_t n = 0, c = 0;
+  float w_offset = 0.0f;
 };
 
 // In-place rotary embedding, Hugging Face "rotate_half" layout: dims i and i+D/2 form a pair.
@@ -123,15 +129,19 @@ struct AttentionBwdArgs {
   int64_t window = 0;  // as in AttentionFwdArgs
 };
 
-// out = silu(gate) * up.  all (N,F).
+// The gated MLP's activation: out = act(gate) * up.  all (N,F). act: silu (SwiGLU: Llama, Mistral,
+// Qwen) or the tanh approximation of GELU (GeGLU: Gemma's gelu_pytorch_tanh,
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as torch computes it).
 struct SwigluFwdArgs {
   Tensor out, gate, up;
   int64_t n = 0;  // total elements N*F
+  Activation act = Activation::Silu;
 };
 // dgate, dup "=" (N,F); dout, gate, up (N,F).
 struct SwigluBwdArgs {
   Tensor dgate, dup, dout, gate, up;
   int64_t n = 0;
+  Activation act = Activation::Silu;
 };
 
 // y += x  (elementwise, n elements).

@@ -202,6 +202,8 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     for (const auto& n : kLayerNames)
       if (present(n, cfg)) out.push_back(p + n.hf);
+    if (cfg.sandwich_norms)  // Gemma: the MLP's input norm and the norm on its output (no GGUF mapping)
+      for (const char* n : {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"}) out.push_back(p + n);
   }
   out.push_back("model.norm.weight");
   if (!cfg.tie_word_embeddings) out.push_back("lm_head.weight");

@@ -10,7 +10,7 @@
 namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3"};
+  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"};
   return v;
 }
 
@@ -59,8 +59,12 @@ int64_t LlamaConfig::n_params() const {
   int64_t attn = C * q_dim() + 2 * C * kv_dim() + q_dim() * C;  // q, k, v, o
   if (attention_bias) attn += q_dim() + 2 * kv_dim();            // q/k/v biases (o has none)
   if (qk_norm) attn += 2 * head_dim;                              // q_norm, k_norm
-  int64_t layer = attn + 3 * C * F + 2 * C;                       // + gate/up/down + 2 norms
+  int64_t layer = attn + 3 * C * F + (sandwich_norms ? 4 : 2) * C;  // + gate/up/down + 2 (or 4) norms
   return V * C + n_layer * layer + C + (tie_word_embeddings ? 0 : V * C);
+}
+
+float LlamaConfig::attn_scale() const {
+  return float(1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : double(head_dim)));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -104,6 +108,80 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
   return r;
 }
 
+// layer_types as transformers reads them: one "sliding_attention" / "full_attention" per layer.
+static std::vector<bool> sliding_layer_types(const json& lt, int64_t n_layer, const std::string& where) {
+  if (!lt.is_array()) fail(ErrorKind::Config, where + ": key 'layer_types'", "expected a list of strings");
+  if (int64_t(lt.size()) != n_layer)
+    fail(ErrorKind::Config, where + ": key 'layer_types'",
+         "has " + std::to_string(lt.size()) + " entries for " + std::to_string(n_layer) + " layers");
+  std::vector<bool> layers(lt.size());
+  for (size_t i = 0; i < lt.size(); i++) {
+    const json& t = lt[i];
+    if (!t.is_string() || (t.get<std::string>() != "sliding_attention" && t.get<std::string>() != "full_attention"))
+      fail(ErrorKind::Unsupported, where + ": key 'layer_types[" + std::to_string(i) + "]'",
+           "expected \"full_attention\" or \"sliding_attention\", got " + t.dump());
+    layers[i] = t.get<std::string>() == "sliding_attention";
+  }
+  return layers;
+}
+
+// Gemma 3's text model (Gemma3TextConfig): (1 + w) norms on both sides of each block, q/k norms,
+// embeddings scaled by sqrt(hidden), GeGLU, query_pre_attn_scalar, sliding-window layers (every
+// sliding_window_pattern-th layer global, or layer_types) with their own RoPE base.
+static void parse_gemma3(const json& j, LlamaConfig& c, const std::string& where) {
+  c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = c.qk_norm = true;
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    const json* v = json_find(j, key);
+    if (v && !v->is_null())
+      fail(ErrorKind::Unsupported, where + ": key '" + std::string(key) + "'", "logit soft-capping is not implemented",
+           "Gemma 3 checkpoints have none (null); Gemma 2 is not supported yet");
+  }
+  if (json_bool_or(j, "use_bidirectional_attention", false, where))
+    fail(ErrorKind::Unsupported, where + ": key 'use_bidirectional_attention'", "only causal attention is implemented");
+  if (json_bool_or(j, "attention_bias", false, where))
+    fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "gemma3 attention biases (q/k/v/o) are not supported");
+  c.query_pre_attn_scalar = json_number_or(j, "query_pre_attn_scalar", 256.0, where);
+  if (!(c.query_pre_attn_scalar > 0))
+    fail(ErrorKind::Config, where + ": key 'query_pre_attn_scalar'", "must be positive");
+  // Which layers slide: layer_types, else every layer but each sliding_window_pattern-th (default 6).
+  std::vector<bool> layers(size_t(std::max<int64_t>(c.n_layer, 0)));
+  const json* lt = json_find(j, "layer_types");
+  if (lt && !lt->is_null()) {
+    layers = sliding_layer_types(*lt, c.n_layer, where);
+  } else {
+    const int64_t pattern = json_int_or(j, "sliding_window_pattern", 6, where);
+    if (pattern <= 0) fail(ErrorKind::Config, where + ": key 'sliding_window_pattern'", "must be positive");
+    for (int64_t l = 0; l < c.n_layer; l++) layers[size_t(l)] = (l + 1) % pattern != 0;
+  }
+  c.sliding_layers = layers;
+  const json* sw = json_find(j, "sliding_window");
+  c.sliding_window = !sw ? 4096 : sw->is_null() ? 0 : json_int(j, "sliding_window", where);
+  // RoPE: transformers 5 writes rope_parameters per layer type; Hub files carry rope_theta (global),
+  // rope_local_base_freq and rope_scaling (global layers only).
+  // (A file may mix the two: rope_parameters without thetas beside the top-level keys.)
+  double local_theta = json_number_or(j, "rope_local_base_freq", 10000.0, where);
+  c.rope_theta = json_number_or(j, "rope_theta", 1000000.0, where);
+  if (const json* rp = json_find(j, "rope_parameters"); rp && !rp->is_null()) {
+    const std::string sub = where + ": rope_parameters";
+    if (!rp->is_object()) fail(ErrorKind::Config, where + ": key 'rope_parameters'", "expected an object");
+    if (const json* full = json_find(*rp, "full_attention"); full && !full->is_null()) {
+      c.rope_theta = json_number_or(*full, "rope_theta", c.rope_theta, sub + ".full_attention");
+      c.rope_scaling = parse_rope_scaling(*full, "rope_parameters.full_attention", where);
+    }
+    if (const json* loc = json_find(*rp, "sliding_attention"); loc && !loc->is_null()) {
+      local_theta = json_number_or(*loc, "rope_theta", local_theta, sub + ".sliding_attention");
+      if (parse_rope_scaling(*loc, "rope_parameters.sliding_attention", where).type != "none")
+        fail(ErrorKind::Unsupported, where + ": key 'rope_parameters.sliding_attention.rope_type'",
+             "RoPE scaling on the sliding-window layers is not supported", "released Gemma 3 checkpoints use default");
+    }
+  } else {
+    if (const json* rs = json_find(j, "rope_scaling"); rs && !rs->is_null())
+      c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where);
+  }
+  if (!(local_theta > 0)) fail(ErrorKind::Config, where + ": key 'rope_local_base_freq'", "must be positive");
+  c.rope_local_theta = local_theta;
+}
+
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where) {
   json j = parse_json(json_text, where);
   if (!j.is_object()) fail(ErrorKind::Config, where, std::string("expected a JSON object, got ") + json_type_name(j));
@@ -115,9 +193,16 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     fail(ErrorKind::Unsupported, where + ": key 'model_type'", "model_type '" + c.model_type + "' is not supported",
          "supported model types: " + joined(types));
 
-  std::string act = json_string_or(j, "hidden_act", "silu", where);
-  if (act != "silu")
-    fail(ErrorKind::Unsupported, where + ": key 'hidden_act'", "activation '" + act + "' is not supported", "only silu (SwiGLU)");
+  const bool gemma3 = c.model_type == "gemma3_text";
+  // Gemma's config names it hidden_activation (gelu_pytorch_tanh); the others hidden_act (silu).
+  const char* act_key = gemma3 && json_find(j, "hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string act = json_string_or(j, act_key, gemma3 ? "gelu_pytorch_tanh" : "silu", where);
+  if (act == (gemma3 ? "gelu_pytorch_tanh" : "silu"))
+    c.hidden_act = gemma3 ? Activation::GeluTanh : Activation::Silu;
+  else
+    fail(ErrorKind::Unsupported, where + ": key '" + std::string(act_key) + "'",
+         "activation '" + act + "' is not supported for " + c.model_type,
+         gemma3 ? "gemma3_text: gelu_pytorch_tanh (GeGLU)" : "only silu (SwiGLU)");
   if (json_bool_or(j, "mlp_bias", false, where))
     fail(ErrorKind::Unsupported, where + ": key 'mlp_bias'", "MLP biases are not supported");
 
@@ -134,6 +219,8 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     c.head_dim = json_int(j, "head_dim", where);
   } else if (qwen3) {
     c.head_dim = 128;  // Qwen3Config's default
+  } else if (gemma3) {
+    c.head_dim = 256;  // Gemma3TextConfig's default
   } else {
     if (c.hidden_size % c.n_head != 0)
       fail(ErrorKind::Config, where + ": key 'hidden_size'",
@@ -144,9 +231,21 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   // Defaults are those of the transformers config classes when the key is absent.
   const bool llama = c.model_type == "llama";
   c.max_position_embeddings = json_int_or(j, "max_position_embeddings",
-                                          llama ? 2048 : c.model_type == "mistral" ? 131072 : 32768, where);
+                                          llama            ? 2048
+                                          : gemma3         ? 131072
+                                          : c.model_type == "mistral" ? 131072
+                                                           : 32768,
+                                          where);
   c.rms_norm_eps = json_number_or(j, "rms_norm_eps", 1e-6, where);
-  c.tie_word_embeddings = json_bool_or(j, "tie_word_embeddings", false, where);
+  c.tie_word_embeddings = json_bool_or(j, "tie_word_embeddings", gemma3, where);
+  if (gemma3) {
+    parse_gemma3(j, c, where);
+    c.bos_token_id = json_find(j, "bos_token_id") ? token_id(j, "bos_token_id", where) : 2;
+    c.eos_token_id = json_find(j, "eos_token_id") ? token_id(j, "eos_token_id", where) : 1;
+    c.torch_dtype = json_string_or(j, "torch_dtype", json_string_or(j, "dtype", "float32", where), where);
+    c.validate(where);
+    return c;
+  }
 
   // transformers >= 5 writes theta and scaling together as "rope_parameters"; older files use
   // rope_theta + rope_scaling.
@@ -183,16 +282,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     std::vector<bool> layers(size_t(std::max<int64_t>(c.n_layer, 0)), false);
     const json* lt = json_find(j, "layer_types");
     if (lt && lt->is_array()) {
-      if (int64_t(lt->size()) != c.n_layer)
-        fail(ErrorKind::Config, where + ": key 'layer_types'",
-             "has " + std::to_string(lt->size()) + " entries for " + std::to_string(c.n_layer) + " layers");
-      for (size_t i = 0; i < lt->size(); i++) {
-        const json& t = (*lt)[i];
-        if (!t.is_string() || (t.get<std::string>() != "sliding_attention" && t.get<std::string>() != "full_attention"))
-          fail(ErrorKind::Unsupported, where + ": key 'layer_types[" + std::to_string(i) + "]'",
-               "expected \"full_attention\" or \"sliding_attention\", got " + t.dump());
-        layers[i] = t.get<std::string>() == "sliding_attention";
-      }
+      layers = sliding_layer_types(*lt, c.n_layer, where);
     } else if (json_bool_or(j, "use_sliding_window", false, where)) {
       const int64_t from = json_int_or(j, "max_window_layers", 28, where);
       for (int64_t l = std::max<int64_t>(from, 0); l < c.n_layer; l++) layers[size_t(l)] = true;
@@ -226,7 +316,7 @@ struct Preset {
   const char* model_type;
   int64_t V, C, F, L, H, KV, head_dim, max_pos;
   double eps, theta;
-  const char* rope;  // "none" | "llama3"
+  const char* rope;  // "none" | "linear" | "llama3"
   double rope_factor;
   bool tie;
   int64_t bos, eos;
@@ -254,12 +344,28 @@ const Preset kPresets[] = {
   {"qwen3-8b",       "Qwen/Qwen3-8B",                          "qwen3",   151936, 4096,  12288, 36,  32, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
   {"qwen3-14b",      "Qwen/Qwen3-14B",                         "qwen3",   151936, 5120,  17408, 40,  40, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
   {"qwen3-32b",      "Qwen/Qwen3-32B",                         "qwen3",   151936, 5120,  25600, 64,  64, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
+  // Gemma 3: the text model (text_config of the multimodal 4b/12b/27b checkpoints); window and
+  // query_pre_attn_scalar in kGemma3 below.
+  {"gemma-3-1b",     "google/gemma-3-1b-pt",                   "gemma3_text", 262144, 1152, 6912, 26, 4, 1, 256, 32768,  1e-6, 1e6,     "none",   1,   true,  2,      1,      "bfloat16"},
+  {"gemma-3-4b",     "google/gemma-3-4b-pt",                   "gemma3_text", 262208, 2560, 10240, 34, 8, 4, 256, 131072, 1e-6, 1e6,     "linear", 8,   true,  2,      1,      "bfloat16"},
+  {"gemma-3-12b",    "google/gemma-3-12b-pt",                  "gemma3_text", 262208, 3840, 15360, 48, 16, 8, 256, 131072, 1e-6, 1e6,    "linear", 8,   true,  2,      1,      "bfloat16"},
+  {"gemma-3-27b",    "google/gemma-3-27b-pt",                  "gemma3_text", 262208, 5376, 21504, 62, 32, 16, 128, 131072, 1e-6, 1e6,   "linear", 8,   true,  2,      1,      "bfloat16"},
   {"smollm2-135m",   "HuggingFaceTB/SmolLM2-135M",             "llama",   49152,  576,   1536,  30,  9,  3,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-360m",   "HuggingFaceTB/SmolLM2-360M",             "llama",   49152,  960,   2560,  32,  15, 5,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-1.7b",   "HuggingFaceTB/SmolLM2-1.7B",             "llama",   49152,  2048,  8192,  24,  32, 32, 64,  8192,   1e-5, 130000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "llama", 32000, 2048, 5632, 22, 32, 4, 64, 2048, 1e-5, 10000, "none", 1,  false, 1,      2,      "float32"},
 };
 // clang-format on
+
+// Gemma 3's sliding window and query_pre_attn_scalar per preset (every 6th layer global, local
+// RoPE base 10,000).
+struct Gemma3Extra {
+  const char* name;
+  int64_t window;
+  double query_pre_attn_scalar;
+};
+const Gemma3Extra kGemma3[] = {
+    {"gemma-3-1b", 512, 256}, {"gemma-3-4b", 1024, 256}, {"gemma-3-12b", 1024, 256}, {"gemma-3-27b", 1024, 168}};
 }  // namespace
 
 const std::vector<std::string>& preset_names() {
@@ -293,6 +399,10 @@ LlamaConfig preset_config(const std::string& name) {
     c.max_position_embeddings = p.max_pos;
     c.rms_norm_eps = p.eps;
     c.rope_theta = p.theta;
+    if (std::string(p.rope) == "linear") {
+      c.rope_scaling.type = "linear";
+      c.rope_scaling.factor = p.rope_factor;
+    }
     if (std::string(p.rope) == "llama3") {
       c.rope_scaling.type = "llama3";
       c.rope_scaling.factor = p.rope_factor;
@@ -302,6 +412,18 @@ LlamaConfig preset_config(const std::string& name) {
     }
     c.attention_bias = c.model_type == "qwen2";
     c.qk_norm = c.model_type == "qwen3";
+    if (c.model_type == "gemma3_text") {
+      for (const auto& g : kGemma3)
+        if (name == g.name) {
+          c.sliding_window = g.window;
+          c.query_pre_attn_scalar = g.query_pre_attn_scalar;
+        }
+      c.qk_norm = c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = true;
+      c.hidden_act = Activation::GeluTanh;
+      c.rope_local_theta = 10000.0;
+      c.sliding_layers.assign(size_t(c.n_layer), false);
+      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 6 != 0;
+    }
     c.tie_word_embeddings = p.tie;
     c.bos_token_id = p.bos;
     c.eos_token_id = p.eos;
@@ -315,6 +437,13 @@ LlamaConfig preset_config(const std::string& name) {
 
 // ---------------------------------------------------------------------------------------------------
 // RoPE
+
+std::vector<float> rope_local_inv_freq(const LlamaConfig& c) {
+  LlamaConfig local = c;
+  local.rope_theta = c.rope_local_theta;
+  local.rope_scaling = RopeScaling{};
+  return rope_inv_freq(local);
+}
 
 std::vector<float> rope_inv_freq(const LlamaConfig& c) {
   const int64_t D = c.head_dim;

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/activation.h"
+
 namespace qlora {
 
 struct RopeScaling {
@@ -16,7 +18,7 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma3_text
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;         // C
   int64_t intermediate_size = 0;   // F
@@ -33,11 +35,29 @@ struct LlamaConfig {
   // rms_norm_eps) after the projections and before RoPE.
   bool qk_norm = false;
   bool tie_word_embeddings = false;
+  // Gemma 3 (gemma3_text). Every RMSNorm multiplies by (1 + weight): the checkpoint stores the
+  // offset from one (the engine keeps it so and the norm ops add 1 in f32).
+  bool norm_unit_offset = false;
+  // Norms on both sides of each block: post_attention_layernorm on o_proj's output and
+  // post_feedforward_layernorm on down_proj's, each before its residual add;
+  // pre_feedforward_layernorm is then the MLP's input norm.
+  bool sandwich_norms = false;
+  bool scale_embeddings = false;  // the embedding rows times sqrt(hidden_size), rounded to the compute dtype
+  Activation hidden_act = Activation::Silu;  // the gated MLP's activation
+  // Attention scores are scaled by query_pre_attn_scalar^-1/2 (Gemma); 0: head_dim^-1/2.
+  double query_pre_attn_scalar = 0;
+  float attn_scale() const;
+  // RoPE base of the sliding-window layers, unscaled (Gemma 3's rope_local_base_freq); the other
+  // layers use rope_theta with rope_scaling. 0: every layer uses rope_theta with rope_scaling.
+  double rope_local_theta = 0;
+  bool local_rope(int64_t layer) const {
+    return rope_local_theta > 0 && !sliding_layers.empty() && sliding_layers[size_t(layer)];
+  }
   // Attention to the last sliding_window keys only, the query's own included (Mistral v0.1's
   // sliding_window on every layer; Qwen2/Qwen3 with use_sliding_window on the layers that
   // layer_types or max_window_layers name); 0: every earlier key.
   int64_t sliding_window = 0;
-  std::vector<bool> sliding_layers;  // per layer: windowed; empty: every layer (when sliding_window > 0)
+  std::vector<bool> sliding_layers;  // per layer: windowed ("sliding_attention"); empty: every layer (when sliding_window > 0)
   // The window layer `layer` attends with (0: none).
   int64_t window_of(int64_t layer) const {
     if (sliding_window <= 0) return 0;
@@ -74,5 +94,7 @@ LlamaConfig preset_config(const std::string& name);  // Error(Config) with close
 
 // RoPE inverse frequencies (head_dim/2) including linear / llama3 scaling, as transformers computes them.
 std::vector<float> rope_inv_freq(const LlamaConfig& c);
+// Those of the sliding-window layers of a model with rope_local_theta: that base, no scaling.
+std::vector<float> rope_local_inv_freq(const LlamaConfig& c);
 
 }  // namespace qlora

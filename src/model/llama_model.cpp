@@ -24,6 +24,9 @@ static const char* kProj[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj
 struct LlamaModel::Acts {
   Tensor x, ln1, rstd1, q, k, v, att, lse, xmid, ln2, rstd2, gate, up, h;
   Tensor q_raw, k_raw, rstd_q, rstd_k;  // qk_norm: q, k before the per-head norm; its 1/rms per head
+  // sandwich_norms: o_proj's output before its norm (xmid = x + norm(attn_out)) and down_proj's
+  // (one MLP tile's rows), with each norm's 1/rms (N)
+  Tensor attn_out, rstd_pa, mlp_out, rstd_pf;
   Tensor lora_h[7];
 };
 
@@ -32,7 +35,9 @@ struct LlamaModel::Acts {
 struct LlamaModel::LayerViews {
   Acts a;                        // saved activations (checkpointing: the shared act.cur.* set)
   Tensor next;                   // the next layer's input, or act.final_x
-  Tensor ln1_w, ln2_w;           // (C)
+  Tensor ln1_w, ln2_w;           // (C) the attention's and the MLP's input norms
+  Tensor post_attn_w, post_ff_w; // (C) sandwich_norms: the norms on o_proj's and down_proj's outputs
+  Tensor inv_freq;               // this layer's RoPE frequencies (rope.inv_freq or, local layers, rope.inv_freq_local)
   Tensor q_norm_w, k_norm_w;     // (head_dim), qk_norm models
   Tensor w[7];                   // float base weights (out,in); empty when quantized
   const void* packed[7] = {};    // quantized base: the packed projection
@@ -125,6 +130,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     }
   std::vector<float> inv = rope_inv_freq(cfg_);
   be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
+  if (cfg_.rope_local_theta > 0) {
+    inv = rope_local_inv_freq(cfg_);
+    be_.copy_to_device(arena_->raw("rope.inv_freq_local"), inv.data(), inv.size() * 4);
+  }
   resolve_views();
 }
 
@@ -186,11 +195,26 @@ void LlamaModel::resolve_views() {
       L.q_norm_w = ar.get(lp + "q_norm");
       L.k_norm_w = ar.get(lp + "k_norm");
     }
+    if (cfg_.sandwich_norms) {
+      a.attn_out = ar.get(ap + "attn_out");
+      a.rstd_pa = ar.get(ap + "rstd_pa");
+      a.mlp_out = ar.get(ap + "mlp_out");
+      a.rstd_pf = ar.get(ap + "rstd_pf");
+    }
     for (int j = 0; j < 7; j++)
       if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + kProj[j] + ".lora_h");
     L.next = l + 1 < cfg_.n_layer ? layer_input(l + 1) : v.final_x;
     L.ln1_w = ar.get(lp + "input_layernorm");
-    L.ln2_w = ar.get(lp + "post_attention_layernorm");
+    // Llama's post_attention_layernorm is the MLP's input norm; Gemma's sits on o_proj's output
+    // and pre_feedforward_layernorm is the MLP's.
+    if (cfg_.sandwich_norms) {
+      L.ln2_w = ar.get(lp + "pre_feedforward_layernorm");
+      L.post_attn_w = ar.get(lp + "post_attention_layernorm");
+      L.post_ff_w = ar.get(lp + "post_feedforward_layernorm");
+    } else {
+      L.ln2_w = ar.get(lp + "post_attention_layernorm");
+    }
+    L.inv_freq = cfg_.local_rope(l) ? ar.get("rope.inv_freq_local") : v.inv_freq;
     if (fsdp_) shard_ptr_.push_back(static_cast<const uint8_t*>(ar.raw(lp + "base.shard")));
     for (int p = 0; p < 7; p++) {
       if (fsdp_) {
@@ -410,6 +434,11 @@ void LlamaModel::init_lora(uint64_t seed) {
   zero_grads();
 }
 
+float LlamaModel::embed_scale() const {
+  const float s = float(std::sqrt(double(cfg_.hidden_size)));
+  return opts_.compute_dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(s)) : s;
+}
+
 void LlamaModel::zero_grads() {
   for (auto& p : lora_params_) be_.memset0(p.g.data, size_t(p.g.nbytes()));
 }
@@ -440,6 +469,12 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
   for (Tensor* t : {&a.x, &a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.xmid, &a.ln2, &a.rstd2})
     *t = with_rows(*t, n);
   for (Tensor* t : {&a.gate, &a.up, &a.h}) *t = with_rows(*t, std::min(n, mlp_rows_));  // tiled: one tile
+  if (cfg_.sandwich_norms) {
+    a.attn_out = with_rows(a.attn_out, n);
+    a.rstd_pa = with_rows(a.rstd_pa, n);
+    a.mlp_out = with_rows(a.mlp_out, std::min(n, mlp_rows_));  // tiled: one tile
+    a.rstd_pf = with_rows(a.rstd_pf, n);
+  }
   if (cfg_.qk_norm) {
     a.q_raw = with_rows(a.q_raw, n);
     a.k_raw = with_rows(a.k_raw, n);
@@ -600,8 +635,8 @@ void LlamaModel::upload_batch(const Batch& batch) {
 void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool recompute) {
   Acts a = acts(l, n);
   const LayerViews& L = layers_[size_t(l)];
-  const float eps = float(cfg_.rms_norm_eps);
-  const Tensor inv_freq = views_->inv_freq;
+  const float eps = float(cfg_.rms_norm_eps), w_off = norm_offset();
+  const Tensor inv_freq = L.inv_freq;
   Tensor next = recompute ? as_matrix(views_->tmp, n, cfg_.hidden_size) : with_rows(L.next, n);
   // Attention reads k, v of t_kv positions: this micro-batch's own (training), or, when decoding,
   // the cache rows [0, kv_pos_ + n), the new ones written straight into it by the k/v projections.
@@ -618,7 +653,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
     a.v.data = static_cast<char*>(v_all.data) + at;
   }
 
-  be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps});
+  be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps, w_off});
   // qk_norm: the projections land in q_raw/k_raw and an RMSNorm over each head (one row of D
   // values per head) writes q and k.
   linear_fwd(cfg_.qk_norm ? a.q_raw : a.q, a.ln1, l, Q, a, train, seed);
@@ -626,26 +661,43 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   linear_fwd(a.v, a.ln1, l, V, a, train, seed);
   if (cfg_.qk_norm) {
     const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
-    be_.rmsnorm_fwd({as_matrix(a.q, hq, D), a.rstd_q, as_matrix(a.q_raw, hq, D), L.q_norm_w, hq, D, eps});
-    be_.rmsnorm_fwd({as_matrix(a.k, hk, D), a.rstd_k, as_matrix(a.k_raw, hk, D), L.k_norm_w, hk, D, eps});
+    be_.rmsnorm_fwd({as_matrix(a.q, hq, D), a.rstd_q, as_matrix(a.q_raw, hq, D), L.q_norm_w, hq, D, eps, w_off});
+    be_.rmsnorm_fwd({as_matrix(a.k, hk, D), a.rstd_k, as_matrix(a.k_raw, hk, D), L.k_norm_w, hk, D, eps, w_off});
   }
   be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
-  const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
+  const float scale = cfg_.attn_scale();
   be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
                      scale, t_kv, n_docs_, cfg_.window_of(l)});
-  linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
-  be_.add({a.xmid, a.x, a.xmid.numel()});            // ... + x
-  be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps});
+  if (cfg_.sandwich_norms) {
+    linear_fwd(a.attn_out, a.att, l, O, a, train, seed);  // xmid = norm(o_proj(att)) ...
+    be_.rmsnorm_fwd({a.xmid, a.rstd_pa, a.attn_out, L.post_attn_w, n, cfg_.hidden_size, eps, w_off});
+  } else {
+    linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
+  }
+  be_.add({a.xmid, a.x, a.xmid.numel()});  // ... + x
+  be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps, w_off});
   if (n > mlp_rows_) {  // over tiles; a recompute leaves the MLP to the backward, tile by tile
     if (!recompute) mlp_fwd_tiled(a, next, l, n, train, seed);
     return;
   }
   linear_fwd(a.gate, a.ln2, l, G, a, train, seed);
   linear_fwd(a.up, a.ln2, l, U, a, train, seed);
-  be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel()});
-  linear_fwd(next, a.h, l, D, a, train, seed);  // next = down_proj(h) ...
-  be_.add({next, a.xmid, next.numel()});        // ... + xmid
+  be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel(), cfg_.hidden_act});
+  mlp_out_fwd(a, next, a.h, l, 0, train, seed);  // next = [norm](down_proj(h)) ...
+  be_.add({next, a.xmid, next.numel()});         // ... + xmid
+}
+
+// out (m,C) "=" down_proj(h) for rows [row0, row0 + m), then, with sandwich norms, its norm (the
+// projection lands in a.mlp_out, one tile long; the norm's 1/rms in those rows of a.rstd_pf).
+void LlamaModel::mlp_out_fwd(const Acts& a, const Tensor& out, const Tensor& h, int64_t l, int64_t row0, bool train,
+                             uint64_t seed) {
+  if (!cfg_.sandwich_norms) return linear_fwd(out, h, l, D, a, train, seed, row0);
+  const int64_t m = h.dim(0);
+  const Tensor y = with_rows(a.mlp_out, m);
+  linear_fwd(y, h, l, D, a, train, seed, row0);
+  be_.rmsnorm_fwd({out, row_slice(a.rstd_pf, row0, m), y, layers_[size_t(l)].post_ff_w, m, cfg_.hidden_size,
+                   float(cfg_.rms_norm_eps), norm_offset()});
 }
 
 // One tile's rows [t0, t0 + m): its ln2 rows and gate = gate_proj(ln2), up = up_proj(ln2),
@@ -654,7 +706,7 @@ LlamaModel::MlpTile LlamaModel::mlp_tile_fwd(const Acts& a, int64_t l, int64_t t
   MlpTile t{row_slice(a.ln2, t0, m), with_rows(a.gate, m), with_rows(a.up, m), with_rows(a.h, m)};
   linear_fwd(t.gate, t.ln2, l, G, a, train, seed, t0);
   linear_fwd(t.up, t.ln2, l, U, a, train, seed, t0);
-  be_.swiglu_fwd({t.h, t.gate, t.up, t.h.numel()});
+  be_.swiglu_fwd({t.h, t.gate, t.up, t.h.numel(), cfg_.hidden_act});
   return t;
 }
 
@@ -665,7 +717,7 @@ void LlamaModel::mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t l, int
     const int64_t m = std::min(mlp_rows_, n - t0);
     const Tensor h = mlp_tile_fwd(a, l, t0, m, train, seed).h;
     const Tensor out = row_slice(next, t0, m);
-    linear_fwd(out, h, l, D, a, train, seed, t0);
+    mlp_out_fwd(a, out, h, l, t0, train, seed);
     be_.add({out, row_slice(a.xmid, t0, m), out.numel()});
   }
 }
@@ -675,15 +727,26 @@ void LlamaModel::mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t l, int
 // the LoRA gradients accumulate over the tiles.
 void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t seed) {
   const StepViews& w = *views_;
-  const int64_t F = cfg_.intermediate_size;
+  const LayerViews& L = layers_[size_t(l)];
+  const int64_t F = cfg_.intermediate_size, C = cfg_.hidden_size;
   for (int64_t t0 = 0; t0 < n; t0 += mlp_rows_) {
     const int64_t m = std::min(mlp_rows_, n - t0);
     const auto [ln2, gate, up, h] = mlp_tile_fwd(a, l, t0, m, true, seed);
-    if (lora_index(l, D) >= 0) lora_h_fwd(h, l, D, a, true, seed, t0);
     const Tensor dh = as_matrix(w.tmp, m, F), dgate = with_rows(w.dgate, m), dup = with_rows(w.dup, m);
     const Tensor dln = row_slice(with_rows(w.dln, n), t0, m);
-    linear_bwd(dh, false, row_slice(with_rows(w.dres, n), t0, m), h, l, D, a, seed, true, t0);  // dh = ; dA,dB +=
-    be_.swiglu_bwd({dgate, dup, dh, gate, up, m * F});                                            // dgate, dup =
+    Tensor dy = row_slice(with_rows(w.dres, n), t0, m);  // d(down_proj's output)
+    if (cfg_.sandwich_norms) {
+      // The tile's down_proj output and its norm are recomputed (the norm's output into dln's rows,
+      // which the gate/up backward overwrites); d(down output) goes to those rows of dln.
+      mlp_out_fwd(a, dln, h, l, t0, true, seed);
+      be_.rmsnorm_bwd({dln, Tensor(), dy, with_rows(a.mlp_out, m), L.post_ff_w, row_slice(a.rstd_pf, t0, m), m, C,
+                       norm_offset()});
+      dy = dln;
+    } else if (lora_index(l, D) >= 0) {
+      lora_h_fwd(h, l, D, a, true, seed, t0);
+    }
+    linear_bwd(dh, false, dy, h, l, D, a, seed, true, t0);  // dh = ; dA,dB +=
+    be_.swiglu_bwd({dgate, dup, dh, gate, up, m * F, cfg_.hidden_act});  // dgate, dup =
     linear_bwd(dln, false, dgate, ln2, l, G, a, seed, true, t0);                                  // dln =
     linear_bwd(dln, true, dup, ln2, l, U, a, seed, true, t0);                                     // dln +=
   }
@@ -699,24 +762,35 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   Tensor dres = with_rows(w.dres, n), dln = with_rows(w.dln, n);
   Tensor tmp_f = as_matrix(w.tmp, n, F), tmp_c = as_matrix(w.tmp, n, C);
   Tensor dgate = with_rows(w.dgate, n), dup = with_rows(w.dup, n);
-  const Tensor inv_freq = w.inv_freq;
+  const Tensor inv_freq = L.inv_freq;
+  const float w_off = norm_offset();
 
-  // MLP: out = xmid + down(swiglu(gate(ln2), up(ln2))), ln2 = rmsnorm(xmid)
+  // MLP: out = xmid + [norm](down(act(gate(ln2)) * up(ln2))), ln2 = rmsnorm(xmid)
   if (n > mlp_rows_) {
     mlp_bwd_tiled(a, l, n, seed);
   } else {
-    linear_bwd(tmp_f, false, dres, a.h, l, D, a, seed);                     // dh = ; dA,dB +=
-    be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F});               // dgate, dup =
+    Tensor dy = dres;  // d(down_proj's output): through the post-MLP norm into dln (free until gate/up's backward)
+    if (cfg_.sandwich_norms) {
+      be_.rmsnorm_bwd({dln, Tensor(), dres, a.mlp_out, L.post_ff_w, a.rstd_pf, n, C, w_off});
+      dy = dln;
+    }
+    linear_bwd(tmp_f, false, dy, a.h, l, D, a, seed);                       // dh = ; dA,dB +=
+    be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F, cfg_.hidden_act});  // dgate, dup =
     linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                    // dln =
     linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                       // dln +=
   }
-  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, L.ln2_w, a.rstd2, n, C});
+  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, L.ln2_w, a.rstd2, n, C, w_off});
   be_.add({dres, tmp_c, n * C});                                            // dres = d xmid
 
-  // Attention: xmid = x + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))), ln1 = rmsnorm(x)
+  // Attention: xmid = x + [norm](o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1)))), ln1 = rmsnorm(x)
   Tensor datt = with_rows(w.datt, n), dq = with_rows(w.dq, n), dk = with_rows(w.dk, n), dv = with_rows(w.dv, n);
-  linear_bwd(datt, false, dres, a.att, l, O, a, seed);                      // datt =
-  const float scale = 1.0f / std::sqrt(float(cfg_.head_dim));
+  Tensor d_o = dres;  // d(o_proj's output): through the post-attention norm into dln (free again)
+  if (cfg_.sandwich_norms) {
+    be_.rmsnorm_bwd({dln, Tensor(), dres, a.attn_out, L.post_attn_w, a.rstd_pa, n, C, w_off});
+    d_o = dln;
+  }
+  linear_bwd(datt, false, d_o, a.att, l, O, a, seed);                       // datt =
+  const float scale = cfg_.attn_scale();
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
                      cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l)});  // dq, dk, dv =
   be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
@@ -731,7 +805,7 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
     if (!cfg_.qk_norm) return;
     const Tensor d_raw = as_matrix(w.datt, n, cols);
     be_.rmsnorm_bwd({as_matrix(d_raw, rows, D), Tensor(), as_matrix(d, rows, D), as_matrix(raw, rows, D), w_norm, rstd,
-                     rows, D});                                               // d_raw =
+                     rows, D, w_off});                                        // d_raw =
     d = d_raw;
   };
   through_norm(dq, a.q_raw, L.q_norm_w, a.rstd_q, hq, cfg_.q_dim());
@@ -740,7 +814,7 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
   linear_bwd(dln, true, dv, a.ln1, l, V, a, seed, dx);                      // dln +=
   if (!dx) return;
-  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, L.ln1_w, a.rstd1, n, C});
+  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, L.ln1_w, a.rstd1, n, C, w_off});
   be_.add({dres, tmp_c, n * C});                                            // dres = d x
 }
 
@@ -755,7 +829,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
   const StepViews& w = *views_;
   Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
   Tensor norm_w = w.norm;
-  be_.rmsnorm_fwd({fln, frstd, fx, norm_w, n, C, float(cfg_.rms_norm_eps)});
+  be_.rmsnorm_fwd({fln, frstd, fx, norm_w, n, C, float(cfg_.rms_norm_eps), norm_offset()});
   Tensor head = w.head;
   Tensor chunk_buf = w.chunk;
   Tensor losses = w.losses;
@@ -818,7 +892,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
       be_.memset0(dln.data, size_t(n * C * es));
       be_.embedding_bwd({dln, ds, d_label_rows_, m_rows, C, n});  // dln[rows] += d
     }
-    be_.rmsnorm_bwd({with_rows(w.dres, n), Tensor(), dln, fx, norm_w, frstd, n, C});  // dres =
+    be_.rmsnorm_bwd({with_rows(w.dres, n), Tensor(), dln, fx, norm_w, frstd, n, C, norm_offset()});  // dres =
     if (times_) head_bwd_s_ += synced_now() - t0;
   }
   return sum;
@@ -827,7 +901,9 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
 void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   upload_batch(batch);
   const int64_t n = batch.n();
-  be_.embedding_fwd({with_rows(layers_[0].a.x, n), views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
+  const Tensor x0 = with_rows(layers_[0].a.x, n);
+  be_.embedding_fwd({x0, views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
+  if (cfg_.scale_embeddings) be_.scale({x0, x0.numel(), embed_scale()});
   const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
     if (opts_.gemm_dtype == GemmDtype::Bf16) {  // fp8/fp4 base GEMMs read the stored weights: nothing to dequantize
@@ -908,7 +984,7 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   const int64_t n = batch.n(), C = cfg_.hidden_size, Vv = cfg_.vocab_size;
   const StepViews& w = *views_;
   Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
-  be_.rmsnorm_fwd({fln, frstd, fx, w.norm, n, C, float(cfg_.rms_norm_eps)});
+  be_.rmsnorm_fwd({fln, frstd, fx, w.norm, n, C, float(cfg_.rms_norm_eps), norm_offset()});
   Tensor head = w.head;
   Tensor chunk_buf = w.chunk;
   const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
@@ -959,7 +1035,7 @@ const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
   const int64_t es = dtype_size(w.final_x.dtype);
   Tensor x = as_matrix(w.final_x, 1, C), ln = as_matrix(w.final_ln, 1, C), rstd = with_rows(w.final_rstd, 1);
   x.data = static_cast<char*>(w.final_x.data) + (n - 1) * C * es;
-  be_.rmsnorm_fwd({ln, rstd, x, w.norm, 1, C, float(cfg_.rms_norm_eps)});
+  be_.rmsnorm_fwd({ln, rstd, x, w.norm, 1, C, float(cfg_.rms_norm_eps), norm_offset()});
   Tensor lg = as_matrix(w.chunk, 1, Vv);
   be_.matmul({lg, ln, w.head, 1, Vv, C, false, true, 1.0f, 0.0f});
   decode_logits_.resize(size_t(Vv));

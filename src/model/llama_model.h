@@ -163,6 +163,12 @@ class LlamaModel {
   MlpTile mlp_tile_fwd(const Acts& a, int64_t layer, int64_t t0, int64_t m, bool train, uint64_t seed);
   void mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t layer, int64_t n, bool train, uint64_t seed);
   void mlp_bwd_tiled(const Acts& a, int64_t layer, int64_t n, uint64_t seed);
+  void mlp_out_fwd(const Acts& a, const Tensor& out, const Tensor& h, int64_t layer, int64_t row0, bool train,
+                   uint64_t seed);
+  // The norm ops' weight offset: 1 for Gemma's (1 + w) norms, else 0.
+  float norm_offset() const { return cfg_.norm_unit_offset ? 1.0f : 0.0f; }
+  // Gemma's embedding scale sqrt(hidden_size), rounded to the compute dtype as transformers casts it.
+  float embed_scale() const;
   // weigh: backward with per-position weights (forward_backward_weighted); row_losses: the
   // labeled positions' token losses, copied out.
   double head_and_loss(int64_t n, bool backward, float grad_scale, const RowWeightFn* weigh = nullptr,

@@ -53,7 +53,8 @@ std::string hf_weight_name(const std::string& n) {
   if (n.rfind("layers.", 0) != 0 || p2 == std::string::npos) fail(ErrorKind::Internal, "names", "unmapped buffer " + n);
   int64_t l = std::stoll(n.substr(p1 + 1, p2 - p1 - 1));
   std::string rest = n.substr(p2 + 1);
-  if (rest == "input_layernorm" || rest == "post_attention_layernorm")
+  if (rest == "input_layernorm" || rest == "post_attention_layernorm" || rest == "pre_feedforward_layernorm" ||
+      rest == "post_feedforward_layernorm")
     return "model.layers." + std::to_string(l) + "." + rest + ".weight";
   auto dot = rest.find('.');
   std::string proj = rest.substr(0, dot);

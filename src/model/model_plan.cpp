@@ -72,6 +72,10 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     const std::string p = "layers." + std::to_string(l) + ".";
     plan.add(p + "input_layernorm", MC::Weights, cd, {C});
     plan.add(p + "post_attention_layernorm", MC::Weights, cd, {C});
+    if (c.sandwich_norms) {  // Gemma: the MLP's input norm, and the norm on its output
+      plan.add(p + "pre_feedforward_layernorm", MC::Weights, cd, {C});
+      plan.add(p + "post_feedforward_layernorm", MC::Weights, cd, {C});
+    }
     if (fsdp)
       plan.add_bytes(p + "base.shard", MC::Weights,
                      int64_t(slice_of(size_t(blob.total), int(o.base_shard_rank), int(o.base_shards)).count));
@@ -160,6 +164,12 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "xmid", MC::Activations, cd, {N, C}, life);
     plan.add(p + "ln2", MC::Activations, cd, {N, C}, life);
     plan.add(p + "rstd2", MC::Activations, DType::F32, {N}, life);
+    if (c.sandwich_norms) {  // o_proj's and down_proj's outputs before their norms, and the norms' 1/rms
+      plan.add(p + "attn_out", MC::Activations, cd, {N, C}, life);
+      plan.add(p + "rstd_pa", MC::Activations, DType::F32, {N}, life);
+      plan.add(p + "mlp_out", MC::Activations, cd, {T, C}, life);
+      plan.add(p + "rstd_pf", MC::Activations, DType::F32, {N}, life);
+    }
     plan.add(p + "gate", MC::Activations, cd, {T, F}, life);
     plan.add(p + "up", MC::Activations, cd, {T, F}, life);
     plan.add(p + "h", MC::Activations, cd, {T, F}, life);
@@ -177,6 +187,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   for (const char* b : {"batch.tokens", "batch.targets", "batch.positions", "batch.seg", "batch.label_rows", "batch.label_targets"})
     plan.add(b, MC::Activations, DType::I32, {N}, Lifetime::Step);
   plan.add("rope.inv_freq", MC::Workspace, DType::F32, {c.head_dim / 2});
+  if (c.rope_local_theta > 0) plan.add("rope.inv_freq_local", MC::Workspace, DType::F32, {c.head_dim / 2});
 
   // Cross-entropy works one chunk of tokens at a time: never the full (N,V) logits.
   const int64_t chunk = std::min(o.ce_chunk, N);

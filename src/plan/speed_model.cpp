@@ -133,11 +133,12 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
     e.t_dequant_exposed = std::max(0.0, e.t_dequant - a.dequant_overlap * t_base_gemm);
   }
   // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
-  // 2(q+kv), Qwen3's per-head q/k norms: another 2(q+kv), SwiGLU: 3F) per token per layer in the
-  // compute dtype, once forward, twice backward, once recompute.
+  // 2(q+kv), Qwen3's per-head q/k norms: another 2(q+kv), SwiGLU: 3F; Gemma's two norms on the
+  // blocks' outputs: another 4C) per token per layer in the compute dtype, once forward, twice
+  // backward, once recompute.
   const double act_bytes = r.gpu.is_cpu ? 4.0 : 2.0;
   const int64_t qk = (c.qk_norm ? 4 : 2) * (c.q_dim() + c.kv_dim());
-  const double ew = act_bytes * double(10 * c.hidden_size + qk + 3 * c.intermediate_size);
+  const double ew = act_bytes * double((c.sandwich_norms ? 14 : 10) * c.hidden_size + qk + 3 * c.intermediate_size);
   e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)",
                             ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0)) * tok_gpu});
   // FP8/FP4 base GEMMs quantize each projection's bf16 input per call (forward and recompute): the

@@ -51,6 +51,9 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
 
 // llama.cpp's architecture for the model: Mistral is written as llama (convert_hf_to_gguf.py does too).
 std::string gguf_arch(const LlamaConfig& c) {
+  if (c.model_type == "gemma3_text")
+    fail(ErrorKind::Unsupported, "model_type 'gemma3_text'", "GGUF export of Gemma 3 is not implemented",
+         "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
   return c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
 }
 

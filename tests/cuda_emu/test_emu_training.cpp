@@ -313,6 +313,16 @@ TEST(CudaEmuTraining, SlidingWindowGenerationMatchesTheCpu) {
   compare_generation("lora", "", "qwen3_sw");
 }
 
+// Gemma 3 (the (1 + w) norms on both sides of each block, scaled embeddings, GeGLU,
+// query_pre_attn_scalar, two sliding layers with their own RoPE base around a global one): the
+// offset norms and the GeGLU kernels forward and backward, with checkpointing's recompute and a
+// NF4 base, and decoding through the KV cache past the window.
+TEST(CudaEmuTraining, Gemma3GradientsMatchTheCpu) {
+  compare_gradients("lora", "", "none", 10.0 / 256, "gemma3");
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "gemma3");
+}
+TEST(CudaEmuTraining, Gemma3GenerationMatchesTheCpu) { compare_generation("lora", "", "gemma3"); }
+
 // A quantized base is dequantized a layer ahead on a side stream: in a steady-state micro-step every
 // layer dequantization (dequant_layers_per_micro_step of them) is a prefetch, and each of its 7
 // projections costs two stream waits: the side stream's on the work issued before it (the slot's

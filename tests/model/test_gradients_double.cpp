@@ -1,7 +1,8 @@
 // LoRA gradients of the whole model against finite differences of an independent double-precision
 // forward (written here from the Hugging Face modeling code: RMSNorm, rotate-half RoPE, grouped-query
 // causal attention, SwiGLU MLP, LoRA B·A·x·alpha/r on every linear, shifted cross-entropy summed
-// over tokens). The FD step is 1e-5 in double, so the FD value is exact to ~1e-9 relative and
+// over tokens; Gemma 3's (1 + w) norms around both blocks, scaled embeddings, GeGLU,
+// query_pre_attn_scalar and per-layer RoPE bases). The FD step is 1e-5 in double, so the FD value is exact to ~1e-9 relative and
 // the check measures the engine's fp32 gradients themselves: every LoRA parameter of the model is
 // checked, each tensor against the largest |gradient| of that tensor.
 #include <gtest/gtest.h>
@@ -42,7 +43,7 @@ struct RefModel {
   std::map<std::string, Mat> base;  // HF names
   std::map<std::string, Mat> lora;  // "layers.L.q_proj.lora_A" ...
   double lora_scale = 0;
-  std::vector<double> inv_freq;
+  std::vector<double> inv_freq, inv_freq_local;  // global layers, Gemma 3's sliding layers
 
   const Mat& w(const std::string& name) const { return base.at(name); }
 
@@ -72,13 +73,15 @@ struct RefModel {
       double ss = 0;
       for (int64_t k = 0; k < d; k++) ss += x[size_t(i * d + k)] * x[size_t(i * d + k)];
       const double inv = 1.0 / std::sqrt(ss / double(d) + c.rms_norm_eps);
-      for (int64_t k = 0; k < d; k++) y[size_t(i * d + k)] = x[size_t(i * d + k)] * inv * g[size_t(k)];
+      for (int64_t k = 0; k < d; k++)
+        y[size_t(i * d + k)] = x[size_t(i * d + k)] * inv * (g[size_t(k)] + (c.norm_unit_offset ? 1.0 : 0.0));
     }
     return y;
   }
 
   // Rotate-half RoPE over each head of q (n, heads*hd), position p of row i.
-  void rope(Mat& q, int64_t n, int64_t heads, const std::vector<int32_t>& pos) const {
+  void rope(Mat& q, int64_t n, int64_t heads, const std::vector<int32_t>& pos, bool local) const {
+    const std::vector<double>& inv_freq = local ? inv_freq_local : this->inv_freq;
     const int64_t hd = c.head_dim, half = hd / 2;
     for (int64_t i = 0; i < n; i++)
       for (int64_t h = 0; h < heads; h++) {
@@ -110,7 +113,9 @@ struct RefModel {
       Mat x(size_t(T * C));
       const Mat& emb = w("model.embed_tokens.weight");
       for (int64_t t = 0; t < T; t++)
-        for (int64_t k = 0; k < C; k++) x[size_t(t * C + k)] = emb[size_t(batch.tokens[size_t(b * T + t)] * C + k)];
+        for (int64_t k = 0; k < C; k++)
+          x[size_t(t * C + k)] = emb[size_t(batch.tokens[size_t(b * T + t)] * C + k)] *
+                                 (c.scale_embeddings ? std::sqrt(double(C)) : 1.0);
       for (int l = 0; l < int(c.n_layer); l++) {
         const std::string L = "model.layers." + std::to_string(l) + ".";
         Mat h = rms_norm(x, T, w(L + "input_layernorm.weight"));
@@ -121,8 +126,8 @@ struct RefModel {
           q = rms_norm(q, T * H, w(L + "self_attn.q_norm.weight"), hd);
           k = rms_norm(k, T * KV, w(L + "self_attn.k_norm.weight"), hd);
         }
-        rope(q, T, H, pos);
-        rope(k, T, KV, pos);
+        rope(q, T, H, pos, c.local_rope(l));
+        rope(k, T, KV, pos, c.local_rope(l));
         Mat att(size_t(T * H * hd), 0.0);
         for (int64_t head = 0; head < H; head++) {
           const int64_t kvh = head / (H / KV);
@@ -138,7 +143,7 @@ struct RefModel {
               }
               double d = 0;
               for (int64_t e = 0; e < hd; e++) d += q[size_t((i * H + head) * hd + e)] * k[size_t((j * KV + kvh) * hd + e)];
-              s[size_t(j)] = d / std::sqrt(double(hd));
+              s[size_t(j)] = d / std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(hd));
               mx = std::max(mx, s[size_t(j)]);
             }
             double z = 0;
@@ -149,12 +154,20 @@ struct RefModel {
           }
         }
         Mat o = proj(att, T, l, "self_attn", "o_proj", H * hd, C);
+        if (c.sandwich_norms) o = rms_norm(o, T, w(L + "post_attention_layernorm.weight"));
         for (size_t i = 0; i < x.size(); i++) x[i] += o[i];
-        h = rms_norm(x, T, w(L + "post_attention_layernorm.weight"));
+        h = rms_norm(x, T, w(L + (c.sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")));
         Mat g = proj(h, T, l, "mlp", "gate_proj", C, F);
         Mat u = proj(h, T, l, "mlp", "up_proj", C, F);
-        for (size_t i = 0; i < g.size(); i++) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+        for (size_t i = 0; i < g.size(); i++) {
+          const double a = g[i];
+          g[i] = (c.hidden_act == Activation::Silu
+                      ? a / (1.0 + std::exp(-a))
+                      : 0.5 * a * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)))) *
+                 u[i];
+        }
         Mat d = proj(g, T, l, "mlp", "down_proj", F, C);
+        if (c.sandwich_norms) d = rms_norm(d, T, w(L + "post_feedforward_layernorm.weight"));
         for (size_t i = 0; i < x.size(); i++) x[i] += d[i];
       }
       const Mat h = rms_norm(x, T, w("model.norm.weight"));
@@ -204,6 +217,8 @@ void check_model(const std::string& variant, size_t stride) {
   ref.c = cfg;
   ref.lora_scale = double(spec.scale());
   for (float f : rope_inv_freq(cfg)) ref.inv_freq.push_back(double(f));
+  if (cfg.rope_local_theta > 0)
+    for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
   SafetensorsArchive ar(fixtures() + "/models/" + variant);
   for (const auto& name : ar.names()) ref.base[name] = to_double(floats(ar, name));
   for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
@@ -348,3 +363,7 @@ TEST(LoraGradientsDouble, Qwen2) { check_model("qwen2", 3); }
 TEST(LoraGradientsDouble, Qwen3) { check_model("qwen3", 3); }
 // Mistral v0.1 layout: a sliding window of 5 keys on 9-token rows, every layer; every third.
 TEST(LoraGradientsDouble, MistralSlidingWindow) { check_model("mistral_sw", 3); }
+// Gemma 3 layout: (1 + w) norms before and after attention and MLP, q/k norms, embeddings times
+// sqrt(hidden), GeGLU, query_pre_attn_scalar 20, two sliding layers (window 5 on 9-token rows, their
+// own RoPE base) around a global one with linear RoPE scaling; every third parameter.
+TEST(LoraGradientsDouble, Gemma3) { check_model("gemma3", 3); }

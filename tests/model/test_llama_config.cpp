@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 22u);
+  EXPECT_EQ(names.size(), 26u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -53,10 +53,14 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
     EXPECT_EQ(c.name, n);
     EXPECT_NO_THROW(c.validate(n));
     EXPECT_EQ(c.attention_bias, c.model_type == "qwen2");
-    EXPECT_EQ(c.qk_norm, c.model_type == "qwen3");
-    // Llama 3.1/3.2 extend context with llama3 RoPE scaling; the others use plain RoPE.
+    const bool gemma3 = c.model_type == "gemma3_text";
+    EXPECT_EQ(c.qk_norm, c.model_type == "qwen3" || gemma3);
+    EXPECT_EQ(c.sandwich_norms, gemma3);
+    // Llama 3.1/3.2 extend context with llama3 RoPE scaling, Gemma 3 4B-27B with linear scaling
+    // (factor 8) on the global layers; the others use plain RoPE.
     bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
-    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : "none");
+    const bool linear = gemma3 && n != "gemma-3-1b";
+    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : linear ? "linear" : "none");
   }
   EXPECT_EQ(preset_config("llama3.2-1b").rope_scaling.factor, 32.0);
   EXPECT_EQ(preset_config("llama3.1-70b").rope_scaling.factor, 8.0);
@@ -157,9 +161,6 @@ TEST(LlamaConfigHf, DefaultsForOptionalKeys) {
   EXPECT_EQ(c.bos_token_id, -1);
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Errors
-
 static std::string with(const std::string& extra_or_replaced) {
   json j = json::parse(kLegacy);
   json patch = json::parse(extra_or_replaced);
@@ -169,6 +170,113 @@ static std::string with(const std::string& extra_or_replaced) {
   }
   return j.dump(1);
 }
+
+// Gemma 3 1B's config.json as the Hub has it (transformers 4.50 layout: rope_theta,
+// rope_local_base_freq, sliding_window_pattern, no layer_types).
+static const char* kGemma3Hub = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+  "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+  "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": null,
+  "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+  "use_cache": true, "vocab_size": 262144
+})";
+
+static std::string gemma3_with(const std::string& patch_text) {
+  json j = json::parse(kGemma3Hub);
+  const json patch = json::parse(patch_text);
+  for (const auto& [k, v] : patch.items()) {
+    if (v.is_string() && v.get<std::string>() == "<erase>") j.erase(k);
+    else j[k] = v;
+  }
+  return j.dump(1);
+}
+
+TEST(LlamaConfigHf, Gemma3HubLayoutEqualsPreset) {
+  const LlamaConfig c = parse_hf_config(kGemma3Hub, "gemma-3-1b-pt/config.json");
+  const LlamaConfig p = preset_config("gemma-3-1b");
+  EXPECT_EQ(c.n_params(), p.n_params());
+  EXPECT_EQ(c.n_params(), 999885952);  // Gemma 3 1B: 1.0B, its embeddings tied
+  EXPECT_TRUE(c.norm_unit_offset && c.sandwich_norms && c.scale_embeddings && c.qk_norm && c.tie_word_embeddings);
+  EXPECT_EQ(c.hidden_act, Activation::GeluTanh);
+  EXPECT_FLOAT_EQ(c.attn_scale(), 1.0f / 16.0f);
+  EXPECT_EQ(c.bos_token_id, 2);
+  EXPECT_EQ(c.eos_token_id, 1);
+  // Every sixth layer is global (layers 5, 11, ...), the rest slide over 512 keys with base 1e4.
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    EXPECT_EQ(c.window_of(l), (l + 1) % 6 == 0 ? 0 : 512) << l;
+    EXPECT_EQ(c.local_rope(l), (l + 1) % 6 != 0) << l;
+    EXPECT_EQ(p.window_of(l), c.window_of(l)) << l;
+  }
+  EXPECT_EQ(rope_inv_freq(c), rope_inv_freq(p));
+  EXPECT_EQ(rope_local_inv_freq(c), rope_local_inv_freq(p));
+  EXPECT_FLOAT_EQ(rope_inv_freq(c)[1], float(std::pow(1e6, -2.0 / 256)));
+  EXPECT_FLOAT_EQ(rope_local_inv_freq(c)[1], float(std::pow(1e4, -2.0 / 256)));
+  // 27B: query_pre_attn_scalar 168, not head_dim 128; linear RoPE scaling on the global layers only.
+  const LlamaConfig b = preset_config("gemma-3-27b");
+  EXPECT_FLOAT_EQ(b.attn_scale(), float(1.0 / std::sqrt(168.0)));
+  EXPECT_FLOAT_EQ(rope_inv_freq(b)[1], float(std::pow(1e6, -2.0 / 128) / 8));
+  EXPECT_FLOAT_EQ(rope_local_inv_freq(b)[1], float(std::pow(1e4, -2.0 / 128)));
+}
+
+TEST(LlamaConfigHf, Gemma3LayoutsAgree) {
+  // transformers 5: layer_types and rope_parameters per layer type; a file may keep the thetas at
+  // the top level beside them.
+  const LlamaConfig v5 = parse_hf_config(
+      gemma3_with(R"({"num_hidden_layers":3, "layer_types":["sliding_attention","full_attention","sliding_attention"],
+                     "rope_theta":"<erase>", "rope_local_base_freq":"<erase>", "sliding_window_pattern":"<erase>",
+                     "rope_parameters":{"full_attention":{"rope_type":"linear","factor":4.0,"rope_theta":500000.0},
+                                        "sliding_attention":{"rope_type":"default","rope_theta":20000.0}}})"),
+      "v5.json");
+  EXPECT_EQ(v5.window_of(0), 512);
+  EXPECT_EQ(v5.window_of(1), 0);
+  EXPECT_TRUE(v5.local_rope(2));
+  EXPECT_EQ(v5.rope_theta, 500000.0);
+  EXPECT_EQ(v5.rope_scaling.type, "linear");
+  EXPECT_EQ(v5.rope_local_theta, 20000.0);
+  const LlamaConfig mixed = parse_hf_config(
+      gemma3_with(R"({"rope_parameters":{"full_attention":{"rope_type":"linear","factor":8.0},
+                                         "sliding_attention":{"rope_type":"default"}}})"),
+      "mixed.json");
+  EXPECT_EQ(mixed.rope_theta, 1e6);
+  EXPECT_EQ(mixed.rope_local_theta, 1e4);
+  EXPECT_EQ(mixed.rope_scaling.factor, 8.0);
+  // The engine's own fixture, written by transformers 5.
+  const LlamaConfig f = load_hf_config(std::string(QLORA_FIXTURES) + "/models/gemma3/config.json");
+  EXPECT_EQ(f.model_type, "gemma3_text");
+  EXPECT_EQ(f.query_pre_attn_scalar, 20.0);
+  EXPECT_EQ(f.window_of(1), 0);
+  EXPECT_EQ(f.window_of(2), 5);
+}
+
+TEST(LlamaConfigErrors, Gemma3RefusesWhatItDoesNotImplement) {
+  Error e = config_error([] { parse_hf_config(gemma3_with(R"({"final_logit_softcapping":30.0})"), "g.json"); },
+                         ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "g.json: key 'final_logit_softcapping'");
+  e = config_error([] { parse_hf_config(gemma3_with(R"({"attn_logit_softcapping":50.0})"), "g.json"); },
+                   ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "g.json: key 'attn_logit_softcapping'");
+  e = config_error([] { parse_hf_config(gemma3_with(R"({"use_bidirectional_attention":true})"), "g.json"); },
+                   ErrorKind::Unsupported);
+  e = config_error([] { parse_hf_config(gemma3_with(R"({"hidden_activation":"gelu"})"), "g.json"); },
+                   ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "g.json: key 'hidden_activation'");
+  e = config_error([] { parse_hf_config(gemma3_with(R"({"rope_parameters":{"sliding_attention":{"rope_type":"linear","factor":2.0}}})"), "g.json"); },
+                   ErrorKind::Unsupported);
+  e = config_error([] { parse_hf_config(gemma3_with(R"({"num_hidden_layers":2,"layer_types":["full_attention"]})"), "g.json"); },
+                   ErrorKind::Config);
+  EXPECT_EQ(e.where(), "g.json: key 'layer_types'");
+  // Llama keeps refusing GeGLU.
+  e = config_error([] { parse_hf_config(with(R"({"hidden_act":"gelu_pytorch_tanh"})"), "l.json"); },
+                   ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "l.json: key 'hidden_act'");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Errors
+
 
 TEST(LlamaConfigErrors, UnsupportedModelType) {
   Error e = config_error([] { parse_hf_config(with(R"({"model_type":"gemma2"})"), "cfg.json"); }, ErrorKind::Unsupported);

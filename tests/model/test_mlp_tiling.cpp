@@ -45,7 +45,7 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t 
 // untiled full checkpointing: the loss and every LoRA gradient (before the optimizer) agree to f32
 // rounding; then three AdamW steps keep the losses and gradient norms together.
 // The fixture model with its trained parity adapter (B != 0, so every LoRA gradient is nonzero).
-testing_util::TestModel trained(int64_t tile, double dropout) {
+testing_util::TestModel trained(int64_t tile, double dropout, const std::string& variant = "llama_gqa") {
   ModelPlanOptions po;
   po.micro_batch = 2;
   po.seq_len = 12;
@@ -54,11 +54,11 @@ testing_util::TestModel trained(int64_t tile, double dropout) {
   po.ce_chunk = 8;
   LoraSpec lora = testing_util::fixture_lora();
   lora.dropout = dropout;
-  return testing_util::make_model_on(make_cpu_backend(), "llama_gqa", po, lora, "parity/llama_gqa_adapter");
+  return testing_util::make_model_on(make_cpu_backend(), variant, po, lora, "parity/" + variant + "_adapter");
 }
 
-void expect_tiled_equals_untiled(int64_t tile, double dropout) {
-  testing_util::TestModel a = trained(0, dropout), b = trained(tile, dropout);
+void expect_tiled_equals_untiled(int64_t tile, double dropout, const std::string& variant = "llama_gqa") {
+  testing_util::TestModel a = trained(0, dropout, variant), b = trained(tile, dropout, variant);
   LlamaModel* ref = a.model.get();
   LlamaModel* tiled = b.model.get();
   const auto mbs = testing_util::small_micro_batches(ref->config().vocab_size);
@@ -97,6 +97,10 @@ TEST(MlpTiling, TiledTrainingEqualsUntiledWithDropout) {
   // and the adapters would differ by far more than rounding.
   expect_tiled_equals_untiled(5, 0.1);
 }
+
+// Gemma 3: down_proj's output is normed before the residual add, so each tile's backward
+// recomputes its down_proj output and that norm (post_feedforward_layernorm).
+TEST(MlpTiling, Gemma3SandwichNormsTileToo) { expect_tiled_equals_untiled(7, 0.1, "gemma3"); }
 
 TEST(MlpTiling, TiledRunsRepeatTheirBits) {
   auto be1 = make_cpu_backend(), be2 = make_cpu_backend();

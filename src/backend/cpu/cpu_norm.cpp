@@ -58,6 +58,14 @@ void CpuBackend::embedding_bwd(const EmbeddingBwdArgs& a) {
   }
 }
 
+// Gemma's (w + 1), in f32 as its RMSNorm computes it; empty when there is no offset.
+static std::vector<float> offset_weight(const Tensor& w, int64_t c, float offset) {
+  if (offset == 0.0f) return {};
+  std::vector<float> out(static_cast<size_t>(c));
+  for (int64_t j = 0; j < c; j++) out[size_t(j)] = w.f32()[j] + offset;
+  return out;
+}
+
 void CpuBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
   const char* op = "rmsnorm_fwd";
   cpu::check_dim(op, "n", a.n);
@@ -70,7 +78,8 @@ void CpuBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
   float* out = a.out.f32();    // (N,C)
   float* rstd = a.rstd.f32();  // (N)
   const float* x = a.x.f32();  // (N,C)
-  const float* w = a.w.f32();  // (C)
+  const std::vector<float> w_off = offset_weight(a.w, a.c, a.w_offset);
+  const float* w = w_off.empty() ? a.w.f32() : w_off.data();  // (C)
 #pragma omp parallel for schedule(static) if (a.n * a.c > cpu::kParallelMin)
   for (int64_t i = 0; i < a.n; i++) rstd[i] = cpu::rmsnorm_fwd_row(out + i * a.c, x + i * a.c, w, a.c, a.eps);
 }
@@ -89,7 +98,8 @@ void CpuBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
   float* dx = a.dx.f32();            // (N,C)
   const float* dout = a.dout.f32();  // (N,C)
   const float* x = a.x.f32();        // (N,C)
-  const float* w = a.w.f32();        // (C)
+  const std::vector<float> w_off = offset_weight(a.w, a.c, a.w_offset);
+  const float* w = w_off.empty() ? a.w.f32() : w_off.data();  // (C)
   const float* rstd = a.rstd.f32();  // (N)
   const bool par = a.n * a.c > cpu::kParallelMin;
 

@@ -23,7 +23,11 @@ void CpuBackend::swiglu_fwd(const SwigluFwdArgs& a) {
   const float* gate = a.gate.f32();   // (N,F)
   const float* up = a.up.f32();       // (N,F)
 #pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i += kChunk) cpu::swiglu_fwd_row(out + i, gate + i, up + i, std::min(kChunk, a.n - i));
+  for (int64_t i = 0; i < a.n; i += kChunk) {
+    const int64_t m = std::min(kChunk, a.n - i);
+    if (a.act == Activation::Silu) cpu::swiglu_fwd_row(out + i, gate + i, up + i, m);
+    else cpu::geglu_fwd_row(out + i, gate + i, up + i, m);
+  }
 }
 
 void CpuBackend::swiglu_bwd(const SwigluBwdArgs& a) {
@@ -41,8 +45,11 @@ void CpuBackend::swiglu_bwd(const SwigluBwdArgs& a) {
   const float* up = a.up.f32();      // (N,F)
   // Each element is read before either write, so dgate/dup may alias gate/up/dout.
 #pragma omp parallel for schedule(static) if (a.n > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i += kChunk)
-    cpu::swiglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, std::min(kChunk, a.n - i));
+  for (int64_t i = 0; i < a.n; i += kChunk) {
+    const int64_t m = std::min(kChunk, a.n - i);
+    if (a.act == Activation::Silu) cpu::swiglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, m);
+    else cpu::geglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, m);
+  }
 }
 
 // out = x * keep(i) / (1-p); the same (seed, stream) gives the same mask in fwd and bwd.

@@ -222,6 +222,31 @@ void swiglu_bwd_row(float* dg, float* du, const float* dout, const float* g, con
   }
 }
 
+// gelu_tanh(g) = 0.5 g (1 + tanh(b (g + k g^3))), b = sqrt(2/pi), k = 0.044715, in f32 as torch's
+// CPU GeluKernel (approximate="tanh") and GeluBackwardKernel write it.
+namespace {
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluKappa = 0.044715f;
+}  // namespace
+
+void geglu_fwd_row(float* out, const float* g, const float* u, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    const float x = g[j], inner = kGeluBeta * (x + kGeluKappa * (x * x * x));
+    out[j] = 0.5f * x * (1.0f + std::tanh(inner)) * u[j];
+  }
+}
+
+void geglu_bwd_row(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    const float x = g[j], uv = u[j], d = dout[j];
+    const float x_sq = x * x, t = std::tanh(kGeluBeta * (x + kGeluKappa * x_sq * x));
+    const float gelu = 0.5f * x * (1.0f + t);
+    const float dgelu = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * x_sq);
+    dg[j] = d * uv * dgelu;
+    du[j] = d * gelu;
+  }
+}
+
 // Like HF LlamaRMSNorm in fp32: mean(x^2) + eps as f32, then rsqrt.
 QLORA_SIMD_CLONES
 float rmsnorm_fwd_row(float* out, const float* x, const float* w, int64_t c, float eps) {

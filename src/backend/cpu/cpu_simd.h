@@ -31,6 +31,9 @@ float cross_entropy_row(const float* logits, float* d, int64_t vocab, int32_t la
 // out[j] = silu(g[j]) * u[j]; and its backward (dg, du may alias g, u, dout).
 void swiglu_fwd_row(float* out, const float* g, const float* u, int64_t n);
 void swiglu_bwd_row(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n);
+// The same with torch's tanh-approximated GELU in place of silu (GeGLU).
+void geglu_fwd_row(float* out, const float* g, const float* u, int64_t n);
+void geglu_bwd_row(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n);
 
 // RMSNorm of one row; returns rstd. And the dx row (dw handled by the caller).
 float rmsnorm_fwd_row(float* out, const float* x, const float* w, int64_t c, float eps);

@@ -59,9 +59,10 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// One block per row: sum of squares, then out = w * (x * rstd) as HF's LlamaRMSNorm computes it.
+// One block per row: sum of squares, then out = (w + w_off) * (x * rstd) as HF's LlamaRMSNorm
+// (w_off 0) and Gemma's RMSNorm (w_off 1, the weight stored as an offset from one) compute it.
 __global__ void __launch_bounds__(kRowThreads)
-    rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, FPtr w, int64_t c, float eps, int vec) {
+    rmsnorm_fwd_kernel(FPtr out, float* __restrict__ rstd, FPtr x, FPtr w, float w_off, int64_t c, float eps, int vec) {
   QLORA_SHARED(float[32], red);
   const int64_t row = int64_t(blockIdx.x) * c;
   float ss = 0.0f;
@@ -87,11 +88,11 @@ __global__ void __launch_bounds__(kRowThreads)
       ld8(x, row + j, v);
       ld8(w, j, wv);
 #pragma unroll
-      for (int e = 0; e < 8; e++) v[e] = wv[e] * (v[e] * r);
+      for (int e = 0; e < 8; e++) v[e] = (wv[e] + w_off) * (v[e] * r);
       st8(out, row + j, v);
     }
   } else {
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) stf(out, row + j, ldf(w, j) * (ldf(x, row + j) * r));
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) stf(out, row + j, (ldf(w, j) + w_off) * (ldf(x, row + j) * r));
   }
 }
 
@@ -100,7 +101,8 @@ __global__ void __launch_bounds__(kRowThreads)
 // The 4 blocks per SM (<= 64 registers) is there for ptxas: from the thread bound alone it aims at
 // 40 registers on sm_90a and spills 8 bytes; at 4 blocks it uses 46 and spills nothing.
 __global__ void __launch_bounds__(kRowThreads, 4)
-    rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, const float* __restrict__ rstd, int64_t c, int vec) {
+    rmsnorm_bwd_dx_kernel(FPtr dx, FPtr dout, FPtr x, FPtr w, float w_off, const float* __restrict__ rstd, int64_t c,
+                          int vec) {
   QLORA_SHARED(float[32], red);
   const int64_t row = int64_t(blockIdx.x) * c;
   float dot = 0.0f;
@@ -111,10 +113,10 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       ld8(x, row + j, xv);
       ld8(w, j, wv);
 #pragma unroll
-      for (int e = 0; e < 8; e++) dot += wv[e] * d[e] * xv[e];
+      for (int e = 0; e < 8; e++) dot += (wv[e] + w_off) * d[e] * xv[e];
     }
   } else {
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot += ldf(w, j) * ldf(dout, row + j) * ldf(x, row + j);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot += (ldf(w, j) + w_off) * ldf(dout, row + j) * ldf(x, row + j);
   }
   dot = block_sum(dot, red);
   const float r = rstd[blockIdx.x];
@@ -126,12 +128,12 @@ __global__ void __launch_bounds__(kRowThreads, 4)
       ld8(x, row + j, xv);
       ld8(w, j, wv);
 #pragma unroll
-      for (int e = 0; e < 8; e++) d[e] = r * wv[e] * d[e] - coef * xv[e];
+      for (int e = 0; e < 8; e++) d[e] = r * (wv[e] + w_off) * d[e] - coef * xv[e];
       st8(dx, row + j, d);
     }
   } else {
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      stf(dx, row + j, r * ldf(w, j) * ldf(dout, row + j) - coef * ldf(x, row + j));
+      stf(dx, row + j, r * (ldf(w, j) + w_off) * ldf(dout, row + j) - coef * ldf(x, row + j));
   }
 }
 
@@ -264,7 +266,7 @@ void CudaBackend::rmsnorm_fwd(const RmsnormFwdArgs& a) {
   if (a.n == 0 || a.c == 0) return;
   const int vec = a.c % 8 == 0 && aligned16(a.out.data) && aligned16(a.x.data) && aligned16(a.w.data);
   launch(rmsnorm_fwd_kernel, {unsigned(a.n), row_threads(a.c, vec), 0, stream_}, fptr(a.out), a.rstd.f32(), fptr(a.x),
-         fptr(a.w), a.c, a.eps, vec);
+         fptr(a.w), a.w_offset, a.c, a.eps, vec);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
@@ -294,7 +296,7 @@ void CudaBackend::rmsnorm_bwd(const RmsnormBwdArgs& a) {
   const int vec = a.c % 8 == 0 && aligned16(a.dx.data) && aligned16(a.dout.data) && aligned16(a.x.data) &&
                   aligned16(a.w.data);
   launch(rmsnorm_bwd_dx_kernel, {unsigned(a.n), row_threads(a.c, vec), 0, stream_}, fptr(a.dx), fptr(a.dout), fptr(a.x),
-         fptr(a.w), a.rstd.f32(), a.c, vec);
+         fptr(a.w), a.w_offset, a.rstd.f32(), a.c, vec);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 

@@ -72,6 +72,24 @@ struct SwigluBwdF {  // in: dout, gate, up; out: dgate, dup
     y[1] = d * (g / (1.0f + expf(-g)));
   }
 };
+// gelu(approximate="tanh") as torch's CUDA GeluCUDAKernelImpl / GeluBackwardCUDAKernelImpl write it,
+// like the CPU backend: GeGLU is out = gelu_tanh(gate) * up.
+constexpr float kGeluBeta = 0.7978845608028654f, kGeluKappa = 0.044715f;  // sqrt(2/pi), 0.044715
+struct GegluFwdF {
+  __device__ void operator()(const float* x, float* y, int64_t) const {
+    const float g = x[0], inner = kGeluBeta * (g + kGeluKappa * (g * g * g));
+    y[0] = 0.5f * g * (1.0f + tanhf(inner)) * x[1];
+  }
+};
+struct GegluBwdF {  // in: dout, gate, up; out: dgate, dup
+  __device__ void operator()(const float* x, float* y, int64_t) const {
+    const float d = x[0], g = x[1], u = x[2];
+    const float g_sq = g * g, t = tanhf(kGeluBeta * (g + kGeluKappa * g_sq * g));
+    const float dgelu = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * g_sq);
+    y[0] = d * u * dgelu;
+    y[1] = d * (0.5f * g * (1.0f + t));
+  }
+};
 struct DropoutF {
   float p, keep_scale;
   uint64_t seed, stream, offset;
@@ -155,7 +173,8 @@ void CudaBackend::swiglu_fwd(const SwigluFwdArgs& a) {
   check_tensor(op, "out", a.out, a.n, true, true);
   check_tensor(op, "gate", a.gate, a.n, true, true);
   check_tensor(op, "up", a.up, a.n, true, true);
-  launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, SwigluFwdF{});
+  if (a.act == Activation::Silu) launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, SwigluFwdF{});
+  else launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, GegluFwdF{});
 }
 
 void CudaBackend::swiglu_bwd(const SwigluBwdArgs& a) {
@@ -166,7 +185,8 @@ void CudaBackend::swiglu_bwd(const SwigluBwdArgs& a) {
   check_tensor(op, "dout", a.dout, a.n, true, true);
   check_tensor(op, "gate", a.gate, a.n, true, true);
   check_tensor(op, "up", a.up, a.n, true, true);
-  launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, SwigluBwdF{});
+  if (a.act == Activation::Silu) launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, SwigluBwdF{});
+  else launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, GegluBwdF{});
 }
 
 // Same mask as the CPU backend: keep element i iff hash_uniform(seed, stream, i) >= p.
