@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import transformers
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config, get_cosine_schedule_with_warmup)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
+                          Qwen2Config, Qwen3Config, get_cosine_schedule_with_warmup)
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -91,15 +91,27 @@ def variant_configs():
                                                            "rope_theta": 1000000.0},
                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
                    1009, "v5"),
+        # Phi-3 / Phi-4: q, k, v in one qkv_proj and gate, up in one gate_up_proj, so PEFT's LoRA
+        # on them shares one A across the fused outputs; a sliding window of 5 on every layer
+        # (Phi-3-mini-4k's 2047, scaled down).
+        "phi3": (Phi3Config(**DIMS, num_key_value_heads=2, tie_word_embeddings=False, sliding_window=5,
+                            pad_token_id=0, original_max_position_embeddings=64,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                 1011, "legacy"),
     }
+
+# PEFT's target module names where a family fuses projections.
+FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
 
 
 def init_weights(model, gen):
-    """Random weights large enough that every term of the forward pass matters (never zeros)."""
+    """Random weights large enough that every term of the forward pass matters (never zeros).
+    Norms multiply by 1 + 0.2 N(0, 1): Gemma's store that as w (its norms compute x (1 + w))."""
+    offset = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+                p.copy_(offset + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
@@ -285,7 +297,7 @@ def make_variant(name, config, seed, style):
         with torch.no_grad():
             torch.testing.assert_close(sharded(input_ids=ids).logits, res.logits, rtol=0, atol=0)
 
-    lcfg = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=TARGETS, lora_dropout=0.0,
+    lcfg = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=FUSED_TARGETS.get(name, TARGETS), lora_dropout=0.0,
                       bias="none", task_type="CAUSAL_LM")
     pm = get_peft_model(model, lcfg)
     set_lora_random(pm, gen)

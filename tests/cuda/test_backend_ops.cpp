@@ -211,21 +211,36 @@ CUDA_OP_TEST(rmsnorm_fwd, bf16_and_f32) {
   const std::vector<Case> cases = small_shapes() ? std::vector<Case>{{77, 256, BF}, {5, 33, F32}}
                                                  : std::vector<Case>{{77, 4096, BF}, {64, 8192, BF}, {77, 577, BF},
                                                                      {33, 4096, F32}};
-  for (const auto& cs : cases) {
+  for (const auto& cs : cases)
+    for (float off : {0.0f, 1.0f}) {  // 1: Gemma's (1 + w), the weight stored as its offset from one
+    SCOPED_TRACE("w_offset " + std::to_string(off));
     Vec x = randn(21, size_t(cs.n * cs.c), 2.0f), w = randn(22, size_t(cs.c));
     if (cs.dt == BF) x = round_bf16(std::move(x)), w = round_bf16(std::move(w));
     Vec ref(x.size()), ref_rstd(static_cast<size_t>(cs.n));
     cpu()->rmsnorm_fwd({f32_view(ref.data(), {cs.n, cs.c}), f32_view(ref_rstd.data(), {cs.n}),
-                        f32_view(x.data(), {cs.n, cs.c}), f32_view(w.data(), {cs.c}), cs.n, cs.c, 1e-5f});
+                        f32_view(x.data(), {cs.n, cs.c}), f32_view(w.data(), {cs.c}), cs.n, cs.c, 1e-5f, off});
     DBuf dx(*cu, cs.dt, x), dw(*cu, cs.dt, w), out(*cu, cs.dt, cs.n * cs.c), rstd(*cu, F32, cs.n);
     out.poison();
     rstd.poison();
-    cu->rmsnorm_fwd({out.t({cs.n, cs.c}), rstd.t({cs.n}), dx.t({cs.n, cs.c}), dw.t({cs.c}), cs.n, cs.c, 1e-5f});
+    cu->rmsnorm_fwd({out.t({cs.n, cs.c}), rstd.t({cs.n}), dx.t({cs.n, cs.c}), dw.t({cs.c}), cs.n, cs.c, 1e-5f, off});
     // rstd: f32 sum of squares in another order (~1e-6). out: that, plus one bf16 rounding.
     expect_close("rstd", rstd.download(), ref_rstd, {2e-5, 0, 2e-5});
     expect_close("out", out.download(), ref,
                  cs.dt == BF ? Tol{kBf16U + 2e-5, 0, kBf16U} : Tol{3e-5, 1e-6, 3e-5});
   }
+}
+
+// Gemma's offset: the CPU's (1 + w) output is not its plain-w output, so the check above sees it.
+TEST(CpuOps, RmsnormWeightOffsetMultipliesByOnePlusW) {
+  const int64_t n = 3, c = 40;
+  Vec x = randn(23, size_t(n * c)), w = randn(24, size_t(c)), a(x.size()), b(x.size()), rs(3);
+  Vec w1 = w;
+  for (float& v : w1) v += 1.0f;
+  cpu()->rmsnorm_fwd({f32_view(a.data(), {n, c}), f32_view(rs.data(), {n}), f32_view(x.data(), {n, c}),
+                      f32_view(w.data(), {c}), n, c, 1e-5f, 1.0f});
+  cpu()->rmsnorm_fwd({f32_view(b.data(), {n, c}), f32_view(rs.data(), {n}), f32_view(x.data(), {n, c}),
+                      f32_view(w1.data(), {c}), n, c, 1e-5f});
+  EXPECT_EQ(a, b);
 }
 
 CUDA_OP_TEST(rmsnorm_bwd, with_and_without_dw_and_in_place) {
@@ -238,19 +253,23 @@ CUDA_OP_TEST(rmsnorm_bwd, with_and_without_dw_and_in_place) {
   cb->rmsnorm_fwd({f32_view(y.data(), {n, c}), f32_view(rstd.data(), {n}), f32_view(x.data(), {n, c}),
                    f32_view(w.data(), {c}), n, c, 1e-5f});
   Vec dw0 = randn(34, size_t(c));
-  Vec ref_dx(x.size()), ref_dw = dw0;
-  cb->rmsnorm_bwd({f32_view(ref_dx.data(), {n, c}), f32_view(ref_dw.data(), {c}), f32_view(dout.data(), {n, c}),
-                   f32_view(x.data(), {n, c}), f32_view(w.data(), {c}), f32_view(rstd.data(), {n}), n, c});
   // dx = r w dout - coef x cancels: the f32 dot over C adds ~1e-6 of rms on top of one rounding.
   const Tol dx_tol{kBf16U + 1e-5, 1e-4, kBf16U};
+  for (float off : {0.0f, 1.0f}) {  // 1: Gemma's (1 + w)
+  Vec ref_dx(x.size()), ref_dw = dw0;
+  cb->rmsnorm_bwd({f32_view(ref_dx.data(), {n, c}), f32_view(ref_dw.data(), {c}), f32_view(dout.data(), {n, c}),
+                   f32_view(x.data(), {n, c}), f32_view(w.data(), {c}), f32_view(rstd.data(), {n}), n, c, off});
   for (int variant = 0; variant < 3; variant++) {  // 0: dw f32 "+=", 1: frozen (no dw), 2: dx aliases dout
+    SCOPED_TRACE("w_offset " + std::to_string(off));
     DBuf dx(*cu, BF, n * c), dd(*cu, BF, dout), xx(*cu, BF, x), ww(*cu, BF, w), rs(*cu, F32, rstd), dw(*cu, F32, dw0);
     dx.poison();
     const Tensor dx_t = variant == 2 ? dd.t({n, c}) : dx.t({n, c});
-    cu->rmsnorm_bwd({dx_t, variant == 0 ? dw.t({c}) : Tensor(), dd.t({n, c}), xx.t({n, c}), ww.t({c}), rs.t({n}), n, c});
+    cu->rmsnorm_bwd({dx_t, variant == 0 ? dw.t({c}) : Tensor(), dd.t({n, c}), xx.t({n, c}), ww.t({c}), rs.t({n}), n, c,
+                     off});
     expect_close("dx variant " + std::to_string(variant), variant == 2 ? dd.download() : dx.download(), ref_dx, dx_tol);
     if (variant == 0) expect_close("dw", dw.download(), ref_dw, {1e-5, 1e-5, 1e-5});
     if (variant == 1) expect_equal("dw untouched", dw.download(), dw0);
+  }
   }
 }
 
@@ -303,33 +322,56 @@ Tol ew_tol(DType out) { return out == BF ? Tol{kBf16U + 1e-6, 1e-7, kBf16U} : To
 CUDA_OP_TEST(swiglu_fwd, bf16_and_f32) {
   QLORA_REQUIRE_CUDA(cu);
   const int64_t n = ew_n();
+  for (Activation act : {Activation::Silu, Activation::GeluTanh})  // SwiGLU and Gemma's GeGLU
   for (DType dt : {BF, F32}) {
+    SCOPED_TRACE(activation_name(act));
     Vec g = randn(51, size_t(n), 3.0f), u = randn(52, size_t(n));
     if (dt == BF) g = round_bf16(std::move(g)), u = round_bf16(std::move(u));
     Vec ref(static_cast<size_t>(n));
-    cpu()->swiglu_fwd({f32_view(ref.data(), {n}), f32_view(g.data(), {n}), f32_view(u.data(), {n}), n});
+    cpu()->swiglu_fwd({f32_view(ref.data(), {n}), f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, act});
     DBuf dg(*cu, dt, g), du(*cu, dt, u), out(*cu, dt, n);
     out.poison();
-    cu->swiglu_fwd({out.t(), dg.t(), du.t(), n});
+    cu->swiglu_fwd({out.t(), dg.t(), du.t(), n, act});
     expect_close(std::string("swiglu_fwd ") + dtype_name(dt), out.download(), ref, ew_tol(dt));
+  }
+}
+
+// The CPU's GeGLU against torch's formula evaluated in double, and its backward against finite
+// differences of that (so the CUDA check above compares with a correct reference).
+TEST(CpuOps, GegluMatchesTheTanhGeluFormula) {
+  const int64_t n = 2001;
+  Vec g = randn(56, size_t(n), 3.0f), u = randn(57, size_t(n)), d = randn(58, size_t(n)), out(g.size());
+  auto gelu = [](double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); };
+  cpu()->swiglu_fwd({f32_view(out.data(), {n}), f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, Activation::GeluTanh});
+  Vec dg(g.size()), du(g.size());
+  cpu()->swiglu_bwd({f32_view(dg.data(), {n}), f32_view(du.data(), {n}), f32_view(d.data(), {n}),
+                     f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, Activation::GeluTanh});
+  for (int64_t i = 0; i < n; i++) {
+    const double x = g[size_t(i)], h = 1e-4;
+    EXPECT_NEAR(out[size_t(i)], gelu(x) * u[size_t(i)], 2e-6 * (1 + std::fabs(gelu(x) * u[size_t(i)]))) << i;
+    const double fd = (gelu(x + h) - gelu(x - h)) / (2 * h) * u[size_t(i)] * d[size_t(i)];
+    EXPECT_NEAR(dg[size_t(i)], fd, 1e-5 * (1 + std::fabs(fd))) << i;
+    EXPECT_NEAR(du[size_t(i)], gelu(x) * d[size_t(i)], 2e-6 * (1 + std::fabs(gelu(x) * d[size_t(i)]))) << i;
   }
 }
 
 CUDA_OP_TEST(swiglu_bwd, bf16_f32_and_in_place) {
   QLORA_REQUIRE_CUDA(cu);
   const int64_t n = ew_n();
+  for (Activation act : {Activation::Silu, Activation::GeluTanh})
   for (int variant = 0; variant < 3; variant++) {  // bf16, f32, bf16 with dgate/dup aliasing gate/up
+    SCOPED_TRACE(activation_name(act));
     const DType dt = variant == 1 ? F32 : BF;
     Vec g = randn(53, size_t(n), 3.0f), u = randn(54, size_t(n)), d = randn(55, size_t(n));
     if (dt == BF) g = round_bf16(std::move(g)), u = round_bf16(std::move(u)), d = round_bf16(std::move(d));
     Vec rg(static_cast<size_t>(n)), ru(static_cast<size_t>(n));
     cpu()->swiglu_bwd({f32_view(rg.data(), {n}), f32_view(ru.data(), {n}), f32_view(d.data(), {n}),
-                       f32_view(g.data(), {n}), f32_view(u.data(), {n}), n});
+                       f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, act});
     DBuf dg(*cu, dt, g), du(*cu, dt, u), dd(*cu, dt, d), og(*cu, dt, n), ou(*cu, dt, n);
     og.poison();
     ou.poison();
     const bool alias = variant == 2;
-    cu->swiglu_bwd({alias ? dg.t() : og.t(), alias ? du.t() : ou.t(), dd.t(), dg.t(), du.t(), n});
+    cu->swiglu_bwd({alias ? dg.t() : og.t(), alias ? du.t() : ou.t(), dd.t(), dg.t(), du.t(), n, act});
     expect_close("dgate v" + std::to_string(variant), alias ? dg.download() : og.download(), rg, ew_tol(dt));
     expect_close("dup v" + std::to_string(variant), alias ? du.download() : ou.download(), ru, ew_tol(dt));
   }

