@@ -46,6 +46,7 @@ CASES = {
     "gguf_qwen3_fp32": ("gguf/tiny_qwen3.gguf", "parity/qwen3_adapter", [], "qwen3"),
     "mistral_fp32": ("models/mistral", "parity/mistral_adapter", [], "mistral"),
     "gemma3_fp32": ("models/gemma3", "parity/gemma3_adapter", [], "gemma3"),
+    "phi3_fp32": ("models/phi3", "parity/phi3_adapter", [], "phi3"),
     "gguf_llama_fp32": ("gguf/tiny_llama.gguf", "parity/llama_gqa_adapter", [], "llama_gqa"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
     "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),

@@ -81,9 +81,12 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   for (const auto& t : all_linear_targets()) {
     const auto [out, in] = projection_shape(c, t);
     if (f32_base) cvt_b = std::max(cvt_b, out * in);
-    if (lora && std::find(o.lora.targets.begin(), o.lora.targets.end(), t) != o.lora.targets.end())
-      cvt_b = std::max(cvt_b, r * std::max(in, out));
   }
+  if (lora)  // per LoRA module (a fused module's B whole: its projections use parts of it)
+    for (const auto& t : lora_targets_for(c, o.lora.targets)) {
+      const auto [out, in] = projection_shape(c, t);
+      cvt_b = std::max(cvt_b, r * std::max(in, out));
+    }
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::MatmulCvtA), MC::Workspace, DType::BF16, {cvt_a}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::MatmulCvtB), MC::Workspace, DType::BF16, {cvt_b}, Lifetime::Layer);

@@ -200,8 +200,16 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
   std::vector<std::string> out{"model.embed_tokens.weight"};
   for (int64_t l = 0; l < cfg.n_layer; l++) {
     std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const auto& n : kLayerNames)
-      if (present(n, cfg)) out.push_back(p + n.hf);
+    for (const auto& n : kLayerNames) {
+      if (!present(n, cfg)) continue;
+      const std::string hf = n.hf;
+      // Phi-3's checkpoints hold q/k/v as one qkv_proj and gate/up as one gate_up_proj.
+      if (cfg.fused_qkv && (hf == "self_attn.k_proj.weight" || hf == "self_attn.v_proj.weight")) continue;
+      if (cfg.fused_gate_up && hf == "mlp.up_proj.weight") continue;
+      if (cfg.fused_qkv && hf == "self_attn.q_proj.weight") out.push_back(p + "self_attn.qkv_proj.weight");
+      else if (cfg.fused_gate_up && hf == "mlp.gate_proj.weight") out.push_back(p + "mlp.gate_up_proj.weight");
+      else out.push_back(p + hf);
+    }
     if (cfg.sandwich_norms)  // Gemma: the MLP's input norm and the norm on its output (no GGUF mapping)
       for (const char* n : {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"}) out.push_back(p + n);
   }

@@ -10,7 +10,7 @@
 namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"};
+  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"};
   return v;
 }
 
@@ -182,6 +182,24 @@ static void parse_gemma3(const json& j, LlamaConfig& c, const std::string& where
   c.rope_local_theta = local_theta;
 }
 
+// Phi-3 / Phi-4 (Phi3Config): fused qkv_proj and gate_up_proj; the dropouts it applies in training
+// mode and partial rotary embeddings (Phi-4-mini) are refused, as is LongRoPE (by its rope_type).
+static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) {
+  c.fused_qkv = c.fused_gate_up = true;
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"})
+    if (json_number_or(j, key, 0.0, where) != 0.0)
+      fail(ErrorKind::Unsupported, where + ": key '" + std::string(key) + "'",
+           "dropout inside the base model is not implemented (LoRA dropout is lora_dropout)", "set it to 0.0");
+  double partial = json_number_or(j, "partial_rotary_factor", 1.0, where);
+  if (const json* rp = json_find(j, "rope_parameters"); rp && rp->is_object())
+    partial = json_number_or(*rp, "partial_rotary_factor", partial, where + ": rope_parameters");
+  if (partial != 1.0)
+    fail(ErrorKind::Unsupported, where + ": key 'partial_rotary_factor'",
+         "rotary embeddings on part of each head are not implemented (Phi-4-mini)");
+  if (json_bool_or(j, "attention_bias", false, where))
+    fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "phi3 attention biases are not supported");
+}
+
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where) {
   json j = parse_json(json_text, where);
   if (!j.is_object()) fail(ErrorKind::Config, where, std::string("expected a JSON object, got ") + json_type_name(j));
@@ -230,8 +248,9 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   }
   // Defaults are those of the transformers config classes when the key is absent.
   const bool llama = c.model_type == "llama";
+  const bool phi3 = c.model_type == "phi3";
   c.max_position_embeddings = json_int_or(j, "max_position_embeddings",
-                                          llama            ? 2048
+                                          llama || phi3    ? (phi3 ? 4096 : 2048)
                                           : gemma3         ? 131072
                                           : c.model_type == "mistral" ? 131072
                                                            : 32768,
@@ -257,6 +276,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     if (const json* rs = json_find(j, "rope_scaling")) c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where);
   }
 
+  if (phi3) parse_phi3(j, c, where);
   if (c.model_type == "qwen2") {
     c.attention_bias = true;  // Qwen2 always has q/k/v biases; its config has no key for it
   } else if (qwen3) {
@@ -274,7 +294,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   // max_window_layers (default 28) on, or to the layers `layer_types` marks "sliding_attention".
   const json* sw = json_find(j, "sliding_window");
   const bool sw_set = sw && !sw->is_null();
-  if (c.model_type == "mistral" && sw_set) {
+  if ((c.model_type == "mistral" || phi3) && sw_set) {  // Phi3Attention: the window on every layer
     c.sliding_window = json_int(j, "sliding_window", where);
   } else if ((c.model_type == "qwen2" || qwen3) && sw_set) {
     // transformers: layer_types when the file has them, else use_sliding_window on the layers from
@@ -350,6 +370,9 @@ const Preset kPresets[] = {
   {"gemma-3-4b",     "google/gemma-3-4b-pt",                   "gemma3_text", 262208, 2560, 10240, 34, 8, 4, 256, 131072, 1e-6, 1e6,     "linear", 8,   true,  2,      1,      "bfloat16"},
   {"gemma-3-12b",    "google/gemma-3-12b-pt",                  "gemma3_text", 262208, 3840, 15360, 48, 16, 8, 256, 131072, 1e-6, 1e6,    "linear", 8,   true,  2,      1,      "bfloat16"},
   {"gemma-3-27b",    "google/gemma-3-27b-pt",                  "gemma3_text", 262208, 5376, 21504, 62, 32, 16, 128, 131072, 1e-6, 1e6,   "linear", 8,   true,  2,      1,      "bfloat16"},
+  // Phi: qkv_proj and gate_up_proj fused; Phi-3-mini-4k slides a window of 2047 keys on every layer.
+  {"phi-3-mini-4k",  "microsoft/Phi-3-mini-4k-instruct",       "phi3",    32064,  3072,  8192,  32,  32, 32, 96,  4096,   1e-5, 10000,   "none",   1,   false, 1,      32000,  "bfloat16"},
+  {"phi-4",          "microsoft/phi-4",                        "phi3",    100352, 5120,  17920, 40,  40, 10, 128, 16384,  1e-5, 250000,  "none",   1,   false, 100257, 100265, "bfloat16"},
   {"smollm2-135m",   "HuggingFaceTB/SmolLM2-135M",             "llama",   49152,  576,   1536,  30,  9,  3,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-360m",   "HuggingFaceTB/SmolLM2-360M",             "llama",   49152,  960,   2560,  32,  15, 5,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-1.7b",   "HuggingFaceTB/SmolLM2-1.7B",             "llama",   49152,  2048,  8192,  24,  32, 32, 64,  8192,   1e-5, 130000,  "none",   1,   true,  0,      0,      "bfloat16"},
@@ -423,6 +446,10 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_local_theta = 10000.0;
       c.sliding_layers.assign(size_t(c.n_layer), false);
       for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 6 != 0;
+    }
+    if (c.model_type == "phi3") {
+      c.fused_qkv = c.fused_gate_up = true;
+      if (name == "phi-3-mini-4k") c.sliding_window = 2047;
     }
     c.tie_word_embeddings = p.tie;
     c.bos_token_id = p.bos;

@@ -18,7 +18,7 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma3_text
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma3_text | phi3
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;         // C
   int64_t intermediate_size = 0;   // F
@@ -35,6 +35,10 @@ struct LlamaConfig {
   // rms_norm_eps) after the projections and before RoPE.
   bool qk_norm = false;
   bool tie_word_embeddings = false;
+  // Phi-3/Phi-4 store q, k, v as one qkv_proj (rows q, then k, then v) and gate, up as one
+  // gate_up_proj (gate rows first). The engine keeps the seven projections apart; a LoRA adapter
+  // targets the fused modules as PEFT does (one A for the fused outputs, B's rows split the same way).
+  bool fused_qkv = false, fused_gate_up = false;
   // Gemma 3 (gemma3_text). Every RMSNorm multiplies by (1 + weight): the checkpoint stores the
   // offset from one (the engine keeps it so and the norm ops add 1 in f32).
   bool norm_unit_offset = false;

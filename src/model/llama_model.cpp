@@ -12,6 +12,7 @@
 #include "core/host_memory.h"
 #include "core/rng.h"
 #include "model/backend_plan.h"
+#include "model/fused_projections.h"
 #include "model/gemm_dtype.h"
 #include "model/quant_bytes.h"
 #include "quant/fp4_gemm.h"
@@ -72,6 +73,20 @@ static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& o, const LoraSpec& lora)
     : cfg_(cfg), be_(be), opts_(o), lora_(lora), quant_io_(be) {
   cfg_.validate(cfg_.name);
+  lora_.targets = lora_targets_for(cfg_, lora_.targets);  // in the model's modules (fused qkv_proj ...)
+  // Each projection's LoRA module: the projections it spans and this one's rows of its B.
+  for (const auto& m : lora_modules(cfg_)) {
+    const std::vector<std::string> parts = module_projections(cfg_, m);
+    int64_t row0 = 0;
+    for (const auto& part : parts) {
+      const int p = int(std::find(std::begin(kProj), std::end(kProj), part) - std::begin(kProj));
+      mod_name_[size_t(p)] = m;
+      mod_first_[size_t(p)] = int(std::find(std::begin(kProj), std::end(kProj), parts.front()) - std::begin(kProj));
+      mod_last_[size_t(p)] = int(std::find(std::begin(kProj), std::end(kProj), parts.back()) - std::begin(kProj));
+      mod_row0_[size_t(p)] = row0;
+      row0 += projection_shape(cfg_, part).first;
+    }
+  }
   if (opts_.method == Method::Full)
     fail(ErrorKind::Unsupported, "method", "full fine-tuning is planned but not implemented by the engine",
          "use method lora or qlora");
@@ -113,13 +128,18 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   lora_slot_.assign(size_t(cfg_.n_layer * 7), -1);
   for (int64_t l = 0; l < cfg_.n_layer; l++)
     for (int p = 0; p < 7; p++) {
-      const std::string base = "layers." + std::to_string(l) + "." + kProj[p] + ".";
+      if (mod_first_[size_t(p)] != p) {  // a later projection of a fused module: the module's adapter
+        lora_slot_[size_t(l * 7 + p)] = lora_slot_[size_t(l * 7 + mod_first_[size_t(p)])];
+        continue;
+      }
+      const std::string& mod = mod_name_[size_t(p)];
+      const std::string base = "layers." + std::to_string(l) + "." + mod + ".";
       if (!arena_->has(base + "lora_A")) continue;
       lora_slot_[size_t(l * 7 + p)] = int(lora_params_.size());
       for (const char* ab : {"lora_A", "lora_B"}) {
         LoraParam lp;
         lp.name = base + ab;
-        lp.peft_key = peft_module_name(l, kProj[p]) + "." + ab + ".weight";
+        lp.peft_key = peft_module_name(l, mod) + "." + ab + ".weight";
         lp.w = arena_->get(lp.name);
         lp.g = arena_->get(lp.name + ".grad");
         const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share
@@ -201,8 +221,8 @@ void LlamaModel::resolve_views() {
       a.mlp_out = ar.get(ap + "mlp_out");
       a.rstd_pf = ar.get(ap + "rstd_pf");
     }
-    for (int j = 0; j < 7; j++)
-      if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + kProj[j] + ".lora_h");
+    for (int j = 0; j < 7; j++)  // one intermediate per module, shared by a fused module's projections
+      if (lora_slot_[size_t(l * 7 + j)] >= 0) a.lora_h[j] = ar.get(ap + mod_name_[size_t(j)] + ".lora_h");
     L.next = l + 1 < cfg_.n_layer ? layer_input(l + 1) : v.final_x;
     L.ln1_w = ar.get(lp + "input_layernorm");
     // Llama's post_attention_layernorm is the MLP's input norm; Gemma's sits on o_proj's output
@@ -336,7 +356,8 @@ void LlamaModel::gather_layer(int64_t l) {
   gathered_bytes_ += int64_t(n);
 }
 
-void LlamaModel::load_base(const TensorSource& src) {
+void LlamaModel::load_base(const TensorSource& checkpoint) {
+  const TensorSource src = unfused_source(cfg_, checkpoint);  // Phi-3's qkv_proj / gate_up_proj, by parts
   slot_layer_.fill(-1);
   gather_layer_.fill(-1);
   // A checkpoint stored in exactly the planned format is copied; any other source is quantized here.
@@ -525,7 +546,11 @@ int LlamaModel::lora_index(int64_t l, int p) const { return lora_slot_[size_t(l 
 
 static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer) * 7 + uint64_t(proj); }
 
-// y (N,out) "=" x W^T + bias + s * dropout(x) A^T B^T
+// Rows [row0, row0 + rows) of a (out, r) LoRA B (or its gradient): a fused module's part.
+static Tensor b_rows(const Tensor& b, int64_t row0, int64_t rows) { return row_slice(b, row0, rows); }
+
+// y (N,out) "=" x W^T + bias + s * dropout(x) A^T B^T. A fused module's first projection computes
+// the shared h = dropout(x) A^T; each projection adds its rows of B.
 void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
                             uint64_t seed, int64_t row0) {
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
@@ -542,8 +567,9 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   const int li = adapters_on_ ? lora_index(l, p) : -1;
   if (li < 0) return;
   const LoraParam& B = lora_params_[size_t(li) + 1];
-  lora_h_fwd(x, l, p, a, train, seed, row0);                                        // h = xd A^T  (N,r)
-  be_.matmul({y, row_slice(a.lora_h[p], row0, n), B.w, n, out, lora_.r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
+  if (mod_first_[size_t(p)] == p) lora_h_fwd(x, l, p, a, train, seed, row0);  // h = xd A^T  (N,r)
+  const Tensor bw = b_rows(B.w, mod_row0_[size_t(p)], out);
+  be_.matmul({y, row_slice(a.lora_h[p], row0, n), bw, n, out, lora_.r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
 }
 
 void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bool train, uint64_t seed, int64_t row0) {
@@ -552,12 +578,14 @@ void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bo
   Tensor xin = x;
   if (train && lora_.dropout > 0) {
     xin = as_matrix(views_->lora_xd, n, in);
-    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p), uint64_t(row0 * in)});
+    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, mod_first_[size_t(p)]), uint64_t(row0 * in)});
   }
   be_.matmul({row_slice(a.lora_h[p], row0, n), xin, A.w, n, lora_.r, in, false, true, 1.0f, 0.0f});
 }
 
-// dx (N,in) "=" or "+=" dy W (+ LoRA path); dA, dB "+=".
+// dx (N,in) "=" or "+=" dy W (+ LoRA path); dA, dB "+=". A fused module's projections come in
+// order (q, k, v; gate, up) with the same x: each adds its rows' dB and its part of dh = s dy B
+// (ws.lora_dh: the first "=", the others "+="), and the last one finishes dA and dx.
 void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const Tensor& x, int64_t l, int p,
                             const Acts& a, uint64_t seed, bool need_dx, int64_t row0) {
   const int64_t n = dy.dim(0), out = dy.dim(1), in = dx.dim(1);
@@ -570,13 +598,17 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   const float s = lora_.scale();
   const bool drop = lora_.dropout > 0;
   const uint64_t mask_at = uint64_t(row0 * in);
-  be_.matmul({B.g, dy, row_slice(a.lora_h[p], row0, n), out, r, n, true, false, s, 1.0f});  // dB += s dy^T h   (out,r)
+  const uint64_t stream = dropout_stream(l, mod_first_[size_t(p)]);
+  const int64_t b0 = mod_row0_[size_t(p)];
+  be_.matmul({b_rows(B.g, b0, out), dy, row_slice(a.lora_h[p], row0, n), out, r, n, true, false, s, 1.0f});  // dB += s dy^T h
   Tensor dh = as_matrix(views_->lora_dh, n, r);
-  be_.matmul({dh, dy, B.w, n, r, out, false, false, s, 0.0f});  // dh = s dy B   (N,r)
+  be_.matmul({dh, dy, b_rows(B.w, b0, out), n, r, out, false, false, s,
+              mod_first_[size_t(p)] == p ? 0.0f : 1.0f});  // dh = (+=) s dy B   (N,r)
+  if (mod_last_[size_t(p)] != p) return;
   Tensor xin = x;
   if (drop) {
     xin = as_matrix(views_->lora_xd, n, in);
-    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, p), mask_at});
+    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, stream, mask_at});
   }
   be_.matmul({A.g, dh, xin, r, in, n, true, false, 1.0f, 1.0f});  // dA += dh^T xd   (r,in)
   if (!need_dx) return;
@@ -585,7 +617,7 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   } else {
     Tensor t = as_matrix(views_->lora_xd, n, in);
     be_.matmul({t, dh, A.w, n, in, r, false, false, 1.0f, 0.0f});
-    be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, dropout_stream(l, p), mask_at});
+    be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, stream, mask_at});
     be_.add({dx, t, n * in});
   }
 }

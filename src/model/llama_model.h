@@ -184,7 +184,12 @@ class LlamaModel {
   MemoryPlan plan_;
   std::unique_ptr<Arena> arena_;
   std::vector<LoraParam> lora_params_;
-  std::vector<int> lora_slot_;  // (layer*7 + proj) -> index into lora_params_ of lora_A, or -1
+  std::vector<int> lora_slot_;  // (layer*7 + proj) -> index into lora_params_ of its module's lora_A, or -1
+  // Per projection: its LoRA module's name, first and last projection, and this projection's first
+  // row in the module's B (a fused qkv_proj / gate_up_proj spans several; otherwise itself, 0).
+  std::array<std::string, 7> mod_name_;
+  std::array<int, 7> mod_first_{}, mod_last_{};
+  std::array<int64_t, 7> mod_row0_{};
   std::vector<LayerViews> layers_;
   std::unique_ptr<StepViews> views_;
   bool ckpt_ = false;

@@ -13,14 +13,22 @@ float LoraSpec::scale() const {
   return float(use_rslora ? alpha / std::sqrt(double(r)) : alpha / double(r));
 }
 
+// Every name a target may take, in layer order (the seven projections and the fused modules).
+static const std::vector<std::string>& known_modules() {
+  static const std::vector<std::string> v = {"q_proj",    "k_proj",  "v_proj",       "qkv_proj", "o_proj",
+                                             "gate_proj", "up_proj", "gate_up_proj", "down_proj"};
+  return v;
+}
+
 std::vector<std::string> LoraSpec::resolve_targets(const std::vector<std::string>& names) {
   const auto& all = all_linear_targets();
+  const auto& known = known_modules();
   std::vector<std::string> out;
   for (const auto& n : names) {
     if (n == "all-linear" || n == "all_linear" || n == "all") return all;
-    if (std::find(all.begin(), all.end(), n) == all.end()) {
+    if (std::find(known.begin(), known.end(), n) == known.end()) {
       std::string list;
-      for (const auto& a : all) list += (list.empty() ? "" : ", ") + a;
+      for (const auto& a : known) list += (list.empty() ? "" : ", ") + a;
       fail(ErrorKind::Config, "target_modules", "'" + n + "' matches no module of this model",
            "valid targets: " + list + ", or all-linear");
     }
@@ -29,14 +37,63 @@ std::vector<std::string> LoraSpec::resolve_targets(const std::vector<std::string
   if (out.empty()) fail(ErrorKind::Config, "target_modules", "no LoRA target modules given", "e.g. all-linear");
   // Keep the model's projection order so parameter order is independent of how the user listed them.
   std::vector<std::string> ordered;
-  for (const auto& a : all)
+  for (const auto& a : known)
     if (std::find(out.begin(), out.end(), a) != out.end()) ordered.push_back(a);
   return ordered;
 }
 
+std::vector<std::string> lora_modules(const LlamaConfig& c) {
+  std::vector<std::string> m;
+  if (c.fused_qkv) m.push_back("qkv_proj");
+  else m.insert(m.end(), {"q_proj", "k_proj", "v_proj"});
+  m.push_back("o_proj");
+  if (c.fused_gate_up) m.push_back("gate_up_proj");
+  else m.insert(m.end(), {"gate_proj", "up_proj"});
+  m.push_back("down_proj");
+  return m;
+}
+
+std::vector<std::string> module_projections(const LlamaConfig& c, const std::string& module) {
+  if (module == "qkv_proj" && c.fused_qkv) return {"q_proj", "k_proj", "v_proj"};
+  if (module == "gate_up_proj" && c.fused_gate_up) return {"gate_proj", "up_proj"};
+  const auto& all = all_linear_targets();
+  if (std::find(all.begin(), all.end(), module) != all.end()) return {module};
+  fail(ErrorKind::Internal, "lora module", "'" + module + "' is no module of this model");
+}
+
+std::vector<std::string> lora_targets_for(const LlamaConfig& c, const std::vector<std::string>& targets) {
+  auto has = [&](const std::string& t) { return std::find(targets.begin(), targets.end(), t) != targets.end(); };
+  const std::vector<std::string> mods = lora_modules(c);
+  std::string list;
+  for (const auto& m : mods) list += (list.empty() ? "" : ", ") + m;
+  std::vector<std::string> out;
+  for (const auto& t : targets)
+    if (std::find(mods.begin(), mods.end(), t) == mods.end() && !(c.fused_qkv && (t == "q_proj" || t == "k_proj" || t == "v_proj")) &&
+        !(c.fused_gate_up && (t == "gate_proj" || t == "up_proj")))
+      fail(ErrorKind::Config, "target_modules", "'" + t + "' matches no module of this " + c.model_type + " model",
+           "its LoRA modules: " + list + ", or all-linear");
+  for (const auto& m : mods) {
+    if (has(m)) {
+      out.push_back(m);
+      continue;
+    }
+    const std::vector<std::string> parts = module_projections(c, m);
+    if (parts.size() == 1) continue;
+    size_t n = 0;
+    for (const auto& p : parts) n += has(p);
+    if (n == parts.size()) out.push_back(m);  // all-linear, or every part named
+    else if (n > 0)
+      fail(ErrorKind::Config, "target_modules",
+           "this " + c.model_type + " model fuses " + parts[0] + (parts.size() == 3 ? ", " + parts[1] + " and " : " and ") +
+               parts.back() + " into " + m + ", which one adapter covers whole",
+           "target " + m);
+  }
+  return out;
+}
+
 static std::string hf_module(int64_t layer, const std::string& proj) {
   const bool attn = proj == "q_proj" || proj == "k_proj" || proj == "v_proj" || proj == "o_proj" ||
-                    proj == "q_norm" || proj == "k_norm";
+                    proj == "qkv_proj" || proj == "q_norm" || proj == "k_norm";
   return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj;
 }
 

@@ -19,7 +19,9 @@ std::pair<int64_t, int64_t> proj_shape(const LlamaConfig& c, const std::string& 
   if (proj == "o_proj") return {c.hidden_size, c.q_dim()};
   if (proj == "gate_proj" || proj == "up_proj") return {c.intermediate_size, c.hidden_size};
   if (proj == "down_proj") return {c.hidden_size, c.intermediate_size};
-  fail(ErrorKind::Internal, proj, "not a Llama projection");
+  if (proj == "qkv_proj" && c.fused_qkv) return {c.q_dim() + 2 * c.kv_dim(), c.hidden_size};
+  if (proj == "gate_up_proj" && c.fused_gate_up) return {2 * c.intermediate_size, c.hidden_size};
+  fail(ErrorKind::Internal, proj, "not a projection of this model");
 }
 
 }  // namespace
@@ -52,6 +54,7 @@ PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
   PeftAdapter a;
   a.dir = dir;
   a.spec = read_peft_adapter_config(dir + "/adapter_config.json");
+  a.spec.targets = lora_targets_for(cfg, a.spec.targets);  // fused models: qkv_proj, gate_up_proj
   auto ar = std::make_shared<SafetensorsArchive>(dir + "/adapter_model.safetensors");
   std::set<std::string> expected;
   for (int64_t l = 0; l < cfg.n_layer; l++)

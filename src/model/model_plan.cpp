@@ -23,6 +23,8 @@ std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::st
   if (p == "o_proj") return {c.hidden_size, c.q_dim()};
   if (p == "gate_proj" || p == "up_proj") return {c.intermediate_size, c.hidden_size};
   if (p == "down_proj") return {c.hidden_size, c.intermediate_size};
+  if (p == "qkv_proj") return {c.q_dim() + 2 * c.kv_dim(), c.hidden_size};  // a fused LoRA module
+  if (p == "gate_up_proj") return {2 * c.intermediate_size, c.hidden_size};
   fail(ErrorKind::Config, "target_modules", "unknown projection '" + p + "'");
 }
 
@@ -42,9 +44,6 @@ LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o) {
 
 int64_t dequant_layers_per_micro_step(int64_t n_layer) { return std::max<int64_t>(0, 2 * n_layer - 4); }
 
-static bool is_target(const ModelPlanOptions& o, const std::string& p) {
-  return std::find(o.lora.targets.begin(), o.lora.targets.end(), p) != o.lora.targets.end();
-}
 
 int64_t mlp_rows(const ModelPlanOptions& o) {
   const int64_t n = o.micro_batch * o.seq_len;
@@ -106,11 +105,13 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   plan.add("norm", MC::Weights, cd, {C});
   if (!c.tie_word_embeddings) plan.add("lm_head", MC::Weights, cd, {V, C});
 
-  // LoRA adapters: parameters, gradients and AdamW moments, all fp32 master copies.
+  // LoRA adapters: parameters, gradients and AdamW moments, all fp32 master copies; one per
+  // module (a fused qkv_proj or gate_up_proj is one adapter over its projections).
+  const std::vector<std::string> lora_mods =
+      o.method != Method::Full ? lora_targets_for(c, o.lora.targets) : std::vector<std::string>{};
   if (o.method != Method::Full) {
     for (int64_t l = 0; l < c.n_layer; l++)
-      for (const auto& t : all_linear_targets()) {
-        if (!is_target(o, t)) continue;
+      for (const auto& t : lora_mods) {
         auto [out, in] = projection_shape(c, t);
         const std::string p = "layers." + std::to_string(l) + "." + t + ".";
         plan.add(p + "lora_A", MC::Lora, DType::F32, {r, in});
@@ -173,9 +174,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "gate", MC::Activations, cd, {T, F}, life);
     plan.add(p + "up", MC::Activations, cd, {T, F}, life);
     plan.add(p + "h", MC::Activations, cd, {T, F}, life);
-    if (o.method != Method::Full)
-      for (const auto& t : all_linear_targets())
-        if (is_target(o, t)) plan.add(p + t + ".lora_h", MC::Activations, cd, {N, r}, life);
+    for (const auto& t : lora_mods) plan.add(p + t + ".lora_h", MC::Activations, cd, {N, r}, life);
   }
   plan.add("act.final_x", MC::Activations, cd, {N, C}, Lifetime::Step);
   // The final norm's output feeds only the LM head, which runs between the last layer's forward and

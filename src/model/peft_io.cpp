@@ -95,6 +95,7 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
 void load_peft_adapter(const std::string& dir, LlamaModel& model) {
   const std::string cfg_path = dir + "/adapter_config.json";
   LoraSpec s = read_peft_adapter_config(cfg_path);
+  s.targets = lora_targets_for(model.config(), s.targets);  // as the model names them (fused modules)
   const LoraSpec& m = model.lora();
   if (s.r != m.r || s.targets != m.targets)
     fail(ErrorKind::Config, cfg_path, "adapter has r=" + std::to_string(s.r) + " and " + std::to_string(s.targets.size()) +

@@ -13,8 +13,11 @@ ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targe
   for (const auto& t : all_linear_targets()) {
     auto [out, in] = projection_shape(c, t);
     s.n_lin += double(out) * double(in) * double(c.n_layer);
-    if (std::find(targets.begin(), targets.end(), t) != targets.end())
-      s.p_l += double(in + out) * double(c.n_layer);
+  }
+  // LoRA per module: a fused qkv_proj / gate_up_proj has one A for its outputs.
+  for (const auto& t : lora_targets_for(c, targets)) {
+    auto [out, in] = projection_shape(c, t);
+    s.p_l += double(in + out) * double(c.n_layer);
   }
   s.n_head = double(c.vocab_size) * double(c.hidden_size);
   return s;

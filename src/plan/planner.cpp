@@ -44,6 +44,11 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
                 "; intra-node bandwidth beyond it is lower than assumed");
   if (r.gpu.name == "h100-nvl" && r.topo.gpus_per_node > 2)
     w.push_back("H100 NVL cards are bridged in pairs; traffic between pairs goes over PCIe, slower than assumed");
+  // The CUDA backend refuses such a model before allocating (LlamaModel's constructor).
+  if (!r.gpu.is_cpu && r.gpu.has_backend && (c.head_dim % 8 != 0 || c.head_dim > 128))
+    w.push_back("the cuda backend's attention takes head dims that are multiples of 8 up to 128, and this model's is " +
+                std::to_string(c.head_dim) + ": qlora trains it on the CPU only; this is the plan an equivalent GPU "
+                "runtime would need");
   if (!r.gpu.has_backend)
     w.push_back("qlora has no backend for " + r.gpu.display + " yet: this is the plan an equivalent runtime would need");
   if (host_bytes > 0)  // offloaded activations only (not the backend's upload staging)

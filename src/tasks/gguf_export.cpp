@@ -51,8 +51,8 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
 
 // llama.cpp's architecture for the model: Mistral is written as llama (convert_hf_to_gguf.py does too).
 std::string gguf_arch(const LlamaConfig& c) {
-  if (c.model_type == "gemma3_text")
-    fail(ErrorKind::Unsupported, "model_type 'gemma3_text'", "GGUF export of Gemma 3 is not implemented",
+  if (c.model_type == "gemma3_text" || c.model_type == "phi3")
+    fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
   return c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
 }
@@ -224,6 +224,7 @@ bool permuted_qk(const LlamaConfig& c, const std::string& hf_name, int64_t& n_he
 
 GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, const GgufExportProgress& progress) {
   ModelSource src = open_model_source(o.model);
+  gguf_arch(src.config);  // a family without a GGUF layout here is refused before anything else
   std::unique_ptr<GgufFile> base;
   if (src.format == "gguf") base = std::make_unique<GgufFile>(o.model);
   std::optional<PeftAdapter> ad;

@@ -134,6 +134,11 @@ TEST(QuantizeCli, BadArgumentsFailWithoutWritingAnything) {
   RunResult r = run_qlora("quantize --model " + dir + "/nope --quant nf4 --out " + dir + "/out");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  // Phi-3's fused qkv_proj / gate_up_proj: the output would name projections transformers lacks.
+  r = run_qlora("quantize --model " + kFix + "/models/phi3 --quant nf4 --out " + dir + "/out");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("fused projections"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
 }
 
 // Recorded by tools/make_qlora_fixtures.py --check-quantize: transformers + bitsandbytes loaded the

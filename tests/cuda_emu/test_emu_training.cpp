@@ -326,6 +326,14 @@ TEST(CudaEmuTraining, Gemma3GradientsMatchTheCpu) {
 }
 TEST(CudaEmuTraining, Gemma3GenerationMatchesTheCpu) { compare_generation("lora", "", "gemma3"); }
 
+// Phi-3: the fused qkv_proj and gate_up_proj adapters (one A, B's rows split over q/k/v and
+// gate/up) on the CUDA backend, with a NF4 base cut from the fused checkpoint tensors.
+TEST(CudaEmuTraining, Phi3FusedModulesMatchTheCpu) {
+  compare_gradients("lora", "", "none", 10.0 / 256, "phi3");
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "phi3");
+  compare_generation("qlora", "nf4", "phi3");
+}
+
 // A quantized base is dequantized a layer ahead on a side stream: in a steady-state micro-step every
 // layer dequantization (dequant_layers_per_micro_step of them) is a prefetch, and each of its 7
 // projections costs two stream waits: the side stream's on the work issued before it (the slot's

@@ -193,6 +193,11 @@ TEST(GgufExport, ClearErrorsAndNothingLeftBehind) {
   expect_error([&] { run_export("gguf", kTiny, kFx + "/parity/mistral_adapter", "f32", out); }, ErrorKind::Shape, {"lora_"});
   expect_error([&] { run_export("gguf", kTiny, d.path + "/nope", "f32", out); }, ErrorKind::Io, {"adapter directory"});
   expect_error([&] { run_export("gguf", kTiny, "", "f32", d.path + "/no/such/dir/x.gguf"); }, ErrorKind::Io, {"does not exist"});
+  // Families without a GGUF layout here: refused by model_type, pointing at qlora merge.
+  expect_error([&] { run_export("gguf", kFx + "/models/gemma3", "", "f32", out); }, ErrorKind::Unsupported,
+               {"gemma3_text", "qlora merge"});
+  expect_error([&] { run_export("gguf", kFx + "/models/phi3", kFx + "/parity/phi3_adapter", "f32", out); },
+               ErrorKind::Unsupported, {"phi3", "qlora merge"});
   EXPECT_TRUE(fs::is_empty(d.path));
 }
 

@@ -37,6 +37,14 @@ Mat linear(const Mat& x, const Mat& w, int64_t n, int64_t in, int64_t out) {
   return y;
 }
 
+// Columns [c0, c0 + w) of each of the n rows of x (n, cols).
+Mat split_cols(const Mat& x, int64_t n, int64_t cols, int64_t c0, int64_t w) {
+  Mat y(size_t(n * w));
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < w; j++) y[size_t(i * w + j)] = x[size_t(i * cols + c0 + j)];
+  return y;
+}
+
 // The model in double: base weights from the fixture's safetensors, LoRA weights by engine name.
 struct RefModel {
   LlamaConfig c;
@@ -119,9 +127,17 @@ struct RefModel {
       for (int l = 0; l < int(c.n_layer); l++) {
         const std::string L = "model.layers." + std::to_string(l) + ".";
         Mat h = rms_norm(x, T, w(L + "input_layernorm.weight"));
-        Mat q = proj(h, T, l, "self_attn", "q_proj", C, H * hd);
-        Mat k = proj(h, T, l, "self_attn", "k_proj", C, KV * hd);
-        Mat v = proj(h, T, l, "self_attn", "v_proj", C, KV * hd);
+        Mat q, k, v;
+        if (c.fused_qkv) {  // Phi-3: one qkv_proj (and one LoRA) whose rows are q, then k, then v
+          const Mat qkv = proj(h, T, l, "self_attn", "qkv_proj", C, (H + 2 * KV) * hd);
+          q = split_cols(qkv, T, (H + 2 * KV) * hd, 0, H * hd);
+          k = split_cols(qkv, T, (H + 2 * KV) * hd, H * hd, KV * hd);
+          v = split_cols(qkv, T, (H + 2 * KV) * hd, (H + KV) * hd, KV * hd);
+        } else {
+          q = proj(h, T, l, "self_attn", "q_proj", C, H * hd);
+          k = proj(h, T, l, "self_attn", "k_proj", C, KV * hd);
+          v = proj(h, T, l, "self_attn", "v_proj", C, KV * hd);
+        }
         if (c.qk_norm) {  // Qwen3: RMSNorm over each head's hd values, before RoPE
           q = rms_norm(q, T * H, w(L + "self_attn.q_norm.weight"), hd);
           k = rms_norm(k, T * KV, w(L + "self_attn.k_norm.weight"), hd);
@@ -157,8 +173,15 @@ struct RefModel {
         if (c.sandwich_norms) o = rms_norm(o, T, w(L + "post_attention_layernorm.weight"));
         for (size_t i = 0; i < x.size(); i++) x[i] += o[i];
         h = rms_norm(x, T, w(L + (c.sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")));
-        Mat g = proj(h, T, l, "mlp", "gate_proj", C, F);
-        Mat u = proj(h, T, l, "mlp", "up_proj", C, F);
+        Mat g, u;
+        if (c.fused_gate_up) {  // Phi-3: gate_up_proj, gate rows first
+          const Mat gu = proj(h, T, l, "mlp", "gate_up_proj", C, 2 * F);
+          g = split_cols(gu, T, 2 * F, 0, F);
+          u = split_cols(gu, T, 2 * F, F, F);
+        } else {
+          g = proj(h, T, l, "mlp", "gate_proj", C, F);
+          u = proj(h, T, l, "mlp", "up_proj", C, F);
+        }
         for (size_t i = 0; i < g.size(); i++) {
           const double a = g[i];
           g[i] = (c.hidden_act == Activation::Silu
@@ -367,3 +390,6 @@ TEST(LoraGradientsDouble, MistralSlidingWindow) { check_model("mistral_sw", 3); 
 // sqrt(hidden), GeGLU, query_pre_attn_scalar 20, two sliding layers (window 5 on 9-token rows, their
 // own RoPE base) around a global one with linear RoPE scaling; every third parameter.
 TEST(LoraGradientsDouble, Gemma3) { check_model("gemma3", 3); }
+// Phi-3 layout: fused qkv_proj and gate_up_proj, each one adapter (A shared by the fused outputs),
+// a sliding window of 5 on every layer; every third parameter.
+TEST(LoraGradientsDouble, Phi3FusedModules) { check_model("phi3", 3); }

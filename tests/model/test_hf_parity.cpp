@@ -52,7 +52,7 @@ TEST_P(HfParity, LoraLogitsLossAndGradients) {
     EXPECT_LT(rel_err(g, ref), kGradTol) << p.peft_key;
     checked++;
   }
-  EXPECT_EQ(checked, 2 * 7 * t.model->config().n_layer);
+  EXPECT_EQ(checked, 2 * int64_t(lora_modules(t.model->config()).size()) * t.model->config().n_layer);
 }
 
 TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
@@ -89,7 +89,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
-                                                                   "mistral_sw", "qwen3_sw", "gemma3"));
+                                                                   "mistral_sw", "qwen3_sw", "gemma3", "phi3"));
 
 TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {
   SafetensorsArchive fx(fixtures() + "/parity/llama_gqa.safetensors");
@@ -121,3 +121,6 @@ void expect_engine_adapter_gives_peft_logits(const std::string& variant, size_t 
 TEST(HfParity, EngineTrainedAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("llama_gqa", 3); }
 // Gemma 3: r=8, rsLoRA, dropout 0.1, all-linear, 12 steps of `qlora train` on token ids.
 TEST(HfParity, EngineTrainedGemma3AdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("gemma3", 7); }
+// Phi-3: the same run; the adapter holds PEFT's four fused modules (qkv_proj, o_proj,
+// gate_up_proj, down_proj), which PEFT loads onto Phi3ForCausalLM as they are.
+TEST(HfParity, EngineTrainedPhi3AdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("phi3", 4); }

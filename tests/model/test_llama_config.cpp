@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 26u);
+  EXPECT_EQ(names.size(), 28u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -249,6 +249,69 @@ TEST(LlamaConfigHf, Gemma3LayoutsAgree) {
   EXPECT_EQ(f.query_pre_attn_scalar, 20.0);
   EXPECT_EQ(f.window_of(1), 0);
   EXPECT_EQ(f.window_of(2), 5);
+}
+
+// microsoft/phi-4's config.json.
+static const char* kPhi4 = R"({
+  "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 100257,
+  "embd_pdrop": 0.0, "eos_token_id": 100265, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+  "intermediate_size": 17920, "max_position_embeddings": 16384, "model_type": "phi3", "num_attention_heads": 40,
+  "num_hidden_layers": 40, "num_key_value_heads": 10, "original_max_position_embeddings": 16384,
+  "pad_token_id": 100349, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 250000,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+  "vocab_size": 100352
+})";
+
+static std::string phi4_with(const std::string& patch_text) {
+  json j = json::parse(kPhi4);
+  const json patch = json::parse(patch_text);
+  for (const auto& [k, v] : patch.items()) j[k] = v;
+  return j.dump(1);
+}
+
+TEST(LlamaConfigHf, Phi4EqualsPresetAndFusesProjections) {
+  const LlamaConfig c = parse_hf_config(kPhi4, "phi-4/config.json");
+  const LlamaConfig p = preset_config("phi-4");
+  EXPECT_EQ(c.n_params(), p.n_params());
+  EXPECT_EQ(c.n_params(), 14659507200);  // Phi-4: 14.7B
+  EXPECT_TRUE(c.fused_qkv && c.fused_gate_up && p.fused_qkv && p.fused_gate_up);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.window_of(0), 0);
+  EXPECT_EQ(rope_inv_freq(c), rope_inv_freq(p));
+  // all-linear is PEFT's four fused modules; q/k/v and gate/up become their fused module whole.
+  const std::vector<std::string> mods = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+  EXPECT_EQ(lora_modules(c), mods);
+  EXPECT_EQ(lora_targets_for(c, LoraSpec::resolve_targets({"all-linear"})), mods);
+  EXPECT_EQ(lora_targets_for(c, LoraSpec::resolve_targets({"qkv_proj", "down_proj"})),
+            (std::vector<std::string>{"qkv_proj", "down_proj"}));
+  EXPECT_EQ(lora_targets_for(c, LoraSpec::resolve_targets({"v_proj", "q_proj", "k_proj"})),
+            (std::vector<std::string>{"qkv_proj"}));
+  Error e = config_error([&] { lora_targets_for(c, {"q_proj", "v_proj"}); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "target_modules");
+  EXPECT_TRUE(contains(e.hint(), "qkv_proj")) << e.hint();
+  e = config_error([&] { lora_targets_for(c, {"gate_proj"}); }, ErrorKind::Config);
+  EXPECT_TRUE(contains(e.message(), "gate_up_proj")) << e.message();
+  // A model without fusion has no fused modules.
+  e = config_error([] { lora_targets_for(preset_config("llama3-8b"), {"qkv_proj"}); }, ErrorKind::Config);
+  EXPECT_TRUE(contains(e.message(), "qkv_proj")) << e.message();
+  // Phi-3-mini-4k: a sliding window of 2047 keys on every layer.
+  EXPECT_EQ(parse_hf_config(phi4_with(R"({"sliding_window":2047})"), "p.json").window_of(39), 2047);
+  EXPECT_EQ(preset_config("phi-3-mini-4k").window_of(0), 2047);
+}
+
+TEST(LlamaConfigErrors, Phi3RefusesWhatItDoesNotImplement) {
+  // Phi-3.5-mini and Phi-4-mini: LongRoPE; Phi-4-mini: rotary on 3/4 of each head.
+  Error e = config_error(
+      [] {
+        parse_hf_config(phi4_with(R"({"rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[1.0]}})"),
+                        "p.json");
+      },
+      ErrorKind::Unsupported);
+  EXPECT_TRUE(contains(e.message(), "longrope")) << e.message();
+  e = config_error([] { parse_hf_config(phi4_with(R"({"partial_rotary_factor":0.75})"), "p.json"); }, ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "p.json: key 'partial_rotary_factor'");
+  e = config_error([] { parse_hf_config(phi4_with(R"({"resid_pdrop":0.1})"), "p.json"); }, ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "p.json: key 'resid_pdrop'");
 }
 
 TEST(LlamaConfigErrors, Gemma3RefusesWhatItDoesNotImplement) {

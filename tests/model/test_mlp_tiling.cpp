@@ -101,6 +101,8 @@ TEST(MlpTiling, TiledTrainingEqualsUntiledWithDropout) {
 // Gemma 3: down_proj's output is normed before the residual add, so each tile's backward
 // recomputes its down_proj output and that norm (post_feedforward_layernorm).
 TEST(MlpTiling, Gemma3SandwichNormsTileToo) { expect_tiled_equals_untiled(7, 0.1, "gemma3"); }
+// Phi-3: gate_up_proj's one adapter over the gate and up rows of each tile, its dropout mask shared.
+TEST(MlpTiling, Phi3FusedGateUpTiles) { expect_tiled_equals_untiled(7, 0.1, "phi3"); }
 
 TEST(MlpTiling, TiledRunsRepeatTheirBits) {
   auto be1 = make_cpu_backend(), be2 = make_cpu_backend();

@@ -91,3 +91,19 @@ TEST(PlanBackend, ScratchFollowsTheShape) {
   r.lora.targets = {"down_proj"};  // (4096, 14336)
   EXPECT_EQ(make_plan(r).plan.find("cuda.matmul_cvt_b")->bytes, 8 * 14336 * 2);
 }
+
+// A model the CUDA backend refuses (head dim above 128: Gemma 3 1B-12B) is still planned on a GPU,
+// and the plan says so; Gemma 3 27B (head dim 128) and the CPU plan carry no such warning.
+TEST(PlanBackend, HeadDimsTheCudaAttentionRefusesAreNamed) {
+  auto warned = [](const std::string& model, const std::string& gpu) {
+    PlanRequest r = request(gpu);
+    r.model = preset_config(model);
+    r.model_label = model;
+    for (const auto& w : make_plan(r).warnings)
+      if (w.find("head dims") != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(warned("gemma-3-4b", "h100-sxm"));
+  EXPECT_FALSE(warned("gemma-3-27b", "h100-sxm"));
+  EXPECT_FALSE(warned("gemma-3-4b", "cpu"));
+}
