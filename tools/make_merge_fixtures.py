@@ -47,6 +47,7 @@ CASES = {
     "mistral_fp32": ("models/mistral", "parity/mistral_adapter", [], "mistral"),
     "gemma3_fp32": ("models/gemma3", "parity/gemma3_adapter", [], "gemma3"),
     "phi3_fp32": ("models/phi3", "parity/phi3_adapter", [], "phi3"),
+    "gemma2_fp32": ("models/gemma2", "parity/gemma2_adapter", [], "gemma2"),
     "gguf_llama_fp32": ("gguf/tiny_llama.gguf", "parity/llama_gqa_adapter", [], "llama_gqa"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
     "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),

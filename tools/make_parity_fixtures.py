@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import transformers
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
                           Qwen2Config, Qwen3Config, get_cosine_schedule_with_warmup)
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -91,6 +91,14 @@ def variant_configs():
                                                            "rope_theta": 1000000.0},
                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
                    1009, "v5"),
+        # Gemma 2: Gemma 3's norms, scaling and GeGLU without q/k norms, every other layer sliding
+        # (window 5 on 12-token rows) and soft-capping small enough to bend the scores (cap 3) and
+        # the logits (cap 2) well away from the identity.
+        "gemma2": (Gemma2Config(**{**DIMS, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=24,
+                                query_pre_attn_scalar=20, sliding_window=5, tie_word_embeddings=True,
+                                attn_logit_softcapping=3.0, final_logit_softcapping=2.0,
+                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                   1012, "v5"),
         # Phi-3 / Phi-4: q, k, v in one qkv_proj and gate, up in one gate_up_proj, so PEFT's LoRA
         # on them shares one A across the fused outputs; a sliding window of 5 on every layer
         # (Phi-3-mini-4k's 2047, scaled down).

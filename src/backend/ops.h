@@ -118,6 +118,10 @@ struct AttentionFwdArgs {
   // Sliding window (Mistral v0.1, Qwen's sliding layers): keys further back than window - 1
   // positions are hidden (with a KV cache, counted from the query's position t_kv - t + i). 0: none.
   int64_t window = 0;
+  // Logit soft-capping (Gemma 2's attn_logit_softcapping): each score s = scale q.k becomes
+  // softcap * tanh(s / softcap) before the mask and the softmax; lse is over the capped scores.
+  // 0: none. The CPU backend implements it; CUDA refuses it (Error(Unsupported)).
+  float softcap = 0.0f;
 };
 // dq "=" (B,T,Hq,D); dk, dv "=" (B,T,Hkv,D); dout, out (B,T,Hq,D); lse from fwd.
 struct AttentionBwdArgs {
@@ -127,6 +131,7 @@ struct AttentionBwdArgs {
   float scale = 0.0f;
   int64_t n_docs = 0;  // as in AttentionFwdArgs
   int64_t window = 0;  // as in AttentionFwdArgs
+  float softcap = 0.0f;  // as in AttentionFwdArgs: dS is carried back through the tanh
 };
 
 // The gated MLP's activation: out = act(gate) * up.  all (N,F). act: silu (SwiGLU: Llama, Mistral,
@@ -177,11 +182,15 @@ struct DropoutArgs {
 // logits (n,V) in; dlogits (n,V) "=" and may alias logits; labels (n) int32, -100 = ignored row
 // (its dlogits row is zeroed, loss 0). losses (n) F32 "=" per-row -log softmax[label].
 // dlogits = (softmax - onehot) * grad_scale for counted rows.
+// softcap > 0 (Gemma 2's final_logit_softcapping): the logits are first capped to
+// softcap * tanh(logits / softcap); the losses are those of the capped logits and dlogits is
+// carried back through the tanh (times 1 - tanh^2). The CPU backend implements it; CUDA refuses it.
 struct CrossEntropyArgs {
   Tensor logits, dlogits, losses;
   const int32_t* labels = nullptr;
   int64_t n = 0, vocab = 0;
   float grad_scale = 1.0f;
+  float softcap = 0.0f;
 };
 
 // PyTorch AdamW (decoupled weight decay, bias-corrected), step >= 1, all F32 (n elements):

@@ -10,7 +10,7 @@
 namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"};
+  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"};
   return v;
 }
 
@@ -125,21 +125,27 @@ static std::vector<bool> sliding_layer_types(const json& lt, int64_t n_layer, co
   return layers;
 }
 
-// Gemma 3's text model (Gemma3TextConfig): (1 + w) norms on both sides of each block, q/k norms,
-// embeddings scaled by sqrt(hidden), GeGLU, query_pre_attn_scalar, sliding-window layers (every
-// sliding_window_pattern-th layer global, or layer_types) with their own RoPE base.
-static void parse_gemma3(const json& j, LlamaConfig& c, const std::string& where) {
-  c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = c.qk_norm = true;
+// Gemma 2 (Gemma2Config) and Gemma 3's text model (Gemma3TextConfig): (1 + w) norms on both sides
+// of each block, embeddings scaled by sqrt(hidden), GeGLU, query_pre_attn_scalar, sliding-window
+// layers (layer_types, else every other layer global in Gemma 2, every sliding_window_pattern-th in
+// Gemma 3). Gemma 2: logit soft-capping of the attention scores and of the final logits, one RoPE.
+// Gemma 3: q/k norms, no soft-capping, the sliding layers with their own RoPE base.
+static void parse_gemma(const json& j, LlamaConfig& c, const std::string& where) {
+  const bool gemma2 = c.model_type == "gemma2";
+  c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = true;
+  c.qk_norm = !gemma2;
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    const json* v = json_find(j, key);
-    if (v && !v->is_null())
-      fail(ErrorKind::Unsupported, where + ": key '" + std::string(key) + "'", "logit soft-capping is not implemented",
-           "Gemma 3 checkpoints have none (null); Gemma 2 is not supported yet");
+    const bool attn = key[0] == 'a';
+    double cap = 0;
+    if (!j.contains(key)) cap = gemma2 ? (attn ? 50.0 : 30.0) : 0.0;  // Gemma2Config's defaults; Gemma 3 has none
+    else if (!j.at(key).is_null()) cap = json_number(j, key, where);  // null: off
+    if (cap < 0) fail(ErrorKind::Config, where + ": key '" + std::string(key) + "'", "must be positive or null");
+    (attn ? c.attn_logit_softcapping : c.final_logit_softcapping) = cap;
   }
   if (json_bool_or(j, "use_bidirectional_attention", false, where))
     fail(ErrorKind::Unsupported, where + ": key 'use_bidirectional_attention'", "only causal attention is implemented");
   if (json_bool_or(j, "attention_bias", false, where))
-    fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "gemma3 attention biases (q/k/v/o) are not supported");
+    fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", c.model_type + " attention biases (q/k/v/o) are not supported");
   c.query_pre_attn_scalar = json_number_or(j, "query_pre_attn_scalar", 256.0, where);
   if (!(c.query_pre_attn_scalar > 0))
     fail(ErrorKind::Config, where + ": key 'query_pre_attn_scalar'", "must be positive");
@@ -149,13 +155,24 @@ static void parse_gemma3(const json& j, LlamaConfig& c, const std::string& where
   if (lt && !lt->is_null()) {
     layers = sliding_layer_types(*lt, c.n_layer, where);
   } else {
-    const int64_t pattern = json_int_or(j, "sliding_window_pattern", 6, where);
+    const int64_t pattern = gemma2 ? 2 : json_int_or(j, "sliding_window_pattern", 6, where);
     if (pattern <= 0) fail(ErrorKind::Config, where + ": key 'sliding_window_pattern'", "must be positive");
     for (int64_t l = 0; l < c.n_layer; l++) layers[size_t(l)] = (l + 1) % pattern != 0;
   }
   c.sliding_layers = layers;
   const json* sw = json_find(j, "sliding_window");
   c.sliding_window = !sw ? 4096 : sw->is_null() ? 0 : json_int(j, "sliding_window", where);
+  if (gemma2) {  // one RoPE for every layer, as the other families
+    if (const json* rp = json_find(j, "rope_parameters"); rp && !rp->is_null()) {
+      c.rope_theta = json_number_or(*rp, "rope_theta", json_number_or(j, "rope_theta", 10000.0, where), where + ": rope_parameters");
+      c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where);
+    } else {
+      c.rope_theta = json_number_or(j, "rope_theta", 10000.0, where);
+      if (const json* rs = json_find(j, "rope_scaling"); rs && !rs->is_null())
+        c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where);
+    }
+    return;
+  }
   // RoPE: transformers 5 writes rope_parameters per layer type; Hub files carry rope_theta (global),
   // rope_local_base_freq and rope_scaling (global layers only).
   // (A file may mix the two: rope_parameters without thetas beside the top-level keys.)
@@ -211,16 +228,16 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     fail(ErrorKind::Unsupported, where + ": key 'model_type'", "model_type '" + c.model_type + "' is not supported",
          "supported model types: " + joined(types));
 
-  const bool gemma3 = c.model_type == "gemma3_text";
+  const bool gemma = c.model_type == "gemma3_text" || c.model_type == "gemma2";  // the Gemma layout
   // Gemma's config names it hidden_activation (gelu_pytorch_tanh); the others hidden_act (silu).
-  const char* act_key = gemma3 && json_find(j, "hidden_activation") ? "hidden_activation" : "hidden_act";
-  const std::string act = json_string_or(j, act_key, gemma3 ? "gelu_pytorch_tanh" : "silu", where);
-  if (act == (gemma3 ? "gelu_pytorch_tanh" : "silu"))
-    c.hidden_act = gemma3 ? Activation::GeluTanh : Activation::Silu;
+  const char* act_key = gemma && json_find(j, "hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string act = json_string_or(j, act_key, gemma ? "gelu_pytorch_tanh" : "silu", where);
+  if (act == (gemma ? "gelu_pytorch_tanh" : "silu"))
+    c.hidden_act = gemma ? Activation::GeluTanh : Activation::Silu;
   else
     fail(ErrorKind::Unsupported, where + ": key '" + std::string(act_key) + "'",
          "activation '" + act + "' is not supported for " + c.model_type,
-         gemma3 ? "gemma3_text: gelu_pytorch_tanh (GeGLU)" : "only silu (SwiGLU)");
+         gemma ? c.model_type + ": gelu_pytorch_tanh (GeGLU)" : "only silu (SwiGLU)");
   if (json_bool_or(j, "mlp_bias", false, where))
     fail(ErrorKind::Unsupported, where + ": key 'mlp_bias'", "MLP biases are not supported");
 
@@ -237,8 +254,8 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     c.head_dim = json_int(j, "head_dim", where);
   } else if (qwen3) {
     c.head_dim = 128;  // Qwen3Config's default
-  } else if (gemma3) {
-    c.head_dim = 256;  // Gemma3TextConfig's default
+  } else if (gemma) {
+    c.head_dim = 256;  // Gemma2Config's and Gemma3TextConfig's default
   } else {
     if (c.hidden_size % c.n_head != 0)
       fail(ErrorKind::Config, where + ": key 'hidden_size'",
@@ -251,14 +268,14 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   const bool phi3 = c.model_type == "phi3";
   c.max_position_embeddings = json_int_or(j, "max_position_embeddings",
                                           llama || phi3    ? (phi3 ? 4096 : 2048)
-                                          : gemma3         ? 131072
+                                          : gemma         ? (c.model_type == "gemma2" ? 8192 : 131072)
                                           : c.model_type == "mistral" ? 131072
                                                            : 32768,
                                           where);
   c.rms_norm_eps = json_number_or(j, "rms_norm_eps", 1e-6, where);
-  c.tie_word_embeddings = json_bool_or(j, "tie_word_embeddings", gemma3, where);
-  if (gemma3) {
-    parse_gemma3(j, c, where);
+  c.tie_word_embeddings = json_bool_or(j, "tie_word_embeddings", gemma, where);
+  if (gemma) {
+    parse_gemma(j, c, where);
     c.bos_token_id = json_find(j, "bos_token_id") ? token_id(j, "bos_token_id", where) : 2;
     c.eos_token_id = json_find(j, "eos_token_id") ? token_id(j, "eos_token_id", where) : 1;
     c.torch_dtype = json_string_or(j, "torch_dtype", json_string_or(j, "dtype", "float32", where), where);
@@ -364,6 +381,10 @@ const Preset kPresets[] = {
   {"qwen3-8b",       "Qwen/Qwen3-8B",                          "qwen3",   151936, 4096,  12288, 36,  32, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
   {"qwen3-14b",      "Qwen/Qwen3-14B",                         "qwen3",   151936, 5120,  17408, 40,  40, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
   {"qwen3-32b",      "Qwen/Qwen3-32B",                         "qwen3",   151936, 5120,  25600, 64,  64, 8,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
+  // Gemma 2: window 4096 on every other layer, soft-capping 50 (scores) and 30 (logits).
+  {"gemma-2-2b",     "google/gemma-2-2b",                      "gemma2",  256000, 2304,  9216,  26,  8,  4,  256, 8192,   1e-6, 10000,   "none",   1,   true,  2,      1,      "float32"},
+  {"gemma-2-9b",     "google/gemma-2-9b",                      "gemma2",  256000, 3584,  14336, 42,  16, 8,  256, 8192,   1e-6, 10000,   "none",   1,   true,  2,      1,      "float32"},
+  {"gemma-2-27b",    "google/gemma-2-27b",                     "gemma2",  256000, 4608,  36864, 46,  32, 16, 128, 8192,   1e-6, 10000,   "none",   1,   true,  2,      1,      "float32"},
   // Gemma 3: the text model (text_config of the multimodal 4b/12b/27b checkpoints); window and
   // query_pre_attn_scalar in kGemma3 below.
   {"gemma-3-1b",     "google/gemma-3-1b-pt",                   "gemma3_text", 262144, 1152, 6912, 26, 4, 1, 256, 32768,  1e-6, 1e6,     "none",   1,   true,  2,      1,      "bfloat16"},
@@ -380,15 +401,16 @@ const Preset kPresets[] = {
 };
 // clang-format on
 
-// Gemma 3's sliding window and query_pre_attn_scalar per preset (every 6th layer global, local
-// RoPE base 10,000).
+// Gemma's sliding window and query_pre_attn_scalar per preset (Gemma 2: every other layer global;
+// Gemma 3: every 6th, local RoPE base 10,000).
 struct Gemma3Extra {
   const char* name;
   int64_t window;
   double query_pre_attn_scalar;
 };
 const Gemma3Extra kGemma3[] = {
-    {"gemma-3-1b", 512, 256}, {"gemma-3-4b", 1024, 256}, {"gemma-3-12b", 1024, 256}, {"gemma-3-27b", 1024, 168}};
+    {"gemma-2-2b", 4096, 256}, {"gemma-2-9b", 4096, 256},   {"gemma-2-27b", 4096, 144}, {"gemma-3-1b", 512, 256},
+    {"gemma-3-4b", 1024, 256}, {"gemma-3-12b", 1024, 256}, {"gemma-3-27b", 1024, 168}};
 }  // namespace
 
 const std::vector<std::string>& preset_names() {
@@ -435,17 +457,21 @@ LlamaConfig preset_config(const std::string& name) {
     }
     c.attention_bias = c.model_type == "qwen2";
     c.qk_norm = c.model_type == "qwen3";
-    if (c.model_type == "gemma3_text") {
+    if (c.model_type == "gemma3_text" || c.model_type == "gemma2") {
+      const bool gemma2 = c.model_type == "gemma2";
       for (const auto& g : kGemma3)
         if (name == g.name) {
           c.sliding_window = g.window;
           c.query_pre_attn_scalar = g.query_pre_attn_scalar;
         }
-      c.qk_norm = c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = true;
+      c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = true;
+      c.qk_norm = !gemma2;
       c.hidden_act = Activation::GeluTanh;
-      c.rope_local_theta = 10000.0;
+      c.rope_local_theta = gemma2 ? 0.0 : 10000.0;
+      if (gemma2) c.attn_logit_softcapping = 50.0, c.final_logit_softcapping = 30.0;
+      const int64_t pattern = gemma2 ? 2 : 6;
       c.sliding_layers.assign(size_t(c.n_layer), false);
-      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 6 != 0;
+      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % pattern != 0;
     }
     if (c.model_type == "phi3") {
       c.fused_qkv = c.fused_gate_up = true;

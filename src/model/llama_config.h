@@ -18,7 +18,7 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma3_text | phi3
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma2 | gemma3_text | phi3
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;         // C
   int64_t intermediate_size = 0;   // F
@@ -48,6 +48,9 @@ struct LlamaConfig {
   bool sandwich_norms = false;
   bool scale_embeddings = false;  // the embedding rows times sqrt(hidden_size), rounded to the compute dtype
   Activation hidden_act = Activation::Silu;  // the gated MLP's activation
+  // Gemma 2's logit soft-capping: attention scores become c tanh(s / c) with c the first, the final
+  // logits with the second (transformers' attn_logit_softcapping, final_logit_softcapping); 0: none.
+  double attn_logit_softcapping = 0, final_logit_softcapping = 0;
   // Attention scores are scaled by query_pre_attn_scalar^-1/2 (Gemma); 0: head_dim^-1/2.
   double query_pre_attn_scalar = 0;
   float attn_scale() const;

@@ -98,6 +98,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
     opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
   }
+  if (be_.device() == DeviceKind::Cuda && (cfg_.attn_logit_softcapping > 0 || cfg_.final_logit_softcapping > 0))
+    fail(ErrorKind::Unsupported, "model '" + cfg_.name + "', logit soft-capping",
+         "the cuda backend does not implement Gemma 2's soft-capping of attention scores and logits",
+         "use device: cpu for this model");
   // Both GPU attention paths (the own flash kernel, cuDNN's fused attention) take head dims that are
   // multiples of 8 up to 128: refuse others here, before anything is allocated or any step runs.
   if (be_.device() == DeviceKind::Cuda && (cfg_.head_dim % 8 != 0 || cfg_.head_dim > 128))
@@ -700,7 +704,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
   const float scale = cfg_.attn_scale();
   be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
-                     scale, t_kv, n_docs_, cfg_.window_of(l)});
+                     scale, t_kv, n_docs_, cfg_.window_of(l), float(cfg_.attn_logit_softcapping)});
   if (cfg_.sandwich_norms) {
     linear_fwd(a.attn_out, a.att, l, O, a, train, seed);  // xmid = norm(o_proj(att)) ...
     be_.rmsnorm_fwd({a.xmid, a.rstd_pa, a.attn_out, L.post_attn_w, n, cfg_.hidden_size, eps, w_off});
@@ -824,7 +828,8 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   linear_bwd(datt, false, d_o, a.att, l, O, a, seed);                       // datt =
   const float scale = cfg_.attn_scale();
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
-                     cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l)});  // dq, dk, dv =
+                     cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l),
+                     float(cfg_.attn_logit_softcapping)});  // dq, dk, dv =
   be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
   be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
@@ -886,7 +891,8 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
     l.ndim = 1;
     l.shape = {m, 0, 0, 0};
     l.data = static_cast<float*>(losses.data) + c0;
-    be_.cross_entropy_fwd_bwd({logits, logits, l, targets + c0, m, Vv, weigh ? 1.0f : grad_scale});
+    be_.cross_entropy_fwd_bwd(
+        {logits, logits, l, targets + c0, m, Vv, weigh ? 1.0f : grad_scale, float(cfg_.final_logit_softcapping)});
     if (backward) {
       // The head's dgrad is interleaved with its forward chunk by chunk: timed apart, as backward.
       const double t0 = times_ ? synced_now() : 0.0;
@@ -1029,7 +1035,16 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
     be_.matmul({lg, x, head, m, Vv, C, false, true, 1.0f, 0.0f});
     be_.copy_to_host(out.data() + c0 * Vv, lg.data, size_t(m * Vv) * 4);
   }
+  softcap_logits(out);
   return out;
+}
+
+// Gemma 2's final_logit_softcapping on logits copied to the host (the loss applies it in the
+// cross-entropy op), as transformers: logits / c, tanh, * c in f32.
+void LlamaModel::softcap_logits(std::vector<float>& v) const {
+  const float c = float(cfg_.final_logit_softcapping);
+  if (c > 0)
+    for (float& x : v) x = std::tanh(x / c) * c;
 }
 
 const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
@@ -1072,6 +1087,7 @@ const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
   be_.matmul({lg, ln, w.head, 1, Vv, C, false, true, 1.0f, 0.0f});
   decode_logits_.resize(size_t(Vv));
   be_.copy_to_host(decode_logits_.data(), lg.data, size_t(Vv) * 4);
+  softcap_logits(decode_logits_);
   return decode_logits_;
 }
 

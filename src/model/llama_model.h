@@ -167,6 +167,7 @@ class LlamaModel {
                    uint64_t seed);
   // The norm ops' weight offset: 1 for Gemma's (1 + w) norms, else 0.
   float norm_offset() const { return cfg_.norm_unit_offset ? 1.0f : 0.0f; }
+  void softcap_logits(std::vector<float>& logits) const;
   // Gemma's embedding scale sqrt(hidden_size), rounded to the compute dtype as transformers casts it.
   float embed_scale() const;
   // weigh: backward with per-position weights (forward_backward_weighted); row_losses: the

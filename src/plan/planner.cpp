@@ -49,6 +49,9 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
     w.push_back("the cuda backend's attention takes head dims that are multiples of 8 up to 128, and this model's is " +
                 std::to_string(c.head_dim) + ": qlora trains it on the CPU only; this is the plan an equivalent GPU "
                 "runtime would need");
+  if (!r.gpu.is_cpu && r.gpu.has_backend && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
+    w.push_back("the cuda backend does not implement Gemma 2's logit soft-capping: qlora trains this model on the CPU "
+                "only; this is the plan an equivalent GPU runtime would need");
   if (!r.gpu.has_backend)
     w.push_back("qlora has no backend for " + r.gpu.display + " yet: this is the plan an equivalent runtime would need");
   if (host_bytes > 0)  // offloaded activations only (not the backend's upload staging)

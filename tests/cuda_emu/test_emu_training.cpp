@@ -326,6 +326,29 @@ TEST(CudaEmuTraining, Gemma3GradientsMatchTheCpu) {
 }
 TEST(CudaEmuTraining, Gemma3GenerationMatchesTheCpu) { compare_generation("lora", "", "gemma3"); }
 
+// Gemma 2's soft-capping is a CPU-backend feature: the CUDA model refuses it before allocating,
+// and the CUDA ops refuse a nonzero softcap.
+TEST(CudaEmuTraining, Gemma2SoftCappingIsRefusedBeforeAllocating) {
+  std::string why;
+  try {
+    make_run(make_cuda_backend(&why), "lora", "", "none", 0, "gemma2");
+    ADD_FAILURE() << "a gemma2 model was built on the cuda backend";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_NE(std::string(e.what()).find("soft-capping"), std::string::npos) << e.what();
+  }
+  auto be = make_cuda_backend(&why);
+  CrossEntropyArgs ce;
+  ce.softcap = 30.0f;
+  EXPECT_THROW(be->cross_entropy_fwd_bwd(ce), Error);
+  AttentionFwdArgs at;
+  at.b = at.t = at.n_head = at.n_head_kv = 1;
+  at.head_dim = 8;
+  at.scale = 1.0f;
+  at.softcap = 50.0f;
+  EXPECT_THROW(be->attention_fwd(at), Error);
+}
+
 // Phi-3: the fused qkv_proj and gate_up_proj adapters (one A, B's rows split over q/k/v and
 // gate/up) on the CUDA backend, with a NF4 base cut from the fused checkpoint tensors.
 TEST(CudaEmuTraining, Phi3FusedModulesMatchTheCpu) {

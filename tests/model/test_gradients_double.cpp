@@ -160,6 +160,7 @@ struct RefModel {
               double d = 0;
               for (int64_t e = 0; e < hd; e++) d += q[size_t((i * H + head) * hd + e)] * k[size_t((j * KV + kvh) * hd + e)];
               s[size_t(j)] = d / std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(hd));
+              if (const double cap = c.attn_logit_softcapping; cap > 0) s[size_t(j)] = cap * std::tanh(s[size_t(j)] / cap);
               mx = std::max(mx, s[size_t(j)]);
             }
             double z = 0;
@@ -194,8 +195,9 @@ struct RefModel {
         for (size_t i = 0; i < x.size(); i++) x[i] += d[i];
       }
       const Mat h = rms_norm(x, T, w("model.norm.weight"));
-      const Mat logits =
-          linear(h, w(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), T, C, V);
+      Mat logits = linear(h, w(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), T, C, V);
+      if (const double cap = c.final_logit_softcapping; cap > 0)  // Gemma 2
+        for (double& z : logits) z = cap * std::tanh(z / cap);
       for (int64_t t = 0; t < T; t++) {
         const int32_t y = batch.targets[size_t(b * T + t)];
         if (y == kIgnoreIndex) continue;
@@ -393,3 +395,6 @@ TEST(LoraGradientsDouble, Gemma3) { check_model("gemma3", 3); }
 // Phi-3 layout: fused qkv_proj and gate_up_proj, each one adapter (A shared by the fused outputs),
 // a sliding window of 5 on every layer; every third parameter.
 TEST(LoraGradientsDouble, Phi3FusedModules) { check_model("phi3", 3); }
+// Gemma 2 layout: Gemma 3's without q/k norms, soft-capping of the scores (cap 3) and of the
+// logits (cap 2), every other layer sliding; every third parameter.
+TEST(LoraGradientsDouble, Gemma2SoftCapping) { check_model("gemma2", 3); }

@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 28u);
+  EXPECT_EQ(names.size(), 31u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -55,7 +55,7 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
     EXPECT_EQ(c.attention_bias, c.model_type == "qwen2");
     const bool gemma3 = c.model_type == "gemma3_text";
     EXPECT_EQ(c.qk_norm, c.model_type == "qwen3" || gemma3);
-    EXPECT_EQ(c.sandwich_norms, gemma3);
+    EXPECT_EQ(c.sandwich_norms, gemma3 || c.model_type == "gemma2");
     // Llama 3.1/3.2 extend context with llama3 RoPE scaling, Gemma 3 4B-27B with linear scaling
     // (factor 8) on the global layers; the others use plain RoPE.
     bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
@@ -299,6 +299,44 @@ TEST(LlamaConfigHf, Phi4EqualsPresetAndFusesProjections) {
   EXPECT_EQ(preset_config("phi-3-mini-4k").window_of(0), 2047);
 }
 
+// google/gemma-2-9b's config.json (transformers 4.42 layout: no layer_types, no rope_parameters).
+static const char* kGemma2 = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+  "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+  "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "sliding_window_size": 4096,
+  "torch_dtype": "float32", "use_cache": true, "vocab_size": 256000
+})";
+
+TEST(LlamaConfigHf, Gemma2EqualsPresetWithSoftCapping) {
+  const LlamaConfig c = parse_hf_config(kGemma2, "gemma-2-9b/config.json");
+  const LlamaConfig p = preset_config("gemma-2-9b");
+  EXPECT_EQ(c.n_params(), p.n_params());
+  EXPECT_EQ(c.n_params(), 9241705984);  // Gemma 2 9B: 9.24B, embeddings tied
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(p.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(p.final_logit_softcapping, 30.0);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.norm_unit_offset && c.sandwich_norms && c.scale_embeddings);
+  EXPECT_EQ(c.rope_local_theta, 0.0);  // one RoPE for every layer
+  for (int64_t l = 0; l < c.n_layer; l++) {  // even layers slide over 4096 keys, odd ones are global
+    EXPECT_EQ(c.window_of(l), l % 2 == 0 ? 4096 : 0) << l;
+    EXPECT_EQ(p.window_of(l), c.window_of(l)) << l;
+  }
+  EXPECT_EQ(rope_inv_freq(c), rope_inv_freq(p));
+  // null turns soft-capping off; an absent key is Gemma2Config's default.
+  json j = json::parse(kGemma2);
+  j["attn_logit_softcapping"] = nullptr;
+  j.erase("final_logit_softcapping");
+  const LlamaConfig n = parse_hf_config(j.dump(), "g2.json");
+  EXPECT_EQ(n.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(n.final_logit_softcapping, 30.0);
+}
+
 TEST(LlamaConfigErrors, Phi3RefusesWhatItDoesNotImplement) {
   // Phi-3.5-mini and Phi-4-mini: LongRoPE; Phi-4-mini: rotary on 3/4 of each head.
   Error e = config_error(
@@ -315,11 +353,10 @@ TEST(LlamaConfigErrors, Phi3RefusesWhatItDoesNotImplement) {
 }
 
 TEST(LlamaConfigErrors, Gemma3RefusesWhatItDoesNotImplement) {
-  Error e = config_error([] { parse_hf_config(gemma3_with(R"({"final_logit_softcapping":30.0})"), "g.json"); },
-                         ErrorKind::Unsupported);
-  EXPECT_EQ(e.where(), "g.json: key 'final_logit_softcapping'");
-  e = config_error([] { parse_hf_config(gemma3_with(R"({"attn_logit_softcapping":50.0})"), "g.json"); },
-                   ErrorKind::Unsupported);
+  // Soft-capping (Gemma 2's) is read on Gemma 3 files too, where released checkpoints have none.
+  EXPECT_EQ(parse_hf_config(gemma3_with(R"({"final_logit_softcapping":30.0})"), "g.json").final_logit_softcapping, 30.0);
+  Error e = config_error([] { parse_hf_config(gemma3_with(R"({"attn_logit_softcapping":-1.0})"), "g.json"); },
+                         ErrorKind::Config);
   EXPECT_EQ(e.where(), "g.json: key 'attn_logit_softcapping'");
   e = config_error([] { parse_hf_config(gemma3_with(R"({"use_bidirectional_attention":true})"), "g.json"); },
                    ErrorKind::Unsupported);
@@ -342,9 +379,9 @@ TEST(LlamaConfigErrors, Gemma3RefusesWhatItDoesNotImplement) {
 
 
 TEST(LlamaConfigErrors, UnsupportedModelType) {
-  Error e = config_error([] { parse_hf_config(with(R"({"model_type":"gemma2"})"), "cfg.json"); }, ErrorKind::Unsupported);
+  Error e = config_error([] { parse_hf_config(with(R"({"model_type":"gpt_neox"})"), "cfg.json"); }, ErrorKind::Unsupported);
   EXPECT_EQ(e.where(), "cfg.json: key 'model_type'");
-  EXPECT_TRUE(contains(e.message(), "gemma2"));
+  EXPECT_TRUE(contains(e.message(), "gpt_neox"));
   EXPECT_TRUE(contains(e.hint(), "llama, mistral, qwen2")) << e.hint();
 }
 

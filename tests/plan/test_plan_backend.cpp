@@ -106,4 +106,11 @@ TEST(PlanBackend, HeadDimsTheCudaAttentionRefusesAreNamed) {
   EXPECT_TRUE(warned("gemma-3-4b", "h100-sxm"));
   EXPECT_FALSE(warned("gemma-3-27b", "h100-sxm"));
   EXPECT_FALSE(warned("gemma-3-4b", "cpu"));
+  // Gemma 2 27B has head dim 128, but its soft-capping is CPU-only.
+  PlanRequest r = request("h100-sxm");
+  r.model = preset_config("gemma-2-27b");
+  r.model_label = "gemma-2-27b";
+  bool softcap = false;
+  for (const auto& w : make_plan(r).warnings) softcap = softcap || w.find("soft-capping") != std::string::npos;
+  EXPECT_TRUE(softcap);
 }

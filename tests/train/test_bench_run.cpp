@@ -109,7 +109,7 @@ TEST(BenchRun, BadOptionsAreConfigErrors) {
   o.double_quant = true;
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
   o = {};
-  o.lora.targets = {"q_proj", "qkv_proj"};
+  o.lora.targets = {"q_proj", "qk_proj"};  // no projection of any family (qkv_proj is Phi-3's)
   EXPECT_EQ(kind_of(o), ErrorKind::Config);
   EXPECT_EQ(error_kind([] { parse_checkpointing("selective", "--gradient-checkpointing"); }), ErrorKind::Config);
   o = {};

@@ -111,6 +111,17 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Gemma 2's soft-capping of an (m,n) tile of scores (row stride ld), as transformers computes it:
+// s / c, tanh, * c in f32; dtanh (optional, same layout) "=" 1 - tanh^2 for the backward.
+void softcap_tile(float* s, int64_t ld, int64_t m, int64_t n, float c, float* dtanh) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      const float t = std::tanh(s[i * ld + j] / c);
+      s[i * ld + j] = t * c;
+      if (dtanh) dtanh[i * ld + j] = 1.0f - t * t;
+    }
+}
+
 }  // namespace
 
 void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
@@ -157,6 +168,7 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
         const int64_t k1 = std::min(q1 + off, k0 + kFwdK), n = k1 - k0;
         const int64_t kvo = ((bi * tk + k0) * g.hkv + hk) * g.d;
         gemm(false, true, m, n, g.d, a.scale, qp, ldq, k + kvo, ldk, 0.0f, s.data(), kFwdK);  // S = scale Q K^T
+        if (a.softcap > 0) softcap_tile(s.data(), kFwdK, m, n, a.softcap, nullptr);           // S = c tanh(S / c)
         if (!rv.all_visible(k0, k1, q0, q1)) rv.mask(s.data(), kFwdK, q0, m, k0, n);
         for (int64_t i = 0; i < m; i++) {
           float* si = s.data() + i * kFwdK;
@@ -224,6 +236,7 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
   {
     const int nthr = omp_get_num_threads(), me = omp_get_thread_num();
     std::vector<float> s(size_t(kBwdQ * kBwdK)), dp(size_t(kBwdQ * kBwdK));  // (Bq,Bk) P and dP/dS
+    std::vector<float> dtanh(a.softcap > 0 ? size_t(kBwdQ * kBwdK) : 0);     // softcap: 1 - tanh^2 of the tile
     std::vector<float> dk_acc(size_t(kBwdK * g.d)), dv_acc(size_t(kBwdK * g.d));  // (Bk,D)
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < g.b * g.t * g.hq; r++) {
@@ -254,6 +267,7 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
               if (rv.tile_first(q0, q1) >= k1) continue;  // no query of this tile sees these keys
               const int64_t qo = ((bi * g.t + q0) * g.hq + h) * g.d;
               gemm(false, true, m, n, g.d, a.scale, q + qo, ldq, k + kvo, ldk, 0.0f, s.data(), kBwdK);
+              if (a.softcap > 0) softcap_tile(s.data(), kBwdK, m, n, a.softcap, dtanh.data());  // and 1 - tanh^2
               if (!rv.all_visible(k0, k1, q0, q1)) rv.mask(s.data(), kBwdK, q0, m, k0, n);
               const float* lse_h = lse + (bi * g.hq + h) * g.t + q0;
               for (int64_t i2 = 0; i2 < m; i2++) cpu::exp_sub_sum(s.data() + i2 * kBwdK, n, lse_h[i2]);  // P
@@ -262,6 +276,9 @@ void CpuBackend::attention_bwd(const AttentionBwdArgs& a) {
               const float* dl = delta.data() + (bi * g.hq + h) * g.t + q0;
               for (int64_t i2 = 0; i2 < m; i2++)
                 cpu::softmax_grad_row(dp.data() + i2 * kBwdK, s.data() + i2 * kBwdK, n, dl[i2]);  // dS = P o (dP - D)
+              if (a.softcap > 0)  // through the cap: dS_raw = dS (1 - tanh^2)
+                for (int64_t i2 = 0; i2 < m; i2++)
+                  for (int64_t j = 0; j < n; j++) dp[size_t(i2 * kBwdK + j)] *= dtanh[size_t(i2 * kBwdK + j)];
               gemm(true, false, n, g.d, m, a.scale, dp.data(), kBwdK, q + qo, ldq, 1.0f, dk_acc.data(), g.d);  // dK += s dS^T Q
               gemm(false, false, m, g.d, n, a.scale, dp.data(), kBwdK, k + kvo, ldk, 1.0f,
                    part + q0 * gd + hh * g.d, gd);  // dQ += s dS K

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_simd.h"
@@ -31,17 +32,35 @@ void CpuBackend::cross_entropy_fwd_bwd(const CrossEntropyArgs& a) {
   float* dlogits = a.dlogits.f32();      // (n,V), may be logits itself
   float* losses = a.losses.f32();        // (n)
   const int64_t V = a.vocab;
-#pragma omp parallel for schedule(static) if (a.n * V > cpu::kParallelMin)
-  for (int64_t i = 0; i < a.n; i++) {
-    const float* li = logits + i * V;
-    float* di = dlogits + i * V;
-    const int32_t y = a.labels[i];
-    if (y == kIgnoreIndex || V == 0) {
-      losses[i] = 0.0f;
-      std::fill_n(di, V, 0.0f);
-      continue;
+  if (!(a.softcap >= 0.0f) || !std::isfinite(a.softcap))
+    fail(ErrorKind::Internal, "cpu op cross_entropy_fwd_bwd, argument 'softcap'", "must be 0 or positive");
+  const float cap = a.softcap;
+#pragma omp parallel if (a.n * V > cpu::kParallelMin)
+  {
+    // The row's tanh(logit / cap) and cap times it (logits may alias dlogits: kept apart).
+    std::vector<float> th(cap > 0 ? static_cast<size_t>(V) : 0), capped(th.size());
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < a.n; i++) {
+      const float* li = logits + i * V;
+      float* di = dlogits + i * V;
+      const int32_t y = a.labels[i];
+      if (y == kIgnoreIndex || V == 0) {
+        losses[i] = 0.0f;
+        std::fill_n(di, V, 0.0f);
+        continue;
+      }
+      if (cap == 0.0f) {
+        losses[i] = cpu::cross_entropy_row(li, di, V, y, a.grad_scale);
+        continue;
+      }
+      // As transformers' Gemma2ForCausalLM: logits / cap, tanh, * cap, in f32.
+      for (int64_t j = 0; j < V; j++) {
+        th[size_t(j)] = std::tanh(li[j] / cap);
+        capped[size_t(j)] = th[size_t(j)] * cap;
+      }
+      losses[i] = cpu::cross_entropy_row(capped.data(), di, V, y, a.grad_scale);
+      for (int64_t j = 0; j < V; j++) di[j] *= 1.0f - th[size_t(j)] * th[size_t(j)];
     }
-    losses[i] = cpu::cross_entropy_row(li, di, V, y, a.grad_scale);
   }
 }
 

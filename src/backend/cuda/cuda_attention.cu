@@ -102,6 +102,7 @@ void attention_set_smem_limits() {
 void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   const char* op = "attention_fwd";
   const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
+  refuse_softcap(op, a.softcap);
   const int64_t tk = a.t_kv == 0 ? g.t : a.t_kv;  // keys per sequence (more than t with a KV cache)
   if (tk < g.t || (tk > g.t && a.seg))
     fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 't_kv'",
@@ -127,6 +128,7 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
 void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   const char* op = "attention_bwd";
   const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
+  refuse_softcap(op, a.softcap);
   const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
   check_tensor(op, "dq", a.dq, nq, true, false);
   check_tensor(op, "dk", a.dk, nkv, true, false);

@@ -142,6 +142,11 @@ void check_tensor(const char* op, const char* name, const Tensor& t, int64_t num
          "check the op's dimension arguments against the tensor view");
 }
 
+void refuse_softcap(const char* op, float softcap) {
+  if (softcap != 0.0f)
+    unsupported(op, "logit soft-capping (Gemma 2) is not implemented by the cuda backend", "use device: cpu");
+}
+
 void check_dim(const char* op, const char* dim, int64_t value) {
   if (value < 0)
     fail(ErrorKind::Shape, std::string("cuda op ") + op + ", dimension '" + dim + "'",

@@ -149,6 +149,7 @@ double decimal_value(float f) {
 
 void CudaBackend::cross_entropy_fwd_bwd(const CrossEntropyArgs& a) {
   const char* op = "cross_entropy_fwd_bwd";
+  refuse_softcap(op, a.softcap);
   check_dim(op, "n", a.n);
   check_dim(op, "vocab", a.vocab);
   check_tensor(op, "logits", a.logits, a.n * a.vocab, true, true);
