@@ -97,7 +97,7 @@ int cmd_plan(int argc, char** argv) {
   app.add_flag("--no-double-quant", no_dq, "store nf4/fp4 block scales in fp32");
   app.add_option("--quant-blocksize", r.quant_blocksize, "nf4/fp4 block size")->capture_default_str();
   app.add_option("--lora-r,-r", r.lora.r, "LoRA rank")->capture_default_str();
-  app.add_option("--targets", targets, "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear");
+  app.add_option("--targets", targets, "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (Phi-3: qkv_proj,o_proj,gate_up_proj,down_proj) or all-linear");
   app.add_flag("--lora-dropout", lora_dropout, "LoRA dropout on (keeps the dropped input)");
   app.add_option("--optimizer-dtype", optimizer_dtype, "AdamW m/v dtype: fp32 | bf16")->capture_default_str();
   app.add_option("--micro-batch,-b", r.micro_batch, "sequences per GPU per micro-step")->capture_default_str();

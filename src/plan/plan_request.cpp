@@ -33,26 +33,27 @@ PlanRequest normalize_request(const PlanRequest& in) {
 
   if (r.method != Method::Full) {
     require_positive("--lora-r", r.lora.r);
+    // The seven projections, and this model's fused modules (Phi-3's qkv_proj, gate_up_proj).
+    std::vector<std::string> known = all_linear_targets();
+    for (const auto& m : lora_modules(r.model))
+      if (std::find(known.begin(), known.end(), m) == known.end()) known.push_back(m);
     std::vector<std::string> t;
     for (const auto& name : r.lora.targets) {
       if (name == "all-linear" || name == "all") {
         t = all_linear_targets();
         break;
       }
-      const auto& all = all_linear_targets();
-      if (std::find(all.begin(), all.end(), name) == all.end()) {
-        std::vector<std::string> choices = all;
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
+        std::vector<std::string> choices = known;
         choices.push_back("all-linear");
         bad_choice("--targets", name, choices);
       }
       if (std::find(t.begin(), t.end(), name) == t.end()) t.push_back(name);
     }
     if (t.empty()) t = all_linear_targets();
-    // Keep layer order so plans and names are stable whatever order the user wrote.
-    std::vector<std::string> ordered;
-    for (const auto& a : all_linear_targets())
-      if (std::find(t.begin(), t.end(), a) != t.end()) ordered.push_back(a);
-    r.lora.targets = ordered;
+    // The model's LoRA modules in layer order, so plans and names are stable whatever order the
+    // user wrote (a fused model's q/k/v become qkv_proj; a part of a fused module alone is refused).
+    r.lora.targets = lora_targets_for(r.model, t);
   }
 
   require_positive("--micro-batch", r.micro_batch);

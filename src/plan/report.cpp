@@ -26,8 +26,9 @@ std::string method_text(const PlanRequest& r) {
   if (r.double_quant.value_or(false)) m += " + double quant";
   if (r.method != Method::Full) {
     m += ", r=" + std::to_string(r.lora.r) + " on ";
-    m += r.lora.targets.size() == 7 ? std::string("all-linear") : "";
-    if (r.lora.targets.size() != 7)
+    const bool all = r.lora.targets == lora_modules(r.model);
+    m += all ? std::string("all-linear") : "";
+    if (!all)
       for (size_t i = 0; i < r.lora.targets.size(); i++) m += (i ? "," : "") + r.lora.targets[i];
   }
   if (is_preference(r.objective))

@@ -114,3 +114,29 @@ TEST(PlanBackend, HeadDimsTheCudaAttentionRefusesAreNamed) {
   for (const auto& w : make_plan(r).warnings) softcap = softcap || w.find("soft-capping") != std::string::npos;
   EXPECT_TRUE(softcap);
 }
+
+// --targets in the model's LoRA modules: Phi-4's all-linear is its four fused modules (the LoRA
+// FLOPs count one A per fused module), qkv_proj is accepted there and refused on Llama, and naming
+// only part of a fused module is refused.
+TEST(PlanBackend, TargetsAreTheModelsLoraModules) {
+  PlanRequest r = request("h100-sxm");
+  r.model = preset_config("phi-4");
+  r.model_label = "phi-4";
+  r.lora.targets = {"all-linear"};
+  const PlanResult all = make_plan(r);
+  EXPECT_EQ(all.req.lora.targets, (std::vector<std::string>{"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}));
+  EXPECT_NE(plan_text(all).find("on all-linear"), std::string::npos);
+  r.lora.targets = {"qkv_proj"};
+  EXPECT_EQ(make_plan(r).req.lora.targets, (std::vector<std::string>{"qkv_proj"}));
+  r.lora.targets = {"q_proj"};
+  EXPECT_THROW(make_plan(r), Error);
+  PlanRequest l = request("h100-sxm");
+  l.lora.targets = {"qkv_proj"};
+  try {
+    make_plan(l);
+    ADD_FAILURE() << "qkv_proj accepted on llama3-8b";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("--targets"), std::string::npos) << e.what();
+  }
+}
