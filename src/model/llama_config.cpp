@@ -386,7 +386,7 @@ const Preset kPresets[] = {
   {"gemma-2-9b",     "google/gemma-2-9b",                      "gemma2",  256000, 3584,  14336, 42,  16, 8,  256, 8192,   1e-6, 10000,   "none",   1,   true,  2,      1,      "float32"},
   {"gemma-2-27b",    "google/gemma-2-27b",                     "gemma2",  256000, 4608,  36864, 46,  32, 16, 128, 8192,   1e-6, 10000,   "none",   1,   true,  2,      1,      "float32"},
   // Gemma 3: the text model (text_config of the multimodal 4b/12b/27b checkpoints); window and
-  // query_pre_attn_scalar in kGemma3 below.
+  // query_pre_attn_scalar in kGemma below.
   {"gemma-3-1b",     "google/gemma-3-1b-pt",                   "gemma3_text", 262144, 1152, 6912, 26, 4, 1, 256, 32768,  1e-6, 1e6,     "none",   1,   true,  2,      1,      "bfloat16"},
   {"gemma-3-4b",     "google/gemma-3-4b-pt",                   "gemma3_text", 262208, 2560, 10240, 34, 8, 4, 256, 131072, 1e-6, 1e6,     "linear", 8,   true,  2,      1,      "bfloat16"},
   {"gemma-3-12b",    "google/gemma-3-12b-pt",                  "gemma3_text", 262208, 3840, 15360, 48, 16, 8, 256, 131072, 1e-6, 1e6,    "linear", 8,   true,  2,      1,      "bfloat16"},
@@ -403,12 +403,12 @@ const Preset kPresets[] = {
 
 // Gemma's sliding window and query_pre_attn_scalar per preset (Gemma 2: every other layer global;
 // Gemma 3: every 6th, local RoPE base 10,000).
-struct Gemma3Extra {
+struct GemmaExtra {
   const char* name;
   int64_t window;
   double query_pre_attn_scalar;
 };
-const Gemma3Extra kGemma3[] = {
+const GemmaExtra kGemma[] = {
     {"gemma-2-2b", 4096, 256}, {"gemma-2-9b", 4096, 256},   {"gemma-2-27b", 4096, 144}, {"gemma-3-1b", 512, 256},
     {"gemma-3-4b", 1024, 256}, {"gemma-3-12b", 1024, 256}, {"gemma-3-27b", 1024, 168}};
 }  // namespace
@@ -459,7 +459,7 @@ LlamaConfig preset_config(const std::string& name) {
     c.qk_norm = c.model_type == "qwen3";
     if (c.model_type == "gemma3_text" || c.model_type == "gemma2") {
       const bool gemma2 = c.model_type == "gemma2";
-      for (const auto& g : kGemma3)
+      for (const auto& g : kGemma)
         if (name == g.name) {
           c.sliding_window = g.window;
           c.query_pre_attn_scalar = g.query_pre_attn_scalar;

@@ -78,11 +78,14 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   for (const auto& m : lora_modules(cfg_)) {
     const std::vector<std::string> parts = module_projections(cfg_, m);
     int64_t row0 = 0;
+    auto index = [](const std::string& proj) {
+      return int(std::find(std::begin(kProj), std::end(kProj), proj) - std::begin(kProj));
+    };
     for (const auto& part : parts) {
-      const int p = int(std::find(std::begin(kProj), std::end(kProj), part) - std::begin(kProj));
+      const int p = index(part);
       mod_name_[size_t(p)] = m;
-      mod_first_[size_t(p)] = int(std::find(std::begin(kProj), std::end(kProj), parts.front()) - std::begin(kProj));
-      mod_last_[size_t(p)] = int(std::find(std::begin(kProj), std::end(kProj), parts.back()) - std::begin(kProj));
+      mod_first_[size_t(p)] = index(parts.front());
+      mod_last_[size_t(p)] = index(parts.back());
       mod_row0_[size_t(p)] = row0;
       row0 += projection_shape(cfg_, part).first;
     }
@@ -550,9 +553,6 @@ int LlamaModel::lora_index(int64_t l, int p) const { return lora_slot_[size_t(l 
 
 static uint64_t dropout_stream(int64_t layer, int proj) { return uint64_t(layer) * 7 + uint64_t(proj); }
 
-// Rows [row0, row0 + rows) of a (out, r) LoRA B (or its gradient): a fused module's part.
-static Tensor b_rows(const Tensor& b, int64_t row0, int64_t rows) { return row_slice(b, row0, rows); }
-
 // y (N,out) "=" x W^T + bias + s * dropout(x) A^T B^T. A fused module's first projection computes
 // the shared h = dropout(x) A^T; each projection adds its rows of B.
 void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, const Acts& a, bool train,
@@ -572,7 +572,7 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   if (li < 0) return;
   const LoraParam& B = lora_params_[size_t(li) + 1];
   if (mod_first_[size_t(p)] == p) lora_h_fwd(x, l, p, a, train, seed, row0);  // h = xd A^T  (N,r)
-  const Tensor bw = b_rows(B.w, mod_row0_[size_t(p)], out);
+  const Tensor bw = row_slice(B.w, mod_row0_[size_t(p)], out);  // this projection's rows of B
   be_.matmul({y, row_slice(a.lora_h[p], row0, n), bw, n, out, lora_.r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
 }
 
@@ -604,9 +604,9 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   const uint64_t mask_at = uint64_t(row0 * in);
   const uint64_t stream = dropout_stream(l, mod_first_[size_t(p)]);
   const int64_t b0 = mod_row0_[size_t(p)];
-  be_.matmul({b_rows(B.g, b0, out), dy, row_slice(a.lora_h[p], row0, n), out, r, n, true, false, s, 1.0f});  // dB += s dy^T h
+  be_.matmul({row_slice(B.g, b0, out), dy, row_slice(a.lora_h[p], row0, n), out, r, n, true, false, s, 1.0f});  // dB += s dy^T h
   Tensor dh = as_matrix(views_->lora_dh, n, r);
-  be_.matmul({dh, dy, b_rows(B.w, b0, out), n, r, out, false, false, s,
+  be_.matmul({dh, dy, row_slice(B.w, b0, out), n, r, out, false, false, s,
               mod_first_[size_t(p)] == p ? 0.0f : 1.0f});  // dh = (+=) s dy B   (N,r)
   if (mod_last_[size_t(p)] != p) return;
   Tensor xin = x;
