@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import transformers
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
-                          Qwen2Config, Qwen3Config, get_cosine_schedule_with_warmup)
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig,
+                          get_cosine_schedule_with_warmup)
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -106,10 +107,48 @@ def variant_configs():
                             pad_token_id=0, original_max_position_embeddings=64,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                  1011, "legacy"),
+        # Mixture of experts: 16 experts of 32, two per token (softmax, top-2, renormalised), so
+        # over the fixture's 24 tokens some experts get several tokens and some none.
+        "mixtral": (MixtralConfig(**{**DIMS, "intermediate_size": 32}, num_key_value_heads=2, num_local_experts=16,
+                                  num_experts_per_tok=2, router_jitter_noise=0.0, sliding_window=None,
+                                  tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                    1014, "legacy"),
+        # Qwen3-MoE: Qwen3's attention (q/k norms, head_dim 16) and 32 experts of 24, four per token,
+        # the chosen probabilities not renormalised (norm_topk_prob false: the other router branch).
+        "qwen3_moe": (Qwen3MoeConfig(**DIMS, num_key_value_heads=2, head_dim=16, num_experts=32,
+                                     num_experts_per_tok=4, moe_intermediate_size=24, norm_topk_prob=False,
+                                     tie_word_embeddings=False, use_sliding_window=False,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                      1015, "legacy"),
     }
 
-# PEFT's target module names where a family fuses projections.
-FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
+# PEFT's target module names where a family fuses projections, and PEFT's all-linear in the
+# mixture-of-experts families (their experts are stacked parameters, not Linear modules).
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral": ATTENTION,
+                 "qwen3_moe": ATTENTION}
+ROUTER_SCALE = 1.0  # router weights: logits spread enough that no top-k choice is a near tie
+MIN_LOGIT_GAP = 2e-3  # the f32 logits of engine and transformers differ by ~1e-5
+
+
+class RoutingWatch:
+    """Every routing decision of a MoE model's forwards: tokens per expert per call, and the
+    smallest gap between the k-th and the (k+1)-th largest router logit (rounding must not be able
+    to flip a choice: the engine has to choose the same experts)."""
+
+    def __init__(self, model):
+        self.counts, self.min_gap = [], float("inf")
+        for name, mod in model.named_modules():
+            if name.endswith("mlp.gate"):
+                mod.register_forward_hook(self.hook)
+
+    def hook(self, mod, inp, out):
+        logits, _, idx = out
+        p = logits.detach().float().sort(dim=-1, descending=True).values
+        k = idx.shape[-1]
+        self.min_gap = min(self.min_gap, float((p[:, k - 1] - p[:, k]).min()))
+        self.counts.append(torch.bincount(idx.flatten(), minlength=logits.shape[-1]).tolist())
 
 
 def init_weights(model, gen):
@@ -120,6 +159,8 @@ def init_weights(model, gen):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(offset + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("mlp.gate.weight"):  # a MoE router
+                p.copy_(ROUTER_SCALE * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
             else:
@@ -282,9 +323,14 @@ def make_variant(name, config, seed, style):
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
                                                  dtype=torch.float32)
     model.eval()
+    moe = getattr(config, "num_experts_per_tok", None) is not None
+    watch = RoutingWatch(model) if moe else None
     out = {"input_ids": ids.to(torch.int32), "labels": labels.to(torch.int32)}
     with torch.no_grad():
         res = model(input_ids=ids, labels=labels)
+    if moe:  # uneven loads with an idle expert, and no choice that rounding could flip
+        assert any(0 in c for c in watch.counts) and all(max(c) > min(c) for c in watch.counts), watch.counts
+        assert watch.min_gap > MIN_LOGIT_GAP, watch.min_gap
     torch.testing.assert_close(res.logits, ref, rtol=0, atol=0)  # config rewrite changed nothing
     lsum, n = token_loss_sum(res.logits, labels)
     torch.testing.assert_close(res.loss, lsum / n)
@@ -354,6 +400,9 @@ def make_variant(name, config, seed, style):
     check_accumulation(fresh, t_ids, t_labels, rec["grads"][0])
 
     check_replay(saved, out)
+    if moe:  # the training run's routing too (its gradients are compared)
+        assert watch.min_gap > MIN_LOGIT_GAP, watch.min_gap
+        print("%s: tokens per expert of the first forward %s" % (name, watch.counts[:len(model.model.layers)]))
     out = {k: v.contiguous() for k, v in out.items()}
     save_file(out, os.path.join(PARITY, name + ".safetensors"),
               metadata={"generator": generator_note()})

@@ -26,6 +26,11 @@ namespace qlora {
   X(attention_bwd, AttentionBwdArgs)    \
   X(swiglu_fwd, SwigluFwdArgs)          \
   X(swiglu_bwd, SwigluBwdArgs)          \
+  X(moe_route_fwd, MoeRouteArgs)        \
+  X(moe_route_bwd, MoeRouteBwdArgs)     \
+  X(gather_rows, GatherRowsArgs)        \
+  X(combine_rows, CombineRowsArgs)      \
+  X(row_dots, RowDotsArgs)              \
   X(add, AddArgs)                       \
   X(bias_add, BiasAddArgs)              \
   X(scale, ScaleArgs)                   \

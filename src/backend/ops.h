@@ -149,6 +149,51 @@ struct SwigluBwdArgs {
   Activation act = Activation::Silu;
 };
 
+// Mixture-of-experts routing (Mixtral, Qwen3-MoE), as transformers' top-k routers: per token
+// p = softmax(logits) in f32 over the n_experts, its top_k largest (ties: the lower expert first),
+// those p divided by their sum when norm_topk. The (token, choice) pairs are then laid out sorted by
+// expert, an expert's in token order (the rows its GEMMs read). Outputs, all "=":
+//   expert (N,K) I32 and weight (N,K) F32: token t's j-th choice (descending p) and its weight;
+//   row (N,K) I32: the row of (t, j) in the expert-sorted layout (0 .. N*K-1);
+//   token (N*K) I32 and row_weight (N*K) F32: the token of each sorted row and its weight;
+//   offsets (E+1) I32: expert e's rows are [offsets[e], offsets[e+1]).
+// logits (N,E) in the compute dtype.
+struct MoeRouteArgs {
+  Tensor logits, expert, weight, row, token, row_weight, offsets;
+  int64_t n = 0, n_experts = 0, top_k = 0;
+  bool norm_topk = true;
+};
+// dlogits (N,E) "=" the gradient of sum_{t,j} dweight[t,j] * weight[t,j] through the
+// renormalisation and the softmax (the choice itself has none): with g_j = dweight[t,j] and
+// Z = sum of the chosen p (1 without norm_topk), dp_e = (g_j - [norm_topk] sum_i g_i weight_i) / Z
+// for the chosen e = expert[t,j], 0 for the others; dlogits_e = p_e (dp_e - sum_f p_f dp_f).
+// dweight (N,K) F32; logits and expert as in the forward.
+struct MoeRouteBwdArgs {
+  Tensor dlogits, dweight, logits, expert;
+  int64_t n = 0, n_experts = 0, top_k = 0;
+  bool norm_topk = true;
+};
+// dst (M,C) "=" rows of src (R,C): dst[r] = src[index[r]] * scale[r] (scale (M) F32; empty: 1).
+struct GatherRowsArgs {
+  Tensor dst, src, scale;
+  const int32_t* index = nullptr;  // (M) on the device, each in [0, R)
+  int64_t m = 0, c = 0;
+};
+// out (N,C) "=" (or "+=" with accumulate) the weighted sum of k rows of src (M,C) per token:
+// out[t] = sum_j weight[t,j] * src[row[t,j]], j in order (weight (N,K) F32; empty: 1).
+struct CombineRowsArgs {
+  Tensor out, src, weight;
+  const int32_t* row = nullptr;  // (N,K) on the device, each in [0, M)
+  int64_t n = 0, k = 0, c = 0;
+  bool accumulate = false;
+};
+// out (N,K) F32 "=": out[t,j] = dot(a[t], b[row[t,j]]) in f32; a (N,C), b (M,C).
+struct RowDotsArgs {
+  Tensor out, a, b;
+  const int32_t* row = nullptr;  // (N,K) on the device
+  int64_t n = 0, k = 0, c = 0;
+};
+
 // y += x  (elementwise, n elements).
 struct AddArgs {
   Tensor y, x;

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "backend/cuda_scratch.h"
+#include "model/experts.h"
 #include "model/quant_bytes.h"
 
 namespace qlora {
@@ -51,7 +52,7 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   const bool lora = o.method != Method::Full;
   // Rows a projection's GEMM takes at once: the MLP's run over tiles (mlp_rows), the rest over N.
   auto rows_of = [&](const std::string& proj) {
-    return proj == "gate_proj" || proj == "up_proj" || proj == "down_proj" ? mlp_rows(o) : N;
+    return proj == "gate_proj" || proj == "up_proj" || proj == "down_proj" ? mlp_rows(o, c) : N;
   };
 
   // Made by the backend itself when it is constructed.
@@ -75,13 +76,17 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   //                               dy^T h, dh^T x        both bf16 (the f32 grads are C)
   //   LM head fwd                 x W^T                 both bf16, C = the f32 logits chunk
   //   LM head dgrad               dlogits W             A = chunk*V (the f32 logits chunk)
+  //   MoE router fwd / dgrad      ln2 Wr^T (C f32), dlogits Wr   A = N*experts (the f32 router gradient)
   const int64_t chunk = std::min(o.ce_chunk, N);
-  const int64_t cvt_a = chunk * V;
+  // A mixture of experts' router backward, d(logits) W_r: d(logits) is f32 (N x experts).
+  const int64_t cvt_a = std::max(chunk * V, c.moe() ? N * c.n_experts : 0);
   int64_t cvt_b = 0;
-  for (const auto& t : all_linear_targets()) {
+  for (const auto& t : dense_projections(c)) {
     const auto [out, in] = projection_shape(c, t);
     if (f32_base) cvt_b = std::max(cvt_b, out * in);
   }
+  if (f32_base && c.moe())  // one expert's weight at a time
+    for (const auto& k : expert_kinds()) cvt_b = std::max(cvt_b, expert_shape(c, k).first * expert_shape(c, k).second);
   if (lora)  // per LoRA module (a fused module's B whole: its projections use parts of it)
     for (const auto& t : lora_targets_for(c, o.lora.targets)) {
       const auto [out, in] = projection_shape(c, t);
@@ -95,14 +100,14 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   // matmul_fp8 (FP8 base GEMMs): amax partials, scale and the e4m3 codes of the widest input.
   if (o.gemm_dtype == GemmDtype::Fp8) {
     int64_t bytes = 0;
-    for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp8_act_bytes(rows_of(t), projection_shape(c, t).second));
+    for (const auto& t : dense_projections(c)) bytes = std::max(bytes, cp::fp8_act_bytes(rows_of(t), projection_shape(c, t).second));
     plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp8Act), MC::Workspace, bytes, Lifetime::Layer);
     plan.buffers.back().owner = BufferOwner::ArenaScratch;
   }
   // matmul_fp4 (FP4 base GEMMs): amax partials, scales, e2m1 codes and tiled e4m3 of the widest input.
   if (o.gemm_dtype == GemmDtype::Fp4) {
     int64_t bytes = 0;
-    for (const auto& t : all_linear_targets()) bytes = std::max(bytes, cp::fp4_act_bytes(rows_of(t), projection_shape(c, t).second));
+    for (const auto& t : dense_projections(c)) bytes = std::max(bytes, cp::fp4_act_bytes(rows_of(t), projection_shape(c, t).second));
     plan.add_bytes(cp::scratch_buffer_name(cp::ScratchSlot::Fp4Act), MC::Workspace, bytes, Lifetime::Layer);
     plan.buffers.back().owner = BufferOwner::ArenaScratch;
   }

@@ -10,7 +10,8 @@
 namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"};
+  static const std::vector<std::string> v = {"llama",  "mistral",     "qwen2", "qwen3",  "gemma2",
+                                             "gemma3_text", "phi3", "mixtral", "qwen3_moe"};
   return v;
 }
 
@@ -42,6 +43,13 @@ void LlamaConfig::validate(const std::string& where) const {
          "grouped-query attention shares each kv head among n_head / n_head_kv query heads");
   if (head_dim % 2 != 0)
     fail(ErrorKind::Config, where + ": key 'head_dim'", "must be even for RoPE, got " + std::to_string(head_dim));
+  if (moe()) {
+    positive(experts_per_tok, "num_experts_per_tok");
+    positive(expert_intermediate_size, model_type == "qwen3_moe" ? "moe_intermediate_size" : "intermediate_size");
+    if (experts_per_tok > n_experts)
+      fail(ErrorKind::Config, where + ": key 'num_experts_per_tok'",
+           std::to_string(experts_per_tok) + " experts per token of " + std::to_string(n_experts));
+  }
   if (!(rms_norm_eps > 0)) fail(ErrorKind::Config, where + ": key 'rms_norm_eps'", "must be positive");
   if (!(rope_theta > 0)) fail(ErrorKind::Config, where + ": key 'rope_theta'", "must be positive");
   if (rope_scaling.type != "none" && !(rope_scaling.factor > 0))
@@ -59,8 +67,15 @@ int64_t LlamaConfig::n_params() const {
   int64_t attn = C * q_dim() + 2 * C * kv_dim() + q_dim() * C;  // q, k, v, o
   if (attention_bias) attn += q_dim() + 2 * kv_dim();            // q/k/v biases (o has none)
   if (qk_norm) attn += 2 * head_dim;                              // q_norm, k_norm
-  int64_t layer = attn + 3 * C * F + (sandwich_norms ? 4 : 2) * C;  // + gate/up/down + 2 (or 4) norms
+  // + gate/up/down (every expert's, and the router) + 2 (or 4) norms
+  const int64_t mlp = moe() ? n_experts * 3 * C * expert_intermediate_size + n_experts * C : 3 * C * F;
+  int64_t layer = attn + mlp + (sandwich_norms ? 4 : 2) * C;
   return V * C + n_layer * layer + C + (tie_word_embeddings ? 0 : V * C);
+}
+
+int64_t LlamaConfig::active_params() const {
+  if (!moe()) return n_params();
+  return n_params() - n_layer * (n_experts - experts_per_tok) * 3 * hidden_size * expert_intermediate_size;
 }
 
 float LlamaConfig::attn_scale() const {
@@ -217,6 +232,36 @@ static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) 
     fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "phi3 attention biases are not supported");
 }
 
+// Mixtral (MixtralConfig) and Qwen3-MoE (Qwen3MoeConfig): the experts and the router. What
+// changes the math and is not implemented is refused: the router's jitter noise, the auxiliary
+// load-balancing loss (output_router_logits), Qwen3-MoE's dense layers among the sparse ones.
+static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
+  const bool mixtral = c.model_type == "mixtral";
+  // Qwen3MoeConfig reads num_experts (Hub files) and writes num_local_experts (transformers 5).
+  const char* experts_key = mixtral || (!json_find(j, "num_experts") && json_find(j, "num_local_experts"))
+                                ? "num_local_experts" : "num_experts";
+  c.n_experts = json_int_or(j, experts_key, mixtral ? 8 : 128, where);
+  c.experts_per_tok = json_int_or(j, "num_experts_per_tok", mixtral ? 2 : 8, where);
+  c.expert_intermediate_size = mixtral ? c.intermediate_size : json_int_or(j, "moe_intermediate_size", 768, where);
+  c.norm_topk_prob = mixtral || json_bool_or(j, "norm_topk_prob", false, where);
+  if (c.n_experts <= 0)
+    fail(ErrorKind::Config, where + ": key '" + std::string(experts_key) + "'",
+         "must be positive, got " + std::to_string(c.n_experts));
+  if (const json* jn = json_find(j, "router_jitter_noise"); jn && !jn->is_null() && json_number(j, "router_jitter_noise", where) != 0)
+    fail(ErrorKind::Unsupported, where + ": key 'router_jitter_noise'",
+         "noise on the router's input in training is not implemented", "set it to 0.0");
+  if (json_bool_or(j, "output_router_logits", false, where))
+    fail(ErrorKind::Unsupported, where + ": key 'output_router_logits'",
+         "the router's auxiliary load-balancing loss (router_aux_loss_coef) is not implemented",
+         "set output_router_logits to false: the loss is then the language-model loss alone, as transformers computes it");
+  if (!mixtral) {
+    if (json_int_or(j, "decoder_sparse_step", 1, where) != 1)
+      fail(ErrorKind::Unsupported, where + ": key 'decoder_sparse_step'", "dense MLP layers between the sparse ones are not implemented");
+    if (const json* mo = json_find(j, "mlp_only_layers"); mo && mo->is_array() && !mo->empty())
+      fail(ErrorKind::Unsupported, where + ": key 'mlp_only_layers'", "dense MLP layers between the sparse ones are not implemented");
+  }
+}
+
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where) {
   json j = parse_json(json_text, where);
   if (!j.is_object()) fail(ErrorKind::Config, where, std::string("expected a JSON object, got ") + json_type_name(j));
@@ -249,7 +294,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   c.n_head_kv = json_int_or(j, "num_key_value_heads", c.n_head, where);
   if (c.n_head <= 0)
     fail(ErrorKind::Config, where + ": key 'num_attention_heads'", "must be positive, got " + std::to_string(c.n_head));
-  const bool qwen3 = c.model_type == "qwen3";
+  const bool qwen3 = c.model_type == "qwen3" || c.model_type == "qwen3_moe";  // Qwen3's attention
   if (json_find(j, "head_dim") && !(*json_find(j, "head_dim")).is_null()) {
     c.head_dim = json_int(j, "head_dim", where);
   } else if (qwen3) {
@@ -269,10 +314,10 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   c.max_position_embeddings = json_int_or(j, "max_position_embeddings",
                                           llama || phi3    ? (phi3 ? 4096 : 2048)
                                           : gemma         ? (c.model_type == "gemma2" ? 8192 : 131072)
-                                          : c.model_type == "mistral" ? 131072
+                                          : c.model_type == "mistral" || c.model_type == "mixtral" ? 131072
                                                            : 32768,
                                           where);
-  c.rms_norm_eps = json_number_or(j, "rms_norm_eps", 1e-6, where);
+  c.rms_norm_eps = json_number_or(j, "rms_norm_eps", c.model_type == "mixtral" ? 1e-5 : 1e-6, where);
   c.tie_word_embeddings = json_bool_or(j, "tie_word_embeddings", gemma, where);
   if (gemma) {
     parse_gemma(j, c, where);
@@ -294,6 +339,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   }
 
   if (phi3) parse_phi3(j, c, where);
+  if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(j, c, where);
   if (c.model_type == "qwen2") {
     c.attention_bias = true;  // Qwen2 always has q/k/v biases; its config has no key for it
   } else if (qwen3) {
@@ -311,7 +357,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   // max_window_layers (default 28) on, or to the layers `layer_types` marks "sliding_attention".
   const json* sw = json_find(j, "sliding_window");
   const bool sw_set = sw && !sw->is_null();
-  if ((c.model_type == "mistral" || phi3) && sw_set) {  // Phi3Attention: the window on every layer
+  if ((c.model_type == "mistral" || c.model_type == "mixtral" || phi3) && sw_set) {  // Phi3Attention: the window on every layer
     c.sliding_window = json_int(j, "sliding_window", where);
   } else if ((c.model_type == "qwen2" || qwen3) && sw_set) {
     // transformers: layer_types when the file has them, else use_sliding_window on the layers from
@@ -394,6 +440,9 @@ const Preset kPresets[] = {
   // Phi: qkv_proj and gate_up_proj fused; Phi-3-mini-4k slides a window of 2047 keys on every layer.
   {"phi-3-mini-4k",  "microsoft/Phi-3-mini-4k-instruct",       "phi3",    32064,  3072,  8192,  32,  32, 32, 96,  4096,   1e-5, 10000,   "none",   1,   false, 1,      32000,  "bfloat16"},
   {"phi-4",          "microsoft/phi-4",                        "phi3",    100352, 5120,  17920, 40,  40, 10, 128, 16384,  1e-5, 250000,  "none",   1,   false, 100257, 100265, "bfloat16"},
+  // Mixture of experts: experts, experts per token and the expert's size in kMoe below.
+  {"mixtral-8x7b",   "mistralai/Mixtral-8x7B-v0.1",            "mixtral", 32000,  4096,  14336, 32,  32, 8,  128, 32768,  1e-5, 1e6,     "none",   1,   false, 1,      2,      "bfloat16"},
+  {"qwen3-30b-a3b",  "Qwen/Qwen3-30B-A3B",                     "qwen3_moe", 151936, 2048, 6144, 48,  32, 4,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
   {"smollm2-135m",   "HuggingFaceTB/SmolLM2-135M",             "llama",   49152,  576,   1536,  30,  9,  3,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-360m",   "HuggingFaceTB/SmolLM2-360M",             "llama",   49152,  960,   2560,  32,  15, 5,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-1.7b",   "HuggingFaceTB/SmolLM2-1.7B",             "llama",   49152,  2048,  8192,  24,  32, 32, 64,  8192,   1e-5, 130000,  "none",   1,   true,  0,      0,      "bfloat16"},
@@ -411,6 +460,15 @@ struct GemmaExtra {
 const GemmaExtra kGemma[] = {
     {"gemma-2-2b", 4096, 256}, {"gemma-2-9b", 4096, 256},   {"gemma-2-27b", 4096, 144}, {"gemma-3-1b", 512, 256},
     {"gemma-3-4b", 1024, 256}, {"gemma-3-12b", 1024, 256}, {"gemma-3-27b", 1024, 168}};
+
+// The mixture-of-experts presets' experts (their config.json: num_local_experts / num_experts,
+// num_experts_per_tok, intermediate_size / moe_intermediate_size, norm_topk_prob).
+struct MoeExtra {
+  const char* name;
+  int64_t experts, per_tok, expert_size;
+  bool norm_topk;
+};
+const MoeExtra kMoe[] = {{"mixtral-8x7b", 8, 2, 14336, true}, {"qwen3-30b-a3b", 128, 8, 768, true}};
 }  // namespace
 
 const std::vector<std::string>& preset_names() {
@@ -456,7 +514,14 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_scaling.original_max_position_embeddings = 8192;
     }
     c.attention_bias = c.model_type == "qwen2";
-    c.qk_norm = c.model_type == "qwen3";
+    c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+    for (const auto& m : kMoe)
+      if (name == m.name) {
+        c.n_experts = m.experts;
+        c.experts_per_tok = m.per_tok;
+        c.expert_intermediate_size = m.expert_size;
+        c.norm_topk_prob = m.norm_topk;
+      }
     if (c.model_type == "gemma3_text" || c.model_type == "gemma2") {
       const bool gemma2 = c.model_type == "gemma2";
       for (const auto& g : kGemma)

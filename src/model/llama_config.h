@@ -18,7 +18,7 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma2 | gemma3_text | phi3
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma2 | gemma3_text | phi3 | mixtral | qwen3_moe
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;         // C
   int64_t intermediate_size = 0;   // F
@@ -70,14 +70,24 @@ struct LlamaConfig {
     if (sliding_window <= 0) return 0;
     return sliding_layers.empty() || sliding_layers[size_t(layer)] ? sliding_window : 0;
   }
+  // Mixture of experts (mixtral, qwen3_moe): every layer's MLP is n_experts SwiGLU experts of
+  // expert_intermediate_size, and a router (n_experts, hidden_size) sends each token to
+  // experts_per_tok of them: p = softmax(router logits) in f32, the top experts_per_tok of p,
+  // renormalised to sum 1 when norm_topk_prob (Mixtral always; Qwen3-MoE by its key), and the
+  // token's output is the sum of the chosen experts' outputs times those weights. 0: dense.
+  int64_t n_experts = 0, experts_per_tok = 0, expert_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  bool moe() const { return n_experts > 0; }
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string torch_dtype = "float32";
   std::string name;                // preset name or source path, for messages
 
   int64_t q_dim() const { return n_head * head_dim; }
   int64_t kv_dim() const { return n_head_kv * head_dim; }
-  // Parameter count of the base model (embeddings + layers + norm + untied head).
+  // Parameter count of the base model (embeddings + layers + norm + untied head), every expert counted.
   int64_t n_params() const;
+  // Those a token computes with: the chosen experts only (n_params() for a dense model).
+  int64_t active_params() const;
   // Throws Error(Config) naming the field when the shape is inconsistent.
   void validate(const std::string& where) const;
 };

@@ -12,6 +12,7 @@
 #include "core/host_memory.h"
 #include "core/rng.h"
 #include "model/backend_plan.h"
+#include "model/experts.h"
 #include "model/fused_projections.h"
 #include "model/gemm_dtype.h"
 #include "model/quant_bytes.h"
@@ -29,6 +30,10 @@ struct LlamaModel::Acts {
   // (one MLP tile's rows), with each norm's 1/rms (N)
   Tensor attn_out, rstd_pa, mlp_out, rstd_pf;
   Tensor lora_h[7];
+  // Mixture of experts: router logits (N,E); the routing (MoeRouteArgs: expert, weight, row, token,
+  // row_weight, offsets); the experts' inputs and outputs in the expert-sorted layout (N*K, C). gate,
+  // up and h above then hold N*K rows of expert_intermediate_size.
+  Tensor moe_logits, moe_expert, moe_weight, moe_row, moe_token, moe_row_weight, moe_offsets, moe_x, moe_y;
 };
 
 // Every buffer one layer's step touches, resolved from the plan once when the model is built
@@ -44,9 +49,12 @@ struct LlamaModel::LayerViews {
   const void* packed[7] = {};    // quantized base: the packed projection
   const void* gemm_scales[7] = {};  // gemm_dtype fp4: the projection's GEMM scales (quant/fp4_gemm.h)
   Tensor bias[3];                // q/k/v biases (attention_bias models)
+  Tensor router;                 // mixture of experts: (E,C)
+  Tensor experts[3];             // gate_proj, up_proj, down_proj stacked over the experts: (E,out,in)
 };
 struct LlamaModel::StepViews {
   Tensor dres, dln, tmp, dgate, dup, datt, dq, dk, dv, lora_dh, lora_xd, dequant, inv_freq;
+  Tensor moe_dy, moe_dlogits, moe_dw;  // mixture of experts
   Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
   int64_t dequant_offset[7] = {};  // element offset of each projection inside a ws.dequant slot
   int64_t dequant_slot = 0;        // elements per slot (one layer)
@@ -74,7 +82,9 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     : cfg_(cfg), be_(be), opts_(o), lora_(lora), quant_io_(be) {
   cfg_.validate(cfg_.name);
   lora_.targets = lora_targets_for(cfg_, lora_.targets);  // in the model's modules (fused qkv_proj ...)
-  // Each projection's LoRA module: the projections it spans and this one's rows of its B.
+  // Each projection's LoRA module: the projections it spans and this one's rows of its B (itself
+  // alone unless a module spans it; a MoE layer's MLP projections are in none and take no adapter).
+  for (int p = 0; p < 7; p++) mod_name_[size_t(p)] = kProj[p], mod_first_[size_t(p)] = mod_last_[size_t(p)] = p;
   for (const auto& m : lora_modules(cfg_)) {
     const std::vector<std::string> parts = module_projections(cfg_, m);
     int64_t row0 = 0;
@@ -96,7 +106,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   opts_.compute_dtype = be_.compute_dtype();
   opts_.lora = lora_;
   ckpt_ = recomputes(opts_.checkpointing);
-  mlp_rows_ = mlp_rows(opts_);
+  mlp_rows_ = mlp_rows(opts_, cfg_);
   {
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
     opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
@@ -112,6 +122,20 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
          "the cuda backend's attention (its own flash kernel and cuDNN's fused attention) takes head dims that are "
          "multiples of 8 up to 128",
          "use device: cpu for this model");
+  if (cfg_.moe()) {
+    auto refuse = [&](const std::string& what, const std::string& hint) {
+      fail(ErrorKind::Unsupported, "model '" + cfg_.name + "' (" + cfg_.model_type + ", mixture of experts)",
+           what + " is not implemented for mixture-of-experts models", hint);
+    };
+    if (is_quantized(base_of(opts_)))
+      refuse("a quantized base (QLoRA: " + std::string(base_precision_name(base_of(opts_))) + ")",
+             "train LoRA on the bf16 base: base_precision bf16");
+    if (opts_.base_shards > 0) refuse("sharding fsdp", "use sharding: none or zero1");
+    if (opts_.gemm_dtype != GemmDtype::Bf16) refuse("FP8/FP4 base GEMMs", "use gemm_dtype bf16");
+    if (opts_.mlp_tile > 0) refuse("the tiled MLP (mlp_tile)", "leave mlp_tile unset");
+    if (cfg_.experts_per_tok > 16 && be_.device() == DeviceKind::Cuda)
+      refuse("more than 16 experts per token on the cuda backend", "use device: cpu");
+  }
   offload_ = opts_.checkpointing == Checkpointing::Offload;
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
@@ -178,6 +202,11 @@ void LlamaModel::resolve_views() {
       {&StepViews::final_rstd, "act.final_rstd"}, {&StepViews::norm, "norm"},
       {&StepViews::chunk, "logits.chunk"},     {&StepViews::losses, "logits.losses"}};
   for (const auto& [member, name] : kStep) v.*member = ar.get(name);
+  if (cfg_.moe()) {
+    v.moe_dy = ar.get("ws.moe_dy");
+    v.moe_dlogits = ar.get("ws.moe_dlogits");
+    v.moe_dw = ar.get("ws.moe_dw");
+  }
   // act.final_ln, or (the plan's choice) the first N x C values of ws.datt.
   v.final_ln = ar.has("act.final_ln") ? ar.get("act.final_ln") : as_matrix(v.datt, max_tokens(), cfg_.hidden_size);
   v.lora_dh = opt("ws.lora_dh");
@@ -222,6 +251,15 @@ void LlamaModel::resolve_views() {
       L.q_norm_w = ar.get(lp + "q_norm");
       L.k_norm_w = ar.get(lp + "k_norm");
     }
+    if (cfg_.moe()) {
+      static const std::pair<Tensor Acts::*, const char*> kMoe[] = {
+          {&Acts::moe_logits, "moe_logits"}, {&Acts::moe_expert, "moe_expert"}, {&Acts::moe_weight, "moe_weight"},
+          {&Acts::moe_row, "moe_row"},       {&Acts::moe_token, "moe_token"},   {&Acts::moe_row_weight, "moe_row_weight"},
+          {&Acts::moe_offsets, "moe_offsets"}, {&Acts::moe_x, "moe_x"},       {&Acts::moe_y, "moe_y"}};
+      for (const auto& [member, name] : kMoe) a.*member = ar.get(ap + name);
+      L.router = ar.get(lp + "router");
+      for (int k = 0; k < 3; k++) L.experts[k] = ar.get(lp + "experts." + expert_kinds()[size_t(k)]);
+    }
     if (cfg_.sandwich_norms) {
       a.attn_out = ar.get(ap + "attn_out");
       a.rstd_pa = ar.get(ap + "rstd_pa");
@@ -243,7 +281,7 @@ void LlamaModel::resolve_views() {
     }
     L.inv_freq = cfg_.local_rope(l) ? ar.get("rope.inv_freq_local") : v.inv_freq;
     if (fsdp_) shard_ptr_.push_back(static_cast<const uint8_t*>(ar.raw(lp + "base.shard")));
-    for (int p = 0; p < 7; p++) {
+    for (int p = 0; p < int(dense_projections(cfg_).size()); p++) {  // a MoE layer's MLP: router and experts above
       if (fsdp_) {
         uint8_t* at = gather_ + (l % 2) * blob_.total + blob_.offset[p];
         const auto [out, in] = projection_shape(cfg_, kProj[p]);
@@ -364,7 +402,8 @@ void LlamaModel::gather_layer(int64_t l) {
 }
 
 void LlamaModel::load_base(const TensorSource& checkpoint) {
-  const TensorSource src = unfused_source(cfg_, checkpoint);  // Phi-3's qkv_proj / gate_up_proj, by parts
+  // Phi-3's qkv_proj / gate_up_proj by parts; a MoE layer's experts as stacks.
+  const TensorSource src = experts_source(cfg_, unfused_source(cfg_, checkpoint));
   slot_layer_.fill(-1);
   gather_layer_.fill(-1);
   // A checkpoint stored in exactly the planned format is copied; any other source is quantized here.
@@ -496,7 +535,15 @@ LlamaModel::Acts LlamaModel::acts(int64_t l, int64_t n) const {
   Acts a = layers_[size_t(l)].a;
   for (Tensor* t : {&a.x, &a.ln1, &a.rstd1, &a.q, &a.k, &a.v, &a.att, &a.xmid, &a.ln2, &a.rstd2})
     *t = with_rows(*t, n);
-  for (Tensor* t : {&a.gate, &a.up, &a.h}) *t = with_rows(*t, std::min(n, mlp_rows_));  // tiled: one tile
+  // tiled: one tile; a mixture of experts: one row per (token, choice)
+  const int64_t mlp_n = cfg_.moe() ? n * cfg_.experts_per_tok : std::min(n, mlp_rows_);
+  for (Tensor* t : {&a.gate, &a.up, &a.h}) *t = with_rows(*t, mlp_n);
+  if (cfg_.moe()) {
+    a.moe_logits = with_rows(a.moe_logits, n);
+    a.moe_x = with_rows(a.moe_x, mlp_n);
+    a.moe_y = with_rows(a.moe_y, mlp_n);
+    for (Tensor* t : {&a.moe_expert, &a.moe_weight, &a.moe_row, &a.moe_token, &a.moe_row_weight}) *t = with_rows(*t, mlp_n);
+  }
   if (cfg_.sandwich_norms) {
     a.attn_out = with_rows(a.attn_out, n);
     a.rstd_pa = with_rows(a.rstd_pa, n);
@@ -713,6 +760,11 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   }
   be_.add({a.xmid, a.x, a.xmid.numel()});  // ... + x
   be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps, w_off});
+  if (cfg_.moe()) {
+    moe_fwd(a, next, l, n);                  // next = experts(ln2) ...
+    be_.add({next, a.xmid, next.numel()});  // ... + xmid
+    return;
+  }
   if (n > mlp_rows_) {  // over tiles; a recompute leaves the MLP to the backward, tile by tile
     if (!recompute) mlp_fwd_tiled(a, next, l, n, train, seed);
     return;
@@ -788,6 +840,84 @@ void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t see
   }
 }
 
+// Expert e's (out,in) weight of kind k (0 gate, 1 up, 2 down).
+Tensor LlamaModel::expert_weight(int64_t l, int k, int64_t e) const {
+  Tensor w = layers_[size_t(l)].experts[k];
+  const int64_t out = w.dim(1), in = w.dim(2);
+  w.data = static_cast<char*>(w.data) + e * out * in * dtype_size(w.dtype);
+  return as_matrix(w, out, in);
+}
+
+const std::vector<int32_t>& LlamaModel::expert_offsets(const Acts& a) {
+  offsets_host_.resize(size_t(cfg_.n_experts + 1));
+  be_.copy_to_host(offsets_host_.data(), a.moe_offsets.data, offsets_host_.size() * 4);
+  return offsets_host_;
+}
+
+// out = sum_j weight[t,j] * expert_{e_j}(ln2[t]), expert(x) = down(act(gate x) * up x): the router's
+// logits, the top-k routing, the tokens gathered into the expert-sorted layout (each expert's rows
+// together), one GEMM per expert and weight over its rows, and the weighted sum back per token.
+void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n) {
+  const LayerViews& L = layers_[size_t(l)];
+  const int64_t E = cfg_.n_experts, K = cfg_.experts_per_tok, C = cfg_.hidden_size, F = cfg_.expert_intermediate_size;
+  const int64_t M = n * K;
+  be_.matmul({a.moe_logits, a.ln2, L.router, n, E, C, false, true, 1.0f, 0.0f});  // logits = ln2 Wr^T  (N,E)
+  be_.moe_route_fwd({a.moe_logits, a.moe_expert, a.moe_weight, a.moe_row, a.moe_token, a.moe_row_weight, a.moe_offsets,
+                     n, E, K, cfg_.norm_topk_prob});
+  const auto* token = static_cast<const int32_t*>(a.moe_token.data);
+  be_.gather_rows({a.moe_x, a.ln2, Tensor(), token, M, C});  // x_s[r] = ln2[token[r]]
+  const std::vector<int32_t>& off = expert_offsets(a);
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
+    if (m == 0) continue;
+    const Tensor x = row_slice(a.moe_x, r0, m);
+    be_.matmul({row_slice(a.gate, r0, m), x, expert_weight(l, 0, e), m, F, C, false, true, 1.0f, 0.0f});
+    be_.matmul({row_slice(a.up, r0, m), x, expert_weight(l, 1, e), m, F, C, false, true, 1.0f, 0.0f});
+  }
+  be_.swiglu_fwd({a.h, a.gate, a.up, M * F, cfg_.hidden_act});
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
+    if (m > 0)
+      be_.matmul({row_slice(a.moe_y, r0, m), row_slice(a.h, r0, m), expert_weight(l, 2, e), m, C, F, false, true, 1.0f, 0.0f});
+  }
+  be_.combine_rows({out, a.moe_y, a.moe_weight, static_cast<const int32_t*>(a.moe_row.data), n, K, C, false});
+}
+
+// d(out) in ws.dres; ws.dln "=" d(ln2): through each expert (dweight-scaled rows, back through
+// down, the activation, gate and up, summed per token) plus the router's path (the routing
+// weights' gradient d w[t,j] = d out[t] . y[row[t,j]] through the softmax into the logits, times Wr).
+void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
+  const LayerViews& L = layers_[size_t(l)];
+  const StepViews& w = *views_;
+  const int64_t E = cfg_.n_experts, K = cfg_.experts_per_tok, C = cfg_.hidden_size, F = cfg_.expert_intermediate_size;
+  const int64_t M = n * K;
+  const Tensor dres = with_rows(w.dres, n), dln = with_rows(w.dln, n);
+  const auto* row = static_cast<const int32_t*>(a.moe_row.data);
+  const Tensor dw = as_matrix(w.moe_dw, n, K), dy = as_matrix(w.moe_dy, M, C);
+  be_.row_dots({dw, dres, a.moe_y, row, n, K, C});  // dw[t,j] = dout[t] . y[row[t,j]]
+  be_.gather_rows({dy, dres, a.moe_row_weight, static_cast<const int32_t*>(a.moe_token.data), M, C});  // dy = w dout
+  const Tensor dh = as_matrix(w.tmp, M, F), dgate = as_matrix(w.dgate, M, F), dup = as_matrix(w.dup, M, F);
+  const std::vector<int32_t>& off = expert_offsets(a);
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
+    if (m > 0)
+      be_.matmul({row_slice(dh, r0, m), row_slice(dy, r0, m), expert_weight(l, 2, e), m, F, C, false, false, 1.0f, 0.0f});
+  }
+  be_.swiglu_bwd({dgate, dup, dh, a.gate, a.up, M * F, cfg_.hidden_act});
+  const Tensor dx = dy;  // d(expert inputs), over dy (read for the last time above)
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
+    if (m == 0) continue;
+    const Tensor d = row_slice(dx, r0, m);
+    be_.matmul({d, row_slice(dgate, r0, m), expert_weight(l, 0, e), m, C, F, false, false, 1.0f, 0.0f});
+    be_.matmul({d, row_slice(dup, r0, m), expert_weight(l, 1, e), m, C, F, false, false, 1.0f, 1.0f});
+  }
+  be_.combine_rows({dln, dx, Tensor(), row, n, K, C, false});  // dln = sum_j dx[row[t,j]]
+  const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);
+  be_.moe_route_bwd({dlogits, dw, a.moe_logits, a.moe_expert, n, E, K, cfg_.norm_topk_prob});
+  be_.matmul({dln, dlogits, L.router, n, C, E, false, false, 1.0f, 1.0f});  // dln += dlogits Wr
+}
+
 // On entry ws.dres holds d(layer output); on exit d(layer input).
 void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   if (ckpt_) layer_fwd(l, n, true, seed, true);  // recompute this layer's activations from its saved input
@@ -802,7 +932,9 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   const float w_off = norm_offset();
 
   // MLP: out = xmid + [norm](down(act(gate(ln2)) * up(ln2))), ln2 = rmsnorm(xmid)
-  if (n > mlp_rows_) {
+  if (cfg_.moe()) {
+    moe_bwd(a, l, n);  // dln =
+  } else if (n > mlp_rows_) {
     mlp_bwd_tiled(a, l, n, seed);
   } else {
     Tensor dy = dres;  // d(down_proj's output): through the post-MLP norm into dln (free until gate/up's backward)

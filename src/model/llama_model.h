@@ -165,6 +165,14 @@ class LlamaModel {
   void mlp_bwd_tiled(const Acts& a, int64_t layer, int64_t n, uint64_t seed);
   void mlp_out_fwd(const Acts& a, const Tensor& out, const Tensor& h, int64_t layer, int64_t row0, bool train,
                    uint64_t seed);
+  // Mixture of experts: out (N,C) "=" the routed experts' weighted sum for the N rows of a.ln2
+  // (moe_fwd); ws.dln "=" d(ln2) from d(out) in ws.dres, through the experts and the router
+  // (moe_bwd). The experts' GEMMs run over each expert's rows of the expert-sorted layout.
+  void moe_fwd(const Acts& a, const Tensor& out, int64_t layer, int64_t n);
+  void moe_bwd(const Acts& a, int64_t layer, int64_t n);
+  Tensor expert_weight(int64_t layer, int kind, int64_t expert) const;
+  const std::vector<int32_t>& expert_offsets(const Acts& a);  // the routing's offsets (E+1), copied to host
+  std::vector<int32_t> offsets_host_;
   // The norm ops' weight offset: 1 for Gemma's (1 + w) norms, else 0.
   float norm_offset() const { return cfg_.norm_unit_offset ? 1.0f : 0.0f; }
   void softcap_logits(std::vector<float>& logits) const;

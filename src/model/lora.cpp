@@ -47,6 +47,7 @@ std::vector<std::string> lora_modules(const LlamaConfig& c) {
   if (c.fused_qkv) m.push_back("qkv_proj");
   else m.insert(m.end(), {"q_proj", "k_proj", "v_proj"});
   m.push_back("o_proj");
+  if (c.moe()) return m;  // the experts take no adapter (yet); the router stays frozen
   if (c.fused_gate_up) m.push_back("gate_up_proj");
   else m.insert(m.end(), {"gate_proj", "up_proj"});
   m.push_back("down_proj");
@@ -67,6 +68,23 @@ std::vector<std::string> lora_targets_for(const LlamaConfig& c, const std::vecto
   std::string list;
   for (const auto& m : mods) list += (list.empty() ? "" : ", ") + m;
   std::vector<std::string> out;
+  if (c.moe()) {
+    // all-linear is every nn.Linear PEFT finds: in transformers' MoE blocks the experts are stacked
+    // parameters, not Linear modules, so it is the attention's four. A MLP projection named alone
+    // asks for LoRA on the experts, which the engine does not implement.
+    const size_t mlp = size_t(has("gate_proj")) + has("up_proj") + has("down_proj");
+    if (mlp > 0 && !(mlp == 3 && targets.size() == all_linear_targets().size()))
+      fail(ErrorKind::Unsupported, "target_modules",
+           "LoRA on the experts of a mixture-of-experts model (" + c.model_type + ") is not implemented",
+           "target the attention: " + list + ", or all-linear");
+    for (const auto& m : mods)
+      if (has(m)) out.push_back(m);
+    for (const auto& t : targets)
+      if (std::find(mods.begin(), mods.end(), t) == mods.end() && t != "gate_proj" && t != "up_proj" && t != "down_proj")
+        fail(ErrorKind::Config, "target_modules", "'" + t + "' matches no module of this " + c.model_type + " model",
+             "its LoRA modules: " + list + ", or all-linear");
+    return out;
+  }
   for (const auto& t : targets)
     if (std::find(mods.begin(), mods.end(), t) == mods.end() && !(c.fused_qkv && (t == "q_proj" || t == "k_proj" || t == "v_proj")) &&
         !(c.fused_gate_up && (t == "gate_proj" || t == "up_proj")))
@@ -113,6 +131,9 @@ std::string hf_weight_name(const std::string& n) {
   if (rest == "input_layernorm" || rest == "post_attention_layernorm" || rest == "pre_feedforward_layernorm" ||
       rest == "post_feedforward_layernorm")
     return "model.layers." + std::to_string(l) + "." + rest + ".weight";
+  // A mixture-of-experts layer's router and expert stacks (model/experts.h reads them).
+  if (rest == "router") return "model.layers." + std::to_string(l) + ".mlp.router.weight";
+  if (rest.rfind("experts.", 0) == 0) return "model.layers." + std::to_string(l) + ".mlp." + rest;
   auto dot = rest.find('.');
   std::string proj = rest.substr(0, dot);
   std::string suffix = dot == std::string::npos ? "weight" : rest.substr(dot + 1);

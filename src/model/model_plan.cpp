@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/comm.h"
+#include "model/experts.h"
 #include "model/quant_bytes.h"
 #include "quant/fp4_gemm.h"
 
@@ -42,19 +43,29 @@ LayerBaseBlob layer_base_blob(const LlamaConfig& c, const ModelPlanOptions& o) {
   return b;
 }
 
+const std::vector<std::string>& dense_projections(const LlamaConfig& c) {
+  static const std::vector<std::string> attention = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  return c.moe() ? attention : all_linear_targets();
+}
+
 int64_t dequant_layers_per_micro_step(int64_t n_layer) { return std::max<int64_t>(0, 2 * n_layer - 4); }
 
 
-int64_t mlp_rows(const ModelPlanOptions& o) {
+int64_t mlp_rows(const ModelPlanOptions& o, const LlamaConfig& c) {
   const int64_t n = o.micro_batch * o.seq_len;
+  if (c.moe()) return n * c.experts_per_tok;
   return recomputes(o.checkpointing) && o.mlp_tile > 0 ? std::min(o.mlp_tile, n) : n;
 }
 
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o) {
   const DType cd = o.compute_dtype;
-  const int64_t C = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t C = c.hidden_size, V = c.vocab_size;
   const int64_t N = o.micro_batch * o.seq_len, r = o.lora.r;
-  const int64_t T = mlp_rows(o);  // the MLP's rows: a tile of the micro-batch's tokens, or all
+  const bool moe = c.moe();
+  // The MLP's rows: a tile of the micro-batch's tokens, or all; a MoE layer's (token, choice) pairs,
+  // each through an expert of expert_intermediate_size.
+  const int64_t T = mlp_rows(o, c);
+  const int64_t F = moe ? c.expert_intermediate_size : c.intermediate_size;
   const BasePrecision base = base_of(o);
   const bool quantized = is_quantized(base);
   const QuantParams qp = quantized ? base_quant_params(base, o.quant_blocksize, o.double_quant) : QuantParams{};
@@ -78,7 +89,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     if (fsdp)
       plan.add_bytes(p + "base.shard", MC::Weights,
                      int64_t(slice_of(size_t(blob.total), int(o.base_shard_rank), int(o.base_shards)).count));
-    for (const auto& t : all_linear_targets()) {
+    for (const auto& t : dense_projections(c)) {
       auto [out, in] = projection_shape(c, t);
       if (fsdp) break;
       if (!quantized)
@@ -86,9 +97,19 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
       else  // packed codes + scales in one buffer (layout: model/quantized_weights.h)
         plan.add_bytes(p + t, MC::Weights, quant_storage_bytes(qp, out, in));
     }
+    if (moe) {  // the router (frozen, in the compute dtype) and the experts, stacked per weight
+      plan.add(p + "router", MC::Weights, cd, {c.n_experts, C});
+      for (const auto& k : expert_kinds()) {
+        const auto [out, in] = expert_shape(c, k);
+        if (!quantized)
+          plan.add(p + "experts." + k, MC::Weights, storage_dtype(base), {c.n_experts, out, in});
+        else  // each expert's packed weight at a 256-byte aligned stride
+          plan.add_bytes(p + "experts." + k, MC::Weights, c.n_experts * MemoryPlan::aligned(quant_storage_bytes(qp, out, in)));
+      }
+    }
     // FP4 base GEMMs: each projection's GEMM scales (decode scale, tiled e4m3 per 16), made at load.
     if (o.gemm_dtype == GemmDtype::Fp4)
-      for (const auto& t : all_linear_targets()) {
+      for (const auto& t : dense_projections(c)) {
         auto [out, in] = projection_shape(c, t);
         plan.add_bytes(p + t + ".gemm_scales", MC::Weights, fp4_gemm_scales_bytes(out, in));
       }
@@ -171,6 +192,16 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
       plan.add(p + "mlp_out", MC::Activations, cd, {T, C}, life);
       plan.add(p + "rstd_pf", MC::Activations, DType::F32, {N}, life);
     }
+    if (moe) {  // the routing (model/experts.h) and the experts' rows in the expert-sorted layout
+      const int64_t K = c.experts_per_tok;
+      // The router's logits in f32 on every backend (a bf16 rounding of them reorders near ties).
+      plan.add(p + "moe_logits", MC::Activations, DType::F32, {N, c.n_experts}, life);
+      for (const char* i : {"moe_expert", "moe_row", "moe_token"}) plan.add(p + i, MC::Activations, DType::I32, {N * K}, life);
+      for (const char* f : {"moe_weight", "moe_row_weight"}) plan.add(p + f, MC::Activations, DType::F32, {N * K}, life);
+      plan.add(p + "moe_offsets", MC::Activations, DType::I32, {c.n_experts + 1}, life);
+      plan.add(p + "moe_x", MC::Activations, cd, {T, C}, life);
+      plan.add(p + "moe_y", MC::Activations, cd, {T, C}, life);
+    }
     plan.add(p + "gate", MC::Activations, cd, {T, F}, life);
     plan.add(p + "up", MC::Activations, cd, {T, F}, life);
     plan.add(p + "h", MC::Activations, cd, {T, F}, life);
@@ -197,6 +228,11 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // ws.lora_xd hold (N, C) or (N, q_dim) values, or one MLP tile's (T, F) (flat: the model views
   // them at each use's shape; the size grows with N, as the fit search needs).
   const int64_t wide = std::max(N * std::max(c.q_dim(), C), T * F);
+  if (moe) {  // d(expert outputs), then d(expert inputs), in the expert-sorted layout; the router's gradients
+    plan.add("ws.moe_dy", MC::Workspace, cd, {T, C}, Lifetime::Layer);
+    plan.add("ws.moe_dlogits", MC::Workspace, DType::F32, {N, c.n_experts}, Lifetime::Layer);
+    plan.add("ws.moe_dw", MC::Workspace, DType::F32, {N, c.experts_per_tok}, Lifetime::Layer);
+  }
   plan.add("ws.dres", MC::Workspace, cd, {N, C}, Lifetime::Step);
   plan.add("ws.dln", MC::Workspace, cd, {N, C}, Lifetime::Layer);
   plan.add("ws.tmp", MC::Workspace, cd, {wide}, Lifetime::Layer);
@@ -212,7 +248,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   }
   if (quantized) {  // two slots of one layer's seven projections: the layer in use and the next,
     int64_t layer = 0;  // dequantized ahead (dequant_layers_per_micro_step)
-    for (const auto& t : all_linear_targets()) {
+    for (const auto& t : dense_projections(c)) {
       auto [out, in] = projection_shape(c, t);
       layer += out * in;
     }

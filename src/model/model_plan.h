@@ -48,14 +48,18 @@ struct ModelPlanOptions {
   GemmDtype gemm_dtype = GemmDtype::Bf16;
 };
 
-// Rows of the MLP's (tokens x intermediate) buffers: the tile, or every token of a micro-batch.
-int64_t mlp_rows(const ModelPlanOptions& o);
+// Rows of the MLP's (tokens x intermediate) buffers: the tile, or every token of a micro-batch; in a
+// mixture-of-experts model one per (token, chosen expert), never tiled.
+int64_t mlp_rows(const ModelPlanOptions& o, const LlamaConfig& c);
 
 // The base precision the options run with: as set, else the compute dtype's float.
 inline BasePrecision base_of(const ModelPlanOptions& o) { return o.base_precision.value_or(float_base(o.compute_dtype)); }
 
 // The seven projection names in layer order.
 const std::vector<std::string>& all_linear_targets();
+// The projections a layer holds as plain (out,in) weights: the seven, or in a mixture-of-experts
+// model the attention's four (its MLP is the router and the stacked experts, model/experts.h).
+const std::vector<std::string>& dense_projections(const LlamaConfig& c);
 // (out_features, in_features) of a projection.
 std::pair<int64_t, int64_t> projection_shape(const LlamaConfig& c, const std::string& proj);
 

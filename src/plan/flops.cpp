@@ -10,10 +10,15 @@ namespace qlora {
 
 ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targets) {
   ShapeSums s;
-  for (const auto& t : all_linear_targets()) {
+  for (const auto& t : dense_projections(c)) {
     auto [out, in] = projection_shape(c, t);
     s.n_lin += double(out) * double(in) * double(c.n_layer);
   }
+  // A mixture-of-experts layer: each token through its experts_per_tok experts (gate, up, down)
+  // and the router (n_experts logits).
+  if (c.moe())
+    s.n_lin += double(c.n_layer) * double(c.hidden_size) *
+               (3.0 * double(c.experts_per_tok) * double(c.expert_intermediate_size) + double(c.n_experts));
   // LoRA per module: a fused qkv_proj / gate_up_proj has one A for its outputs.
   for (const auto& t : lora_targets_for(c, targets)) {
     auto [out, in] = projection_shape(c, t);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "model/backend_plan.h"
+#include "model/experts.h"
 #include "model/model_plan.h"
 #include "model/quant_bytes.h"
 #include "plan/attention_path.h"
@@ -114,11 +115,18 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
       r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base(), lowp_base_gemm ? GemmDtype::Bf16 : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
   if (operand > 0 || (r.gpu.is_cpu && is_quantized(r.base())))
-    for (const auto& t : all_linear_targets()) {
+  {
+    for (const auto& t : dense_projections(c)) {
       auto [out, in] = projection_shape(c, t);
       convert += stored_bytes(r, out, in) + operand * double(out) * double(in);
       dequant_elems += double(out) * double(in);
     }
+    for (const auto& k : c.moe() ? expert_kinds() : std::vector<std::string>{}) {  // every expert of the layer
+      auto [out, in] = expert_shape(c, k);
+      convert += double(c.n_experts) * (stored_bytes(r, out, in) + operand * double(out) * double(in));
+      dequant_elems += double(c.n_experts) * double(out) * double(in);
+    }
+  }
   // The CPU dequantizes with its cores (a calibrated rate), a GPU is bandwidth-bound.
   double t_cpu_work = 0;
   if (r.gpu.is_cpu) t_cpu_work += dequant_elems * layers * ga / r.gpu.dequant_elems_per_s;
@@ -138,7 +146,11 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // backward, once recompute.
   const double act_bytes = r.gpu.is_cpu ? 4.0 : 2.0;
   const int64_t qk = (c.qk_norm ? 4 : 2) * (c.q_dim() + c.kv_dim());
-  const double ew = act_bytes * double((c.sandwich_norms ? 14 : 10) * c.hidden_size + qk + 3 * c.intermediate_size);
+  // A mixture-of-experts layer: SwiGLU on each chosen expert's rows, and the tokens gathered into
+  // the experts' layout and summed back (4C per choice: gather read/write, expert output, combine).
+  const int64_t mlp_ew = c.moe() ? c.experts_per_tok * (3 * c.expert_intermediate_size + 4 * c.hidden_size)
+                                 : 3 * c.intermediate_size;
+  const double ew = act_bytes * double((c.sandwich_norms ? 14 : 10) * c.hidden_size + qk + mlp_ew);
   e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)",
                             ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0)) * tok_gpu});
   // FP8/FP4 base GEMMs quantize each projection's bf16 input per call (forward and recompute): the
@@ -148,7 +160,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   if (lowp_base_gemm && !r.gpu.is_cpu) {
     const double code = gemm == GemmDtype::Fp8 ? 1.0 : 0.5 + 1.0 / 16.0;
     double per_token = 0;
-    for (const auto& t : all_linear_targets()) per_token += double(projection_shape(c, t).second) * (2.0 * 2.0 + 2.0 * code);
+    for (const auto& t : dense_projections(c)) per_token += double(projection_shape(c, t).second) * (2.0 * 2.0 + 2.0 * code);
     e.memory_bytes.push_back({std::string("activation quantization (") + gemm_dtype_name(gemm) + " GEMMs)",
                               per_token * double(c.n_layer) * (1.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
   }

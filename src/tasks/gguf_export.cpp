@@ -51,7 +51,7 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
 
 // llama.cpp's architecture for the model: Mistral is written as llama (convert_hf_to_gguf.py does too).
 std::string gguf_arch(const LlamaConfig& c) {
-  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.model_type == "phi3")
+  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.model_type == "phi3" || c.moe())
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
   return c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";

@@ -150,6 +150,9 @@ void quantize_model(const QuantizeOptions& o, const std::function<std::unique_pt
     fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
          "`qlora quantize` does not write fused projections (qkv_proj, gate_up_proj)",
          "train on the model as it is: base_precision nf4 quantizes it when it is loaded");
+  if (cfg.moe())
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
+         "`qlora quantize` does not write mixture-of-experts models", "train on the model's own bf16 weights");
   const bool hf_dir = fs::is_directory(o.model);
   const std::string odt = output_dtype(o, cfg);
   const int64_t in_elem = hf_dir ? dtype_size(dtype_of(cfg.torch_dtype)) : 4;

@@ -89,7 +89,8 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
-                                                                   "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2"));
+                                                                   "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
+                                                                   "qwen3_moe"));
 
 TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {
   SafetensorsArchive fx(fixtures() + "/parity/llama_gqa.safetensors");

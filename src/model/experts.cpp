@@ -1,0 +1,87 @@
+// Mixture-of-experts names, shapes and the per-expert checkpoint tensors read as stacks.
+#include "model/experts.h"
+
+#include <optional>
+
+#include "core/error.h"
+
+namespace qlora {
+
+const std::vector<std::string>& expert_kinds() {
+  static const std::vector<std::string> k = {"gate_proj", "up_proj", "down_proj"};
+  return k;
+}
+
+std::pair<int64_t, int64_t> expert_shape(const LlamaConfig& c, const std::string& kind) {
+  if (kind == "gate_proj" || kind == "up_proj") return {c.expert_intermediate_size, c.hidden_size};
+  if (kind == "down_proj") return {c.hidden_size, c.expert_intermediate_size};
+  fail(ErrorKind::Internal, "experts", "unknown expert weight '" + kind + "'");
+}
+
+static std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+std::string hf_expert_name(const LlamaConfig& c, int64_t l, int64_t e, const std::string& kind) {
+  if (c.model_type == "mixtral") {
+    const char* w = kind == "gate_proj" ? "w1" : kind == "up_proj" ? "w3" : "w2";
+    return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
+  }
+  return layer_prefix(l) + "mlp.experts." + std::to_string(e) + "." + kind + ".weight";
+}
+
+std::string hf_router_name(const LlamaConfig& c, int64_t l) {
+  return layer_prefix(l) + (c.model_type == "mixtral" ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+}
+
+namespace {
+
+struct Stack {
+  int64_t layer = 0;
+  std::string kind;  // empty: the router
+};
+
+// "model.layers.<l>.mlp.experts.<kind>" or "model.layers.<l>.mlp.router.weight".
+std::optional<Stack> stack_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  const size_t dot = name.find('.', prefix.size());
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string rest = name.substr(dot + 1);
+  Stack s;
+  s.layer = std::stoll(name.substr(prefix.size(), dot - prefix.size()));
+  if (rest == "mlp.router.weight") return s;
+  for (const auto& k : expert_kinds())
+    if (rest == "mlp.experts." + k) {
+      s.kind = k;
+      return s;
+    }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TensorSource experts_source(const LlamaConfig& c, const TensorSource& src) {
+  if (!c.moe()) return src;
+  TensorSource out = src;
+  out.has = [c, src](const std::string& n) {
+    const auto s = stack_of(n);
+    if (!s) return src.has(n);
+    return s->kind.empty() ? src.has(hf_router_name(c, s->layer)) : src.has(hf_expert_name(c, s->layer, 0, s->kind));
+  };
+  out.read_f32 = [c, src](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
+    const auto s = stack_of(n);
+    if (!s) return src.read_f32(n, shape, dst);
+    if (s->kind.empty()) return src.read_f32(hf_router_name(c, s->layer), shape, dst);
+    const auto [rows, cols] = expert_shape(c, s->kind);
+    if (shape != std::vector<int64_t>{c.n_experts, rows, cols})
+      fail(ErrorKind::Internal, "experts", "stack '" + n + "' read with another shape");
+    for (int64_t e = 0; e < c.n_experts; e++)
+      src.read_f32(hf_expert_name(c, s->layer, e, s->kind), {rows, cols}, dst + e * rows * cols);
+  };
+  if (src.read_quantized)
+    out.read_quantized = [src](const std::string& n, int64_t rows, int64_t cols, QuantizedTensor& q) {
+      return stack_of(n) ? false : src.read_quantized(n, rows, cols, q);
+    };
+  return out;
+}
+
+}  // namespace qlora

@@ -1,0 +1,149 @@
+// Mixture-of-experts models (Mixtral, Qwen3-MoE) beyond the parity and finite-difference checks:
+// what their config.json may say, what the engine refuses for them, the presets and planner sums,
+// and gradient checkpointing's recompute of the routed layer.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "io/json_util.h"
+#include "model/llama_config.h"
+#include "model_test_util.h"
+#include "plan/flops.h"
+
+using namespace qlora;
+using namespace qlora::testing_util;
+
+namespace {
+
+std::string fixture_config(const std::string& variant, const std::string& patch) {
+  nlohmann::json j = read_json_file(fixtures() + "/models/" + variant + "/config.json");
+  j.merge_patch(nlohmann::json::parse(patch));
+  return j.dump();
+}
+
+Error config_error_of(const std::string& text) {
+  try {
+    parse_hf_config(text, "m.json");
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "parse_hf_config accepted " << text;
+  return Error(ErrorKind::Internal, "", "");
+}
+
+}  // namespace
+
+TEST(Moe, ConfigReadsTheExpertsOfBothFamilies) {
+  const LlamaConfig m = parse_hf_config(fixture_config("mixtral", "{}"), "m.json");
+  EXPECT_EQ(m.n_experts, 16);
+  EXPECT_EQ(m.experts_per_tok, 2);
+  EXPECT_EQ(m.expert_intermediate_size, 32);
+  EXPECT_TRUE(m.norm_topk_prob);  // Mixtral always renormalises
+  const LlamaConfig q = parse_hf_config(fixture_config("qwen3_moe", "{}"), "q.json");
+  EXPECT_EQ(q.n_experts, 32);  // transformers 5 writes num_local_experts
+  EXPECT_EQ(q.experts_per_tok, 4);
+  EXPECT_EQ(q.expert_intermediate_size, 24);
+  EXPECT_FALSE(q.norm_topk_prob);
+  EXPECT_TRUE(q.qk_norm);
+  // Hub files name it num_experts.
+  const LlamaConfig h = parse_hf_config(
+      fixture_config("qwen3_moe", R"({"num_local_experts":null,"num_experts":12,"norm_topk_prob":true})"), "q.json");
+  EXPECT_EQ(h.n_experts, 12);
+  EXPECT_TRUE(h.norm_topk_prob);
+  // Every expert counts in the parameters, only the chosen ones in the active parameters.
+  EXPECT_EQ(m.n_params() - m.active_params(), m.n_layer * (16 - 2) * 3 * 64 * 32);
+}
+
+TEST(Moe, ConfigRefusesWhatTheEngineDoesNotImplement) {
+  Error e = config_error_of(fixture_config("mixtral", R"({"output_router_logits":true})"));
+  EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "m.json: key 'output_router_logits'");
+  EXPECT_NE(e.message().find("load-balancing loss"), std::string::npos) << e.message();
+  e = config_error_of(fixture_config("mixtral", R"({"router_jitter_noise":0.1})"));
+  EXPECT_EQ(e.where(), "m.json: key 'router_jitter_noise'");
+  e = config_error_of(fixture_config("qwen3_moe", R"({"mlp_only_layers":[1]})"));
+  EXPECT_EQ(e.where(), "m.json: key 'mlp_only_layers'");
+  e = config_error_of(fixture_config("qwen3_moe", R"({"decoder_sparse_step":2})"));
+  EXPECT_EQ(e.where(), "m.json: key 'decoder_sparse_step'");
+  e = config_error_of(fixture_config("qwen3_moe", R"({"num_experts_per_tok":40})"));
+  EXPECT_EQ(e.kind(), ErrorKind::Config);
+  EXPECT_EQ(e.where(), "m.json: key 'num_experts_per_tok'");
+}
+
+TEST(Moe, LoraIsOnTheAttentionAndTheExpertsAreRefused) {
+  const LlamaConfig c = parse_hf_config(fixture_config("mixtral", "{}"), "m.json");
+  EXPECT_EQ(lora_targets_for(c, LoraSpec::resolve_targets({"all-linear"})),
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  EXPECT_EQ(lora_targets_for(c, {"v_proj", "q_proj"}), (std::vector<std::string>{"q_proj", "v_proj"}));
+  try {
+    lora_targets_for(c, {"q_proj", "down_proj"});
+    FAIL() << "LoRA on the experts was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_EQ(e.where(), "target_modules");
+    EXPECT_NE(e.message().find("experts"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Moe, RefusedBaseModesBeforeAllocating) {
+  for (const char* what : {"nf4", "fsdp", "tile"}) {
+    SCOPED_TRACE(what);
+    ModelPlanOptions po;
+    po.micro_batch = 2;
+    po.seq_len = 12;
+    if (std::string(what) == "nf4") po.base_precision = BasePrecision::Nf4;
+    if (std::string(what) == "fsdp") po.base_shards = 1;
+    if (std::string(what) == "tile") po.checkpointing = Checkpointing::Full, po.mlp_tile = 4;
+    try {
+      make_model_on(make_cpu_backend(), "qwen3_moe", po, fixture_lora());
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+      EXPECT_NE(e.where().find("mixture of experts"), std::string::npos) << e.where();
+    }
+  }
+}
+
+// The recompute of a checkpointed MoE layer routes the same tokens to the same experts: the
+// gradients equal those of the run that saved every activation.
+TEST(Moe, CheckpointingRecomputesTheRoutedLayerExactly) {
+  SafetensorsArchive fx(fixtures() + "/parity/mixtral.safetensors");
+  const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  std::vector<std::vector<float>> grads[2];
+  double loss[2];
+  for (int run = 0; run < 2; run++) {
+    TestModel t = make_model("mixtral", fixture_lora(), 2, 12, run == 0 ? "none" : "full");
+    load_peft_adapter(fixtures() + "/parity/mixtral_adapter", *t.model);
+    t.model->zero_grads();
+    loss[run] = t.model->forward_backward(b, 1.0f, 0);
+    for (auto& p : t.model->lora_params()) {
+      std::vector<float> g(size_t(p.g.numel()));
+      t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
+      grads[run].push_back(g);
+    }
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); i++) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+}
+
+TEST(Moe, PresetsAndFlopsCountTheChosenExperts) {
+  const LlamaConfig q = preset_config("qwen3-30b-a3b");
+  EXPECT_EQ(q.n_experts, 128);
+  EXPECT_EQ(q.experts_per_tok, 8);
+  // Qwen3-30B-A3B: 30.5B parameters, 3.3B active (the model card).
+  EXPECT_NEAR(double(q.n_params()) / 1e9, 30.5, 0.1);
+  EXPECT_NEAR(double(q.active_params()) / 1e9, 3.3, 0.06);  // 3.35 counted here; the card rounds down
+  const LlamaConfig m = preset_config("mixtral-8x7b");
+  EXPECT_NEAR(double(m.n_params()) / 1e9, 46.7, 0.1);  // Mixtral 8x7B: 46.7B, 12.9B active
+  EXPECT_NEAR(double(m.active_params()) / 1e9, 12.9, 0.05);
+  // The forward's base GEMM FLOPs per token: 2 x the active linear weights (not the embeddings).
+  FlopOptions o;
+  o.method = Method::Lora;
+  o.lora_r = 16;
+  o.targets = LoraSpec::resolve_targets({"all-linear"});
+  o.attn_len = 1;
+  const FlopCounts f = flops_per_token(m, o);
+  const double linear = double(m.active_params() - 2 * m.vocab_size * m.hidden_size) -
+                        double(m.n_layer) * (2.0 * double(m.hidden_size)) - double(m.hidden_size);
+  EXPECT_NEAR(f.fwd.base / (2 * linear), 1.0, 1e-9);
+}
