@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 31u);
+  EXPECT_EQ(names.size(), 33u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -54,7 +54,8 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
     EXPECT_NO_THROW(c.validate(n));
     EXPECT_EQ(c.attention_bias, c.model_type == "qwen2");
     const bool gemma3 = c.model_type == "gemma3_text";
-    EXPECT_EQ(c.qk_norm, c.model_type == "qwen3" || gemma3);
+    EXPECT_EQ(c.qk_norm, c.model_type == "qwen3" || c.model_type == "qwen3_moe" || gemma3);
+    EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen3_moe");
     EXPECT_EQ(c.sandwich_norms, gemma3 || c.model_type == "gemma2");
     // Llama 3.1/3.2 extend context with llama3 RoPE scaling, Gemma 3 4B-27B with linear scaling
     // (factor 8) on the global layers; the others use plain RoPE.
