@@ -4,6 +4,8 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/memory_plan.h"
+#include "model/quant_bytes.h"
 
 namespace qlora {
 
@@ -16,6 +18,11 @@ std::pair<int64_t, int64_t> expert_shape(const LlamaConfig& c, const std::string
   if (kind == "gate_proj" || kind == "up_proj") return {c.expert_intermediate_size, c.hidden_size};
   if (kind == "down_proj") return {c.hidden_size, c.expert_intermediate_size};
   fail(ErrorKind::Internal, "experts", "unknown expert weight '" + kind + "'");
+}
+
+int64_t expert_stride_bytes(const LlamaConfig& c, const std::string& kind, const QuantParams& q) {
+  const auto [out, in] = expert_shape(c, kind);
+  return MemoryPlan::aligned(quant_storage_bytes(q, out, in));
 }
 
 static std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }

@@ -7,6 +7,7 @@
 
 #include "model/llama_config.h"
 #include "model/llama_model.h"
+#include "quant/quantize.h"
 
 namespace qlora {
 
@@ -15,6 +16,9 @@ namespace qlora {
 // (expert_intermediate_size, hidden_size), down_proj (hidden_size, expert_intermediate_size).
 const std::vector<std::string>& expert_kinds();
 std::pair<int64_t, int64_t> expert_shape(const LlamaConfig& c, const std::string& kind);
+// A quantized base stores each expert's packed weight (quant/quant_layout.h) at this byte stride
+// (256-byte aligned) in its stack.
+int64_t expert_stride_bytes(const LlamaConfig& c, const std::string& kind, const QuantParams& q);
 
 // The checkpoint's name of expert e's `kind` weight in layer l: Mixtral's
 // "model.layers.<l>.block_sparse_moe.experts.<e>.w1.weight" (w1 gate, w3 up, w2 down), Qwen3-MoE's

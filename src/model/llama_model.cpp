@@ -51,10 +51,12 @@ struct LlamaModel::LayerViews {
   Tensor bias[3];                // q/k/v biases (attention_bias models)
   Tensor router;                 // mixture of experts: (E,C)
   Tensor experts[3];             // gate_proj, up_proj, down_proj stacked over the experts: (E,out,in)
+  const uint8_t* experts_packed[3] = {};  // quantized base: the stacks of packed experts
 };
 struct LlamaModel::StepViews {
   Tensor dres, dln, tmp, dgate, dup, datt, dq, dk, dv, lora_dh, lora_xd, dequant, inv_freq;
   Tensor moe_dy, moe_dlogits, moe_dw;  // mixture of experts
+  Tensor expert_dequant;               // quantized base: one expert's gate, up and down
   Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
   int64_t dequant_offset[7] = {};  // element offset of each projection inside a ws.dequant slot
   int64_t dequant_slot = 0;        // elements per slot (one layer)
@@ -127,9 +129,6 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
       fail(ErrorKind::Unsupported, "model '" + cfg_.name + "' (" + cfg_.model_type + ", mixture of experts)",
            what + " is not implemented for mixture-of-experts models", hint);
     };
-    if (is_quantized(base_of(opts_)))
-      refuse("a quantized base (QLoRA: " + std::string(base_precision_name(base_of(opts_))) + ")",
-             "train LoRA on the bf16 base: base_precision bf16");
     if (opts_.base_shards > 0) refuse("sharding fsdp", "use sharding: none or zero1");
     if (opts_.gemm_dtype != GemmDtype::Bf16) refuse("FP8/FP4 base GEMMs", "use gemm_dtype bf16");
     if (opts_.mlp_tile > 0) refuse("the tiled MLP (mlp_tile)", "leave mlp_tile unset");
@@ -206,6 +205,7 @@ void LlamaModel::resolve_views() {
     v.moe_dy = ar.get("ws.moe_dy");
     v.moe_dlogits = ar.get("ws.moe_dlogits");
     v.moe_dw = ar.get("ws.moe_dw");
+    v.expert_dequant = opt("ws.expert_dequant");
   }
   // act.final_ln, or (the plan's choice) the first N x C values of ws.datt.
   v.final_ln = ar.has("act.final_ln") ? ar.get("act.final_ln") : as_matrix(v.datt, max_tokens(), cfg_.hidden_size);
@@ -258,7 +258,11 @@ void LlamaModel::resolve_views() {
           {&Acts::moe_offsets, "moe_offsets"}, {&Acts::moe_x, "moe_x"},       {&Acts::moe_y, "moe_y"}};
       for (const auto& [member, name] : kMoe) a.*member = ar.get(ap + name);
       L.router = ar.get(lp + "router");
-      for (int k = 0; k < 3; k++) L.experts[k] = ar.get(lp + "experts." + expert_kinds()[size_t(k)]);
+      for (int k = 0; k < 3; k++) {
+        const std::string stack = lp + "experts." + expert_kinds()[size_t(k)];
+        if (is_quantized(base_of(opts_))) L.experts_packed[k] = static_cast<const uint8_t*>(ar.raw(stack));
+        else L.experts[k] = ar.get(stack);
+      }
     }
     if (cfg_.sandwich_norms) {
       a.attn_out = ar.get(ap + "attn_out");
@@ -417,6 +421,10 @@ void LlamaModel::load_base(const TensorSource& checkpoint) {
       load_layer_shard(src, std::stoll(b.name.substr(7)), stored_as_planned, b.name);
       continue;
     }
+    if (b.dtype == DType::U8 && b.name.find(".experts.") != std::string::npos) {  // a stack of quantized experts
+      load_expert_stack(src, b.name);
+      continue;
+    }
     const std::string hf = hf_weight_name(b.name);
     if (b.dtype == DType::U8) {  // a quantized projection (planned with add_bytes)
       QLORA_ASSERT(quantized_base_);
@@ -451,6 +459,21 @@ void LlamaModel::load_base(const TensorSource& checkpoint) {
       convert_from_f32(t.dtype, host.data(), conv.data(), n);
       be_.copy_to_device(t.data, conv.data(), conv.size());
     }
+  }
+}
+
+// "layers.<l>.experts.<kind>" of a quantized base: each expert read in f32 (a checkpoint stored
+// quantized is dequantized by its source), quantized and stored at its stride, one at a time.
+void LlamaModel::load_expert_stack(const TensorSource& src, const std::string& buffer) {
+  const int64_t l = std::stoll(buffer.substr(7));
+  const std::string kind = buffer.substr(buffer.rfind('.') + 1);
+  const auto [rows, cols] = expert_shape(cfg_, kind);
+  const int64_t stride = expert_stride_bytes(cfg_, kind, base_quant_);
+  std::vector<float> host(size_t(rows * cols));
+  auto* dst = static_cast<uint8_t*>(arena_->raw(buffer));
+  for (int64_t e = 0; e < cfg_.n_experts; e++) {
+    src.read_f32(hf_expert_name(cfg_, l, e, kind), {rows, cols}, host.data());
+    quant_io_.store(quantize_ref(host.data(), rows, cols, base_quant_), dst + e * stride);
   }
 }
 
@@ -573,7 +596,7 @@ void LlamaModel::prepare_layer(int64_t l, bool ahead) {
   const LayerViews& L = layers_[size_t(l)];
   const int64_t es = dtype_size(views_->dequant.dtype);
   char* slot = static_cast<char*>(views_->dequant.data) + (l % 2) * views_->dequant_slot * es;
-  for (int p = 0; p < 7; p++) {
+  for (int p = 0; p < int(dense_projections(cfg_).size()); p++) {  // a MoE layer's experts: prepare_expert
     const auto [out, in] = projection_shape(cfg_, kProj[p]);
     DequantizeArgs d{Tensor(slot + views_->dequant_offset[p] * es, views_->dequant.dtype, {out, in}), L.packed[p],
                      base_quant_, out, in};
@@ -841,11 +864,29 @@ void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t see
 }
 
 // Expert e's (out,in) weight of kind k (0 gate, 1 up, 2 down).
+// A quantized base: the weight as prepare_expert left it in ws.expert_dequant.
 Tensor LlamaModel::expert_weight(int64_t l, int k, int64_t e) const {
+  const auto [out, in] = expert_shape(cfg_, expert_kinds()[size_t(k)]);
+  if (quantized_base_) {
+    Tensor w = views_->expert_dequant;
+    w.data = static_cast<char*>(w.data) + k * out * in * dtype_size(w.dtype);  // gate, up, down: each F x C
+    return as_matrix(w, out, in);
+  }
   Tensor w = layers_[size_t(l)].experts[k];
-  const int64_t out = w.dim(1), in = w.dim(2);
   w.data = static_cast<char*>(w.data) + e * out * in * dtype_size(w.dtype);
   return as_matrix(w, out, in);
+}
+
+// A quantized base: expert e's three weights of layer l dequantized into ws.expert_dequant (the
+// dense path's prepare_layer holds the attention's projections).
+void LlamaModel::prepare_expert(int64_t l, int64_t e) {
+  if (!quantized_base_) return;
+  for (int k = 0; k < 3; k++) {
+    const std::string& kind = expert_kinds()[size_t(k)];
+    const auto [out, in] = expert_shape(cfg_, kind);
+    const uint8_t* src = layers_[size_t(l)].experts_packed[k] + e * expert_stride_bytes(cfg_, kind, base_quant_);
+    be_.dequantize({expert_weight(l, k, e), src, base_quant_, out, in});
+  }
 }
 
 const std::vector<int32_t>& LlamaModel::expert_offsets(const Acts& a) {
@@ -867,18 +908,16 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n)
   const auto* token = static_cast<const int32_t*>(a.moe_token.data);
   be_.gather_rows({a.moe_x, a.ln2, Tensor(), token, M, C});  // x_s[r] = ln2[token[r]]
   const std::vector<int32_t>& off = expert_offsets(a);
-  for (int64_t e = 0; e < E; e++) {
+  for (int64_t e = 0; e < E; e++) {  // each expert over its rows: gate, up, the activation, down
     const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
     if (m == 0) continue;
-    const Tensor x = row_slice(a.moe_x, r0, m);
-    be_.matmul({row_slice(a.gate, r0, m), x, expert_weight(l, 0, e), m, F, C, false, true, 1.0f, 0.0f});
-    be_.matmul({row_slice(a.up, r0, m), x, expert_weight(l, 1, e), m, F, C, false, true, 1.0f, 0.0f});
-  }
-  be_.swiglu_fwd({a.h, a.gate, a.up, M * F, cfg_.hidden_act});
-  for (int64_t e = 0; e < E; e++) {
-    const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
-    if (m > 0)
-      be_.matmul({row_slice(a.moe_y, r0, m), row_slice(a.h, r0, m), expert_weight(l, 2, e), m, C, F, false, true, 1.0f, 0.0f});
+    prepare_expert(l, e);
+    const Tensor x = row_slice(a.moe_x, r0, m), gate = row_slice(a.gate, r0, m), up = row_slice(a.up, r0, m);
+    const Tensor h = row_slice(a.h, r0, m);
+    be_.matmul({gate, x, expert_weight(l, 0, e), m, F, C, false, true, 1.0f, 0.0f});
+    be_.matmul({up, x, expert_weight(l, 1, e), m, F, C, false, true, 1.0f, 0.0f});
+    be_.swiglu_fwd({h, gate, up, m * F, cfg_.hidden_act});
+    be_.matmul({row_slice(a.moe_y, r0, m), h, expert_weight(l, 2, e), m, C, F, false, true, 1.0f, 0.0f});
   }
   be_.combine_rows({out, a.moe_y, a.moe_weight, static_cast<const int32_t*>(a.moe_row.data), n, K, C, false});
 }
@@ -897,20 +936,18 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   be_.row_dots({dw, dres, a.moe_y, row, n, K, C});  // dw[t,j] = dout[t] . y[row[t,j]]
   be_.gather_rows({dy, dres, a.moe_row_weight, static_cast<const int32_t*>(a.moe_token.data), M, C});  // dy = w dout
   const Tensor dh = as_matrix(w.tmp, M, F), dgate = as_matrix(w.dgate, M, F), dup = as_matrix(w.dup, M, F);
+  const Tensor dx = dy;  // d(expert inputs), over each expert's rows of dy once they are read
   const std::vector<int32_t>& off = expert_offsets(a);
-  for (int64_t e = 0; e < E; e++) {
-    const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
-    if (m > 0)
-      be_.matmul({row_slice(dh, r0, m), row_slice(dy, r0, m), expert_weight(l, 2, e), m, F, C, false, false, 1.0f, 0.0f});
-  }
-  be_.swiglu_bwd({dgate, dup, dh, a.gate, a.up, M * F, cfg_.hidden_act});
-  const Tensor dx = dy;  // d(expert inputs), over dy (read for the last time above)
-  for (int64_t e = 0; e < E; e++) {
+  for (int64_t e = 0; e < E; e++) {  // each expert over its rows: down, the activation, gate and up
     const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
     if (m == 0) continue;
+    prepare_expert(l, e);
+    const Tensor dh_e = row_slice(dh, r0, m), dg = row_slice(dgate, r0, m), du = row_slice(dup, r0, m);
+    be_.matmul({dh_e, row_slice(dy, r0, m), expert_weight(l, 2, e), m, F, C, false, false, 1.0f, 0.0f});
+    be_.swiglu_bwd({dg, du, dh_e, row_slice(a.gate, r0, m), row_slice(a.up, r0, m), m * F, cfg_.hidden_act});
     const Tensor d = row_slice(dx, r0, m);
-    be_.matmul({d, row_slice(dgate, r0, m), expert_weight(l, 0, e), m, C, F, false, false, 1.0f, 0.0f});
-    be_.matmul({d, row_slice(dup, r0, m), expert_weight(l, 1, e), m, C, F, false, false, 1.0f, 1.0f});
+    be_.matmul({d, dg, expert_weight(l, 0, e), m, C, F, false, false, 1.0f, 0.0f});
+    be_.matmul({d, du, expert_weight(l, 1, e), m, C, F, false, false, 1.0f, 1.0f});
   }
   be_.combine_rows({dln, dx, Tensor(), row, n, K, C, false});  // dln = sum_j dx[row[t,j]]
   const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);

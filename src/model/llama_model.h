@@ -171,6 +171,8 @@ class LlamaModel {
   void moe_fwd(const Acts& a, const Tensor& out, int64_t layer, int64_t n);
   void moe_bwd(const Acts& a, int64_t layer, int64_t n);
   Tensor expert_weight(int64_t layer, int kind, int64_t expert) const;
+  void prepare_expert(int64_t layer, int64_t expert);
+  void load_expert_stack(const TensorSource& src, const std::string& buffer);
   const std::vector<int32_t>& expert_offsets(const Acts& a);  // the routing's offsets (E+1), copied to host
   std::vector<int32_t> offsets_host_;
   // The norm ops' weight offset: 1 for Gemma's (1 + w) norms, else 0.

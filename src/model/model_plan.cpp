@@ -104,7 +104,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
         if (!quantized)
           plan.add(p + "experts." + k, MC::Weights, storage_dtype(base), {c.n_experts, out, in});
         else  // each expert's packed weight at a 256-byte aligned stride
-          plan.add_bytes(p + "experts." + k, MC::Weights, c.n_experts * MemoryPlan::aligned(quant_storage_bytes(qp, out, in)));
+          plan.add_bytes(p + "experts." + k, MC::Weights, c.n_experts * expert_stride_bytes(c, k, qp));
       }
     }
     // FP4 base GEMMs: each projection's GEMM scales (decode scale, tiled e4m3 per 16), made at load.
@@ -228,6 +228,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // ws.lora_xd hold (N, C) or (N, q_dim) values, or one MLP tile's (T, F) (flat: the model views
   // them at each use's shape; the size grows with N, as the fit search needs).
   const int64_t wide = std::max(N * std::max(c.q_dim(), C), T * F);
+  if (moe && quantized)  // one expert's gate, up and down dequantized before its GEMMs
+    plan.add("ws.expert_dequant", MC::Workspace, cd, {3 * F * C}, Lifetime::Layer);
   if (moe) {  // d(expert outputs), then d(expert inputs), in the expert-sorted layout; the router's gradients
     plan.add("ws.moe_dy", MC::Workspace, cd, {T, C}, Lifetime::Layer);
     plan.add("ws.moe_dlogits", MC::Workspace, DType::F32, {N, c.n_experts}, Lifetime::Layer);

@@ -55,12 +55,11 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
   // LlamaModel's constructor refuses these for a mixture-of-experts model.
   if (c.moe()) {
     std::string what;
-    if (is_quantized(r.base())) what = std::string("a quantized base (") + base_precision_name(r.base()) + ")";
-    else if (r.sharding == Sharding::Fsdp) what = "sharding fsdp";
+    if (r.sharding == Sharding::Fsdp) what = "sharding fsdp";
     else if (r.gemm_dtype != GemmDtype::Bf16) what = "FP8/FP4 base GEMMs";
     if (!what.empty())
       w.push_back("the engine does not yet train a mixture-of-experts model with " + what +
-                  " (bf16 base, LoRA on the attention): this is the plan an equivalent runtime would need");
+                  " (LoRA on the attention, bf16 GEMMs): this is the plan an equivalent runtime would need");
     w.push_back("mixture of experts: " + std::to_string(c.experts_per_tok) + " of " + std::to_string(c.n_experts) +
                 " experts per token, " + fmt_params(double(c.active_params())) + " of the " + fmt_params(double(c.n_params())) +
                 " active; the expert GEMMs' efficiency is the dense GEMMs' (a placeholder: grouped GEMMs over "

@@ -121,24 +121,34 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
       convert += stored_bytes(r, out, in) + operand * double(out) * double(in);
       dequant_elems += double(out) * double(in);
     }
-    for (const auto& k : c.moe() ? expert_kinds() : std::vector<std::string>{}) {  // every expert of the layer
+  }
+  // A mixture-of-experts layer dequantizes each expert that has tokens (at these token counts:
+  // every one) before its GEMMs, in the forward, in the recompute and in the backward: per
+  // micro-step (2 + recompute) L times, where the attention's rule above does 2L - 4.
+  // These run on the main stream, beside nothing: all of their time is exposed.
+  double expert_convert = 0, expert_elems = 0;  // per micro-step
+  if (c.moe() && (operand > 0 || (r.gpu.is_cpu && is_quantized(r.base())))) {
+    const double expert_layers = double(c.n_layer) * (2.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0));
+    for (const auto& k : expert_kinds()) {
       auto [out, in] = expert_shape(c, k);
-      convert += double(c.n_experts) * (stored_bytes(r, out, in) + operand * double(out) * double(in));
-      dequant_elems += double(c.n_experts) * double(out) * double(in);
+      expert_convert += double(c.n_experts) * expert_layers * (stored_bytes(r, out, in) + operand * double(out) * double(in));
+      expert_elems += double(c.n_experts) * expert_layers * double(out) * double(in);
     }
   }
   // The CPU dequantizes with its cores (a calibrated rate), a GPU is bandwidth-bound.
   double t_cpu_work = 0;
-  if (r.gpu.is_cpu) t_cpu_work += dequant_elems * layers * ga / r.gpu.dequant_elems_per_s;
-  else e.memory_bytes.push_back({"base weight dequant/cast", convert * layers * ga});
+  if (r.gpu.is_cpu) t_cpu_work += (dequant_elems * layers + expert_elems) * ga / r.gpu.dequant_elems_per_s;
+  else e.memory_bytes.push_back({"base weight dequant/cast", (convert * layers + expert_convert) * ga});
   // On a GPU the next layer's dequantization runs on a side stream beside this layer's GEMMs.
   const double t_base_gemm =
       r.gpu.is_cpu ? 0.0
                    : tok_gpu * ((base_flops - bf16_base) / (base_peak * base_eff) +
                                 bf16_base / (bf16_peak * a.gemm_efficiency));
   if (!r.gpu.is_cpu) {
-    e.t_dequant = convert * layers * ga / (r.gpu.mem_bw * a.memory_bw_efficiency);
-    e.t_dequant_exposed = std::max(0.0, e.t_dequant - a.dequant_overlap * t_base_gemm);
+    const double bw = r.gpu.mem_bw * a.memory_bw_efficiency;
+    const double t_experts = expert_convert * ga / bw;
+    e.t_dequant = convert * layers * ga / bw + t_experts;
+    e.t_dequant_exposed = std::max(0.0, e.t_dequant - t_experts - a.dequant_overlap * t_base_gemm) + t_experts;
   }
   // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
   // 2(q+kv), Qwen3's per-head q/k norms: another 2(q+kv), SwiGLU: 3F; Gemma's two norms on the

@@ -392,12 +392,13 @@ std::vector<int32_t> routing(LlamaModel& m, const Batch& batch) {
 // the GPU, so a token whose top-k is a near tie at that precision may choose another expert than
 // the CPU, which changes its output wholesale: the gradients are compared on rows of the parity
 // fixture's training batches that both backends route alike.
-void compare_moe(const std::string& variant, const std::string& ckpt) {
+void compare_moe(const std::string& variant, const std::string& ckpt, const std::string& precision = "") {
+  const std::string method = precision.empty() ? "lora" : "qlora";
   SafetensorsArchive fx(fixtures() + "/parity/" + variant + ".safetensors");
   const auto ids = ints(fx, "train_input_ids"), labels = ints(fx, "train_labels");
   std::string why;
-  TrainRun gpu = make_run(make_cuda_backend(&why), "lora", "", "none", 0, variant);
-  TrainRun cpu = make_run(make_cpu_backend(), "lora", "", "none", 0, variant);
+  TrainRun gpu = make_run(make_cuda_backend(&why), method, precision, "none", 0, variant);
+  TrainRun cpu = make_run(make_cpu_backend(), method, precision, "none", 0, variant);
   round_weights_to_bf16(*cpu.model);
   // Rows route independently (causal attention within a row): the first two rows of the
   // fixture's training micro-batches that both backends route alike form the batch.
@@ -418,7 +419,7 @@ void compare_moe(const std::string& variant, const std::string& ckpt) {
   // 16/256 (the dense families: 10/256): measured at most 3.6% at sm_90 and sm_100 and 5.6% at
   // sm_80 (its own flash kernel), in the q and k adapters, the most sensitive gradients; a wrong
   // routing op (a weight, a row, a token off) moves them by O(1).
-  compare_gradients("lora", "", ckpt, 16.0 / 256, variant,
+  compare_gradients(method, precision, ckpt, 16.0 / 256, variant,
                     [batch](LlamaModel& m) { return accumulate_grads(m, {batch}, 0, 0); }, 0, true);
 }
 
@@ -426,6 +427,7 @@ TEST(CudaEmuTraining, MixtureOfExpertsMatchTheCpu) {
   compare_moe("mixtral", "none");
   compare_moe("mixtral", "full");  // the routed layer recomputed from its saved input
   compare_moe("qwen3_moe", "full");
+  compare_moe("mixtral", "full", "nf4");  // QLoRA: each expert dequantized before its GEMMs
 }
 
 
