@@ -125,3 +125,7 @@ TEST(HfParity, EngineTrainedGemma3AdapterGivesPeftLogits) { expect_engine_adapte
 // Phi-3: the same run; the adapter holds PEFT's four fused modules (qkv_proj, o_proj,
 // gate_up_proj, down_proj), which PEFT loads onto Phi3ForCausalLM as they are.
 TEST(HfParity, EngineTrainedPhi3AdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("phi3", 4); }
+// Mixtral and Qwen3-MoE: the same run (12 steps on token ids); the adapter holds the attention's
+// four modules, which PEFT loads onto MixtralForCausalLM / Qwen3MoeForCausalLM over routed experts.
+TEST(HfParity, EngineTrainedMixtralAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("mixtral", 4); }
+TEST(HfParity, EngineTrainedQwen3MoeAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("qwen3_moe", 4); }
