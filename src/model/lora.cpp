@@ -47,7 +47,7 @@ std::vector<std::string> lora_modules(const LlamaConfig& c) {
   if (c.fused_qkv) m.push_back("qkv_proj");
   else m.insert(m.end(), {"q_proj", "k_proj", "v_proj"});
   m.push_back("o_proj");
-  if (c.moe()) return m;  // the experts take no adapter (yet); the router stays frozen
+  if (c.moe()) return m;  // the experts and the router take no adapter (yet)
   if (c.fused_gate_up) m.push_back("gate_up_proj");
   else m.insert(m.end(), {"gate_proj", "up_proj"});
   m.push_back("down_proj");
@@ -69,14 +69,15 @@ std::vector<std::string> lora_targets_for(const LlamaConfig& c, const std::vecto
   for (const auto& m : mods) list += (list.empty() ? "" : ", ") + m;
   std::vector<std::string> out;
   if (c.moe()) {
-    // all-linear is every nn.Linear PEFT finds: in transformers' MoE blocks the experts are stacked
-    // parameters, not Linear modules, so it is the attention's four. A MLP projection named alone
-    // asks for LoRA on the experts, which the engine does not implement.
-    const size_t mlp = size_t(has("gate_proj")) + has("up_proj") + has("down_proj");
-    if (mlp > 0 && !(mlp == 3 && targets.size() == all_linear_targets().size()))
+    // An MLP projection asks for LoRA on the experts, which the engine does not implement; so does
+    // all-linear, which in PEFT (0.21, on transformers 5's MoE blocks) wraps the stacked experts and
+    // the router as well as the attention.
+    if (has("gate_proj") || has("up_proj") || has("down_proj"))
       fail(ErrorKind::Unsupported, "target_modules",
-           "LoRA on the experts of a mixture-of-experts model (" + c.model_type + ") is not implemented",
-           "target the attention: " + list + ", or all-linear");
+           std::string(targets.size() == all_linear_targets().size() ? "all-linear" : "a MLP projection") +
+               " asks for LoRA on the experts of a mixture-of-experts model (" + c.model_type +
+               "; PEFT's all-linear adapts its experts and router too), which is not implemented",
+           "target the attention: " + list);
     for (const auto& m : mods)
       if (has(m)) out.push_back(m);
     for (const auto& t : targets)

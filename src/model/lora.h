@@ -25,7 +25,9 @@ struct LoraSpec {
 };
 
 // The LoRA modules of a model in layer order: the seven projections, or with fused projections
-// qkv_proj, o_proj, gate_up_proj, down_proj (what PEFT's all-linear finds in those models).
+// qkv_proj, o_proj, gate_up_proj, down_proj (what PEFT's all-linear finds in those models); a
+// mixture-of-experts model's attention q_proj, k_proj, v_proj, o_proj (PEFT's all-linear there also
+// adapts the experts and the router, which the engine does not: lora_targets_for refuses it).
 std::vector<std::string> lora_modules(const LlamaConfig& c);
 // The projections (all_linear_targets names) a LoRA module covers, in the order of its output rows.
 std::vector<std::string> module_projections(const LlamaConfig& c, const std::string& module);

@@ -50,7 +50,7 @@ PlanRequest normalize_request(const PlanRequest& in) {
       }
       if (std::find(t.begin(), t.end(), name) == t.end()) t.push_back(name);
     }
-    if (t.empty()) t = all_linear_targets();
+    if (t.empty()) t = lora_modules(r.model);  // unset: every module the engine adapts in this model
     // The model's LoRA modules in layer order, so plans and names are stable whatever order the
     // user wrote (a fused model's q/k/v become qkv_proj; a part of a fused module alone is refused).
     r.lora.targets = lora_targets_for(r.model, t);

@@ -16,7 +16,8 @@ namespace qlora {
 
 // The engine spec (what runs: model/engine_spec.h) plus where and how long: the model's shape, the
 // GPU and the topology, the optimizer steps' accumulation and the data's packing. The spec's
-// lora.targets: empty or "all-linear" = all seven projections; lora.dropout > 0 keeps one more
+// lora.targets: empty = the model's LoRA modules (lora_modules), "all-linear" = all seven
+// projections (refused on a mixture-of-experts model); lora.dropout > 0 keeps one more
 // buffer; sharding: Zero1/2/3 are planned over the replica (shard_plan), Fsdp as the engine runs it.
 struct PlanRequest : EngineSpec {
   LlamaConfig model;

@@ -26,7 +26,7 @@ std::string method_text(const PlanRequest& r) {
   if (r.double_quant.value_or(false)) m += " + double quant";
   if (r.method != Method::Full) {
     m += ", r=" + std::to_string(r.lora.r) + " on ";
-    const bool all = r.lora.targets == lora_modules(r.model);
+    const bool all = !r.model.moe() && r.lora.targets == lora_modules(r.model);  // a MoE model's are the attention's
     m += all ? std::string("all-linear") : "";
     if (!all)
       for (size_t i = 0; i < r.lora.targets.size(); i++) m += (i ? "," : "") + r.lora.targets[i];

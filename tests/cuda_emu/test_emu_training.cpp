@@ -51,7 +51,7 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
   po.kv_cache_tokens = kv_cache_tokens;
   po.mlp_tile = mlp_tile;
   // A trained adapter (B != 0), so the LoRA path contributes from the first step.
-  return testing_util::make_model_on(std::move(be), variant, po, testing_util::fixture_lora(),
+  return testing_util::make_model_on(std::move(be), variant, po, testing_util::fixture_lora(variant),
                                      "parity/" + variant + "_adapter");
 }
 

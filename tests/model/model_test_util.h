@@ -59,6 +59,13 @@ inline LoraSpec fixture_lora() {
   s.targets = LoraSpec::resolve_targets({"all-linear"});
   return s;
 }
+// The fixture adapter's targets for a variant: all-linear, or the attention's four on the
+// mixture-of-experts fixtures (where all-linear would adapt the experts, which the engine refuses).
+inline LoraSpec fixture_lora(const std::string& variant) {
+  LoraSpec s = fixture_lora();
+  if (variant == "mixtral" || variant == "qwen3_moe") s.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  return s;
+}
 
 inline std::vector<int32_t> ints(const SafetensorsArchive& ar, const std::string& name) {
   const TensorInfo& ti = ar.get(name);

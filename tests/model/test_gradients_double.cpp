@@ -252,7 +252,7 @@ std::vector<float> host(Backend& be, const Tensor& t) {
 
 // Checks every `stride`-th element of every LoRA tensor; prints the worst relative error seen.
 void check_model(const std::string& variant, size_t stride) {
-  LoraSpec spec = fixture_lora();
+  LoraSpec spec = fixture_lora(variant);
   TestModel t = make_model(variant, spec, 2, 9);
   // Non-zero B everywhere, so every LoRA parameter has a gradient.
   Rng rng(17);

@@ -22,7 +22,7 @@ TEST_P(HfParity, BaseLogitsAndLoss) {
   const std::string v = GetParam();
   SafetensorsArchive fx(fixtures() + "/parity/" + v + ".safetensors");
   auto ids = ints(fx, "input_ids"), labels = ints(fx, "labels");
-  TestModel t = make_model(v, fixture_lora(), 2, 12);  // B = 0 after init: LoRA adds nothing
+  TestModel t = make_model(v, fixture_lora(v), 2, 12);  // B = 0 after init: LoRA adds nothing
   Batch b = Batch::from_hf(2, 12, ids, labels);
   auto logits = t.model->logits(b);
   EXPECT_LT(rel_err(logits, floats(fx, "logits")), kLogitTol);
@@ -34,7 +34,7 @@ TEST_P(HfParity, LoraLogitsLossAndGradients) {
   const std::string v = GetParam();
   SafetensorsArchive fx(fixtures() + "/parity/" + v + ".safetensors");
   auto ids = ints(fx, "input_ids"), labels = ints(fx, "labels");
-  TestModel t = make_model(v, fixture_lora(), 2, 12);
+  TestModel t = make_model(v, fixture_lora(v), 2, 12);
   load_peft_adapter(fixtures() + "/parity/" + v + "_adapter", *t.model);
   Batch b = Batch::from_hf(2, 12, ids, labels);
   EXPECT_LT(rel_err(t.model->logits(b), floats(fx, "lora_logits")), kLogitTol);
@@ -60,7 +60,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
   SafetensorsArchive fx(fixtures() + "/parity/" + v + ".safetensors");
   auto ids = ints(fx, "train_input_ids"), labels = ints(fx, "train_labels");
   auto ref_loss = floats(fx, "train_loss"), ref_norm = floats(fx, "train_grad_norm"), ref_lr = floats(fx, "train_lr");
-  TestModel t = make_model(v, fixture_lora(), 2, 12);
+  TestModel t = make_model(v, fixture_lora(v), 2, 12);
   load_peft_adapter(fixtures() + "/parity/" + v + "_adapter", *t.model);
   OptimHyper h;
   h.weight_decay = 0.01;

@@ -72,16 +72,20 @@ TEST(Moe, ConfigRefusesWhatTheEngineDoesNotImplement) {
 
 TEST(Moe, LoraIsOnTheAttentionAndTheExpertsAreRefused) {
   const LlamaConfig c = parse_hf_config(fixture_config("mixtral", "{}"), "m.json");
-  EXPECT_EQ(lora_targets_for(c, LoraSpec::resolve_targets({"all-linear"})),
-            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  EXPECT_EQ(lora_modules(c), (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
   EXPECT_EQ(lora_targets_for(c, {"v_proj", "q_proj"}), (std::vector<std::string>{"q_proj", "v_proj"}));
-  try {
-    lora_targets_for(c, {"q_proj", "down_proj"});
-    FAIL() << "LoRA on the experts was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_EQ(e.where(), "target_modules");
-    EXPECT_NE(e.message().find("experts"), std::string::npos) << e.message();
+  // A MLP projection, and all-linear (which in PEFT adapts the stacked experts and the router).
+  for (const std::vector<std::string>& t : {std::vector<std::string>{"q_proj", "down_proj"},
+                                            LoraSpec::resolve_targets({"all-linear"})}) {
+    try {
+      lora_targets_for(c, t);
+      FAIL() << "LoRA on the experts was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+      EXPECT_EQ(e.where(), "target_modules");
+      EXPECT_NE(e.message().find("experts"), std::string::npos) << e.message();
+      EXPECT_NE(e.hint().find("q_proj, k_proj, v_proj, o_proj"), std::string::npos) << e.hint();
+    }
   }
 }
 
@@ -94,7 +98,7 @@ TEST(Moe, RefusedBaseModesBeforeAllocating) {
     if (std::string(what) == "fsdp") po.base_shards = 1;
     if (std::string(what) == "tile") po.checkpointing = Checkpointing::Full, po.mlp_tile = 4;
     try {
-      make_model_on(make_cpu_backend(), "qwen3_moe", po, fixture_lora());
+      make_model_on(make_cpu_backend(), "qwen3_moe", po, fixture_lora("qwen3_moe"));
       FAIL() << "accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
@@ -111,7 +115,7 @@ TEST(Moe, CheckpointingRecomputesTheRoutedLayerExactly) {
   std::vector<std::vector<float>> grads[2];
   double loss[2];
   for (int run = 0; run < 2; run++) {
-    TestModel t = make_model("mixtral", fixture_lora(), 2, 12, run == 0 ? "none" : "full");
+    TestModel t = make_model("mixtral", fixture_lora("mixtral"), 2, 12, run == 0 ? "none" : "full");
     load_peft_adapter(fixtures() + "/parity/mixtral_adapter", *t.model);
     t.model->zero_grads();
     loss[run] = t.model->forward_backward(b, 1.0f, 0);
@@ -140,7 +144,7 @@ TEST(Moe, PresetsAndFlopsCountTheChosenExperts) {
   FlopOptions o;
   o.method = Method::Lora;
   o.lora_r = 16;
-  o.targets = LoraSpec::resolve_targets({"all-linear"});
+  o.targets = lora_modules(m);
   o.attn_len = 1;
   const FlopCounts f = flops_per_token(m, o);
   const double linear = double(m.active_params() - 2 * m.vocab_size * m.hidden_size) -
@@ -161,7 +165,7 @@ TEST(Moe, Nf4ExpertsEqualTheFloatModelOnTheirDequantizedWeights) {
     po.seq_len = 12;
     po.checkpointing = Checkpointing::Full;
     po.base_precision = BasePrecision::Nf4;
-    TestModel q = make_model_on(make_cpu_backend(), variant, po, fixture_lora(), std::string("parity/") + variant + "_adapter");
+    TestModel q = make_model_on(make_cpu_backend(), variant, po, fixture_lora(variant), std::string("parity/") + variant + "_adapter");
     EXPECT_TRUE(q.model->quantized_base());
     // The float model reads every weight the NF4 model quantizes through a quantize/dequantize.
     const QuantParams qp = q.model->base_quant();
@@ -178,7 +182,7 @@ TEST(Moe, Nf4ExpertsEqualTheFloatModelOnTheirDequantizedWeights) {
     po.base_precision.reset();
     TestModel f;
     f.be = make_cpu_backend();
-    f.model = std::make_unique<LlamaModel>(src.config, *f.be, po, fixture_lora());
+    f.model = std::make_unique<LlamaModel>(src.config, *f.be, po, fixture_lora(variant));
     f.model->load_base(rt);
     f.model->init_lora(1);
     load_peft_adapter(fixtures() + "/parity/" + std::string(variant) + "_adapter", *f.model);
