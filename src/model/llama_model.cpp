@@ -135,6 +135,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     if (cfg_.experts_per_tok > 16 && be_.device() == DeviceKind::Cuda)
       refuse("more than 16 experts per token on the cuda backend", "use device: cpu");
   }
+  routed_.assign(size_t(cfg_.moe() ? cfg_.n_layer * cfg_.n_experts : 0), 0);
   offload_ = opts_.checkpointing == Checkpointing::Offload;
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
@@ -784,7 +785,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   be_.add({a.xmid, a.x, a.xmid.numel()});  // ... + x
   be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps, w_off});
   if (cfg_.moe()) {
-    moe_fwd(a, next, l, n);                  // next = experts(ln2) ...
+    moe_fwd(a, next, l, n, train && !recompute && !decoding_ && adapters_on_);  // next = experts(ln2) ...
     be_.add({next, a.xmid, next.numel()});  // ... + xmid
     return;
   }
@@ -898,7 +899,7 @@ const std::vector<int32_t>& LlamaModel::expert_offsets(const Acts& a) {
 // out = sum_j weight[t,j] * expert_{e_j}(ln2[t]), expert(x) = down(act(gate x) * up x): the router's
 // logits, the top-k routing, the tokens gathered into the expert-sorted layout (each expert's rows
 // together), one GEMM per expert and weight over its rows, and the weighted sum back per token.
-void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n) {
+void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n, bool count) {
   const LayerViews& L = layers_[size_t(l)];
   const int64_t E = cfg_.n_experts, K = cfg_.experts_per_tok, C = cfg_.hidden_size, F = cfg_.expert_intermediate_size;
   const int64_t M = n * K;
@@ -908,6 +909,8 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n)
   const auto* token = static_cast<const int32_t*>(a.moe_token.data);
   be_.gather_rows({a.moe_x, a.ln2, Tensor(), token, M, C});  // x_s[r] = ln2[token[r]]
   const std::vector<int32_t>& off = expert_offsets(a);
+  if (count)
+    for (int64_t e = 0; e < E; e++) routed_[size_t(l * E + e)] += off[size_t(e) + 1] - off[size_t(e)];
   for (int64_t e = 0; e < E; e++) {  // each expert over its rows: gate, up, the activation, down
     const int64_t r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
     if (m == 0) continue;

@@ -1,6 +1,7 @@
 // LlamaModel: the decoder with LoRA adapters, forward and hand-written backward over a Backend.
 // The whole training step reads top to bottom in llama_model.cpp.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
@@ -122,6 +123,11 @@ class LlamaModel {
   // Layers of the quantized base dequantized since the model was built: the engine's side of
   // dequant_layers_per_micro_step, which the planner's speed model counts.
   int64_t dequantized_layers() const { return dequantized_layers_; }
+  // Mixture of experts: tokens each expert received, (n_layer x n_experts) row-major, summed over the
+  // training forwards with adapters on (not recomputes, decodes or a reference model's forwards)
+  // since the last reset. Empty for a dense model.
+  const std::vector<int64_t>& routed_tokens() const { return routed_; }
+  void reset_routed_tokens() { std::fill(routed_.begin(), routed_.end(), 0); }
   // Full logits (N,V) copied to host, for tests on small inputs.
   std::vector<float> logits(const Batch& batch);
 
@@ -168,13 +174,14 @@ class LlamaModel {
   // Mixture of experts: out (N,C) "=" the routed experts' weighted sum for the N rows of a.ln2
   // (moe_fwd); ws.dln "=" d(ln2) from d(out) in ws.dres, through the experts and the router
   // (moe_bwd). The experts' GEMMs run over each expert's rows of the expert-sorted layout.
-  void moe_fwd(const Acts& a, const Tensor& out, int64_t layer, int64_t n);
+  void moe_fwd(const Acts& a, const Tensor& out, int64_t layer, int64_t n, bool count);
   void moe_bwd(const Acts& a, int64_t layer, int64_t n);
   Tensor expert_weight(int64_t layer, int kind, int64_t expert) const;
   void prepare_expert(int64_t layer, int64_t expert);
   void load_expert_stack(const TensorSource& src, const std::string& buffer);
   const std::vector<int32_t>& expert_offsets(const Acts& a);  // the routing's offsets (E+1), copied to host
   std::vector<int32_t> offsets_host_;
+  std::vector<int64_t> routed_;  // routed_tokens()
   // The norm ops' weight offset: 1 for Gemma's (1 + w) norms, else 0.
   float norm_offset() const { return cfg_.norm_unit_offset ? 1.0f : 0.0f; }
   void softcap_logits(std::vector<float>& logits) const;

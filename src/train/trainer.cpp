@@ -26,6 +26,7 @@
 #include "train/metrics.h"
 #include "train/model_source.h"
 #include "train/progress.h"
+#include "train/router_metrics.h"
 #include "train/sample_answers.h"
 #include "train/schedule.h"
 #include "train/tensorboard.h"
@@ -586,6 +587,7 @@ void Trainer::train_loop(Run& r) {
     const int64_t gathered0 = model.gathered_base_bytes();
     PrefMetricMeans pref_metrics;  // this rank's micro-batches' metrics (preference objectives)
     const MicroStepFn micro = pref_ ? preference_micro_step(model, *pref_, r.micro_per_step, &pref_metrics) : MicroStepFn{};
+    model.reset_routed_tokens();  // mixture of experts: this step's routing (router_metrics)
     const StepResult res =
         dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed, micro)
             : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed), micro);
@@ -594,6 +596,11 @@ void Trainer::train_loop(Run& r) {
       std::vector<double> v = pref_metrics.flat();
       if (world > 1) comm_->allreduce_sum(v.data(), v.size());
       step_metrics = PrefMetricMeans::from_flat(v).means();
+    }
+    if (model.config().moe()) {  // the tokens each expert received, over every rank's micro-batches
+      std::vector<double> routed(model.routed_tokens().begin(), model.routed_tokens().end());
+      if (world > 1) comm_->allreduce_sum(routed.data(), routed.size());
+      for (const auto& [k, v] : router_metrics(routed, model.config().n_layer, model.config().n_experts)) step_metrics[k] = v;
     }
     const double loss = res.loss, gnorm = res.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {

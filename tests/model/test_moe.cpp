@@ -201,3 +201,32 @@ TEST(Moe, Nf4ExpertsEqualTheFloatModelOnTheirDequantizedWeights) {
     }
   }
 }
+
+// The router statistics' source: a training forward counts each (token, choice) once per layer;
+// the recompute of a checkpointed layer, evaluation forwards and the base-only (reference)
+// forwards of preference training count nothing.
+TEST(Moe, RoutedTokensCountEachTrainingChoiceOnce) {
+  SafetensorsArchive fx(fixtures() + "/parity/qwen3_moe.safetensors");
+  const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  TestModel t = make_model("qwen3_moe", fixture_lora("qwen3_moe"), 2, 12, "full");
+  const LlamaConfig& c = t.model->config();
+  ASSERT_EQ(t.model->routed_tokens().size(), size_t(c.n_layer * c.n_experts));
+  t.model->forward_backward(b, 1.0f, 0);
+  t.model->forward_loss(b);
+  t.model->set_adapters_enabled(false);  // a reference model's token losses
+  t.model->token_losses(b);
+  t.model->set_adapters_enabled(true);
+  int64_t idle = 0;
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    int64_t sum = 0;
+    for (int64_t e = 0; e < c.n_experts; e++) {
+      const int64_t k = t.model->routed_tokens()[size_t(l * c.n_experts + e)];
+      sum += k;
+      idle += k == 0;
+    }
+    EXPECT_EQ(sum, b.n() * c.experts_per_tok) << "layer " << l;
+  }
+  EXPECT_GT(idle, 0);  // the fixture leaves experts idle (tools/make_parity_fixtures.py asserts it)
+  t.model->reset_routed_tokens();
+  for (int64_t k : t.model->routed_tokens()) EXPECT_EQ(k, 0);
+}
