@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "model/experts.h"
 
 namespace qlora {
 
@@ -203,12 +204,18 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
     for (const auto& n : kLayerNames) {
       if (!present(n, cfg)) continue;
       const std::string hf = n.hf;
+      if (cfg.moe() && hf.rfind("mlp.", 0) == 0) continue;  // the router and the experts below
       // Phi-3's checkpoints hold q/k/v as one qkv_proj and gate/up as one gate_up_proj.
       if (cfg.fused_qkv && (hf == "self_attn.k_proj.weight" || hf == "self_attn.v_proj.weight")) continue;
       if (cfg.fused_gate_up && hf == "mlp.up_proj.weight") continue;
       if (cfg.fused_qkv && hf == "self_attn.q_proj.weight") out.push_back(p + "self_attn.qkv_proj.weight");
       else if (cfg.fused_gate_up && hf == "mlp.gate_proj.weight") out.push_back(p + "mlp.gate_up_proj.weight");
       else out.push_back(p + hf);
+    }
+    if (cfg.moe()) {  // the router, then each expert's weights, as the Hub checkpoints name them
+      out.push_back(hf_router_name(cfg, l));
+      for (int64_t e = 0; e < cfg.n_experts; e++)
+        for (const auto& k : expert_kinds()) out.push_back(hf_expert_name(cfg, l, e, k));
     }
     if (cfg.sandwich_norms)  // Gemma: the MLP's input norm and the norm on its output (no GGUF mapping)
       for (const char* n : {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"}) out.push_back(p + n);

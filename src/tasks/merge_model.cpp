@@ -192,10 +192,6 @@ void merge_model(const MergeOptions& o) {
 
   ModelSource src = open_model_source(o.model);
   const LlamaConfig& cfg = src.config;
-  if (cfg.moe())
-    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
-         "`qlora merge` does not write mixture-of-experts models (their experts and router)",
-         "load the adapter with PEFT onto the base model and merge there (merge_and_unload)");
   PeftAdapter adapter = open_peft_adapter(o.adapter, cfg);
   const LoraSpec spec = adapter.spec;
   MergedModel m(cfg, src.tensors, std::move(adapter));

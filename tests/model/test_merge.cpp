@@ -30,7 +30,9 @@ std::vector<float> merged_logits(const MergedModel& m, const Batch& b) {
   ModelPlanOptions po;
   po.micro_batch = b.b;
   po.seq_len = b.t;
-  LlamaModel model(m.config(), *be, po, fixture_lora());
+  LoraSpec lora = fixture_lora();
+  lora.targets = lora_modules(m.config());  // a MoE model's: the attention's
+  LlamaModel model(m.config(), *be, po, lora);
   model.load_base(src);
   model.init_lora(1);
   return model.logits(b);
@@ -61,7 +63,7 @@ TEST_P(MergeParity, MergedWeightsGivePeftLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MergeParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
-                                                                     "gemma3", "phi3", "gemma2"));
+                                                                     "gemma3", "phi3", "gemma2", "mixtral", "qwen3_moe"));
 
 // The same adapter merged into the GGUF of the same model (f32 tensors, Q/K rows permuted the
 // llama.cpp way) gives the same logits.
