@@ -93,6 +93,9 @@ int cmd_plan(int argc, char** argv) {
                  "twice max_length)")
       ->capture_default_str();
   app.add_option("--base-precision", base_precision, "bf16 | fp16 | fp32 | fp8 | nf4 | fp4 | nvfp4 | mxfp4 (default bf16, nf4 for qlora)");
+  std::string expert_precision;
+  app.add_option("--expert-precision", expert_precision,
+                 "a mixture-of-experts model's experts: any base precision (default: the base's; gpt-oss: mxfp4, as shipped)");
   app.add_flag("--double-quant", dq, "double-quantize nf4/fp4 block scales (default on for nf4/fp4)");
   app.add_flag("--no-double-quant", no_dq, "store nf4/fp4 block scales in fp32");
   app.add_option("--quant-blocksize", r.quant_blocksize, "nf4/fp4 block size")->capture_default_str();
@@ -144,6 +147,7 @@ int cmd_plan(int argc, char** argv) {
   if (given("--method")) r.method = qlora::parse_method(method, "--method");
   if (given("--rl")) r.objective = qlora::parse_objective(objective, "--rl");
   if (app.count("--base-precision")) r.base_precision = qlora::parse_base_precision(base_precision, "--base-precision");
+  if (app.count("--expert-precision")) r.expert_precision = qlora::parse_base_precision(expert_precision, "--expert-precision");
   if (dq) r.double_quant = true;
   if (no_dq) r.double_quant = false;
   if (lora_dropout) r.lora.dropout = 0.1;  // any rate: the plan keeps the dropped input

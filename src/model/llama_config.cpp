@@ -11,7 +11,7 @@ namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> v = {"llama",  "mistral",     "qwen2", "qwen3",  "gemma2",
-                                             "gemma3_text", "phi3", "mixtral", "qwen3_moe"};
+                                             "gemma3_text", "phi3", "mixtral", "qwen3_moe", "gpt_oss"};
   return v;
 }
 
@@ -69,13 +69,13 @@ int64_t LlamaConfig::n_params() const {
   if (qk_norm) attn += 2 * head_dim;                              // q_norm, k_norm
   // + gate/up/down (every expert's, and the router) + 2 (or 4) norms
   const int64_t mlp = moe() ? n_experts * 3 * C * expert_intermediate_size + n_experts * C : 3 * C * F;
-  int64_t layer = attn + mlp + (sandwich_norms ? 4 : 2) * C;
+  int64_t layer = attn + mlp + (sandwich_norms ? 4 : 2) * C + extra_params_per_layer + n_experts * extra_params_per_expert;
   return V * C + n_layer * layer + C + (tie_word_embeddings ? 0 : V * C);
 }
 
 int64_t LlamaConfig::active_params() const {
   if (!moe()) return n_params();
-  return n_params() - n_layer * (n_experts - experts_per_tok) * 3 * hidden_size * expert_intermediate_size;
+  return n_params() - n_layer * (n_experts - experts_per_tok) * (3 * hidden_size * expert_intermediate_size + extra_params_per_expert);
 }
 
 float LlamaConfig::attn_scale() const {
@@ -98,7 +98,8 @@ static int64_t token_id(const json& j, const char* key, const std::string& where
   return json_int(j, key, where);
 }
 
-static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, const std::string& where) {
+static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, const std::string& where,
+                                      bool allow_yarn = false) {
   RopeScaling r;
   const std::string kw = where + ": key '" + key + "'";
   if (!rs.is_object()) fail(ErrorKind::Config, kw, std::string("expected an object or null, got ") + json_type_name(rs));
@@ -110,6 +111,10 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
   if (type == "linear") {
     r.type = "linear";
     r.factor = json_number(rs, "factor", sub);
+  } else if (type == "yarn" && allow_yarn) {  // gpt-oss: planned only (rope_inv_freq refuses it)
+    r.type = "yarn";
+    r.factor = json_number(rs, "factor", sub);
+    r.original_max_position_embeddings = json_int_or(rs, "original_max_position_embeddings", 4096, sub);
   } else if (type == "llama3") {
     r.type = "llama3";
     r.factor = json_number(rs, "factor", sub);
@@ -262,6 +267,39 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
   }
 }
 
+// gpt-oss (GptOssConfig): a mixture of experts (softmax over the top-k router logits, the same
+// weights as softmax then top-k renormalised) with what the engine does not implement yet: learned
+// attention sinks, biases on o_proj, the experts and the router, the clamped SwiGLU (alpha, limit),
+// YaRN RoPE. It is parsed so that `qlora plan` can plan it; LlamaModel refuses to train it.
+static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& where) {
+  c.n_experts = json_int_or(j, "num_local_experts", 128, where);
+  c.experts_per_tok = json_int_or(j, "num_experts_per_tok", json_int_or(j, "experts_per_token", 4, where), where);
+  c.expert_intermediate_size = c.intermediate_size;
+  c.norm_topk_prob = true;
+  c.attention_bias = true;  // q/k/v (o_proj's too, in extra_params_per_layer)
+  c.extra_params_per_layer = c.n_head + c.hidden_size + c.n_experts;  // sinks, o_proj's bias, the router's
+  c.extra_params_per_expert = 2 * c.intermediate_size + c.hidden_size;  // gate_up's and down's biases
+  c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases, clamped SwiGLU and YaRN RoPE";
+  if (const json* q = json_find(j, "quantization_config");
+      q && q->is_object() && json_string_or(*q, "quant_method", "", where) == "mxfp4")
+    c.experts_stored = "mxfp4";
+  const json* sw = json_find(j, "sliding_window");
+  c.sliding_window = sw && !sw->is_null() ? json_int(j, "sliding_window", where) : 0;
+  std::vector<bool> layers(size_t(std::max<int64_t>(c.n_layer, 0)));
+  if (const json* lt = json_find(j, "layer_types"); lt && !lt->is_null())
+    layers = sliding_layer_types(*lt, c.n_layer, where);
+  else
+    for (int64_t l = 0; l < c.n_layer; l++) layers[size_t(l)] = (l + 1) % 2 != 0;  // GptOssConfig: even layers slide
+  if (c.sliding_window > 0) c.sliding_layers = layers;
+  c.rope_theta = json_number_or(j, "rope_theta", 150000.0, where);
+  const json* rp = json_find(j, "rope_parameters");
+  if (!rp || rp->is_null()) rp = json_find(j, "rope_scaling");
+  if (rp && !rp->is_null()) {
+    c.rope_theta = json_number_or(*rp, "rope_theta", c.rope_theta, where + ": rope_parameters");
+    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where, true);
+  }
+}
+
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where) {
   json j = parse_json(json_text, where);
   if (!j.is_object()) fail(ErrorKind::Config, where, std::string("expected a JSON object, got ") + json_type_name(j));
@@ -328,6 +366,14 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
     return c;
   }
 
+  if (c.model_type == "gpt_oss") {
+    parse_gpt_oss(j, c, where);
+    c.bos_token_id = token_id(j, "bos_token_id", where);
+    c.eos_token_id = token_id(j, "eos_token_id", where);
+    c.torch_dtype = json_string_or(j, "torch_dtype", json_string_or(j, "dtype", "bfloat16", where), where);
+    c.validate(where);
+    return c;
+  }
   // transformers >= 5 writes theta and scaling together as "rope_parameters"; older files use
   // rope_theta + rope_scaling.
   if (const json* rp = json_find(j, "rope_parameters")) {
@@ -443,6 +489,8 @@ const Preset kPresets[] = {
   // Mixture of experts: experts, experts per token and the expert's size in kMoe below.
   {"mixtral-8x7b",   "mistralai/Mixtral-8x7B-v0.1",            "mixtral", 32000,  4096,  14336, 32,  32, 8,  128, 32768,  1e-5, 1e6,     "none",   1,   false, 1,      2,      "bfloat16"},
   {"qwen3-30b-a3b",  "Qwen/Qwen3-30B-A3B",                     "qwen3_moe", 151936, 2048, 6144, 48,  32, 4,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
+  {"gpt-oss-20b",    "openai/gpt-oss-20b",                     "gpt_oss", 201088, 2880,  2880,  24,  64, 8,  64,  131072, 1e-5, 150000,  "yarn",   32,  false, 199998, 200002, "bfloat16"},
+  {"gpt-oss-120b",   "openai/gpt-oss-120b",                    "gpt_oss", 201088, 2880,  2880,  36,  64, 8,  64,  131072, 1e-5, 150000,  "yarn",   32,  false, 199998, 200002, "bfloat16"},
   {"smollm2-135m",   "HuggingFaceTB/SmolLM2-135M",             "llama",   49152,  576,   1536,  30,  9,  3,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-360m",   "HuggingFaceTB/SmolLM2-360M",             "llama",   49152,  960,   2560,  32,  15, 5,  64,  8192,   1e-5, 100000,  "none",   1,   true,  0,      0,      "bfloat16"},
   {"smollm2-1.7b",   "HuggingFaceTB/SmolLM2-1.7B",             "llama",   49152,  2048,  8192,  24,  32, 32, 64,  8192,   1e-5, 130000,  "none",   1,   true,  0,      0,      "bfloat16"},
@@ -468,7 +516,10 @@ struct MoeExtra {
   int64_t experts, per_tok, expert_size;
   bool norm_topk;
 };
-const MoeExtra kMoe[] = {{"mixtral-8x7b", 8, 2, 14336, true}, {"qwen3-30b-a3b", 128, 8, 768, true}};
+const MoeExtra kMoe[] = {{"mixtral-8x7b", 8, 2, 14336, true},
+                         {"qwen3-30b-a3b", 128, 8, 768, true},
+                         {"gpt-oss-20b", 32, 4, 2880, true},
+                         {"gpt-oss-120b", 128, 4, 2880, true}};
 }  // namespace
 
 const std::vector<std::string>& preset_names() {
@@ -506,6 +557,11 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_scaling.type = "linear";
       c.rope_scaling.factor = p.rope_factor;
     }
+    if (std::string(p.rope) == "yarn") {  // gpt-oss
+      c.rope_scaling.type = "yarn";
+      c.rope_scaling.factor = p.rope_factor;
+      c.rope_scaling.original_max_position_embeddings = 4096;
+    }
     if (std::string(p.rope) == "llama3") {
       c.rope_scaling.type = "llama3";
       c.rope_scaling.factor = p.rope_factor;
@@ -538,6 +594,16 @@ LlamaConfig preset_config(const std::string& name) {
       c.sliding_layers.assign(size_t(c.n_layer), false);
       for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % pattern != 0;
     }
+    if (c.model_type == "gpt_oss") {  // as parse_gpt_oss: windows of 128 on the even layers, MXFP4 experts
+      c.attention_bias = true;
+      c.extra_params_per_layer = c.n_head + c.hidden_size + c.n_experts;
+      c.extra_params_per_expert = 2 * c.intermediate_size + c.hidden_size;
+      c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases, clamped SwiGLU and YaRN RoPE";
+      c.experts_stored = "mxfp4";
+      c.sliding_window = 128;
+      c.sliding_layers.assign(size_t(c.n_layer), false);
+      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 2 != 0;
+    }
     if (c.model_type == "phi3") {
       c.fused_qkv = c.fused_gate_up = true;
       if (name == "phi-3-mini-4k") c.sliding_window = 2047;
@@ -564,6 +630,8 @@ std::vector<float> rope_local_inv_freq(const LlamaConfig& c) {
 }
 
 std::vector<float> rope_inv_freq(const LlamaConfig& c) {
+  if (c.rope_scaling.type == "yarn")
+    fail(ErrorKind::Unsupported, "model '" + c.name + "': RoPE scaling 'yarn'", "is not implemented (it is only planned)");
   const int64_t D = c.head_dim;
   std::vector<float> out(size_t(D / 2));
   const RopeScaling& s = c.rope_scaling;

@@ -11,14 +11,15 @@
 namespace qlora {
 
 struct RopeScaling {
-  std::string type = "none";  // none | linear | llama3
+  std::string type = "none";  // none | linear | llama3 | yarn (gpt-oss's: planned, never trained)
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int64_t original_max_position_embeddings = 8192;       // llama3
 };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma2 | gemma3_text | phi3 | mixtral | qwen3_moe
+  // llama | mistral | qwen2 | qwen3 | gemma2 | gemma3_text | phi3 | mixtral | qwen3_moe | gpt_oss
+  std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;         // C
   int64_t intermediate_size = 0;   // F
@@ -78,6 +79,15 @@ struct LlamaConfig {
   int64_t n_experts = 0, experts_per_tok = 0, expert_intermediate_size = 0;
   bool norm_topk_prob = true;
   bool moe() const { return n_experts > 0; }
+  // The format the checkpoint ships its experts in ("mxfp4": gpt-oss), "" = as the other weights.
+  std::string experts_stored;
+  // Non-empty: what the engine does not implement for this model, which `qlora plan` plans and
+  // training refuses with this text (gpt-oss: its attention sinks, biases, clamped SwiGLU, YaRN).
+  std::string not_trained;
+  // Parameters the engine's buffers do not hold (gpt-oss's sinks and its o_proj, expert and router
+  // biases), per layer and per expert of a layer: counted by n_params (an idle expert's not by
+  // active_params), too small to matter in a memory plan.
+  int64_t extra_params_per_layer = 0, extra_params_per_expert = 0;
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string torch_dtype = "float32";
   std::string name;                // preset name or source path, for messages

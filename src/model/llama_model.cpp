@@ -83,6 +83,13 @@ static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& o, const LoraSpec& lora)
     : cfg_(cfg), be_(be), opts_(o), lora_(lora), quant_io_(be) {
   cfg_.validate(cfg_.name);
+  if (!cfg_.not_trained.empty())  // planned by qlora plan, not trained
+    fail(ErrorKind::Unsupported, "model '" + cfg_.name + "' (" + cfg_.model_type + ")",
+         cfg_.not_trained + " are not implemented: the engine plans this model but does not train it",
+         "qlora plan --model " + cfg_.name + " gives its memory and speed plan");
+  if (o.expert_precision && *o.expert_precision != base_of(o))
+    fail(ErrorKind::Unsupported, "expert_precision", "experts stored in another precision than the base are planned only",
+         "leave the experts' precision to the base's");
   lora_.targets = lora_targets_for(cfg_, lora_.targets);  // in the model's modules (fused qkv_proj ...)
   // Each projection's LoRA module: the projections it spans and this one's rows of its B (itself
   // alone unless a module spans it; a MoE layer's MLP projections are in none and take no adapter).

@@ -99,12 +99,14 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     }
     if (moe) {  // the router (frozen, in the compute dtype) and the experts, stacked per weight
       plan.add(p + "router", MC::Weights, cd, {c.n_experts, C});
+      const BasePrecision eb = o.expert_precision.value_or(base);
+      const QuantParams eq = is_quantized(eb) ? base_quant_params(eb, o.quant_blocksize, o.double_quant) : QuantParams{};
       for (const auto& k : expert_kinds()) {
         const auto [out, in] = expert_shape(c, k);
-        if (!quantized)
-          plan.add(p + "experts." + k, MC::Weights, storage_dtype(base), {c.n_experts, out, in});
+        if (!is_quantized(eb))
+          plan.add(p + "experts." + k, MC::Weights, storage_dtype(eb), {c.n_experts, out, in});
         else  // each expert's packed weight at a 256-byte aligned stride
-          plan.add_bytes(p + "experts." + k, MC::Weights, c.n_experts * expert_stride_bytes(c, k, qp));
+          plan.add_bytes(p + "experts." + k, MC::Weights, c.n_experts * expert_stride_bytes(c, k, eq));
       }
     }
     // FP4 base GEMMs: each projection's GEMM scales (decode scale, tiled e4m3 per 16), made at load.
@@ -228,7 +230,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // ws.lora_xd hold (N, C) or (N, q_dim) values, or one MLP tile's (T, F) (flat: the model views
   // them at each use's shape; the size grows with N, as the fit search needs).
   const int64_t wide = std::max(N * std::max(c.q_dim(), C), T * F);
-  if (moe && quantized)  // one expert's gate, up and down dequantized before its GEMMs
+  if (moe && is_quantized(o.expert_precision.value_or(base)))  // one expert's gate, up and down dequantized before its GEMMs
     plan.add("ws.expert_dequant", MC::Workspace, cd, {3 * F * C}, Lifetime::Layer);
   if (moe) {  // d(expert outputs), then d(expert inputs), in the expert-sorted layout; the router's gradients
     plan.add("ws.moe_dy", MC::Workspace, cd, {T, C}, Lifetime::Layer);

@@ -46,6 +46,10 @@ struct ModelPlanOptions {
   // scales planned beside it); the backward's dy W stays bf16. Resolve it with
   // resolve_gemm_dtype (model/gemm_dtype.h) before planning: buffers and scratch depend on it.
   GemmDtype gemm_dtype = GemmDtype::Bf16;
+  // A mixture-of-experts model's experts stored in another precision than the rest (qlora plan
+  // --expert-precision; gpt-oss ships MXFP4 experts beside bf16 attention). Unset: base_of().
+  // Planned only: the engine refuses it.
+  std::optional<BasePrecision> expert_precision;
 };
 
 // Rows of the MLP's (tokens x intermediate) buffers: the tile, or every token of a micro-batch; in a

@@ -56,6 +56,10 @@ PlanRequest normalize_request(const PlanRequest& in) {
     r.lora.targets = lora_targets_for(r.model, t);
   }
 
+  // Experts as the checkpoint ships them (gpt-oss: MXFP4) unless asked otherwise.
+  if (!r.expert_precision && r.model.experts_stored == "mxfp4") r.expert_precision = BasePrecision::Mxfp4;
+  if (r.expert_precision && !r.model.moe())
+    fail(ErrorKind::Config, "--expert-precision", "model '" + r.model.name + "' has no experts");
   require_positive("--micro-batch", r.micro_batch);
   require_positive("--seq-len", r.seq_len);
   require_positive("--grad-accum", r.grad_accum);

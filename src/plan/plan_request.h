@@ -28,6 +28,9 @@ struct PlanRequest : EngineSpec {
   bool packing = true;                // documents packed into full sequences (no padding)
   int64_t avg_doc_len = 0;            // mean example length in tokens; 0 = one example fills a sequence
   Topology topo;
+  // A mixture-of-experts model's experts in their own precision (--expert-precision; a checkpoint
+  // that ships them so, gpt-oss's MXFP4, by default). Unset: the base precision.
+  std::optional<BasePrecision> expert_precision;
 
   DType compute_dtype() const { return gpu.is_cpu ? DType::F32 : DType::BF16; }
   BasePrecision base() const { return resolved_base(*this, compute_dtype()); }

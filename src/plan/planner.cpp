@@ -52,6 +52,12 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
   if (!r.gpu.is_cpu && r.gpu.has_backend && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
     w.push_back("the cuda backend does not implement Gemma 2's logit soft-capping: qlora trains this model on the CPU "
                 "only; this is the plan an equivalent GPU runtime would need");
+  if (!c.not_trained.empty())
+    w.push_back("the engine does not train " + c.model_type + " yet (" + c.not_trained +
+                "): this is the plan an equivalent runtime would need");
+  if (r.expert_precision && *r.expert_precision != r.base())
+    w.push_back(std::string("experts in ") + base_precision_name(*r.expert_precision) + " beside a " +
+                base_precision_name(r.base()) + " base are planned, not trained by the engine");
   // LlamaModel's constructor refuses these for a mixture-of-experts model.
   if (c.moe()) {
     std::string what;
@@ -128,6 +134,7 @@ ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   GemmCaps caps;
   if (!r.gpu.is_cpu) caps = {r.gpu.fp8_tflops > 0, r.gpu.fp4_tflops > 0 && r.gpu.sm100, r.gpu.display};
   o.gemm_dtype = resolve_gemm_dtype(o, r.model, caps);
+  o.expert_precision = r.expert_precision;
   return o;
 }
 

@@ -22,11 +22,12 @@ double gemm_operand_bytes(BasePrecision base, GemmDtype gemm) {
   return base == BasePrecision::Nvfp4 || base == BasePrecision::Mxfp4 ? 0.0 : 0.5 + 1.0 / 16;  // e2m1 codes + e4m3 scale per 16
 }
 
-double stored_bytes(const PlanRequest& r, int64_t out, int64_t in) {
-  if (is_quantized(r.base()))
-    return double(quantized_weight_bytes(r.base(), out, in, r.quant_blocksize, r.double_quant.value_or(false)));
-  return double(out) * double(in) * dtype_size(storage_dtype(r.base()));
+// An (out,in) weight stored in precision p (the base's, or a MoE model's experts').
+double stored_bytes(const PlanRequest& r, int64_t out, int64_t in, BasePrecision p) {
+  if (is_quantized(p)) return double(quantized_weight_bytes(p, out, in, r.quant_blocksize, r.double_quant.value_or(false)));
+  return double(out) * double(in) * dtype_size(storage_dtype(p));
 }
+double stored_bytes(const PlanRequest& r, int64_t out, int64_t in) { return stored_bytes(r, out, in, r.base()); }
 
 int64_t elements(const PlannedBuffer& b) { return b.bytes / dtype_size(b.dtype); }
 
@@ -127,11 +128,14 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // micro-step (2 + recompute) L times, where the attention's rule above does 2L - 4.
   // These run on the main stream, beside nothing: all of their time is exposed.
   double expert_convert = 0, expert_elems = 0;  // per micro-step
-  if (c.moe() && (operand > 0 || (r.gpu.is_cpu && is_quantized(r.base())))) {
+  const BasePrecision ep = r.expert_precision.value_or(r.base());
+  const double expert_operand = r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(ep, GemmDtype::Bf16);
+  if (c.moe() && (expert_operand > 0 || (r.gpu.is_cpu && is_quantized(ep)))) {
     const double expert_layers = double(c.n_layer) * (2.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0));
     for (const auto& k : expert_kinds()) {
       auto [out, in] = expert_shape(c, k);
-      expert_convert += double(c.n_experts) * expert_layers * (stored_bytes(r, out, in) + operand * double(out) * double(in));
+      expert_convert +=
+          double(c.n_experts) * expert_layers * (stored_bytes(r, out, in, ep) + expert_operand * double(out) * double(in));
       expert_elems += double(c.n_experts) * expert_layers * double(out) * double(in);
     }
   }

@@ -45,23 +45,23 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 33u);
+  EXPECT_EQ(names.size(), 35u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
     LlamaConfig c = preset_config(n);
     EXPECT_EQ(c.name, n);
     EXPECT_NO_THROW(c.validate(n));
-    EXPECT_EQ(c.attention_bias, c.model_type == "qwen2");
+    EXPECT_EQ(c.attention_bias, c.model_type == "qwen2" || c.model_type == "gpt_oss");
     const bool gemma3 = c.model_type == "gemma3_text";
     EXPECT_EQ(c.qk_norm, c.model_type == "qwen3" || c.model_type == "qwen3_moe" || gemma3);
-    EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen3_moe");
+    EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen3_moe" || c.model_type == "gpt_oss");
     EXPECT_EQ(c.sandwich_norms, gemma3 || c.model_type == "gemma2");
     // Llama 3.1/3.2 extend context with llama3 RoPE scaling, Gemma 3 4B-27B with linear scaling
     // (factor 8) on the global layers; the others use plain RoPE.
     bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
     const bool linear = gemma3 && n != "gemma-3-1b";
-    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : linear ? "linear" : "none");
+    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : linear ? "linear" : c.model_type == "gpt_oss" ? "yarn" : "none");
   }
   EXPECT_EQ(preset_config("llama3.2-1b").rope_scaling.factor, 32.0);
   EXPECT_EQ(preset_config("llama3.1-70b").rope_scaling.factor, 8.0);

@@ -8,6 +8,8 @@
 #include "model/llama_config.h"
 #include "model_test_util.h"
 #include "plan/flops.h"
+#include "plan/gpu_catalog.h"
+#include "plan/planner.h"
 #include "quant/quantize.h"
 
 using namespace qlora;
@@ -229,4 +231,75 @@ TEST(Moe, RoutedTokensCountEachTrainingChoiceOnce) {
   EXPECT_GT(idle, 0);  // the fixture leaves experts idle (tools/make_parity_fixtures.py asserts it)
   t.model->reset_routed_tokens();
   for (int64_t k : t.model->routed_tokens()) EXPECT_EQ(k, 0);
+}
+
+// gpt-oss is parsed and planned, never trained: its config.json as the Hub ships it (sinks, biases,
+// clamped SwiGLU and YaRN are what the engine lacks), its presets' totals, and qlora plan's answer
+// to whether the 20B model with its MXFP4 experts trains on a 24 GB GPU.
+TEST(Moe, GptOssIsPlannedNotTrained) {
+  const LlamaConfig c = parse_hf_config(R"({
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+    "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+    "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+      "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+      "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+      "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+      "sliding_attention", "full_attention"],
+    "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+      "truncate": false, "original_max_position_embeddings": 4096},
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "swiglu_limit": 7.0, "tie_word_embeddings": false,
+    "attention_bias": true, "router_aux_loss_coef": 0.9, "output_router_logits": false, "hidden_act": "silu",
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+      "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+    "eos_token_id": 200002, "pad_token_id": 199999, "torch_dtype": "bfloat16"})",
+                                        "gpt-oss/config.json");
+  EXPECT_EQ(c.n_experts, 32);
+  EXPECT_EQ(c.experts_per_tok, 4);
+  EXPECT_EQ(c.experts_stored, "mxfp4");
+  EXPECT_EQ(c.window_of(0), 128);
+  EXPECT_EQ(c.window_of(1), 0);
+  EXPECT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_FALSE(c.not_trained.empty());
+  // The preset is the same model: 20.9B parameters, 3.61B active without the input embedding
+  // (OpenAI's model card counts the unembedding, not the embedding).
+  const LlamaConfig p = preset_config("gpt-oss-20b");
+  EXPECT_EQ(p.n_params(), c.n_params());
+  EXPECT_NEAR(double(p.n_params()) / 1e9, 20.9, 0.05);
+  EXPECT_NEAR(double(p.active_params() - p.vocab_size * p.hidden_size) / 1e9, 3.61, 0.01);
+  const LlamaConfig big = preset_config("gpt-oss-120b");  // 116.8B, 5.13B active
+  EXPECT_NEAR(double(big.n_params()) / 1e9, 116.8, 0.1);
+  EXPECT_NEAR(double(big.active_params() - big.vocab_size * big.hidden_size) / 1e9, 5.13, 0.01);
+  // Training refuses it before anything is allocated, naming what is missing.
+  ModelPlanOptions po;
+  po.micro_batch = 1;
+  po.seq_len = 16;
+  auto be = make_cpu_backend();
+  LoraSpec lora = fixture_lora("mixtral");
+  try {
+    LlamaModel m(c, *be, po, lora);
+    FAIL() << "gpt-oss was accepted for training";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_NE(e.message().find("attention sinks"), std::string::npos) << e.message();
+  }
+  // LoRA on the 20B model over its MXFP4 experts (bf16 attention) at 2k tokens with checkpointing
+  // fits a 24 GB GPU, and the plan says that the engine does not run it; bf16 experts do not fit.
+  PlanRequest r;
+  r.model = p;
+  r.model_label = "gpt-oss-20b";
+  r.gpu = resolve_gpu("rtx4090");
+  r.method = Method::Lora;
+  r.seq_len = 2048;
+  r.micro_batch = 1;
+  r.checkpointing = Checkpointing::Full;
+  PlanResult plan = make_plan(r);
+  ASSERT_TRUE(plan.req.expert_precision.has_value());
+  EXPECT_EQ(*plan.req.expert_precision, BasePrecision::Mxfp4);
+  EXPECT_TRUE(plan.fits);
+  bool warned = false;
+  for (const auto& w : plan.warnings) warned = warned || w.find("does not train gpt_oss") != std::string::npos;
+  EXPECT_TRUE(warned);
+  r.expert_precision = BasePrecision::Bf16;
+  EXPECT_FALSE(make_plan(r).fits);
 }
