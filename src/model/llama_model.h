@@ -176,8 +176,14 @@ class LlamaModel {
   // (moe_bwd). The experts' GEMMs run over each expert's rows of the expert-sorted layout.
   void moe_fwd(const Acts& a, const Tensor& out, int64_t layer, int64_t n, bool count);
   void moe_bwd(const Acts& a, int64_t layer, int64_t n);
-  Tensor expert_weight(int64_t layer, int kind, int64_t expert) const;
-  void prepare_expert(int64_t layer, int64_t expert);
+  // Expert e's weight of kind k (0 gate, 1 up, 2 down); a quantized base: as prepare_expert left it
+  // in ws.expert_dequant slot `slot`.
+  Tensor expert_weight(int64_t layer, int kind, int64_t expert, int slot) const;
+  // A quantized base: the expert's three weights dequantized into slot `slot`; ahead: beside the
+  // ops issued next (DequantizeArgs::prefetch), read only after them.
+  void prepare_expert(int64_t layer, int64_t expert, int slot, bool ahead);
+  // The experts with rows in the current routing (offsets), in order.
+  static std::vector<int64_t> active_experts(const std::vector<int32_t>& offsets);
   void load_expert_stack(const TensorSource& src, const std::string& buffer);
   const std::vector<int32_t>& expert_offsets(const Acts& a);  // the routing's offsets (E+1), copied to host
   std::vector<int32_t> offsets_host_;

@@ -230,8 +230,9 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // ws.lora_xd hold (N, C) or (N, q_dim) values, or one MLP tile's (T, F) (flat: the model views
   // them at each use's shape; the size grows with N, as the fit search needs).
   const int64_t wide = std::max(N * std::max(c.q_dim(), C), T * F);
-  if (moe && is_quantized(o.expert_precision.value_or(base)))  // one expert's gate, up and down dequantized before its GEMMs
-    plan.add("ws.expert_dequant", MC::Workspace, cd, {3 * F * C}, Lifetime::Layer);
+  // Two slots of one expert's gate, up and down: the expert in use and the next, dequantized ahead.
+  if (moe && is_quantized(o.expert_precision.value_or(base)))
+    plan.add("ws.expert_dequant", MC::Workspace, cd, {2, 3 * F * C}, Lifetime::Layer);
   if (moe) {  // d(expert outputs), then d(expert inputs), in the expert-sorted layout; the router's gradients
     plan.add("ws.moe_dy", MC::Workspace, cd, {T, C}, Lifetime::Layer);
     plan.add("ws.moe_dlogits", MC::Workspace, DType::F32, {N, c.n_experts}, Lifetime::Layer);

@@ -126,7 +126,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   // A mixture-of-experts layer dequantizes each expert that has tokens (at these token counts:
   // every one) before its GEMMs, in the forward, in the recompute and in the backward: per
   // micro-step (2 + recompute) L times, where the attention's rule above does 2L - 4.
-  // These run on the main stream, beside nothing: all of their time is exposed.
+  // Each expert's is issued beside the previous expert's GEMMs (two slots), as the layers' are.
   double expert_convert = 0, expert_elems = 0;  // per micro-step
   const BasePrecision ep = r.expert_precision.value_or(r.base());
   const double expert_operand = r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(ep, GemmDtype::Bf16);
@@ -149,10 +149,8 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
                    : tok_gpu * ((base_flops - bf16_base) / (base_peak * base_eff) +
                                 bf16_base / (bf16_peak * a.gemm_efficiency));
   if (!r.gpu.is_cpu) {
-    const double bw = r.gpu.mem_bw * a.memory_bw_efficiency;
-    const double t_experts = expert_convert * ga / bw;
-    e.t_dequant = convert * layers * ga / bw + t_experts;
-    e.t_dequant_exposed = std::max(0.0, e.t_dequant - t_experts - a.dequant_overlap * t_base_gemm) + t_experts;
+    e.t_dequant = (convert * layers + expert_convert) * ga / (r.gpu.mem_bw * a.memory_bw_efficiency);
+    e.t_dequant_exposed = std::max(0.0, e.t_dequant - a.dequant_overlap * t_base_gemm);
   }
   // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
   // 2(q+kv), Qwen3's per-head q/k norms: another 2(q+kv), SwiGLU: 3F; Gemma's two norms on the
