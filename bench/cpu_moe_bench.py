@@ -21,37 +21,13 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_train_bench import cpu_model, git_sha, run_json  # noqa: E402  (as the SFT bench runs and records them)
 
 CASES = ["qwen3_moe_small", "mixtral_small"]
 TARGETS = "q_proj,k_proj,v_proj,o_proj"
-
-
-def run_json(cmd, env):
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        sys.stderr.write(p.stderr[-4000:])
-        raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}")
-    return json.loads(p.stdout)
-
-
-def git_sha():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-    except Exception:
-        return None
-
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main():

@@ -1,6 +1,7 @@
 // Mixture-of-experts names, shapes and the per-expert checkpoint tensors read as stacks.
 #include "model/experts.h"
 
+#include <cstdlib>
 #include <optional>
 
 #include "core/error.h"
@@ -25,18 +26,35 @@ int64_t expert_stride_bytes(const LlamaConfig& c, const std::string& kind, const
   return MemoryPlan::aligned(quant_storage_bytes(q, out, in));
 }
 
-static std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
-
-std::string hf_expert_name(const LlamaConfig& c, int64_t l, int64_t e, const std::string& kind) {
-  if (c.model_type == "mixtral") {
-    const char* w = kind == "gate_proj" ? "w1" : kind == "up_proj" ? "w3" : "w2";
-    return layer_prefix(l) + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
-  }
-  return layer_prefix(l) + "mlp.experts." + std::to_string(e) + "." + kind + ".weight";
+// The family's module of a layer's MLP block and its name for an expert weight kind.
+static std::string moe_block(const LlamaConfig& c, int64_t l) {
+  return "model.layers." + std::to_string(l) + (c.model_type == "mixtral" ? ".block_sparse_moe." : ".mlp.");
+}
+static std::string hf_kind(const LlamaConfig& c, const std::string& kind) {
+  if (c.model_type != "mixtral") return kind;
+  return kind == "gate_proj" ? "w1" : kind == "up_proj" ? "w3" : "w2";
 }
 
-std::string hf_router_name(const LlamaConfig& c, int64_t l) {
-  return layer_prefix(l) + (c.model_type == "mixtral" ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+std::string hf_expert_name(const LlamaConfig& c, int64_t l, int64_t e, const std::string& kind) {
+  return moe_block(c, l) + "experts." + std::to_string(e) + "." + hf_kind(c, kind) + ".weight";
+}
+
+std::string hf_router_name(const LlamaConfig& c, int64_t l) { return moe_block(c, l) + "gate.weight"; }
+
+std::optional<std::pair<int64_t, int64_t>> hf_moe_tensor_shape(const LlamaConfig& c, const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (!c.moe() || name.rfind(prefix, 0) != 0) return std::nullopt;
+  const int64_t l = std::atoll(name.c_str() + prefix.size());
+  const std::string block = moe_block(c, l);
+  if (name.rfind(block, 0) != 0) return std::nullopt;
+  const std::string rest = name.substr(block.size());  // "gate.weight" or "experts.<e>.<kind>.weight"
+  if (rest == "gate.weight") return std::pair{c.n_experts, c.hidden_size};
+  if (rest.rfind("experts.", 0) != 0) return std::nullopt;
+  const size_t dot = rest.find('.', 8);
+  if (dot == std::string::npos) return std::nullopt;
+  for (const auto& k : expert_kinds())
+    if (rest.substr(dot + 1) == hf_kind(c, k) + ".weight") return expert_shape(c, k);
+  return std::nullopt;
 }
 
 namespace {

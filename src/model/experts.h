@@ -1,6 +1,7 @@
 // Mixture-of-experts layers (Mixtral, Qwen3-MoE): the engine's names and shapes of a layer's router
 // and stacked experts, and the checkpoint's per-expert tensors read as those stacks.
 #pragma once
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,8 @@ int64_t expert_stride_bytes(const LlamaConfig& c, const std::string& kind, const
 // "block_sparse_moe.gate.weight", Qwen3-MoE "mlp.gate.weight").
 std::string hf_expert_name(const LlamaConfig& c, int64_t layer, int64_t expert, const std::string& kind);
 std::string hf_router_name(const LlamaConfig& c, int64_t layer);
+// The (out,in) shape of a checkpoint tensor those two name; nullopt for any other name.
+std::optional<std::pair<int64_t, int64_t>> hf_moe_tensor_shape(const LlamaConfig& c, const std::string& hf_name);
 
 // src itself for a dense model; else a source that also answers the engine's names
 // "model.layers.<l>.mlp.experts.<kind>" (the stack, (n_experts, out, in), read expert by expert) and

@@ -271,26 +271,29 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
 // weights as softmax then top-k renormalised) with what the engine does not implement yet: learned
 // attention sinks, biases on o_proj, the experts and the router, the clamped SwiGLU (alpha, limit),
 // YaRN RoPE. It is parsed so that `qlora plan` can plan it; LlamaModel refuses to train it.
-static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& where) {
-  c.n_experts = json_int_or(j, "num_local_experts", 128, where);
-  c.experts_per_tok = json_int_or(j, "num_experts_per_tok", json_int_or(j, "experts_per_token", 4, where), where);
+// What every gpt-oss shares, from its experts and shape (config.json and the presets).
+static void set_gpt_oss_layout(LlamaConfig& c) {
   c.expert_intermediate_size = c.intermediate_size;
   c.norm_topk_prob = true;
   c.attention_bias = true;  // q/k/v (o_proj's too, in extra_params_per_layer)
   c.extra_params_per_layer = c.n_head + c.hidden_size + c.n_experts;  // sinks, o_proj's bias, the router's
   c.extra_params_per_expert = 2 * c.intermediate_size + c.hidden_size;  // gate_up's and down's biases
   c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases, clamped SwiGLU and YaRN RoPE";
+  c.sliding_layers.assign(size_t(std::max<int64_t>(c.n_layer, 0)), false);  // GptOssConfig: the even layers slide
+  for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 2 != 0;
+}
+
+static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& where) {
+  c.n_experts = json_int_or(j, "num_local_experts", 128, where);
+  c.experts_per_tok = json_int_or(j, "num_experts_per_tok", json_int_or(j, "experts_per_token", 4, where), where);
+  set_gpt_oss_layout(c);
   if (const json* q = json_find(j, "quantization_config");
       q && q->is_object() && json_string_or(*q, "quant_method", "", where) == "mxfp4")
     c.experts_stored = "mxfp4";
   const json* sw = json_find(j, "sliding_window");
   c.sliding_window = sw && !sw->is_null() ? json_int(j, "sliding_window", where) : 0;
-  std::vector<bool> layers(size_t(std::max<int64_t>(c.n_layer, 0)));
   if (const json* lt = json_find(j, "layer_types"); lt && !lt->is_null())
-    layers = sliding_layer_types(*lt, c.n_layer, where);
-  else
-    for (int64_t l = 0; l < c.n_layer; l++) layers[size_t(l)] = (l + 1) % 2 != 0;  // GptOssConfig: even layers slide
-  if (c.sliding_window > 0) c.sliding_layers = layers;
+    c.sliding_layers = sliding_layer_types(*lt, c.n_layer, where);
   c.rope_theta = json_number_or(j, "rope_theta", 150000.0, where);
   const json* rp = json_find(j, "rope_parameters");
   if (!rp || rp->is_null()) rp = json_find(j, "rope_scaling");
@@ -594,15 +597,10 @@ LlamaConfig preset_config(const std::string& name) {
       c.sliding_layers.assign(size_t(c.n_layer), false);
       for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % pattern != 0;
     }
-    if (c.model_type == "gpt_oss") {  // as parse_gpt_oss: windows of 128 on the even layers, MXFP4 experts
-      c.attention_bias = true;
-      c.extra_params_per_layer = c.n_head + c.hidden_size + c.n_experts;
-      c.extra_params_per_expert = 2 * c.intermediate_size + c.hidden_size;
-      c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases, clamped SwiGLU and YaRN RoPE";
-      c.experts_stored = "mxfp4";
+    if (c.model_type == "gpt_oss") {  // windows of 128 on the even layers, MXFP4 experts as shipped
+      set_gpt_oss_layout(c);
       c.sliding_window = 128;
-      c.sliding_layers.assign(size_t(c.n_layer), false);
-      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 2 != 0;
+      c.experts_stored = "mxfp4";
     }
     if (c.model_type == "phi3") {
       c.fused_qkv = c.fused_gate_up = true;

@@ -895,11 +895,18 @@ void LlamaModel::prepare_expert(int64_t l, int64_t e, int slot, bool ahead) {
   }
 }
 
-std::vector<int64_t> LlamaModel::active_experts(const std::vector<int32_t>& off) {
+void LlamaModel::for_each_routed_expert(int64_t l, const std::vector<int32_t>& off,
+                                        const std::function<void(int64_t, int64_t, int64_t, int)>& f) {
   std::vector<int64_t> active;
   for (size_t e = 0; e + 1 < off.size(); e++)
     if (off[e + 1] > off[e]) active.push_back(int64_t(e));
-  return active;
+  if (!active.empty()) prepare_expert(l, active[0], 0, false);
+  for (size_t i = 0; i < active.size(); i++) {
+    const int slot = int(i % 2);
+    if (i + 1 < active.size()) prepare_expert(l, active[i + 1], 1 - slot, true);
+    const int64_t e = active[i];
+    f(e, off[size_t(e)], off[size_t(e) + 1] - off[size_t(e)], slot);
+  }
 }
 
 const std::vector<int32_t>& LlamaModel::expert_offsets(const Acts& a) {
@@ -923,21 +930,15 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
   const std::vector<int32_t>& off = expert_offsets(a);
   if (count)
     for (int64_t e = 0; e < E; e++) routed_[size_t(l * E + e)] += off[size_t(e) + 1] - off[size_t(e)];
-  // Each expert with rows, over them: gate, up, the activation, down. A quantized base dequantizes
-  // the next expert into the other slot beside this one's GEMMs.
-  const std::vector<int64_t> active = active_experts(off);
-  if (!active.empty()) prepare_expert(l, active[0], 0, false);
-  for (size_t i = 0; i < active.size(); i++) {
-    const int64_t e = active[i], r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
-    const int slot = int(i % 2);
-    if (i + 1 < active.size()) prepare_expert(l, active[i + 1], 1 - slot, true);
+  // Each expert with rows, over them: gate, up, the activation, down.
+  for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor x = row_slice(a.moe_x, r0, m), gate = row_slice(a.gate, r0, m), up = row_slice(a.up, r0, m);
     const Tensor h = row_slice(a.h, r0, m);
     be_.matmul({gate, x, expert_weight(l, 0, e, slot), m, F, C, false, true, 1.0f, 0.0f});
     be_.matmul({up, x, expert_weight(l, 1, e, slot), m, F, C, false, true, 1.0f, 0.0f});
     be_.swiglu_fwd({h, gate, up, m * F, cfg_.hidden_act});
     be_.matmul({row_slice(a.moe_y, r0, m), h, expert_weight(l, 2, e, slot), m, C, F, false, true, 1.0f, 0.0f});
-  }
+  });
   be_.combine_rows({out, a.moe_y, a.moe_weight, static_cast<const int32_t*>(a.moe_row.data), n, K, C, false});
 }
 
@@ -957,21 +958,15 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   const Tensor dh = as_matrix(w.tmp, M, F), dgate = as_matrix(w.dgate, M, F), dup = as_matrix(w.dup, M, F);
   const Tensor dx = dy;  // d(expert inputs), over each expert's rows of dy once they are read
   const std::vector<int32_t>& off = expert_offsets(a);
-  // Each expert with rows, over them: down, the activation, gate and up (the next expert
-  // dequantized ahead, as in the forward).
-  const std::vector<int64_t> active = active_experts(off);
-  if (!active.empty()) prepare_expert(l, active[0], 0, false);
-  for (size_t i = 0; i < active.size(); i++) {
-    const int64_t e = active[i], r0 = off[size_t(e)], m = off[size_t(e) + 1] - r0;
-    const int slot = int(i % 2);
-    if (i + 1 < active.size()) prepare_expert(l, active[i + 1], 1 - slot, true);
+  // Each expert with rows, over them: down, the activation, gate and up.
+  for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor dh_e = row_slice(dh, r0, m), dg = row_slice(dgate, r0, m), du = row_slice(dup, r0, m);
     be_.matmul({dh_e, row_slice(dy, r0, m), expert_weight(l, 2, e, slot), m, F, C, false, false, 1.0f, 0.0f});
     be_.swiglu_bwd({dg, du, dh_e, row_slice(a.gate, r0, m), row_slice(a.up, r0, m), m * F, cfg_.hidden_act});
     const Tensor d = row_slice(dx, r0, m);
     be_.matmul({d, dg, expert_weight(l, 0, e, slot), m, C, F, false, false, 1.0f, 0.0f});
     be_.matmul({d, du, expert_weight(l, 1, e, slot), m, C, F, false, false, 1.0f, 1.0f});
-  }
+  });
   be_.combine_rows({dln, dx, Tensor(), row, n, K, C, false});  // dln = sum_j dx[row[t,j]]
   const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);
   be_.moe_route_bwd({dlogits, dw, a.moe_logits, a.moe_expert, n, E, K, cfg_.norm_topk_prob});

@@ -182,8 +182,11 @@ class LlamaModel {
   // A quantized base: the expert's three weights dequantized into slot `slot`; ahead: beside the
   // ops issued next (DequantizeArgs::prefetch), read only after them.
   void prepare_expert(int64_t layer, int64_t expert, int slot, bool ahead);
-  // The experts with rows in the current routing (offsets), in order.
-  static std::vector<int64_t> active_experts(const std::vector<int32_t>& offsets);
+  // Calls f(e, r0, m, slot) for each expert e with rows [r0, r0 + m) of the routing's offsets, in
+  // order, its weights in expert_weight(.., slot); a quantized base dequantizes the next such
+  // expert into the other slot ahead, beside f's ops.
+  void for_each_routed_expert(int64_t layer, const std::vector<int32_t>& offsets,
+                              const std::function<void(int64_t e, int64_t r0, int64_t m, int slot)>& f);
   void load_expert_stack(const TensorSource& src, const std::string& buffer);
   const std::vector<int32_t>& expert_offsets(const Acts& a);  // the routing's offsets (E+1), copied to host
   std::vector<int32_t> offsets_host_;

@@ -68,29 +68,21 @@ std::vector<std::string> lora_targets_for(const LlamaConfig& c, const std::vecto
   std::string list;
   for (const auto& m : mods) list += (list.empty() ? "" : ", ") + m;
   std::vector<std::string> out;
-  if (c.moe()) {
-    // An MLP projection asks for LoRA on the experts, which the engine does not implement; so does
-    // all-linear, which in PEFT (0.21, on transformers 5's MoE blocks) wraps the stacked experts and
-    // the router as well as the attention.
-    if (has("gate_proj") || has("up_proj") || has("down_proj"))
-      fail(ErrorKind::Unsupported, "target_modules",
-           std::string(targets.size() == all_linear_targets().size() ? "all-linear" : "a MLP projection") +
-               " asks for LoRA on the experts of a mixture-of-experts model (" + c.model_type +
-               "; PEFT's all-linear adapts its experts and router too), which is not implemented",
-           "target the attention: " + list);
-    for (const auto& m : mods)
-      if (has(m)) out.push_back(m);
-    for (const auto& t : targets)
-      if (std::find(mods.begin(), mods.end(), t) == mods.end() && t != "gate_proj" && t != "up_proj" && t != "down_proj")
-        fail(ErrorKind::Config, "target_modules", "'" + t + "' matches no module of this " + c.model_type + " model",
-             "its LoRA modules: " + list + ", or all-linear");
-    return out;
-  }
+  // In a mixture-of-experts model an MLP projection asks for LoRA on the experts, which the engine
+  // does not implement; so does all-linear, which in PEFT (0.21, on transformers 5's MoE blocks)
+  // wraps the stacked experts and the router as well as the attention. Its modules are then the
+  // attention's, which the checks below handle as any model's.
+  if (c.moe() && (has("gate_proj") || has("up_proj") || has("down_proj")))
+    fail(ErrorKind::Unsupported, "target_modules",
+         std::string(targets.size() == all_linear_targets().size() ? "all-linear" : "a MLP projection") +
+             " asks for LoRA on the experts of a mixture-of-experts model (" + c.model_type +
+             "; PEFT's all-linear adapts its experts and router too), which is not implemented",
+         "target the attention: " + list);
   for (const auto& t : targets)
     if (std::find(mods.begin(), mods.end(), t) == mods.end() && !(c.fused_qkv && (t == "q_proj" || t == "k_proj" || t == "v_proj")) &&
         !(c.fused_gate_up && (t == "gate_proj" || t == "up_proj")))
       fail(ErrorKind::Config, "target_modules", "'" + t + "' matches no module of this " + c.model_type + " model",
-           "its LoRA modules: " + list + ", or all-linear");
+           "its LoRA modules: " + list + (c.moe() ? "" : ", or all-linear"));
   for (const auto& m : mods) {
     if (has(m)) {
       out.push_back(m);

@@ -39,19 +39,7 @@ std::string lora_module_of(const std::string& hf_name) {
 
 std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& c, const std::string& name) {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {c.vocab_size, c.hidden_size};
-  if (c.moe()) {  // the router and the experts (model/experts.h names them)
-    const std::string layer = name.substr(0, name.find('.', std::string("model.layers.").size()) + 1);
-    if (name.rfind("model.layers.", 0) == 0) {
-      const int64_t l = std::stoll(layer.substr(std::string("model.layers.").size()));
-      if (name == hf_router_name(c, l)) return {c.n_experts, c.hidden_size};
-      if (name.find(c.model_type == "mixtral" ? ".block_sparse_moe.experts." : ".mlp.experts.") != std::string::npos)
-        for (const auto& k : expert_kinds())
-          if (name == hf_expert_name(c, l, std::stoll(name.substr(name.find(".experts.") + 9)), k)) {
-            const auto [out, in] = expert_shape(c, k);
-            return {out, in};
-          }
-    }
-  }
+  if (const auto moe = hf_moe_tensor_shape(c, name)) return {moe->first, moe->second};  // a router or an expert
   if (name == "model.norm.weight" || name.ends_with("layernorm.weight")) return {c.hidden_size};
   if (name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight")) return {c.head_dim};
   if (name.ends_with(".bias")) {

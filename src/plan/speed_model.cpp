@@ -27,7 +27,6 @@ double stored_bytes(const PlanRequest& r, int64_t out, int64_t in, BasePrecision
   if (is_quantized(p)) return double(quantized_weight_bytes(p, out, in, r.quant_blocksize, r.double_quant.value_or(false)));
   return double(out) * double(in) * dtype_size(storage_dtype(p));
 }
-double stored_bytes(const PlanRequest& r, int64_t out, int64_t in) { return stored_bytes(r, out, in, r.base()); }
 
 int64_t elements(const PlannedBuffer& b) { return b.bytes / dtype_size(b.dtype); }
 
@@ -116,13 +115,11 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
       r.gpu.is_cpu ? 0.0 : gemm_operand_bytes(r.base(), lowp_base_gemm ? GemmDtype::Bf16 : r.gemm_dtype);
   double convert = 0, dequant_elems = 0;  // one layer
   if (operand > 0 || (r.gpu.is_cpu && is_quantized(r.base())))
-  {
     for (const auto& t : dense_projections(c)) {
       auto [out, in] = projection_shape(c, t);
-      convert += stored_bytes(r, out, in) + operand * double(out) * double(in);
+      convert += stored_bytes(r, out, in, r.base()) + operand * double(out) * double(in);
       dequant_elems += double(out) * double(in);
     }
-  }
   // A mixture-of-experts layer dequantizes each expert that has tokens (at these token counts:
   // every one) before its GEMMs, in the forward, in the recompute and in the backward: per
   // micro-step (2 + recompute) L times, where the attention's rule above does 2L - 4.

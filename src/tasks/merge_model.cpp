@@ -192,6 +192,10 @@ void merge_model(const MergeOptions& o) {
 
   ModelSource src = open_model_source(o.model);
   const LlamaConfig& cfg = src.config;
+  if (!cfg.not_trained.empty())  // gpt-oss: its checkpoint's tensors are not the ones the engine names
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
+         "`qlora merge` does not write this model (" + cfg.not_trained + " are not implemented)",
+         "load the adapter with PEFT onto the base model and merge there (merge_and_unload)");
   PeftAdapter adapter = open_peft_adapter(o.adapter, cfg);
   const LoraSpec spec = adapter.spec;
   MergedModel m(cfg, src.tensors, std::move(adapter));

@@ -47,21 +47,24 @@ void CpuBackend::moe_route_fwd(const MoeRouteArgs& a) {
   const float* logits = a.logits.f32();
   int32_t* expert = static_cast<int32_t*>(a.expert.data);
   float* weight = a.weight.f32();
-#pragma omp parallel for schedule(static) if (N * E > cpu::kParallelMin)
-  for (int64_t t = 0; t < N; t++) {
-    std::vector<float> p(static_cast<size_t>(E));
+#pragma omp parallel if (N * E > cpu::kParallelMin)
+  {
+    std::vector<float> p(static_cast<size_t>(E));  // one token's probabilities and expert order, per thread
     std::vector<int32_t> order(static_cast<size_t>(E));
-    softmax_row(logits + t * E, p.data(), E);
-    for (int64_t i = 0; i < E; i++) order[size_t(i)] = int32_t(i);
-    // Descending p, the lower expert first among equals.
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t x, int32_t y) {
-      return p[size_t(x)] > p[size_t(y)] || (p[size_t(x)] == p[size_t(y)] && x < y);
-    });
-    float z = 0;
-    for (int64_t j = 0; j < K; j++) z += p[size_t(order[size_t(j)])];
-    for (int64_t j = 0; j < K; j++) {
-      expert[t * K + j] = order[size_t(j)];
-      weight[t * K + j] = a.norm_topk ? p[size_t(order[size_t(j)])] / z : p[size_t(order[size_t(j)])];
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+      softmax_row(logits + t * E, p.data(), E);
+      for (int64_t i = 0; i < E; i++) order[size_t(i)] = int32_t(i);
+      // Descending p, the lower expert first among equals.
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t x, int32_t y) {
+        return p[size_t(x)] > p[size_t(y)] || (p[size_t(x)] == p[size_t(y)] && x < y);
+      });
+      float z = 0;
+      for (int64_t j = 0; j < K; j++) z += p[size_t(order[size_t(j)])];
+      for (int64_t j = 0; j < K; j++) {
+        expert[t * K + j] = order[size_t(j)];
+        weight[t * K + j] = a.norm_topk ? p[size_t(order[size_t(j)])] / z : p[size_t(order[size_t(j)])];
+      }
     }
   }
   // The expert-sorted layout: a counting sort of the (t, j) pairs, stable in token order.
@@ -90,23 +93,27 @@ void CpuBackend::moe_route_bwd(const MoeRouteBwdArgs& a) {
   cpu::check_f32(op, "logits", a.logits, N * E);
   check_i32(op, "expert", a.expert, N * K);
   const int32_t* expert = static_cast<const int32_t*>(a.expert.data);
-#pragma omp parallel for schedule(static) if (N * E > cpu::kParallelMin)
-  for (int64_t t = 0; t < N; t++) {
-    std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E), 0.0f);
-    softmax_row(a.logits.f32() + t * E, p.data(), E);
-    const float* g = a.dweight.f32() + t * K;
-    const int32_t* ex = expert + t * K;
-    float z = 1, gw = 0;
-    if (a.norm_topk) {
-      z = 0;
-      for (int64_t j = 0; j < K; j++) z += p[size_t(ex[j])];
-      for (int64_t j = 0; j < K; j++) gw += g[j] * (p[size_t(ex[j])] / z);
+#pragma omp parallel if (N * E > cpu::kParallelMin)
+  {
+    std::vector<float> p(static_cast<size_t>(E)), dp(static_cast<size_t>(E));  // per thread
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+      softmax_row(a.logits.f32() + t * E, p.data(), E);
+      std::fill(dp.begin(), dp.end(), 0.0f);
+      const float* g = a.dweight.f32() + t * K;
+      const int32_t* ex = expert + t * K;
+      float z = 1, gw = 0;
+      if (a.norm_topk) {
+        z = 0;
+        for (int64_t j = 0; j < K; j++) z += p[size_t(ex[j])];
+        for (int64_t j = 0; j < K; j++) gw += g[j] * (p[size_t(ex[j])] / z);
+      }
+      for (int64_t j = 0; j < K; j++) dp[size_t(ex[j])] = (g[j] - gw) / z;
+      float dot = 0;
+      for (int64_t e = 0; e < E; e++) dot += p[size_t(e)] * dp[size_t(e)];
+      float* dl = a.dlogits.f32() + t * E;
+      for (int64_t e = 0; e < E; e++) dl[e] = p[size_t(e)] * (dp[size_t(e)] - dot);
     }
-    for (int64_t j = 0; j < K; j++) dp[size_t(ex[j])] = (g[j] - gw) / z;
-    float dot = 0;
-    for (int64_t e = 0; e < E; e++) dot += p[size_t(e)] * dp[size_t(e)];
-    float* dl = a.dlogits.f32() + t * E;
-    for (int64_t e = 0; e < E; e++) dl[e] = p[size_t(e)] * (dp[size_t(e)] - dot);
   }
 }
 
