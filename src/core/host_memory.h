@@ -8,4 +8,7 @@ namespace qlora {
 // it cannot be read.
 int64_t available_host_bytes();
 
+// /proc/self/status's VmRSS in bytes (this process's resident memory now); 0 when it cannot be read.
+int64_t resident_host_bytes();
+
 }  // namespace qlora

@@ -177,8 +177,13 @@ GgufFile GgufFile::from_bytes(std::vector<uint8_t> bytes, const std::string& nam
 }
 
 GgufFile::~GgufFile() = default;
+
 GgufFile::GgufFile(GgufFile&&) noexcept = default;
 GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
+
+void GgufFile::release_pages() const noexcept {
+  if (map_) map_->release_pages();
+}
 
 void GgufFile::parse() {
   Reader r{data_, size_, 0, path_};

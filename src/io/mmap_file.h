@@ -20,6 +20,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }  // nullptr for an empty file
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the mapping's resident pages from this process (madvise MADV_DONTNEED); the mapping stays
+  // valid and a later read faults the pages in again from the file.
+  void release_pages() const noexcept;
 
  private:
   void release() noexcept;

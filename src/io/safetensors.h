@@ -34,6 +34,7 @@ class SafetensorsFile {
   std::vector<std::string> names() const;                 // sorted
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  void release_pages() const noexcept { map_.release_pages(); }  // see MappedFile::release_pages
 
  private:
   MappedFile map_;
@@ -61,6 +62,9 @@ class SafetensorsArchive {
   std::vector<std::string> names() const;  // sorted
   // Union of the files' __metadata__ (the first file wins on conflicting keys).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  void release_pages() const noexcept {  // every file's (MappedFile::release_pages)
+    for (const auto& f : owned_) f->release_pages();
+  }
 
   // Converts an F32/F16/BF16 tensor into dst (numel floats) after checking its shape equals
   // expected_shape (Error(Shape) with both shapes otherwise).

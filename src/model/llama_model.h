@@ -34,6 +34,9 @@ struct TensorSource {
   // when that tensor is stored as plain floats (a module the quantizer skipped). Null when
   // stored_quant is nullopt.
   std::function<bool(const std::string& hf_name, int64_t rows, int64_t cols, QuantizedTensor& q)> read_quantized;
+  // Hands the pages of a memory-mapped checkpoint back to the OS once its weights are loaded (a
+  // later read maps them in again); null for a source that holds no mapping.
+  std::function<void()> release_pages;
 };
 
 // Makes the plan store the base as the checkpoint does when the options leave base_precision unset,

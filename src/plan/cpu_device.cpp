@@ -2,6 +2,7 @@
 // step uses, for long enough (~0.25 s each) that OpenMP and BLAS start-up costs are amortized.
 #include "plan/cpu_device.h"
 
+#include "core/host_memory.h"
 #include "io/cache_dir.h"
 
 #include <omp.h>
@@ -234,6 +235,7 @@ GpuSpec cpu_device_spec(const CpuCalibration& c) {
   s.attn_tflops = c.attn_flops / 1e12;
   s.ce_elems_per_s = c.ce_elems_per_s;
   s.dequant_elems_per_s = c.dequant_elems_per_s;
+  s.program_bytes = resident_host_bytes();
   s.max_gpus_per_node = 1;
   std::ostringstream src;
   src.precision(3);

@@ -34,6 +34,8 @@ struct GpuSpec {
   double attn_tflops = 0;            // our causal attention, forward + backward, counted FLOPs
   double ce_elems_per_s = 0;         // fused cross-entropy (loss + dlogits), logits per second
   double dequant_elems_per_s = 0;    // 4-bit (NF4) weights dequantized to f32 per second
+  int64_t program_bytes = 0;         // resident memory of this process when the device was resolved:
+                                     // the program and libraries a run loads too, outside the arena
 
   // Dense peak TFLOP/s for a GEMM dtype; 0 when unsupported.
   double peak_tflops(GemmDtype gemm_dtype) const;

@@ -152,7 +152,11 @@ void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {
 
 std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& r, int64_t planned, const PlanAssumptions& a) {
   std::vector<std::pair<std::string, int64_t>> o;
-  if (r.gpu.is_cpu) return o;  // host memory: no device context, library workspaces are small
+  if (r.gpu.is_cpu) {  // host memory: no device context; the process itself beside the arena
+    if (r.gpu.program_bytes > 0)
+      o.push_back({"program and libraries (this process's resident memory)", r.gpu.program_bytes});
+    return o;
+  }
   // The cuBLASLt workspace and the op scratch are planned buffers (cuda.*), not overhead.
   o.push_back({"runtime context (CUDA context + kernel modules)", a.cuda_context_bytes});
   if (r.topo.world() > 1) o.push_back({"NCCL communicator buffers", a.nccl_bytes});

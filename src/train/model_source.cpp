@@ -67,6 +67,7 @@ static ModelSource open_hf_dir(const std::string& path) {
   if (auto cq = read_checkpoint_quant(read_json_file(path + "/config.json"), *ar, path + "/config.json"))
     src.tensors = quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
                                                            quant_format_name(cq->params.format) + ")");
+  src.tensors.release_pages = [ar] { ar->release_pages(); };
   std::shared_ptr<const Tokenizer> tok;
   if (fs::exists(path + "/tokenizer.json"))
     tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path + "/tokenizer.json"));
@@ -95,6 +96,7 @@ static ModelSource open_gguf(const std::string& path) {
       fail(ErrorKind::Shape, path + ": tensor '" + n + "'", "has shape " + shape_str(got) + ", expected " + shape_str(shape));
     gguf_read_hf_tensor(*g, cfg, n, dst);
   };
+  src.tensors.release_pages = [g] { g->release_pages(); };
   attach_tokenizer(src, std::make_shared<const Tokenizer>(Tokenizer::from_gguf(*g)), "GGUF vocabulary", path);
   return src;
 }

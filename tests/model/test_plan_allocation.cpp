@@ -100,8 +100,9 @@ TEST(PlanAllocation, QuantizedBaseAllocatesThePlan) {
   }
 }
 
-// `qlora plan --gpu cpu` plans the CPU engine exactly: f32 compute, the same buffers, no library
-// overhead lines, and the calibrated rates in the speed model.
+// `qlora plan --gpu cpu` plans the CPU engine exactly: f32 compute, the same buffers, one overhead
+// line for the program itself (this process's resident memory), and the calibrated rates in the
+// speed model.
 TEST(PlanAllocation, CpuDevicePlanEqualsTheCpuEngine) {
   LoraSpec lora = fixture_lora();
   TestModel t = make_model("llama_gqa", lora, 2, 12, "none", 1024);
@@ -122,8 +123,12 @@ TEST(PlanAllocation, CpuDevicePlanEqualsTheCpuEngine) {
   r.ce_chunk = 1024;
   const PlanResult p = make_plan(r);
   EXPECT_EQ(p.req.base_precision, BasePrecision::Fp32);
-  EXPECT_EQ(p.plan.total_bytes(), t.model->plan().total_bytes());
-  EXPECT_TRUE(p.plan.overhead.empty());
+  ASSERT_EQ(p.plan.overhead.size(), 1u);
+  const int64_t program = p.plan.overhead[0].second;
+  EXPECT_EQ(program, r.gpu.program_bytes);
+  EXPECT_GT(program, 1 << 20);  // at least the code of this test binary
+  EXPECT_LT(program, r.gpu.mem_bytes);
+  EXPECT_EQ(p.plan.total_bytes() - program, t.model->plan().total_bytes());
   EXPECT_GT(p.speed.step_time_s, 0);
   // The speed model prices each part with its own calibrated rate.
   const double tok = 2.0 * 12.0;
