@@ -90,6 +90,9 @@ class Backend {
   // the CUDA backend's workspace, op scratch and upload staging. A backend that only reports
   // another device kind (tests of the device path on the CPU) plans none.
   virtual bool plans_own_memory() const { return false; }
+  // Bytes a run may still allocate for its memory plan: the CPU's MemAvailable, a GPU's free
+  // memory; 0 when unknown. The auto MLP tile is chosen against it (model/engine_spec.h).
+  virtual int64_t memory_available() const { return 0; }
   // The host kernels a CPU backend runs, for the planner's calibration (its cache key and the
   // reports): the row kernels' SIMD level and the BLAS (version, threading, core). Empty elsewhere.
   virtual std::string simd_kernels() const { return ""; }

@@ -111,7 +111,7 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--avg-doc-len", r.avg_doc_len, "mean example length in tokens (attention span when packed, padding when not)");
   app.add_option("--checkpointing", checkpointing, "activation checkpointing: none | full | offload")->capture_default_str();
   app.add_option("--ce-chunk", r.ce_chunk, "tokens per cross-entropy chunk")->capture_default_str();
-  app.add_option("--mlp-tile-tokens", r.mlp_tile, "with checkpointing: tokens per MLP tile (0 = 8192 when a micro-batch holds more)")
+  app.add_option("--mlp-tile-tokens", r.mlp_tile, "with checkpointing: tokens per MLP tile (0 = auto: 8192 when a micro-batch holds more, smaller down to 1024 when that does not fit)")
       ->capture_default_str();
   app.add_option("--sharding", sharding, "none | zero1 | zero2 | zero3 | fsdp")->capture_default_str();
   app.add_option("--gpus-per-node", r.topo.gpus_per_node, "GPUs per node")->capture_default_str();

@@ -2,6 +2,7 @@
 #include "model/engine_spec.h"
 
 #include "core/error.h"
+#include "model/backend_plan.h"
 
 namespace qlora {
 
@@ -14,6 +15,26 @@ int64_t resolved_mlp_tile(const EngineSpec& s) {
   if (!recomputes(s.checkpointing)) return 0;
   if (s.mlp_tile > 0) return s.mlp_tile;
   return s.micro_batch * s.seq_len > kAutoMlpTileTokens ? kAutoMlpTileTokens : 0;
+}
+
+int64_t mlp_tile_for_budget(const EngineSpec& s, const LlamaConfig& c, const ModelPlanOptions& o, DeviceKind device,
+                            int64_t budget) {
+  if (s.mlp_tile > 0 || !recomputes(s.checkpointing)) return o.mlp_tile;
+  if (c.moe()) return 0;  // a mixture of experts runs its MLP untiled, over the routed rows
+  if (budget <= 0) return o.mlp_tile;
+  const int64_t n = o.micro_batch * o.seq_len;
+  auto total = [&](int64_t tile) {
+    ModelPlanOptions t = o;
+    t.mlp_tile = tile;
+    MemoryPlan p;
+    plan_engine_buffers(p, c, t, device);
+    return p.total_bytes();
+  };
+  if (total(o.mlp_tile) <= budget) return o.mlp_tile;
+  int64_t tile = o.mlp_tile > 0 ? o.mlp_tile / 2 : kAutoMlpTileTokens;
+  for (; tile >= kMinAutoMlpTileTokens; tile /= 2)
+    if (tile < n && total(tile) <= budget) return tile;
+  return std::min(n, kMinAutoMlpTileTokens);
 }
 
 EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute) {

@@ -14,6 +14,8 @@
 
 namespace qlora {
 
+enum class DeviceKind;  // backend/backend.h
+
 struct EngineSpec {
   Method method = Method::Lora;
   // Sft, or a preference objective: rows of seq_len tokens hold two documents (prompt + chosen and
@@ -32,7 +34,8 @@ struct EngineSpec {
   int64_t seq_len = 2048;              // tokens per sequence
   Checkpointing checkpointing = Checkpointing::None;
   // Tokens per MLP tile under checkpointing (mlp_tile_tokens); 0: auto, tiles of
-  // kAutoMlpTileTokens when a micro-batch holds more tokens, else untiled (resolved_mlp_tile).
+  // kAutoMlpTileTokens when a micro-batch holds more tokens, else untiled (resolved_mlp_tile), and
+  // smaller tiles where the device's memory asks for them (mlp_tile_for_budget).
   int64_t mlp_tile = 0;
   int64_t ce_chunk = 1024;             // tokens per cross-entropy chunk
   GemmDtype gemm_dtype = GemmDtype::Bf16;
@@ -46,8 +49,20 @@ inline Method default_method(std::optional<BasePrecision> base) {
 }
 
 inline constexpr int64_t kAutoMlpTileTokens = 8192;
-// The MLP tile a spec runs with (ModelPlanOptions::mlp_tile): 0 without checkpointing.
+inline constexpr int64_t kMinAutoMlpTileTokens = 1024;  // below this the MLP's GEMMs lose efficiency
+// The MLP tile a spec runs with (ModelPlanOptions::mlp_tile) before memory is known: 0 without
+// checkpointing.
 int64_t resolved_mlp_tile(const EngineSpec& s);
+
+// The auto MLP tile for a memory budget. `o` is the spec's resolved options (o.mlp_tile the default
+// of resolved_mlp_tile). When the plan of `o` on `device` is over `budget` bytes, tiles of half the
+// default (or of kAutoMlpTileTokens when the default is untiled), a quarter, ... down to
+// kMinAutoMlpTileTokens are planned, and the largest that fits is returned; the smallest when none
+// fits (the memory check then refuses the run with the sizes). An explicit s.mlp_tile, no
+// checkpointing or budget <= 0 (unknown) return o.mlp_tile unchanged; a mixture-of-experts model
+// runs untiled (0) unless the spec asks for a tile, which the model then refuses.
+int64_t mlp_tile_for_budget(const EngineSpec& s, const LlamaConfig& c, const ModelPlanOptions& o, DeviceKind device,
+                            int64_t budget);
 
 // The base precision a spec runs with on a backend computing in `compute`.
 BasePrecision resolved_base(const EngineSpec& s, DType compute);

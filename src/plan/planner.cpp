@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/backend_plan.h"
+#include "model/engine_limits.h"
 #include "model/gemm_dtype.h"
 #include "plan/units.h"
 
@@ -44,28 +45,18 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
                 "; intra-node bandwidth beyond it is lower than assumed");
   if (r.gpu.name == "h100-nvl" && r.topo.gpus_per_node > 2)
     w.push_back("H100 NVL cards are bridged in pairs; traffic between pairs goes over PCIe, slower than assumed");
-  // The CUDA backend refuses such a model before allocating (LlamaModel's constructor).
-  if (!r.gpu.is_cpu && r.gpu.has_backend && (c.head_dim % 8 != 0 || c.head_dim > 128))
-    w.push_back("the cuda backend's attention takes head dims that are multiples of 8 up to 128, and this model's is " +
-                std::to_string(c.head_dim) + ": qlora trains it on the CPU only; this is the plan an equivalent GPU "
-                "runtime would need");
-  if (!r.gpu.is_cpu && r.gpu.has_backend && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
-    w.push_back("the cuda backend does not implement Gemma 2's logit soft-capping: qlora trains this model on the CPU "
-                "only; this is the plan an equivalent GPU runtime would need");
+  // What LlamaModel's constructor would refuse for this plan (model/engine_limits.h).
+  if (r.gpu.is_cpu || r.gpu.has_backend)
+    for (const EngineLimit& l : engine_limits(c, model_plan_options(r), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda))
+      w.push_back("the engine refuses this run: " + l.where + ": " + l.what + " (" + l.hint +
+                  "); this is the plan an equivalent runtime would need");
   if (!c.not_trained.empty())
     w.push_back("the engine does not train " + c.model_type + " yet (" + c.not_trained +
                 "): this is the plan an equivalent runtime would need");
   if (r.expert_precision && *r.expert_precision != r.base())
     w.push_back(std::string("experts in ") + base_precision_name(*r.expert_precision) + " beside a " +
                 base_precision_name(r.base()) + " base are planned, not trained by the engine");
-  // LlamaModel's constructor refuses these for a mixture-of-experts model.
   if (c.moe()) {
-    std::string what;
-    if (r.sharding == Sharding::Fsdp) what = "sharding fsdp";
-    else if (r.gemm_dtype != GemmDtype::Bf16) what = "FP8/FP4 base GEMMs";
-    if (!what.empty())
-      w.push_back("the engine does not yet train a mixture-of-experts model with " + what +
-                  " (LoRA on the attention, bf16 GEMMs): this is the plan an equivalent runtime would need");
     w.push_back("mixture of experts: " + std::to_string(c.experts_per_tok) + " of " + std::to_string(c.n_experts) +
                 " experts per token, " + fmt_params(double(c.active_params())) + " of the " + fmt_params(double(c.n_params())) +
                 " active; the expert GEMMs' efficiency is the dense GEMMs' (a placeholder: grouped GEMMs over "
@@ -124,6 +115,13 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
 
 }  // namespace
 
+int64_t plan_memory_budget(const PlanRequest& r, const PlanAssumptions& a) {
+  int64_t over = 0;
+  for (const auto& [name, bytes] : overhead_lines(r, 0, a)) over += bytes;  // the parts that do not scale with the plan
+  const double frac = r.gpu.is_cpu ? 0.0 : a.fragmentation_fraction;
+  return std::max<int64_t>(0, int64_t(double(r.gpu.mem_bytes - over) / (1.0 + frac)));
+}
+
 ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   // ZeRO-1/2/3 are planned over the replica by shard_plan; fsdp is the engine's own buffer list.
   EngineSpec spec = r;
@@ -135,6 +133,9 @@ ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   if (!r.gpu.is_cpu) caps = {r.gpu.fp8_tflops > 0, r.gpu.fp4_tflops > 0 && r.gpu.sm100, r.gpu.display};
   o.gemm_dtype = resolve_gemm_dtype(o, r.model, caps);
   o.expert_precision = r.expert_precision;
+  // The auto MLP tile, as the engine chooses it against the device's memory (the replica's plan;
+  // ZeRO sharding then only makes it smaller).
+  o.mlp_tile = mlp_tile_for_budget(r, r.model, o, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda, plan_memory_budget(r));
   return o;
 }
 

@@ -35,6 +35,11 @@ struct PlanResult {
 // those of rank `rank` (-1: the last, which holds the largest share).
 ModelPlanOptions model_plan_options(const PlanRequest& req, int rank = -1);
 
+// The planned bytes one GPU (or the CPU) can hold: its memory less the overhead lines that do not
+// grow with the plan, and less the fragmentation share of what remains. The auto MLP tile is the
+// largest that keeps the plan under it (mlp_tile_for_budget).
+int64_t plan_memory_budget(const PlanRequest& req, const PlanAssumptions& a = plan_assumptions());
+
 // Adds, for every weight of `plan`, what full fine-tuning trains it with: fp32 master copy
 // (optimizer), fp32 gradient (grads) and AdamW m, v in `opt_dtype` (optimizer).
 void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype);

@@ -45,8 +45,11 @@ std::string shape_text(const PlanRequest& r) {
   std::string s = "micro-batch " + std::to_string(r.micro_batch) + " x " + std::to_string(r.seq_len) +
                   " tokens, grad-accum " + std::to_string(r.grad_accum) + ", packing " + (r.packing ? "on" : "off");
   if (r.avg_doc_len > 0) s += " (examples ~" + std::to_string(r.avg_doc_len) + " tokens)";
-  s += std::string(", checkpointing ") + checkpointing_name(r.checkpointing) + ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " +
-       optimizer_dtype_name(r.optimizer_dtype) + ", GEMMs " + gemm_dtype_name(r.gemm_dtype);
+  s += std::string(", checkpointing ") + checkpointing_name(r.checkpointing);
+  if (const int64_t tile = model_plan_options(r).mlp_tile; tile > 0)
+    s += " (MLP in tiles of " + std::to_string(tile) + (r.mlp_tile > 0 ? " tokens)" : " tokens, auto)");
+  s += ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " + optimizer_dtype_name(r.optimizer_dtype) + ", GEMMs " +
+       gemm_dtype_name(r.gemm_dtype);
   return s;
 }
 
@@ -93,6 +96,7 @@ json request_json(const PlanRequest& r) {
           {"avg_doc_len", r.avg_doc_len},
           {"checkpointing", checkpointing_name(r.checkpointing)},
           {"ce_chunk", r.ce_chunk},
+          {"mlp_tile", model_plan_options(r).mlp_tile},  // resolved: 0 untiled
           {"sharding", sharding_name(r.sharding)},
           {"gpus_per_node", r.topo.gpus_per_node},
           {"nodes", r.topo.nodes},

@@ -191,7 +191,9 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   const LlamaConfig cfg = resolve_model(o.model);  // a path contributes its config only
   const double t_load = now_s();
   // The model resolves the GEMM dtype against the base and the device.
-  LlamaModel model(cfg, be, resolve_engine(o, {be.compute_dtype()}), o.lora);
+  ModelPlanOptions po = resolve_engine(o, {be.compute_dtype()});
+  po.mlp_tile = mlp_tile_for_budget(o, cfg, po, be.device(), be.memory_available());  // as training chooses it
+  LlamaModel model(cfg, be, po, o.lora);
   model.load_base(random_tensor_source(o.seed));  // quantized on load for a quantized base
   model.init_lora(o.seed);
   randomize_lora_b(model, o.seed);

@@ -79,20 +79,16 @@ EvalReport evaluate_model(const TrainConfig& cfg, const std::string& adapter,
   EvalTotals t;
   PrefEvalTotals pt;
   if (pref) {  // the objective and its metrics per batch, as the trainer's preference eval
-    for (int64_t j = 0; j < n; j++) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const PrefEvalTotals one = evaluate_preference(*lm.model, *pref, {batches[size_t(j)]});
-      pt.loss += one.loss / double(n);
-      for (const auto& [k, v] : one.metrics.sum) {
-        pt.metrics.sum[k] += v;
-        pt.metrics.count[k] += one.metrics.count.at(k);
-      }
-      t.tokens += batches[size_t(j)].n_trained();
+    pt = evaluate_preference(*lm.model, *pref, batches, [&](size_t done, const PrefEvalTotals& so_far) {
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - last).count();
+      last = now;
+      t.tokens += batches[done - 1].n_trained();
       char buf[160];
-      std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | %s loss so far %.4f", (long long)(j + 1), (long long)n,
-                    cfg.rl.c_str(), pt.loss * double(n) / double(j + 1));
-      progress.update_text(j + 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), buf);
-    }
+      std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | %s loss so far %.4f", (long long)done, (long long)n,
+                    cfg.rl.c_str(), so_far.loss * double(n) / double(done));
+      progress.update_text(int64_t(done), dt, buf);
+    });
   } else {
     t = evaluate_batches(*lm.model, batches, [&](const EvalTotals& so_far) {
       const auto now = std::chrono::steady_clock::now();

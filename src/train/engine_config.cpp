@@ -16,8 +16,9 @@ EngineSpec engine_spec(const TrainConfig& c) {
   s.lora.alpha = c.lora_alpha;
   s.objective = parse_objective(c.rl, "rl");
   s.reference_precomputed = uses_reference(s.objective) && c.precompute_ref_log_probs;
-  // TRL's preference trainers run without dropout unless disable_dropout: false.
-  s.lora.dropout = is_preference(s.objective) && c.disable_dropout ? 0.0 : c.lora_dropout;
+  // TRL's preference trainers run without dropout unless disable_dropout: false; SFT keeps it unless true.
+  const bool no_dropout = c.disable_dropout == "auto" ? is_preference(s.objective) : c.disable_dropout == "true";
+  s.lora.dropout = no_dropout ? 0.0 : c.lora_dropout;
   s.lora.use_rslora = c.use_rslora;
   s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
   s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");

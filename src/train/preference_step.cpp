@@ -61,13 +61,15 @@ MicroStepFn preference_micro_step(LlamaModel& model, const PreferenceSpec& spec,
   };
 }
 
-PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches) {
+PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches,
+                                   const std::function<void(size_t, const PrefEvalTotals&)>& on_batch) {
   PrefEvalTotals t;
-  for (const Batch& b : batches) {
-    const PrefLogps lp = preference_logps(model, spec, b);
+  for (size_t j = 0; j < batches.size(); j++) {
+    const PrefLogps lp = preference_logps(model, spec, batches[j]);
     const PrefOutcome o = preference_objective(spec, lp.seqs, lp.policy, lp.reference);
     t.loss += o.loss / double(batches.size());
     t.metrics.add(o.metrics);
+    if (on_batch) on_batch(j + 1, t);
   }
   return t;
 }

@@ -28,7 +28,9 @@ struct PrefEvalTotals {
   double loss = 0;
   PrefMetricMeans metrics;
 };
-PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches);
+// on_batch (may be empty) sees the totals after each batch: the number done and the sums so far.
+PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches,
+                                   const std::function<void(size_t, const PrefEvalTotals&)>& on_batch = {});
 
 // The summed log-probs of every completion of a batch under the policy (adapters on) and under
 // the reference (adapters off, or the batch's precomputed ref_logps; empty when the method has

@@ -214,9 +214,10 @@ const std::vector<KeyRow>& key_table() {
        .help = "rl: dpo/kto: compute the reference log-probs of every train and eval example once before training "
                "(a forward per example with the adapters off) instead of in every step; kept in "
                "output_dir/reference_logps.json, which a resumed run (or a rerun on the same data) reads back."},
-      {.name = "disable_dropout", .field = &T::disable_dropout, .def = "true",
-       .help = "Preference objectives: train without LoRA dropout, as TRL does by default (false keeps "
-               "lora_dropout). SFT always applies lora_dropout."},
+      {.name = "disable_dropout", .field = &T::disable_dropout, .def = "auto", .choices = {"auto", "true", "false"},
+       .help = "Train without LoRA dropout: true for every objective, false never; auto (the default) is true "
+               "for the preference objectives, as TRL's preference trainers do, and false for SFT.",
+       .value_aliases = {{"yes", "true"}, {"no", "false"}, {"on", "true"}, {"off", "false"}}, .null_as = "auto"},
       {.name = "base_precision", .field = &T::base_precision, .def = "",
        .choices = {"", "fp32", "bf16", "fp8", "nf4", "fp4", "nvfp4", "mxfp4"},
        .help = "Storage format of the frozen base weights; empty = as stored in the checkpoint."},

@@ -76,7 +76,7 @@ struct TrainConfig {
   double cpo_alpha;           // simpo: weight of the chosen NLL
   double desirable_weight, undesirable_weight;  // kto
   bool precompute_ref_log_probs;
-  bool disable_dropout;       // preference objectives: no LoRA dropout (TRL's default)
+  std::string disable_dropout;  // auto | true | false: no LoRA dropout (auto: for the preference objectives, as TRL)
   // precision + memory
   std::string base_precision;  // "" = as stored | fp32|bf16|fp8|nf4|fp4|nvfp4|mxfp4
   bool load_in_4bit;

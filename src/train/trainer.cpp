@@ -53,6 +53,7 @@ LoadedModel load_model_for_training(const EngineSpec& spec, Backend& be, const M
   const EngineTarget target{be.compute_dtype(), comm ? comm->size() : 1, comm ? comm->rank() : 0};
   ModelPlanOptions po = resolve_engine(spec, target);  // the model resolves the GEMM dtype against the base and device
   adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
+  po.mlp_tile = mlp_tile_for_budget(spec, src.config, po, be.device(), be.memory_available());
   LoadedModel lm;
   lm.model = std::make_unique<LlamaModel>(src.config, be, po, spec.lora);
   if (spec.sharding == Sharding::Fsdp && comm) lm.model->set_base_comm(*comm);
@@ -437,7 +438,13 @@ void Trainer::precompute_reference(Run& r) {
       std::ifstream in(path);
       const nlohmann::json j = nlohmann::json::parse(in);
       const auto train = j.at("train").get<std::vector<double>>(), eval = j.at("eval").get<std::vector<double>>();
-      if (j.at("fingerprint") == fp && train.size() == count(r.data.train) && eval.size() == count(r.data.eval)) {
+      if (j.at("fingerprint") != fp) {
+        log("reference log-probs: " + path + " was made for other data, model or settings; computing them again");
+      } else if (train.size() != count(r.data.train) || eval.size() != count(r.data.eval)) {
+        log("reference log-probs: " + path + " holds " + std::to_string(train.size()) + " train and " +
+            std::to_string(eval.size()) + " eval values, not " + std::to_string(count(r.data.train)) + " and " +
+            std::to_string(count(r.data.eval)) + "; computing them again");
+      } else {
         for (auto [set, values] : {std::pair{&r.data.train, &train}, std::pair{&r.data.eval, &eval}}) {
           size_t at = 0;
           for (size_t i = 0; i < set->size(); i++) {
@@ -449,12 +456,15 @@ void Trainer::precompute_reference(Run& r) {
         loaded = true;
         log("reference log-probs: read " + std::to_string(train.size() + eval.size()) + " from " + path);
       }
-    } catch (const std::exception&) {  // unreadable or from another version: computed again below
+    } catch (const std::exception& e) {  // unreadable or from another version: computed again below
+      log("reference log-probs: cannot read " + path + " (" + e.what() + "); computing them again");
     }
   }
   if (comm_->size() > 1) {  // computing is collective: all ranks read the file, or all compute
     double read = loaded ? 1.0 : 0.0;
     comm_->allreduce_sum(&read, 1);
+    if (loaded && read < double(comm_->size()))
+      log("reference log-probs: not every rank could read " + path + "; computing them again on every rank");
     loaded = read == double(comm_->size());
   }
   if (!loaded) {

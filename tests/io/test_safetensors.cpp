@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "io/json_util.h"
@@ -418,4 +419,46 @@ TEST(SafetensorsWriter, DeclaredTensorsStreamToTheSameFile) {
   bytes.append(reinterpret_cast<const char*>(c.data()), 6);
   EXPECT_EQ(bytes, full.serialize());
   EXPECT_THROW(streamed.serialize(), Error);
+}
+
+// The resident memory of one file's mappings, from /proc/self/smaps (their "Rss:" lines), in bytes.
+// A mapping's header line starts with its address range ("7f..-7f.. r--p ... /path").
+static int64_t mapping_rss(const std::string& path) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool in_file = false;
+  int64_t rss = 0;
+  while (std::getline(in, line)) {
+    const std::string first = line.substr(0, line.find(' '));
+    const bool header = first.find('-') != std::string::npos &&
+                        first.find_first_not_of("0123456789abcdef-") == std::string::npos;
+    if (header)
+      in_file = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    else if (in_file && line.rfind("Rss:", 0) == 0)
+      rss += std::stoll(line.substr(4)) * 1024;
+  }
+  return rss;
+}
+
+// Loading hands a checkpoint's pages back once the weights are copied (SafetensorsArchive and
+// GgufFile::release_pages): the mapping leaves the process's resident memory and stays readable,
+// the same bytes faulted in again from the file.
+TEST(Safetensors, ReleasedPagesLeaveTheProcessAndReadBackTheSame) {
+  TmpDir dir;
+  const int64_t n = 1 << 20;  // 4 MiB of f32
+  std::string data(size_t(n) * 4, '\0');
+  for (int64_t i = 0; i < n; i++) {
+    const float v = float(i % 1000) * 0.5f;
+    std::memcpy(data.data() + i * 4, &v, 4);
+  }
+  const std::string file = dir / "big.safetensors";
+  write_bytes(file, st_bytes(R"({"w":{"dtype":"F32","shape":[1024,1024],"data_offsets":[0,4194304]}})", data));
+  SafetensorsArchive a(file);
+  const std::string real = fs::canonical(file).string();
+  std::vector<float> first = a.read_f32("w", {1024, 1024});
+  EXPECT_GE(mapping_rss(real), n * 4) << "reading touched every page of the tensor";
+  a.release_pages();
+  EXPECT_LT(mapping_rss(real), n * 4 / 8) << "the pages left the process";
+  EXPECT_EQ(a.read_f32("w", {1024, 1024}), first);
+  EXPECT_EQ(first[1001], 0.5f);
 }

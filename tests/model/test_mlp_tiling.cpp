@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/host_memory.h"
+#include "model/backend_plan.h"
 #include "model/engine_spec.h"
 #include "train/engine_config.h"
 #include "train/train_config.h"
@@ -171,6 +172,52 @@ TEST(MlpTiling, SpecResolvesAutoTilesAndRefusesTilesWithoutCheckpointing) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--mlp-tile-tokens"), std::string::npos) << e.what();
   }
+}
+
+// The auto tile follows the memory the device has: the default while the plan fits, else the
+// largest halving that does, the smallest when none does; unknown memory, an explicit tile and a
+// mixture of experts (untiled) are left alone.
+TEST(MlpTiling, AutoTileIsTheLargestThatFitsTheBudget) {
+  const LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
+  EngineSpec s;
+  s.checkpointing = Checkpointing::Full;
+  s.seq_len = 32768;
+  const ModelPlanOptions o = resolve_engine(s, EngineTarget{});
+  ASSERT_EQ(o.mlp_tile, kAutoMlpTileTokens);
+  auto total = [&](const ModelPlanOptions& base, int64_t tile) {
+    ModelPlanOptions t = base;
+    t.mlp_tile = tile;
+    MemoryPlan p;
+    plan_engine_buffers(p, c, t, DeviceKind::Cpu);
+    return p.total_bytes();
+  };
+  const int64_t t8 = total(o, 8192), t4 = total(o, 4096), t2 = total(o, 2048), t1 = total(o, 1024);
+  ASSERT_GT(t8, t4);
+  ASSERT_GT(t4, t2);
+  ASSERT_GT(t2, t1);
+  auto tile = [&](const EngineSpec& spec, const ModelPlanOptions& opts, int64_t budget) {
+    return mlp_tile_for_budget(spec, c, opts, DeviceKind::Cpu, budget);
+  };
+  EXPECT_EQ(tile(s, o, 0), 8192);  // memory unknown: the default
+  EXPECT_EQ(tile(s, o, t8), 8192);
+  EXPECT_EQ(tile(s, o, t8 - 1), 4096);
+  EXPECT_EQ(tile(s, o, t4 - 1), 2048);
+  EXPECT_EQ(tile(s, o, t2), 2048);
+  EXPECT_EQ(tile(s, o, t1 - 1), kMinAutoMlpTileTokens);  // nothing fits: the smallest, refused later
+  // A micro-batch that fits one default tile runs untiled until memory asks for tiles.
+  EngineSpec shorter = s;
+  shorter.seq_len = 4096;
+  const ModelPlanOptions os = resolve_engine(shorter, EngineTarget{});
+  ASSERT_EQ(os.mlp_tile, 0);
+  EXPECT_EQ(tile(shorter, os, total(os, 0)), 0);
+  EXPECT_EQ(tile(shorter, os, total(os, 0) - 1), 2048);  // 8192 and 4096 hold the whole micro-batch
+  // An explicit tile is the user's.
+  EngineSpec forced = s;
+  forced.mlp_tile = 8192;
+  EXPECT_EQ(tile(forced, resolve_engine(forced, EngineTarget{}), t1 - 1), 8192);
+  // A mixture of experts runs its MLP untiled whatever the length (the model refuses a tile).
+  const LlamaConfig moe = open_model_source(fixtures() + "/models/mixtral").config;
+  EXPECT_EQ(mlp_tile_for_budget(s, moe, o, DeviceKind::Cpu, 0), 0);
 }
 
 TEST(MlpTiling, ConfigKeyNeedsCheckpointing) {

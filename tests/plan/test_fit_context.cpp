@@ -37,3 +37,31 @@ TEST(FitContext, LongestContextPerCheckpointingIsThePlannersAnswer) {
       }
     }
 }
+
+// The auto MLP tile is the engine's choice against the device: where tiles of 8,192 tokens no
+// longer fit, the plan runs smaller ones, so --fit reaches further than with the tile forced.
+TEST(FitContext, AutoMlpTileShrinksWhereTheDefaultNoLongerFits) {
+  PlanRequest r;
+  r.model = preset_config("llama3-70b");
+  r.model_label = "llama3-70b";
+  r.gpu = resolve_gpu("h100-sxm");
+  r.method = Method::Qlora;
+  r.base_precision = BasePrecision::Nf4;
+  r.checkpointing = Checkpointing::Offload;
+  PlanRequest forced = r;
+  forced.mlp_tile = kAutoMlpTileTokens;
+  const int64_t t_forced = max_seq_len_that_fits(forced), t_auto = max_seq_len_that_fits(r);
+  ASSERT_GT(t_forced, kAutoMlpTileTokens);
+  EXPECT_GT(t_auto, t_forced);
+  r.seq_len = forced.seq_len = t_auto;
+  const PlanResult p = make_plan(r);
+  EXPECT_TRUE(p.fits);
+  EXPECT_FALSE(make_plan(forced).fits);
+  const int64_t tile = model_plan_options(p.req).mlp_tile;
+  EXPECT_LT(tile, kAutoMlpTileTokens);
+  EXPECT_GE(tile, kMinAutoMlpTileTokens);
+  EXPECT_LE(p.plan.find("act.cur.gate")->shape[0], tile);
+  // At the length the forced tile still fits, auto keeps the default.
+  r.seq_len = t_forced;
+  EXPECT_EQ(model_plan_options(r).mlp_tile, kAutoMlpTileTokens);
+}

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "train/engine_config.h"
 #include "train/train_config.h"
 
 using namespace qlora;
@@ -409,4 +410,19 @@ TEST(TrainConfig, PreferenceKeysAndAliases) {
                           "rl: orpo\nsimpo_gamma: 1.0\n", "beta: 0.5\n"}) {
     EXPECT_THROW(parse(bad), Error) << bad;
   }
+}
+
+// disable_dropout is one of auto/true/false and every objective honours it: auto drops LoRA dropout
+// for the preference objectives (TRL's default) and keeps it for SFT; true and false are the user's.
+TEST(TrainConfig, DisableDropoutIsHonouredByEveryObjective) {
+  auto dropout = [](const std::string& yaml) { return engine_spec(parse("lora_dropout: 0.1\n" + yaml)).lora.dropout; };
+  EXPECT_EQ(parse("").disable_dropout, "auto");
+  EXPECT_DOUBLE_EQ(dropout(""), 0.1);
+  EXPECT_DOUBLE_EQ(dropout("rl: dpo\n"), 0.0);
+  EXPECT_DOUBLE_EQ(dropout("disable_dropout: true\n"), 0.0);
+  EXPECT_DOUBLE_EQ(dropout("disable_dropout: false\n"), 0.1);
+  EXPECT_DOUBLE_EQ(dropout("rl: dpo\ndisable_dropout: false\n"), 0.1);
+  EXPECT_DOUBLE_EQ(dropout("rl: kto\nper_device_train_batch_size: 4\ndisable_dropout: ~\n"), 0.0);  // null: auto
+  EXPECT_EQ(parse("disable_dropout: no\n").disable_dropout, "false");
+  expect_error([] { parse("disable_dropout: sometimes\n"); }, ErrorKind::Config);
 }

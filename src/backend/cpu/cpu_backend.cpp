@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_simd.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 
 namespace qlora {
 
@@ -29,6 +30,8 @@ void* CpuBackend::alloc(size_t bytes) {
 void CpuBackend::free(void* p) noexcept { std::free(p); }
 
 std::string CpuBackend::simd_kernels() const { return cpu::simd_level(); }
+
+int64_t CpuBackend::memory_available() const { return available_host_bytes(); }
 
 std::string CpuBackend::blas_kernels() const { return cpu::blas_info(); }
 

@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
   DType compute_dtype() const override { return DType::F32; }
   std::string simd_kernels() const override;
   std::string blas_kernels() const override;
+  int64_t memory_available() const override;
 
   void* alloc(size_t bytes) override;
   void free(void* p) noexcept override;

@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
   void bind_scratch(const std::string& name, void* p, size_t bytes) override;
   void unbind_scratch() noexcept override;
   bool plans_own_memory() const override { return true; }
+  int64_t memory_available() const override;  // cudaMemGetInfo's free bytes
 
 #define QLORA_CUDA_DECLARE_OP(op, Args) void op(const Args& a) override;
   QLORA_BACKEND_OPS(QLORA_CUDA_DECLARE_OP)

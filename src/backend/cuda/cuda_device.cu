@@ -115,6 +115,15 @@ int64_t cuda_device_used_bytes() {
 
 namespace cuda {
 
+int64_t CudaBackend::memory_available() const {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return int64_t(free_b);
+}
+
 void fail_cuda(cudaError_t e, const char* expr, const char* file, int line) {
   cudaGetLastError();  // clear a sticky-free error so the next call can report its own
   fail(ErrorKind::Internal, std::string(file) + ":" + std::to_string(line),

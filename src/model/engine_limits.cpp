@@ -1,0 +1,35 @@
+// The engine's limits per model, options and device (model/engine_limits.h).
+#include "model/engine_limits.h"
+
+#include "backend/backend.h"
+
+namespace qlora {
+
+std::vector<EngineLimit> engine_limits(const LlamaConfig& c, const ModelPlanOptions& o, DeviceKind device) {
+  std::vector<EngineLimit> out;
+  const bool cuda = device == DeviceKind::Cuda;
+  if (cuda && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
+    out.push_back({"model '" + c.name + "', logit soft-capping",
+                   "the cuda backend does not implement Gemma 2's soft-capping of attention scores and logits",
+                   "use device: cpu for this model"});
+  // Both GPU attention paths (the own flash kernel, cuDNN's fused attention) take head dims that
+  // are multiples of 8 up to 128.
+  if (cuda && (c.head_dim % 8 != 0 || c.head_dim > 128))
+    out.push_back({"model '" + c.name + "', head_dim " + std::to_string(c.head_dim),
+                   "the cuda backend's attention (its own flash kernel and cuDNN's fused attention) takes head dims "
+                   "that are multiples of 8 up to 128",
+                   "use device: cpu for this model"});
+  if (c.moe()) {
+    const std::string where = "model '" + c.name + "' (" + c.model_type + ", mixture of experts)";
+    auto refuse = [&](const std::string& what, const std::string& hint) {
+      out.push_back({where, what + " is not implemented for mixture-of-experts models", hint});
+    };
+    if (o.base_shards > 0) refuse("sharding fsdp", "use sharding: none or zero1");
+    if (o.gemm_dtype != GemmDtype::Bf16) refuse("FP8/FP4 base GEMMs", "use gemm_dtype bf16");
+    if (o.mlp_tile > 0) refuse("the tiled MLP (mlp_tile)", "leave mlp_tile unset");
+    if (c.experts_per_tok > 16 && cuda) refuse("more than 16 experts per token on the cuda backend", "use device: cpu");
+  }
+  return out;
+}
+
+}  // namespace qlora
