@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import transformers
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
-                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig,
-                          get_cosine_schedule_with_warmup)
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3Config, Gemma3TextConfig, LlamaConfig,
+                          MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig,
+                          SiglipVisionConfig, get_cosine_schedule_with_warmup)
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -45,6 +45,15 @@ DIMS = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_lay
 # variant -> (config, seed, config.json style). "legacy" rewrites rope_parameters into the
 # rope_theta + rope_scaling keys that checkpoints on the Hub carry; "v5" keeps what transformers 5
 # writes (rope_parameters holding rope_type/rope_theta/...), so the engine's reader sees both.
+def gemma3_text_config():
+    return Gemma3TextConfig(**{**DIMS, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=24,
+                            query_pre_attn_scalar=20, sliding_window=5, tie_word_embeddings=True,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                            rope_parameters={
+                                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+
+
 def variant_configs():
     return {
         "llama_gqa": (LlamaConfig(**DIMS, num_key_value_heads=2, tie_word_embeddings=False,
@@ -84,14 +93,17 @@ def variant_configs():
         # Gemma 3 text: (1 + w) norms before and after attention and MLP, q/k norms, embeddings
         # times sqrt(64), GeGLU, query_pre_attn_scalar 20 (not head_dim 24), two sliding layers
         # (window 5 on 12-token rows, RoPE base 1e4) and a global one (base 1e6, linear scaling 2).
-        "gemma3": (Gemma3TextConfig(**{**DIMS, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=24,
-                                    query_pre_attn_scalar=20, sliding_window=5, tie_word_embeddings=True,
-                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                                    rope_parameters={
-                                        "full_attention": {"rope_type": "linear", "factor": 2.0,
-                                                           "rope_theta": 1000000.0},
-                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
-                   1009, "v5"),
+        "gemma3": (gemma3_text_config(), 1009, "v5"),
+        # Gemma 3's multimodal checkpoints (4b/12b/27b): Gemma3ForConditionalGeneration with the
+        # text model above under text_config and a small SigLIP vision tower; weights saved under
+        # language_model.* and LoRA on the language model only (a regex target_modules).
+        "gemma3_mm": (Gemma3Config(text_config=gemma3_text_config(),
+                                   vision_config=SiglipVisionConfig(hidden_size=32, intermediate_size=48,
+                                                                    num_hidden_layers=1, num_attention_heads=2,
+                                                                    image_size=28, patch_size=14,
+                                                                    vision_use_head=False),
+                                   mm_tokens_per_image=4),
+                      1017, "v5"),
         # Gemma 2: Gemma 3's norms, scaling and GeGLU without q/k norms, every other layer sliding
         # (window 5 on 12-token rows) and soft-capping small enough to bend the scores (cap 3) and
         # the logits (cap 2) well away from the identity.
@@ -127,7 +139,9 @@ def variant_configs():
 # mixture-of-experts families (their experts are stacked parameters, not Linear modules).
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral": ATTENTION,
-                 "qwen3_moe": ATTENTION}
+                 "qwen3_moe": ATTENTION,
+                 # the language model's projections, not the vision tower's q/k/v (PEFT: re.fullmatch)
+                 "gemma3_mm": r".*language_model.*\.(" + "|".join(TARGETS) + ")"}
 ROUTER_SCALE = 1.0  # router weights: logits spread enough that no top-k choice is a near tie
 MIN_LOGIT_GAP = 2e-3  # the f32 logits of engine and transformers differ by ~1e-5
 
@@ -316,7 +330,8 @@ def make_variant(name, config, seed, style):
     rewrite_config(model_dir, style)
 
     # Everything below runs on the model reloaded from disk, so the fixtures describe the files.
-    ids = torch.randint(0, config.vocab_size, (B, T), generator=gen)
+    vocab = getattr(config, "text_config", config).vocab_size
+    ids = torch.randint(0, vocab, (B, T), generator=gen)
     labels = make_labels(ids, [(0, 0), (0, 1), (0, 2), (0, 3), (1, 7)])
     with torch.no_grad():
         ref = model(input_ids=ids).logits
@@ -375,7 +390,7 @@ def make_variant(name, config, seed, style):
         out["grad." + k] = p.grad.detach().clone()
     pm.zero_grad(set_to_none=True)
 
-    t_ids, t_labels = train_batches(config.vocab_size, gen)
+    t_ids, t_labels = train_batches(vocab, gen)
     rec = run_training(pm, t_ids, t_labels)
     assert any(n > MAX_NORM for n in rec["norm"]), rec["norm"]  # clipping must trigger
     out["train_input_ids"] = t_ids.to(torch.int32)
@@ -425,7 +440,8 @@ def fix_adapter_config(adapter_dir, name):
     with open(path) as f:
         cfg = json.load(f)
     cfg["base_model_name_or_path"] = "tests/fixtures/models/" + name
-    cfg["target_modules"] = sorted(cfg["target_modules"])  # PEFT stores a set: fix the order
+    if isinstance(cfg["target_modules"], list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])  # PEFT stores a set: fix the order
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")

@@ -10,8 +10,8 @@
 namespace qlora {
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> v = {"llama",  "mistral",     "qwen2", "qwen3",  "gemma2",
-                                             "gemma3_text", "phi3", "mixtral", "qwen3_moe", "gpt_oss"};
+  static const std::vector<std::string> v = {"llama",       "mistral", "qwen2",   "qwen3",     "gemma2", "gemma3_text",
+                                             "gemma3",      "phi3",    "mixtral", "qwen3_moe", "gpt_oss"};
   return v;
 }
 
@@ -303,6 +303,32 @@ static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& wher
   }
 }
 
+// Gemma3ForConditionalGeneration (model_type gemma3): the text model's config is its text_config,
+// whose missing keys take Gemma3TextConfig's defaults (the Hub's 4b/12b/27b files list only what
+// differs); the token ids, dtype and tie_word_embeddings the file keeps at the top apply to it.
+static LlamaConfig parse_gemma3_multimodal(const json& j, const std::string& where) {
+  const json* tc = json_find(j, "text_config");
+  if (!tc || !tc->is_object())
+    fail(ErrorKind::Config, where + ": key 'text_config'", "a gemma3 (multimodal) config needs its text model's config",
+         "is this a Gemma 3 checkpoint? its config.json has text_config and vision_config");
+  json t = *tc;
+  static const std::pair<const char*, int64_t> kDefaults[] = {
+      {"vocab_size", 262208},      {"hidden_size", 2304},       {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+      {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"head_dim", 256}};
+  for (const auto& [key, value] : kDefaults)
+    if (!json_find(t, key)) t[key] = value;
+  if (!json_find(t, "model_type")) t["model_type"] = "gemma3_text";
+  for (const char* key : {"bos_token_id", "eos_token_id", "torch_dtype", "dtype", "tie_word_embeddings"})
+    if (!json_find(t, key) && json_find(j, key)) t[key] = j.at(key);
+  const std::string sub = where + ": text_config";
+  if (json_string(t, "model_type", sub) != "gemma3_text")
+    fail(ErrorKind::Unsupported, sub + ": key 'model_type'", "a gemma3 checkpoint's text model must be gemma3_text");
+  LlamaConfig c = parse_hf_config(t.dump(), sub);
+  c.name = where;
+  c.multimodal = "gemma3";
+  return c;
+}
+
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& where) {
   json j = parse_json(json_text, where);
   if (!j.is_object()) fail(ErrorKind::Config, where, std::string("expected a JSON object, got ") + json_type_name(j));
@@ -313,6 +339,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   if (std::find(types.begin(), types.end(), c.model_type) == types.end())
     fail(ErrorKind::Unsupported, where + ": key 'model_type'", "model_type '" + c.model_type + "' is not supported",
          "supported model types: " + joined(types));
+  if (c.model_type == "gemma3") return parse_gemma3_multimodal(j, where);
 
   const bool gemma = c.model_type == "gemma3_text" || c.model_type == "gemma2";  // the Gemma layout
   // Gemma's config names it hidden_activation (gelu_pytorch_tanh); the others hidden_act (silu).

@@ -91,6 +91,12 @@ struct LlamaConfig {
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string torch_dtype = "float32";
   std::string name;                // preset name or source path, for messages
+  // The text model of a multimodal checkpoint (its config.json's model_type, "gemma3":
+  // Gemma3ForConditionalGeneration, this config read from its text_config), "" for a text-only
+  // model. Its weights sit under "language_model." in the files and its modules under
+  // "model.language_model." in transformers (the LoRA keys PEFT writes); the vision tower is not
+  // loaded: the engine trains the text model.
+  std::string multimodal;
 
   int64_t q_dim() const { return n_head * head_dim; }
   int64_t kv_dim() const { return n_head_kv * head_dim; }

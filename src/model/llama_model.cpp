@@ -12,6 +12,7 @@
 #include "core/host_memory.h"
 #include "core/rng.h"
 #include "model/backend_plan.h"
+#include "model/engine_limits.h"
 #include "model/experts.h"
 #include "model/fused_projections.h"
 #include "model/gemm_dtype.h"
@@ -120,28 +121,9 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     GemmCaps caps{be_.has_fp8_gemm(), be_.has_fp4_gemm(), "the " + be_.name() + " backend's device"};
     opts_.gemm_dtype = resolve_gemm_dtype(opts_, cfg_, caps);  // an Error(Config) before anything is allocated
   }
-  if (be_.device() == DeviceKind::Cuda && (cfg_.attn_logit_softcapping > 0 || cfg_.final_logit_softcapping > 0))
-    fail(ErrorKind::Unsupported, "model '" + cfg_.name + "', logit soft-capping",
-         "the cuda backend does not implement Gemma 2's soft-capping of attention scores and logits",
-         "use device: cpu for this model");
-  // Both GPU attention paths (the own flash kernel, cuDNN's fused attention) take head dims that are
-  // multiples of 8 up to 128: refuse others here, before anything is allocated or any step runs.
-  if (be_.device() == DeviceKind::Cuda && (cfg_.head_dim % 8 != 0 || cfg_.head_dim > 128))
-    fail(ErrorKind::Unsupported, "model '" + cfg_.name + "', head_dim " + std::to_string(cfg_.head_dim),
-         "the cuda backend's attention (its own flash kernel and cuDNN's fused attention) takes head dims that are "
-         "multiples of 8 up to 128",
-         "use device: cpu for this model");
-  if (cfg_.moe()) {
-    auto refuse = [&](const std::string& what, const std::string& hint) {
-      fail(ErrorKind::Unsupported, "model '" + cfg_.name + "' (" + cfg_.model_type + ", mixture of experts)",
-           what + " is not implemented for mixture-of-experts models", hint);
-    };
-    if (opts_.base_shards > 0) refuse("sharding fsdp", "use sharding: none or zero1");
-    if (opts_.gemm_dtype != GemmDtype::Bf16) refuse("FP8/FP4 base GEMMs", "use gemm_dtype bf16");
-    if (opts_.mlp_tile > 0) refuse("the tiled MLP (mlp_tile)", "leave mlp_tile unset");
-    if (cfg_.experts_per_tok > 16 && be_.device() == DeviceKind::Cuda)
-      refuse("more than 16 experts per token on the cuda backend", "use device: cpu");
-  }
+  // What the engine does not implement here, before anything is allocated or any step runs.
+  if (const auto limits = engine_limits(cfg_, opts_, be_.device()); !limits.empty())
+    fail(ErrorKind::Unsupported, limits[0].where, limits[0].what, limits[0].hint);
   routed_.assign(size_t(cfg_.moe() ? cfg_.n_layer * cfg_.n_experts : 0), 0);
   offload_ = opts_.checkpointing == Checkpointing::Offload;
   // On the CUDA backend the plan also holds the backend's own memory (workspace, op scratch).
@@ -177,7 +159,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
       for (const char* ab : {"lora_A", "lora_B"}) {
         LoraParam lp;
         lp.name = base + ab;
-        lp.peft_key = peft_module_name(l, mod) + "." + ab + ".weight";
+        lp.peft_key = peft_module_name(cfg_, l, mod) + "." + ab + ".weight";
         lp.w = arena_->get(lp.name);
         lp.g = arena_->get(lp.name + ".grad");
         const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share

@@ -108,8 +108,9 @@ static std::string hf_module(int64_t layer, const std::string& proj) {
   return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj;
 }
 
-std::string peft_module_name(int64_t layer, const std::string& proj) {
-  return "base_model.model." + hf_module(layer, proj);
+std::string peft_module_name(const LlamaConfig& c, int64_t layer, const std::string& proj) {
+  const std::string m = hf_module(layer, proj);  // "model.layers..."
+  return "base_model.model." + (c.multimodal.empty() ? m : "model.language_model." + m.substr(6));
 }
 
 std::string hf_weight_name(const std::string& n) {

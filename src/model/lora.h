@@ -36,8 +36,9 @@ std::vector<std::string> module_projections(const LlamaConfig& c, const std::str
 // fusion, or a part of a fused module, is an Error(Config) naming target_modules.
 std::vector<std::string> lora_targets_for(const LlamaConfig& c, const std::vector<std::string>& targets);
 
-// "layers.3.q_proj" -> "base_model.model.model.layers.3.self_attn.q_proj"
-std::string peft_module_name(int64_t layer, const std::string& proj);
+// Layer 3's q_proj -> "base_model.model.model.layers.3.self_attn.q_proj" (a multimodal model's
+// text model: "base_model.model.model.language_model.layers.3.self_attn.q_proj", as PEFT names it).
+std::string peft_module_name(const LlamaConfig& c, int64_t layer, const std::string& proj);
 // Hugging Face weight name of a planned base buffer ("layers.3.q_proj" -> "model.layers.3.self_attn.q_proj.weight").
 std::string hf_weight_name(const std::string& plan_name);
 

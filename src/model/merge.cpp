@@ -62,7 +62,7 @@ PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
   for (int64_t l = 0; l < cfg.n_layer; l++)
     for (const auto& proj : a.spec.targets) {
       const auto [out, in] = proj_shape(cfg, proj);
-      const std::string key = peft_module_name(l, proj);
+      const std::string key = peft_module_name(cfg, l, proj);
       const std::vector<int64_t> shape_a{a.spec.r, in}, shape_b{out, a.spec.r};
       for (const auto& [suffix, shape] : {std::pair{".lora_A.weight", shape_a}, std::pair{".lora_B.weight", shape_b}}) {
         const TensorInfo& t = ar->get(key + suffix);  // missing: names the closest existing tensor
@@ -107,7 +107,7 @@ void MergedModel::read(const std::string& hf_name, float* dst) const {
   if (!merged(hf_name)) return;
   const std::string m = lora_module_of(hf_name);  // "layers.L.proj"
   const int64_t layer = std::stoll(m.substr(7, m.find('.', 7) - 7));
-  const std::string key = peft_module_name(layer, m.substr(m.rfind('.') + 1));
+  const std::string key = peft_module_name(cfg_, layer, m.substr(m.rfind('.') + 1));
   const int64_t out = shape[0], in = shape[1], r = adapter_->spec.r;
   const std::vector<float> a = adapter_->weights->read_f32(key + ".lora_A.weight", {r, in});
   const std::vector<float> b = adapter_->weights->read_f32(key + ".lora_B.weight", {out, r});

@@ -13,7 +13,15 @@
 
 namespace qlora {
 
-std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& base_model) {
+static const char kTextModelPrefix[] = ".*language_model.*\\.(";
+
+std::string peft_text_model_targets(const std::vector<std::string>& targets) {
+  std::string s = kTextModelPrefix;
+  for (size_t i = 0; i < targets.size(); i++) s += (i ? "|" : "") + targets[i];
+  return s + ")";
+}
+
+std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& base_model, const std::string& multimodal) {
   nlohmann::ordered_json j;
   j["peft_type"] = "LORA";
   j["task_type"] = "CAUSAL_LM";
@@ -21,7 +29,8 @@ std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& ba
   j["r"] = lora.r;
   j["lora_alpha"] = lora.alpha;
   j["lora_dropout"] = lora.dropout;
-  j["target_modules"] = lora.targets;
+  if (multimodal.empty()) j["target_modules"] = lora.targets;
+  else j["target_modules"] = peft_text_model_targets(lora.targets);
   j["use_rslora"] = lora.use_rslora;
   j["use_dora"] = false;
   j["bias"] = "none";
@@ -60,7 +69,8 @@ void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::st
   md["format"] = "pt";
   w.set_metadata(md);
   w.write(dir + "/adapter_model.safetensors");
-  write_file_atomic(dir + "/adapter_config.json", peft_adapter_config_json(model.lora(), base_model));
+  write_file_atomic(dir + "/adapter_config.json",
+                    peft_adapter_config_json(model.lora(), base_model, model.config().multimodal));
 }
 
 LoraSpec read_peft_adapter_config(const std::string& path) {
@@ -73,8 +83,23 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
   const json* t = json_find(j, "target_modules");
   if (!t) fail(ErrorKind::Config, path + ": key 'target_modules'", "missing");
   std::vector<std::string> names;
-  if (t->is_string()) {
-    names.push_back(t->get<std::string>());
+  if (t->is_string()) {  // one name ("all-linear"), or the text-model regex of peft_text_model_targets
+    const std::string v = t->get<std::string>();
+    const std::string pre = kTextModelPrefix;
+    if (v.size() > pre.size() + 1 && v.compare(0, pre.size(), pre) == 0 && v.back() == ')') {
+      const std::string list = v.substr(pre.size(), v.size() - pre.size() - 1);
+      for (size_t a = 0; a <= list.size();) {
+        const size_t b = std::min(list.find('|', a), list.size());
+        names.push_back(list.substr(a, b - a));
+        a = b + 1;
+      }
+    } else if (v.find_first_of("*()|\\[]^$?+") != std::string::npos) {
+      fail(ErrorKind::Unsupported, path + ": key 'target_modules'",
+           "the regular expression '" + v + "' is not read; only a list of module names, all-linear, or the "
+           "text-model form " + pre + "q_proj|...) are");
+    } else {
+      names.push_back(v);
+    }
   } else if (t->is_array()) {
     for (size_t i = 0; i < t->size(); i++) {
       const json& x = (*t)[i];

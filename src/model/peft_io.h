@@ -7,8 +7,15 @@
 
 namespace qlora {
 
-// adapter_config.json text as PEFT writes it for a LoRA on a causal LM.
-std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& base_model);
+// adapter_config.json text as PEFT writes it for a LoRA on a causal LM. The text model of a
+// multimodal checkpoint (`multimodal` non-empty, LlamaConfig::multimodal) gets its targets as the
+// regex peft_text_model_targets() makes, so PEFT adapts the language model and not the vision tower.
+std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& base_model,
+                                     const std::string& multimodal = "");
+// ".*language_model.*\.(q_proj|v_proj)": PEFT matches a string target_modules against whole
+// module names ("model.language_model.layers.0.self_attn.q_proj"); read back by
+// read_peft_adapter_config.
+std::string peft_text_model_targets(const std::vector<std::string>& targets);
 // Writes adapter_config.json + adapter_model.safetensors into `dir` (an existing directory;
 // callers use AtomicDir so a half-written adapter never appears under its final name).
 void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::string& base_model,

@@ -329,7 +329,7 @@ GgufExportResult export_lora(const GgufExportOptions& o, const OutType& ot, cons
       if (mod.empty() || mod.rfind("layers." + std::to_string(l) + ".", 0) != 0) continue;
       const std::string proj = mod.substr(mod.rfind('.') + 1);
       if (std::find(ad.spec.targets.begin(), ad.spec.targets.end(), proj) == ad.spec.targets.end()) continue;
-      const std::string key = peft_module_name(l, proj);
+      const std::string key = peft_module_name(c, l, proj);
       const std::string g = hf_to_gguf_name(hf);
       const std::vector<int64_t> shape = llama_hf_tensor_shape(c, hf);  // (out, in)
       const int64_t out = shape[0], in = shape[1];

@@ -196,6 +196,10 @@ void merge_model(const MergeOptions& o) {
     fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
          "`qlora merge` does not write this model (" + cfg.not_trained + " are not implemented)",
          "load the adapter with PEFT onto the base model and merge there (merge_and_unload)");
+  if (!cfg.multimodal.empty())  // the output would lack the vision tower and the multimodal config
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.multimodal + "' (multimodal)",
+         "`qlora merge` writes text models only, and this checkpoint's vision tower would be lost",
+         "load the adapter with PEFT onto Gemma3ForConditionalGeneration and merge there (merge_and_unload)");
   PeftAdapter adapter = open_peft_adapter(o.adapter, cfg);
   const LoraSpec spec = adapter.spec;
   MergedModel m(cfg, src.tensors, std::move(adapter));

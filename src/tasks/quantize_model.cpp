@@ -153,6 +153,10 @@ void quantize_model(const QuantizeOptions& o, const std::function<std::unique_pt
   if (cfg.moe())
     fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
          "`qlora quantize` does not write mixture-of-experts models", "train on the model's own bf16 weights");
+  if (!cfg.multimodal.empty())
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.multimodal + "' (multimodal)",
+         "`qlora quantize` writes text models only, and this checkpoint's vision tower would be lost",
+         "train on the model as it is: base_precision nf4 quantizes its text model when it is loaded");
   const bool hf_dir = fs::is_directory(o.model);
   const std::string odt = output_dtype(o, cfg);
   const int64_t in_elem = hf_dir ? dtype_size(dtype_of(cfg.torch_dtype)) : 4;

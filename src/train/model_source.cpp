@@ -51,6 +51,30 @@ static void attach_tokenizer(ModelSource& src, std::shared_ptr<const Tokenizer> 
   src.encoder.name = "none (pre-tokenized data only)";
 }
 
+// A multimodal checkpoint's text model (LlamaConfig::multimodal): the engine's names ("model.X",
+// "lm_head.weight") under the prefix the file uses: "language_model.model.X", as the Hub's
+// Gemma 3 checkpoints and transformers' save_pretrained write them, or "model.language_model.X".
+static TensorSource text_model_source(TensorSource in) {
+  auto name = [has = in.has](const std::string& n) {
+    const std::vector<std::string> cand =
+        n.rfind("model.", 0) == 0 ? std::vector<std::string>{"language_model." + n, "model.language_model." + n.substr(6)}
+                                  : std::vector<std::string>{"language_model." + n, n};
+    for (const auto& c : cand)
+      if (has(c)) return c;
+    return cand.front();  // absent: the source's error names the expected tensor
+  };
+  TensorSource out = in;
+  out.description = in.description + " (its text model)";
+  out.has = [name, has = in.has](const std::string& n) { return has(name(n)); };
+  out.read_f32 = [name, read = in.read_f32](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
+    read(name(n), shape, dst);
+  };
+  if (in.read_quantized)
+    out.read_quantized = [name, read = in.read_quantized](const std::string& n, int64_t rows, int64_t cols,
+                                                          QuantizedTensor& q) { return read(name(n), rows, cols, q); };
+  return out;
+}
+
 static ModelSource open_hf_dir(const std::string& path) {
   ModelSource src;
   src.format = "hf";
@@ -68,6 +92,7 @@ static ModelSource open_hf_dir(const std::string& path) {
     src.tensors = quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
                                                            quant_format_name(cq->params.format) + ")");
   src.tensors.release_pages = [ar] { ar->release_pages(); };
+  if (!src.config.multimodal.empty()) src.tensors = text_model_source(src.tensors);
   std::shared_ptr<const Tokenizer> tok;
   if (fs::exists(path + "/tokenizer.json"))
     tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path + "/tokenizer.json"));

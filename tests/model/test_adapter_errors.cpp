@@ -123,6 +123,24 @@ TEST(AdapterErrors, TargetModulesOfTheWrongJsonType) {
   EXPECT_EQ(e.message(), "expected a list of module names, got object");
 }
 
+// A multimodal model's text model: target_modules is the regex that keeps PEFT off the vision
+// tower, written by the engine and by PEFT (the fixture's adapter) alike and read back as the names
+// it lists; any other regular expression is refused by key.
+TEST(AdapterErrors, TextModelTargetRegexReadsBackAndOtherRegexesAreRefused) {
+  AdapterFixture a("regex");
+  const LoraSpec s = fixture_lora();
+  const nlohmann::json j = nlohmann::json::parse(peft_adapter_config_json(s, "gemma3_mm", "gemma3"));
+  EXPECT_EQ(j["target_modules"], ".*language_model.*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)");
+  a.edit_config([&](nlohmann::json& c) { c["target_modules"] = j["target_modules"]; });
+  EXPECT_EQ(read_peft_adapter_config(a.config()).targets, s.targets);
+  EXPECT_NO_THROW(load_peft_adapter(a.dir, *a.t.model));  // the names, as the model has them
+  EXPECT_EQ(read_peft_adapter_config(fixtures() + "/parity/gemma3_mm_adapter/adapter_config.json").targets, s.targets);
+  a.edit_config([](nlohmann::json& c) { c["target_modules"] = ".*\\.(q_proj|v_proj)"; });
+  Error e = a.load_error();
+  EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+  EXPECT_EQ(e.where(), a.config() + ": key 'target_modules'");
+}
+
 TEST(AdapterErrors, MissingWeightsFileIsNamed) {
   AdapterFixture a("noweights");
   fs::remove(a.weights());

@@ -150,8 +150,8 @@ TEST(GgufExport, LoraGgufHoldsTheAdapterInLlamaCppLayout) {
   EXPECT_FLOAT_EQ(g.get_f32("adapter.lora.alpha") / float(r), ad.spec.scale());  // llama.cpp: alpha / rank
   EXPECT_EQ(g.tensors().size(), size_t(2 * 7 * base.config.n_layer));
   const auto& c = base.config;
-  const auto a = ad.weights->read_f32(peft_module_name(1, "k_proj") + ".lora_A.weight", {r, c.hidden_size});
-  const auto b = ad.weights->read_f32(peft_module_name(1, "k_proj") + ".lora_B.weight", {c.kv_dim(), r});
+  const auto a = ad.weights->read_f32(peft_module_name(c, 1, "k_proj") + ".lora_A.weight", {r, c.hidden_size});
+  const auto b = ad.weights->read_f32(peft_module_name(c, 1, "k_proj") + ".lora_B.weight", {c.kv_dim(), r});
   EXPECT_EQ(g.tensor("blk.1.attn_k.weight.lora_a").ne, (std::vector<int64_t>{c.hidden_size, r}));
   EXPECT_EQ(g.tensor("blk.1.attn_k.weight.lora_b").ne, (std::vector<int64_t>{r, c.kv_dim()}));
   EXPECT_EQ(g.tensor("blk.1.attn_k.weight.lora_a").type, GgmlType::F32);
@@ -159,7 +159,7 @@ TEST(GgufExport, LoraGgufHoldsTheAdapterInLlamaCppLayout) {
   std::vector<float> unperm(b.size());
   gguf_unpermute_qk_rows(g.read_tensor_f32("blk.1.attn_k.weight.lora_b").data(), unperm.data(), c.n_head_kv, c.kv_dim(), r);
   EXPECT_EQ(unperm, b);
-  const auto bv = ad.weights->read_f32(peft_module_name(0, "v_proj") + ".lora_B.weight", {c.kv_dim(), r});
+  const auto bv = ad.weights->read_f32(peft_module_name(c, 0, "v_proj") + ".lora_B.weight", {c.kv_dim(), r});
   EXPECT_EQ(g.read_tensor_f32("blk.0.attn_v.weight.lora_b"), bv);  // v is not permuted
   // q8_0: lora_b rows hold r = 4 values, not a Q8_0 block: F16 as convert_lora_to_gguf.py falls back.
   const auto r8 = run_export("gguf-lora", kTiny, kTinyAdapter, "q8_0", d.path + "/l8.gguf");

@@ -90,7 +90,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
-                                                                   "qwen3_moe"));
+                                                                   "qwen3_moe", "gemma3_mm"));
 
 TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {
   SafetensorsArchive fx(fixtures() + "/parity/llama_gqa.safetensors");
@@ -122,6 +122,12 @@ void expect_engine_adapter_gives_peft_logits(const std::string& variant, size_t 
 TEST(HfParity, EngineTrainedAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("llama_gqa", 3); }
 // Gemma 3: r=8, rsLoRA, dropout 0.1, all-linear, 12 steps of `qlora train` on token ids.
 TEST(HfParity, EngineTrainedGemma3AdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("gemma3", 7); }
+// Gemma 3's multimodal checkpoint (Gemma3ForConditionalGeneration): the same run on its text model;
+// the adapter's keys sit under model.language_model and its target_modules regex keeps PEFT off the
+// vision tower, so PEFT loads it onto the multimodal model as it is.
+TEST(HfParity, EngineTrainedGemma3MultimodalAdapterGivesPeftLogits) {
+  expect_engine_adapter_gives_peft_logits("gemma3_mm", 7);
+}
 // Phi-3: the same run; the adapter holds PEFT's four fused modules (qkv_proj, o_proj,
 // gate_up_proj, down_proj), which PEFT loads onto Phi3ForCausalLM as they are.
 TEST(HfParity, EngineTrainedPhi3AdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("phi3", 4); }

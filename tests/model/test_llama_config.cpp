@@ -252,6 +252,54 @@ TEST(LlamaConfigHf, Gemma3LayoutsAgree) {
   EXPECT_EQ(f.window_of(2), 5);
 }
 
+// The layout of google/gemma-3-4b-it's config.json (Gemma3ForConditionalGeneration): the text model
+// under text_config, which lists only what differs from Gemma3TextConfig's defaults; the token ids
+// and the dtype at the top. The vision tower's config is cut to a few keys (the engine ignores it).
+static const char* kGemma3Multimodal = R"({
+  "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+  "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+  "model_type": "gemma3",
+  "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                  "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                  "sliding_window": 1024},
+  "torch_dtype": "bfloat16",
+  "vision_config": {"hidden_size": 1152, "image_size": 896, "model_type": "siglip_vision_model",
+                    "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}})";
+
+TEST(LlamaConfigHf, Gemma3MultimodalReadsItsTextModel) {
+  const LlamaConfig c = parse_hf_config(kGemma3Multimodal, "gemma-3-4b-it/config.json");
+  const LlamaConfig p = preset_config("gemma-3-4b");
+  EXPECT_EQ(c.multimodal, "gemma3");
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_EQ(c.name, "gemma-3-4b-it/config.json");
+  // Gemma3TextConfig's defaults fill what text_config leaves out.
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.n_head, 8);
+  EXPECT_EQ(c.n_head_kv, 4);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.n_params(), p.n_params());
+  EXPECT_TRUE(c.tie_word_embeddings && c.qk_norm && c.sandwich_norms && c.norm_unit_offset);
+  for (int64_t l = 0; l < c.n_layer; l++) EXPECT_EQ(c.window_of(l), p.window_of(l)) << l;
+  EXPECT_EQ(rope_inv_freq(c), rope_inv_freq(p));
+  EXPECT_EQ(rope_local_inv_freq(c), rope_local_inv_freq(p));
+  // From the top of the file: the first eos id, the dtype.
+  EXPECT_EQ(c.eos_token_id, 1);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  // The engine's fixture, written by transformers 5 (Gemma3ForConditionalGeneration.save_pretrained).
+  const LlamaConfig f = load_hf_config(std::string(QLORA_FIXTURES) + "/models/gemma3_mm/config.json");
+  const LlamaConfig t = load_hf_config(std::string(QLORA_FIXTURES) + "/models/gemma3/config.json");
+  EXPECT_EQ(f.multimodal, "gemma3");
+  EXPECT_EQ(f.n_params(), t.n_params());
+  EXPECT_TRUE(t.multimodal.empty());
+  // A gemma3 file without its text model's config, or with another text model, is refused by key.
+  Error e = config_error([] { parse_hf_config(R"({"model_type": "gemma3"})", "g.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "g.json: key 'text_config'");
+  e = config_error([] { parse_hf_config(R"({"model_type": "gemma3", "text_config": {"model_type": "llama"}})", "g.json"); },
+                   ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "g.json: text_config: key 'model_type'");
+}
+
 // microsoft/phi-4's config.json.
 static const char* kPhi4 = R"({
   "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 100257,
