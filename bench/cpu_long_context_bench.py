@@ -13,6 +13,9 @@ cuts it to T, so the one row holds T tokens and every position is trained. SmolL
 to 8,192 positions: the loss at these lengths says nothing about quality; the run measures memory
 and time, which do not depend on the RoPE frequencies.
 
+The machine should be otherwise idle: the step time is wall time, and the process's CPU seconds
+(`process_cpu_seconds`, user + system) show when it was not (about 2 x the step on 2 idle cores).
+
 Peak RSS is the kernel's high-water mark of the `qlora train` process (os.wait4's ru_maxrss): the
 model, the tokenizer, the data pipeline, the arena, OpenBLAS's buffers and everything else the
 process touched. The plan's figure is `qlora plan -c <the same config> --gpu cpu --json`'s total.
@@ -65,13 +68,13 @@ def long_text(min_chars):
 
 
 def run_child(cmd):
-    """Runs cmd, returns (returncode, seconds, peak RSS bytes of that process)."""
+    """Runs cmd, returns (returncode, seconds, peak RSS bytes, CPU seconds of that process)."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.monotonic()
     p = subprocess.Popen(cmd)
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, time.monotonic() - t0, ru.ru_maxrss * 1024
+    return p.returncode, time.monotonic() - t0, ru.ru_maxrss * 1024, ru.ru_utime + ru.ru_stime
 
 
 def main():
@@ -108,7 +111,7 @@ def main():
             print("+ " + " ".join(plan_cmd), file=sys.stderr, flush=True)
             plan = json.loads(subprocess.run(plan_cmd, check=True, stdout=subprocess.PIPE, text=True).stdout)
             train_cmd = [a.qlora, "train", cfg]
-            rc, wall, rss = run_child(train_cmd)
+            rc, wall, rss, cpu = run_child(train_cmd)
             if rc != 0:
                 raise SystemExit(f"qlora train failed ({rc}) at {t} tokens")
             rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
@@ -119,7 +122,7 @@ def main():
                 "name": f"SmolLM2-135M QLoRA T={t}", "seq_len": t, "config": open(cfg).read(),
                 "commands": {"plan": " ".join(plan_cmd), "train": " ".join(train_cmd)},
                 "ours": {"peak_rss_bytes": rss, "step_seconds": step["step_seconds"], "loss": step.get("loss"),
-                         "process_wall_seconds": wall, "metrics": step},
+                         "process_wall_seconds": wall, "process_cpu_seconds": cpu, "metrics": step},
                 "plan": {"total_bytes": planned_total, "step_time_s": planned_step, "categories": plan["categories"],
                          "time_s": plan["time_s"], "warnings": plan["warnings"]},
                 "peer": None,
