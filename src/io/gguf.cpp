@@ -181,8 +181,12 @@ GgufFile::~GgufFile() = default;
 GgufFile::GgufFile(GgufFile&&) noexcept = default;
 GgufFile& GgufFile::operator=(GgufFile&&) noexcept = default;
 
-void GgufFile::release_pages() const noexcept {
-  if (map_) map_->release_pages();
+void GgufFile::release_pages(const std::string& tensor_name) const noexcept {
+  const auto it = tensor_index_.find(tensor_name);
+  if (map_ && it != tensor_index_.end()) {
+    const GgufTensorInfo& t = tensors_[it->second];
+    map_->release_pages(data_ + data_offset_ + t.offset, size_t(t.n_bytes));
+  }
 }
 
 void GgufFile::parse() {

@@ -60,8 +60,9 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // start of the data section in the file
   uint64_t file_size() const { return size_; }
-  // The mapped file's resident pages back to the OS (MappedFile::release_pages); no-op from bytes.
-  void release_pages() const noexcept;
+  // The mapped pages holding one tensor's bytes back to the OS (MappedFile::release_pages; a loader
+  // calls it once it has copied them); no-op when absent or built from bytes.
+  void release_pages(const std::string& tensor_name) const noexcept;
 
   // Metadata. Keys keep file order in keys(). Typed getters convert between integer widths when
   // the value fits and accept f32/f64 for floats; a missing key or a wrong type is Error(Format)

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -61,6 +62,15 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 
 void MappedFile::release_pages() const noexcept {
   if (data_) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED);
+}
+
+void MappedFile::release_pages(const void* p, size_t n) const noexcept {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (!data_ || n == 0 || b < data_ || b + n > data_ + size_) return;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = uintptr_t(b) & ~(page - 1);  // the mapping itself starts on a page
+  const uintptr_t hi = std::min(uintptr_t(b + n + page - 1) & ~(page - 1), (uintptr_t(data_ + size_) + page - 1) & ~(page - 1));
+  ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 void MappedFile::release() noexcept {

@@ -23,6 +23,9 @@ class MappedFile {
   // Drops the mapping's resident pages from this process (madvise MADV_DONTNEED); the mapping stays
   // valid and a later read faults the pages in again from the file.
   void release_pages() const noexcept;
+  // The same for the pages holding bytes [p, p + n) of the mapping (rounded out to whole pages, so
+  // a neighbour's edge page may go too and be faulted in again); no-op outside the mapping.
+  void release_pages(const void* p, size_t n) const noexcept;
 
  private:
   void release() noexcept;

@@ -197,6 +197,12 @@ void SafetensorsArchive::add_file(const std::string& file) {
   for (const auto& kv : f.metadata()) metadata_.emplace(kv.first, kv.second);
 }
 
+void SafetensorsArchive::release_pages(const std::string& prefix) const noexcept {
+  for (auto it = index_.lower_bound(prefix); it != index_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    for (const auto& f : owned_)
+      if (f->path() == it->second->file) f->release_pages(*it->second);
+}
+
 void SafetensorsArchive::open_index(const std::string& index_path) {
   json j = read_json_file(index_path);
   const json* wm = json_find(j, "weight_map");

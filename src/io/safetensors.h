@@ -35,6 +35,7 @@ class SafetensorsFile {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   void release_pages() const noexcept { map_.release_pages(); }  // see MappedFile::release_pages
+  void release_pages(const TensorInfo& t) const noexcept { map_.release_pages(t.data, size_t(t.nbytes)); }
 
  private:
   MappedFile map_;
@@ -62,9 +63,9 @@ class SafetensorsArchive {
   std::vector<std::string> names() const;  // sorted
   // Union of the files' __metadata__ (the first file wins on conflicting keys).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  void release_pages() const noexcept {  // every file's (MappedFile::release_pages)
-    for (const auto& f : owned_) f->release_pages();
-  }
+  // The mapped pages (MappedFile::release_pages) of every tensor whose name starts with `prefix` (a weight and its quantization state,
+  // "X.weight", "X.weight.absmax", "X.weight_scale", ...): a loader calls it once it has copied them.
+  void release_pages(const std::string& prefix) const noexcept;
 
   // Converts an F32/F16/BF16 tensor into dst (numel floats) after checking its shape equals
   // expected_shape (Error(Shape) with both shapes otherwise).

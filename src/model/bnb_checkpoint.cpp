@@ -326,16 +326,22 @@ TensorSource quantized_checkpoint_source(std::shared_ptr<const SafetensorsArchiv
   s.description = description;
   s.stored_quant = cq.params;
   s.has = [ar](const std::string& n) { return ar->has(n); };
+  // Each read copies the weight and its quantization state, then drops their mapped pages.
   s.read_quantized = [ar, cq](const std::string& n, int64_t rows, int64_t cols, QuantizedTensor& q) {
     if (!is_quantized_weight(*ar, cq, n)) return false;
     q = read_quantized_weight(*ar, cq, n, rows, cols);
+    ar->release_pages(n);
     return true;
   };
   s.read_f32 = [ar, cq](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
-    if (!is_quantized_weight(*ar, cq, n)) return ar->read_f32(n, dst, shape);
-    if (shape.size() != 2)
-      fail(ErrorKind::Shape, twhere(*ar, n), "is stored quantized, but a " + shape_str(shape) + " tensor was asked for");
-    dequantize_ref(read_quantized_weight(*ar, cq, n, shape[0], shape[1]), dst);
+    if (!is_quantized_weight(*ar, cq, n)) {
+      ar->read_f32(n, dst, shape);
+    } else {
+      if (shape.size() != 2)
+        fail(ErrorKind::Shape, twhere(*ar, n), "is stored quantized, but a " + shape_str(shape) + " tensor was asked for");
+      dequantize_ref(read_quantized_weight(*ar, cq, n, shape[0], shape[1]), dst);
+    }
+    ar->release_pages(n);
   };
   return s;
 }

@@ -406,9 +406,6 @@ void LlamaModel::load_base(const TensorSource& checkpoint) {
   std::vector<float> host;  // one tensor in f32 at a time
   for (const auto& b : plan_.buffers) {
     if (b.category != MemCategory::Weights) continue;
-    // The weights read so far are in the arena: the file's mapped pages need not stay resident
-    // beside them (the process's peak would otherwise hold the checkpoint twice).
-    if (checkpoint.release_pages) checkpoint.release_pages();
     if (b.name.size() > 12 && b.name.compare(b.name.size() - 12, 12, ".gemm_scales") == 0) continue;  // with its projection
     if (fsdp_ && b.name.size() > 11 && b.name.compare(b.name.size() - 11, 11, ".base.shard") == 0) {
       load_layer_shard(src, std::stoll(b.name.substr(7)), stored_as_planned, b.name);
@@ -457,7 +454,6 @@ void LlamaModel::load_base(const TensorSource& checkpoint) {
       be_.copy_to_device(t.data, conv.data(), conv.size());
     }
   }
-  if (checkpoint.release_pages) checkpoint.release_pages();
 }
 
 // "layers.<l>.experts.<kind>" of a quantized base: each expert read in f32 (a checkpoint stored

@@ -17,27 +17,10 @@
 #include "model/lora.h"
 #include "model/model_plan.h"
 #include "model/quantized_weights.h"
+#include "model/tensor_source.h"
 #include "quant/quantize.h"
 
 namespace qlora {
-
-// Fills dst (row-major f32, `shape`) with the Hugging Face tensor `hf_name`; errors name the tensor.
-// A checkpoint that stores projections quantized (bitsandbytes 4-bit, `qlora quantize` output)
-// dequantizes them in read_f32 and also offers them as they are stored through read_quantized.
-struct TensorSource {
-  std::function<bool(const std::string& hf_name)> has;
-  std::function<void(const std::string& hf_name, const std::vector<int64_t>& shape, float* dst)> read_f32;
-  std::string description;  // "model dir /path", for messages
-  // How the checkpoint's projections are stored, when quantized (nullopt: plain floats).
-  std::optional<QuantParams> stored_quant;
-  // The stored quantized weight `hf_name` of shape (rows, cols) into q (blocksize resolved); false
-  // when that tensor is stored as plain floats (a module the quantizer skipped). Null when
-  // stored_quant is nullopt.
-  std::function<bool(const std::string& hf_name, int64_t rows, int64_t cols, QuantizedTensor& q)> read_quantized;
-  // Hands the pages of a memory-mapped checkpoint back to the OS once its weights are loaded (a
-  // later read maps them in again); null for a source that holds no mapping.
-  std::function<void()> release_pages;
-};
 
 // Makes the plan store the base as the checkpoint does when the options leave base_precision unset,
 // so a pre-quantized checkpoint is trained as QLoRA on its own bytes instead of being dequantized.

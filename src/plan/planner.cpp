@@ -17,7 +17,7 @@ namespace {
 std::string model_name(const PlanRequest& r) { return r.model_label.empty() ? r.model.name : r.model_label; }
 
 // Non-fatal findings the user should read next to the numbers.
-std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes) {
+std::vector<std::string> plan_warnings(const PlanRequest& r, const ModelPlanOptions& opts, int64_t host_bytes) {
   std::vector<std::string> w;
   const LlamaConfig& c = r.model;
   if (r.seq_len > c.max_position_embeddings) {
@@ -47,7 +47,7 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, int64_t host_bytes)
     w.push_back("H100 NVL cards are bridged in pairs; traffic between pairs goes over PCIe, slower than assumed");
   // What LlamaModel's constructor would refuse for this plan (model/engine_limits.h).
   if (r.gpu.is_cpu || r.gpu.has_backend)
-    for (const EngineLimit& l : engine_limits(c, model_plan_options(r), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda))
+    for (const EngineLimit& l : engine_limits(c, opts, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda))
       w.push_back("the engine refuses this run: " + l.where + ": " + l.what + " (" + l.hint +
                   "); this is the plan an equivalent runtime would need");
   if (!c.not_trained.empty())
@@ -173,7 +173,8 @@ PlanResult make_plan(const PlanRequest& in) {
   res.req = normalize_request(in);
   const PlanRequest& r = res.req;
   // On a GPU: the CUDA backend's own memory too (workspace, op scratch, upload staging).
-  plan_engine_buffers(res.replica, r.model, model_plan_options(r), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
+  res.options = model_plan_options(r);
+  plan_engine_buffers(res.replica, r.model, res.options, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
   if (r.method == Method::Full) add_full_finetune_state(res.replica, r.optimizer_dtype);
   if (r.sharding == Sharding::Fsdp && r.method == Method::Full)
     fail(ErrorKind::Config, "--sharding fsdp", "shards the frozen base of LoRA/QLoRA; full fine-tuning trains the base",
@@ -182,7 +183,8 @@ PlanResult make_plan(const PlanRequest& in) {
   if (r.sharding == Sharding::Fsdp)
     for (int q = 0; q < r.topo.world(); q++) {
       MemoryPlan p;
-      plan_engine_buffers(p, r.model, model_plan_options(r, q), r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
+      plan_engine_buffers(p, r.model, q == r.topo.world() - 1 ? res.options : model_plan_options(r, q),
+                          r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
       res.per_rank_bytes.push_back(p.total_bytes());
     }
   res.plan.overhead = overhead_lines(r, res.plan.total_bytes());
@@ -196,9 +198,9 @@ PlanResult make_plan(const PlanRequest& in) {
   int64_t offload_bytes = 0;
   for (const auto& b : res.plan.buffers)
     if (b.host && !is_backend_buffer(b)) offload_bytes += MemoryPlan::aligned(b.bytes);
-  res.warnings = plan_warnings(r, offload_bytes);
+  res.warnings = plan_warnings(r, res.options, offload_bytes);
   if (!res.fits) res.why = explain_no_fit(res);
-  res.speed = estimate_speed(r, res.replica);
+  res.speed = estimate_speed(r, res.options, res.replica);
   return res;
 }
 

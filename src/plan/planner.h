@@ -15,6 +15,9 @@ namespace qlora {
 
 struct PlanResult {
   PlanRequest req;                 // normalized
+  // The engine's options for it, resolved once (model_plan_options): GEMM dtype, auto MLP tile.
+  // Sharding fsdp: the last rank's.
+  ModelPlanOptions options;
   MemoryPlan replica;              // one model replica's buffers (engine buffers + full fine-tune state)
   MemoryPlan plan;                 // one GPU's buffers after sharding, with the overhead lines
   std::map<MemCategory, int64_t> categories;  // device bytes per category (all eight present)

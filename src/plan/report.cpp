@@ -41,12 +41,13 @@ std::string method_text(const PlanRequest& r) {
   return m;
 }
 
-std::string shape_text(const PlanRequest& r) {
+std::string shape_text(const PlanResult& p) {
+  const PlanRequest& r = p.req;
   std::string s = "micro-batch " + std::to_string(r.micro_batch) + " x " + std::to_string(r.seq_len) +
                   " tokens, grad-accum " + std::to_string(r.grad_accum) + ", packing " + (r.packing ? "on" : "off");
   if (r.avg_doc_len > 0) s += " (examples ~" + std::to_string(r.avg_doc_len) + " tokens)";
   s += std::string(", checkpointing ") + checkpointing_name(r.checkpointing);
-  if (const int64_t tile = model_plan_options(r).mlp_tile; tile > 0)
+  if (const int64_t tile = p.options.mlp_tile; tile > 0)
     s += " (MLP in tiles of " + std::to_string(tile) + (r.mlp_tile > 0 ? " tokens)" : " tokens, auto)");
   s += ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " + optimizer_dtype_name(r.optimizer_dtype) + ", GEMMs " +
        gemm_dtype_name(r.gemm_dtype);
@@ -79,7 +80,8 @@ std::string seconds(double s) {
   return fmt_fixed(s, 3) + " s";
 }
 
-json request_json(const PlanRequest& r) {
+json request_json(const PlanResult& p) {
+  const PlanRequest& r = p.req;
   return {{"model", label(r)},
           {"params", r.model.n_params()},
           {"method", method_name(r.method)},
@@ -96,7 +98,7 @@ json request_json(const PlanRequest& r) {
           {"avg_doc_len", r.avg_doc_len},
           {"checkpointing", checkpointing_name(r.checkpointing)},
           {"ce_chunk", r.ce_chunk},
-          {"mlp_tile", model_plan_options(r).mlp_tile},  // resolved: 0 untiled
+          {"mlp_tile", p.options.mlp_tile},  // resolved: 0 untiled
           {"sharding", sharding_name(r.sharding)},
           {"gpus_per_node", r.topo.gpus_per_node},
           {"nodes", r.topo.nodes},
@@ -128,7 +130,7 @@ std::string plan_text(const PlanResult& p, const ReportOptions& o) {
   std::string t;
   t += "qlora plan: " + label(r) + " (" + fmt_params(double(r.model.n_params())) + "), " + method_text(r) + "\n";
   t += "  device: " + topo_text(r) + " [" + gpu_text(r.gpu) + "]\n";
-  t += "  shape:  " + shape_text(r) + "\n\n";
+  t += "  shape:  " + shape_text(p) + "\n\n";
 
   t += "memory per GPU\n";
   for (const auto& [c, b] : p.categories) {
@@ -255,7 +257,7 @@ json plan_json(const PlanResult& p, const ReportOptions& o) {
             {"memory_traffic_bytes", traffic},
             {"comm_bytes", comm},
             {"per_rank_bytes", p.per_rank_bytes},
-            {"request", request_json(p.req)},
+            {"request", request_json(p)},
             {"gpu", gpu_json(p.req.gpu)},
             {"assumptions", {{"measured", plan_assumptions().measured}, {"notes", describe_assumptions(plan_assumptions())}}},
             {"warnings", p.warnings},
@@ -322,7 +324,7 @@ json fit_json(const FitReport& f) {
 std::string compare_text(const std::vector<PlanResult>& plans) {
   if (plans.empty()) return "";
   const PlanRequest& r0 = plans[0].req;
-  std::string t = "qlora plan --compare: " + label(r0) + ", " + method_text(r0) + "\n  " + shape_text(r0) + "\n\n";
+  std::string t = "qlora plan --compare: " + label(r0) + ", " + method_text(r0) + "\n  " + shape_text(plans[0]) + "\n\n";
   const size_t w = 16;
   auto row = [&](const std::string& name, auto cell) {
     std::string line = "  " + pad(name, 22);

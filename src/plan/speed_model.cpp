@@ -40,7 +40,8 @@ double collective_seconds(double bytes, double factor, const Topology& topo, con
   return t;
 }
 
-SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, const PlanAssumptions& a) {
+SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts, const MemoryPlan& replica,
+                             const PlanAssumptions& a) {
   const LlamaConfig& c = r.model;
   const bool full = r.method == Method::Full;
   const bool recompute = recomputes(r.checkpointing);
@@ -81,9 +82,9 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
   const FlopCounts& f = e.per_token;
   const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base + f.reference.base;
   // The engine's FP8/FP4 base GEMMs (an fp8 base with --gemm-dtype fp8, an NVFP4/MXFP4 base with
-  // fp4: model_plan_options' resolved gemm_dtype) cover the forward and its recompute; the
+  // fp4: the resolved gemm_dtype) cover the forward and its recompute; the
   // backward's dy W runs in bf16 on the dequantized layer.
-  const GemmDtype gemm = model_plan_options(r).gemm_dtype;
+  const GemmDtype gemm = opts.gemm_dtype;
   const bool lowp_base_gemm = gemm != GemmDtype::Bf16;
   const double bf16_base = lowp_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
   const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.reference.head + f.fwd.lora + f.bwd.lora +
@@ -227,7 +228,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const MemoryPlan& replica, co
         // prepare_layer): into two slots like the dequantization's, so as often, 2L - 4 layers
         // per micro-step in steady state (the forward's last two and the backward's first two
         // are reused), whatever the GEMM dtype.
-        const double blob = double(layer_base_blob(c, model_plan_options(r)).total);
+        const double blob = double(layer_base_blob(c, opts).total);
         add("all-gather base layers (per micro-step)", blob, 1,
             (double(dequant_layers_per_micro_step(c.n_layer)) + (fo.reference ? double(c.n_layer) : 0.0)) * ga);
         break;

@@ -33,8 +33,9 @@ struct SpeedEstimate {
   std::vector<std::pair<std::string, double>> comm_bytes;    // per GPU per step, by collective
 };
 
-// `req` must be normalized; `replica` is one model replica's plan (before sharding).
-SpeedEstimate estimate_speed(const PlanRequest& req, const MemoryPlan& replica,
+// `req` must be normalized; `opts` its resolved engine options (PlanResult::options); `replica`
+// is one model replica's plan (before sharding).
+SpeedEstimate estimate_speed(const PlanRequest& req, const ModelPlanOptions& opts, const MemoryPlan& replica,
                              const PlanAssumptions& a = plan_assumptions());
 
 // Seconds for a collective over `bytes` (the full tensor) on `topo`: ring inside the node, then

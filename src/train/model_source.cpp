@@ -54,7 +54,7 @@ static void attach_tokenizer(ModelSource& src, std::shared_ptr<const Tokenizer> 
 // A multimodal checkpoint's text model (LlamaConfig::multimodal): the engine's names ("model.X",
 // "lm_head.weight") under the prefix the file uses: "language_model.model.X", as the Hub's
 // Gemma 3 checkpoints and transformers' save_pretrained write them, or "model.language_model.X".
-static TensorSource text_model_source(TensorSource in) {
+static TensorSource text_model_source(const TensorSource& in) {
   auto name = [has = in.has](const std::string& n) {
     const std::vector<std::string> cand =
         n.rfind("model.", 0) == 0 ? std::vector<std::string>{"language_model." + n, "model.language_model." + n.substr(6)}
@@ -63,16 +63,7 @@ static TensorSource text_model_source(TensorSource in) {
       if (has(c)) return c;
     return cand.front();  // absent: the source's error names the expected tensor
   };
-  TensorSource out = in;
-  out.description = in.description + " (its text model)";
-  out.has = [name, has = in.has](const std::string& n) { return has(name(n)); };
-  out.read_f32 = [name, read = in.read_f32](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
-    read(name(n), shape, dst);
-  };
-  if (in.read_quantized)
-    out.read_quantized = [name, read = in.read_quantized](const std::string& n, int64_t rows, int64_t cols,
-                                                          QuantizedTensor& q) { return read(name(n), rows, cols, q); };
-  return out;
+  return renamed_source(in, name, in.description + " (its text model)");
 }
 
 static ModelSource open_hf_dir(const std::string& path) {
@@ -86,12 +77,12 @@ static ModelSource open_hf_dir(const std::string& path) {
   src.tensors.has = [ar](const std::string& n) { return ar->has(n); };
   src.tensors.read_f32 = [ar](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
     ar->read_f32(n, dst, shape);
+    ar->release_pages(n);  // copied: the mapped pages need not stay beside the copy
   };
   // Pre-quantized checkpoints (bitsandbytes 4-bit, `qlora quantize` output) name their layout in config.json.
   if (auto cq = read_checkpoint_quant(read_json_file(path + "/config.json"), *ar, path + "/config.json"))
     src.tensors = quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
                                                            quant_format_name(cq->params.format) + ")");
-  src.tensors.release_pages = [ar] { ar->release_pages(); };
   if (!src.config.multimodal.empty()) src.tensors = text_model_source(src.tensors);
   std::shared_ptr<const Tokenizer> tok;
   if (fs::exists(path + "/tokenizer.json"))
@@ -120,8 +111,8 @@ static ModelSource open_gguf(const std::string& path) {
     if (got != shape)
       fail(ErrorKind::Shape, path + ": tensor '" + n + "'", "has shape " + shape_str(got) + ", expected " + shape_str(shape));
     gguf_read_hf_tensor(*g, cfg, n, dst);
+    g->release_pages(hf_to_gguf_name(n));  // copied: the mapped pages need not stay beside the copy
   };
-  src.tensors.release_pages = [g] { g->release_pages(); };
   attach_tokenizer(src, std::make_shared<const Tokenizer>(Tokenizer::from_gguf(*g)), "GGUF vocabulary", path);
   return src;
 }

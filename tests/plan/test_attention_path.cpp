@@ -43,7 +43,7 @@ TEST(AttentionPath, SpeedModelUsesThePathsEfficiency) {
   for (const char* g : {"a100", "h100"}) {
     PlanRequest r = request(g);
     const PlanResult p = make_plan(r);
-    const SpeedEstimate s = estimate_speed(p.req, p.replica, slow_own);
+    const SpeedEstimate s = estimate_speed(p.req, p.options, p.replica, slow_own);
     const bool own = std::string(g) == "a100";
     EXPECT_NEAR(s.t_attn / p.speed.t_attn, own ? 2.0 : 1.0, 1e-9) << g;
     EXPECT_EQ(p.speed.attention_path, own ? "own flash-attention kernel (mma.sync)" : "cuDNN fused attention (sm_90/sm_100)");

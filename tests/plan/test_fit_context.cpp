@@ -57,7 +57,7 @@ TEST(FitContext, AutoMlpTileShrinksWhereTheDefaultNoLongerFits) {
   const PlanResult p = make_plan(r);
   EXPECT_TRUE(p.fits);
   EXPECT_FALSE(make_plan(forced).fits);
-  const int64_t tile = model_plan_options(p.req).mlp_tile;
+  const int64_t tile = p.options.mlp_tile;
   EXPECT_LT(tile, kAutoMlpTileTokens);
   EXPECT_GE(tile, kMinAutoMlpTileTokens);
   EXPECT_LE(p.plan.find("act.cur.gate")->shape[0], tile);
