@@ -119,6 +119,18 @@ def variant_configs():
                             pad_token_id=0, original_max_position_embeddings=64,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                  1011, "legacy"),
+        # Phi-3.5-mini / Phi-4-mini's RoPE: LongRoPE over a partial rotary embedding (the first 8 of
+        # 16 dims of each head, Phi-4-mini's partial_rotary_factor scaled down), pretrained on 8
+        # positions and stretched to 64: the 12-token rows rotate with the long factors, the first
+        # 8 tokens alone (short_logits) with the short ones; cos and sin times sqrt(1 + ln 8 / ln 8).
+        # config.json as the Hub's Phi files have it: partial_rotary_factor and
+        # original_max_position_embeddings at the top level, rope_scaling with type "longrope".
+        "phi3_longrope": (Phi3Config(**DIMS, num_key_value_heads=2, tie_word_embeddings=False, sliding_window=None,
+                                     pad_token_id=0, original_max_position_embeddings=8, partial_rotary_factor=0.5,
+                                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                      "short_factor": [1.0, 1.3, 2.1, 3.7],
+                                                      "long_factor": [1.5, 4.0, 11.0, 27.0]}),
+                          1019, "hub_phi"),
         # Mixture of experts: 16 experts of 32, two per token (softmax, top-2, renormalised), so
         # over the fixture's 24 tokens some experts get several tokens and some none.
         "mixtral": (MixtralConfig(**{**DIMS, "intermediate_size": 32}, num_key_value_heads=2, num_local_experts=16,
@@ -138,7 +150,8 @@ def variant_configs():
 # PEFT's target module names where a family fuses projections, and PEFT's all-linear in the
 # mixture-of-experts families (their experts are stacked parameters, not Linear modules).
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral": ATTENTION,
+FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+                 "phi3_longrope": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral": ATTENTION,
                  "qwen3_moe": ATTENTION,
                  # the language model's projections, not the vision tower's q/k/v (PEFT: re.fullmatch)
                  "gemma3_mm": r".*language_model.*\.(" + "|".join(TARGETS) + ")"}
@@ -186,9 +199,14 @@ def rewrite_config(model_dir, style):
     path = os.path.join(model_dir, "config.json")
     with open(path) as f:
         cfg = json.load(f)
-    if style == "legacy":
+    if style in ("legacy", "hub_phi"):
         rope = dict(cfg.pop("rope_parameters"))
         cfg["rope_theta"] = rope.pop("rope_theta")
+        if style == "hub_phi":  # Phi-3.5/Phi-4-mini: these two at the top level, the scaling's type as "type"
+            for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+                if key in rope:
+                    cfg[key] = rope.pop(key)
+            rope["type"] = rope.pop("rope_type")
         cfg["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
         cfg["torch_dtype"] = cfg.pop("dtype")  # the spelling of transformers 4.x checkpoints
     cfg.pop("transformers_version", None)  # keeps regenerated files identical across versions
@@ -351,6 +369,13 @@ def make_variant(name, config, seed, style):
     torch.testing.assert_close(res.loss, lsum / n)
     out["logits"] = res.logits.contiguous()
     out["loss"] = res.loss.reshape(1)
+    rope = model.config.rope_parameters
+    if rope.get("rope_type") == "longrope":  # positions within the original context: the short factors
+        short = rope["original_max_position_embeddings"]
+        assert short < T
+        with torch.no_grad():
+            out["short_logits"] = model(input_ids=ids[:, :short]).logits.contiguous()
+        assert float((out["short_logits"] - res.logits[:, :short]).abs().max()) > 1e-3  # the factors matter
 
     if name == "llama_gqa":  # same weights as llama_gqa, in >= 3 shards with an index
         shard_dir = os.path.join(MODELS, "llama_gqa_sharded")

@@ -89,13 +89,18 @@ struct RmsnormBwdArgs {
   float w_offset = 0.0f;
 };
 
-// In-place rotary embedding, Hugging Face "rotate_half" layout: dims i and i+D/2 form a pair.
-// x (N, n_head, D); positions (N); inv_freq (D/2) F32 (already includes rope scaling).
-// fwd rotates by +pos*inv_freq; bwd applies the inverse rotation to a gradient in place.
+// In-place rotary embedding, Hugging Face "rotate_half" layout over the first R = rotary_dim dims
+// of each head (0: R = D): dims i and i+R/2 form a pair, dims from R on pass unchanged.
+// x (N, n_head, D); positions (N); inv_freq (R/2) F32 (already includes rope scaling).
+// fwd: x_rot <- scale (x_rot cos + rotate_half(x_rot) sin), angle pos*inv_freq (scale: LongRoPE's
+// attention factor on cos and sin); bwd applies the transpose to a gradient in place.
 struct RopeArgs {
   Tensor x, inv_freq;
   const int32_t* positions = nullptr;
   int64_t n = 0, n_head = 0, head_dim = 0;
+  int64_t rotary_dim = 0;
+  float scale = 1.0f;
+  int64_t rot() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
 };
 
 // Causal attention with grouped KV heads and optional document segments for packed batches:

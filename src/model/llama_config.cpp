@@ -54,6 +54,16 @@ void LlamaConfig::validate(const std::string& where) const {
   if (!(rope_theta > 0)) fail(ErrorKind::Config, where + ": key 'rope_theta'", "must be positive");
   if (rope_scaling.type != "none" && !(rope_scaling.factor > 0))
     fail(ErrorKind::Config, where + ": key 'rope_scaling.factor'", "must be positive");
+  if (rotary_dim != 0 && (rotary_dim < 2 || rotary_dim > head_dim || rotary_dim % 2 != 0))
+    fail(ErrorKind::Config, where + ": key 'partial_rotary_factor'",
+         "gives " + std::to_string(rotary_dim) + " rotary dims of head_dim " + std::to_string(head_dim) +
+             "; RoPE needs an even number of them, at most head_dim");
+  if (rope_scaling.type == "longrope")
+    for (const auto* f : {&rope_scaling.short_factor, &rope_scaling.long_factor})
+      if (int64_t(f->size()) != rope_dim() / 2)
+        fail(ErrorKind::Config, where + ": key 'rope_scaling." + (f == &rope_scaling.short_factor ? "short" : "long") + "_factor'",
+             "has " + std::to_string(f->size()) + " entries; LongRoPE needs one per rotary frequency (" +
+                 std::to_string(rope_dim() / 2) + ")");
   if (rope_scaling.type == "llama3") {
     if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) || !(rope_scaling.low_freq_factor > 0))
       fail(ErrorKind::Config, where + ": key 'rope_scaling'", "llama3 scaling needs 0 < low_freq_factor < high_freq_factor");
@@ -98,8 +108,25 @@ static int64_t token_id(const json& j, const char* key, const std::string& where
   return json_int(j, key, where);
 }
 
+// A list of positive numbers (LongRoPE's short_factor / long_factor).
+static std::vector<double> positive_numbers(const json& obj, const char* key, const std::string& sub) {
+  const json* v = json_find(obj, key);
+  if (!v || !v->is_array())
+    fail(ErrorKind::Config, sub + ": key '" + key + "'", "LongRoPE needs a list of numbers");
+  std::vector<double> out;
+  for (size_t i = 0; i < v->size(); i++) {
+    const json& x = (*v)[i];
+    if (!x.is_number() || !(x.get<double>() > 0))
+      fail(ErrorKind::Config, sub + ": key '" + std::string(key) + "[" + std::to_string(i) + "]'",
+           "expected a positive number, got " + x.dump());
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
+
+// `allow_longrope`: the families whose parse resolves LongRoPE afterwards (resolve_longrope).
 static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, const std::string& where,
-                                      bool allow_yarn = false) {
+                                      bool allow_yarn = false, bool allow_longrope = false) {
   RopeScaling r;
   const std::string kw = where + ": key '" + key + "'";
   if (!rs.is_object()) fail(ErrorKind::Config, kw, std::string("expected an object or null, got ") + json_type_name(rs));
@@ -115,6 +142,14 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
     r.type = "yarn";
     r.factor = json_number(rs, "factor", sub);
     r.original_max_position_embeddings = json_int_or(rs, "original_max_position_embeddings", 4096, sub);
+  } else if (type == "longrope" && allow_longrope) {
+    r.type = "longrope";
+    r.short_factor = positive_numbers(rs, "short_factor", sub);
+    r.long_factor = positive_numbers(rs, "long_factor", sub);
+    // Resolved against the config's other keys by resolve_longrope: 0 = not in this object.
+    r.factor = json_number_or(rs, "factor", 0.0, sub);
+    r.attention_factor = json_number_or(rs, "attention_factor", 0.0, sub);
+    r.original_max_position_embeddings = json_int_or(rs, "original_max_position_embeddings", 0, sub);
   } else if (type == "llama3") {
     r.type = "llama3";
     r.factor = json_number(rs, "factor", sub);
@@ -123,9 +158,30 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
     r.original_max_position_embeddings = json_int(rs, "original_max_position_embeddings", sub);
   } else {
     fail(ErrorKind::Unsupported, where + ": key '" + key + ".rope_type'", "RoPE scaling '" + type + "' is not supported",
-         "supported: linear, llama3 (or none)");
+         std::string("supported: linear, llama3") + (allow_longrope ? ", longrope" : "") + " (or none)");
   }
   return r;
+}
+
+// LongRoPE as transformers resolves it (modeling_rope_utils: standardize_rope_params and
+// _compute_longrope_parameters): original_max_position_embeddings from the top level of the
+// config (Phi-3 writes it there) before the RoPE object's, else max_position_embeddings; factor,
+// when the object has none, max_position_embeddings over it; attention_factor, when the object
+// has none, sqrt(1 + ln(factor) / ln(original)) for factor > 1, else 1.
+static void resolve_longrope(const json& j, LlamaConfig& c, const std::string& where) {
+  RopeScaling& r = c.rope_scaling;
+  if (r.type != "longrope") return;
+  if (json_find(j, "original_max_position_embeddings"))
+    r.original_max_position_embeddings = json_int(j, "original_max_position_embeddings", where);
+  else if (r.original_max_position_embeddings <= 0)
+    r.original_max_position_embeddings = c.max_position_embeddings;
+  if (r.original_max_position_embeddings <= 0)
+    fail(ErrorKind::Config, where + ": key 'original_max_position_embeddings'", "must be positive");
+  if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / double(r.original_max_position_embeddings);
+  if (r.attention_factor <= 0)
+    r.attention_factor = r.factor <= 1.0 ? 1.0
+                                         : std::sqrt(1.0 + std::log(r.factor) /
+                                                               std::log(double(r.original_max_position_embeddings)));
 }
 
 // layer_types as transformers reads them: one "sliding_attention" / "full_attention" per layer.
@@ -219,8 +275,9 @@ static void parse_gemma(const json& j, LlamaConfig& c, const std::string& where)
   c.rope_local_theta = local_theta;
 }
 
-// Phi-3 / Phi-4 (Phi3Config): fused qkv_proj and gate_up_proj; the dropouts it applies in training
-// mode and partial rotary embeddings (Phi-4-mini) are refused, as is LongRoPE (by its rope_type).
+// Phi-3 / Phi-4 (Phi3Config): fused qkv_proj and gate_up_proj; rotary embeddings on the first
+// int(head_dim * partial_rotary_factor) dims of each head (Phi-4-mini: 0.75), the key at the top
+// level or in the RoPE object; the dropouts it applies in training mode are refused.
 static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) {
   c.fused_qkv = c.fused_gate_up = true;
   for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"})
@@ -228,11 +285,12 @@ static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) 
       fail(ErrorKind::Unsupported, where + ": key '" + std::string(key) + "'",
            "dropout inside the base model is not implemented (LoRA dropout is lora_dropout)", "set it to 0.0");
   double partial = json_number_or(j, "partial_rotary_factor", 1.0, where);
-  if (const json* rp = json_find(j, "rope_parameters"); rp && rp->is_object())
-    partial = json_number_or(*rp, "partial_rotary_factor", partial, where + ": rope_parameters");
-  if (partial != 1.0)
-    fail(ErrorKind::Unsupported, where + ": key 'partial_rotary_factor'",
-         "rotary embeddings on part of each head are not implemented (Phi-4-mini)");
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (const json* rp = json_find(j, key); rp && rp->is_object())
+      partial = json_number_or(*rp, "partial_rotary_factor", partial, where + ": " + key);
+  if (!(partial > 0 && partial <= 1))
+    fail(ErrorKind::Config, where + ": key 'partial_rotary_factor'", "must be in (0, 1], got " + std::to_string(partial));
+  if (partial != 1.0) c.rotary_dim = int64_t(double(c.head_dim) * partial);  // transformers: int(head_dim * factor)
   if (json_bool_or(j, "attention_bias", false, where))
     fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "phi3 attention biases are not supported");
 }
@@ -408,11 +466,13 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   // rope_theta + rope_scaling.
   if (const json* rp = json_find(j, "rope_parameters")) {
     c.rope_theta = json_number_or(*rp, "rope_theta", json_number_or(j, "rope_theta", 10000.0, where), where + ": rope_parameters");
-    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where);
+    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where, false, true);
   } else {
     c.rope_theta = json_number_or(j, "rope_theta", 10000.0, where);
-    if (const json* rs = json_find(j, "rope_scaling")) c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where);
+    if (const json* rs = json_find(j, "rope_scaling"); rs && !rs->is_null())
+      c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where, false, true);
   }
+  resolve_longrope(j, c, where);
 
   if (phi3) parse_phi3(j, c, where);
   if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(j, c, where);
@@ -475,7 +535,7 @@ struct Preset {
   const char* model_type;
   int64_t V, C, F, L, H, KV, head_dim, max_pos;
   double eps, theta;
-  const char* rope;  // "none" | "linear" | "llama3"
+  const char* rope;  // "none" | "linear" | "llama3" | "longrope" | "yarn"
   double rope_factor;
   bool tie;
   int64_t bos, eos;
@@ -516,6 +576,9 @@ const Preset kPresets[] = {
   // Phi: qkv_proj and gate_up_proj fused; Phi-3-mini-4k slides a window of 2047 keys on every layer.
   {"phi-3-mini-4k",  "microsoft/Phi-3-mini-4k-instruct",       "phi3",    32064,  3072,  8192,  32,  32, 32, 96,  4096,   1e-5, 10000,   "none",   1,   false, 1,      32000,  "bfloat16"},
   {"phi-4",          "microsoft/phi-4",                        "phi3",    100352, 5120,  17920, 40,  40, 10, 128, 16384,  1e-5, 250000,  "none",   1,   false, 100257, 100265, "bfloat16"},
+  // LongRoPE from 4,096 positions; Phi-4-mini rotates 96 of each head's 128 dims (partial_rotary_factor 0.75).
+  {"phi-3.5-mini",   "microsoft/Phi-3.5-mini-instruct",        "phi3",    32064,  3072,  8192,  32,  32, 32, 96,  131072, 1e-5, 10000,   "longrope", 32, false, 1,      32000,  "bfloat16"},
+  {"phi-4-mini",     "microsoft/Phi-4-mini-instruct",          "phi3",    200064, 3072,  8192,  32,  24, 8,  128, 131072, 1e-5, 10000,   "longrope", 32, true,  199999, 199999, "bfloat16"},
   // Mixture of experts: experts, experts per token and the expert's size in kMoe below.
   {"mixtral-8x7b",   "mistralai/Mixtral-8x7B-v0.1",            "mixtral", 32000,  4096,  14336, 32,  32, 8,  128, 32768,  1e-5, 1e6,     "none",   1,   false, 1,      2,      "bfloat16"},
   {"qwen3-30b-a3b",  "Qwen/Qwen3-30B-A3B",                     "qwen3_moe", 151936, 2048, 6144, 48,  32, 4,  128, 40960,  1e-6, 1e6,     "none",   1,   false, 151643, 151645, "bfloat16"},
@@ -592,6 +655,15 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_scaling.factor = p.rope_factor;
       c.rope_scaling.original_max_position_embeddings = 4096;
     }
+    if (name == "phi-4-mini") c.rotary_dim = 96;
+    if (std::string(p.rope) == "longrope") {  // the factors do not change a plan: ones stand in for them
+      c.rope_scaling.type = "longrope";
+      c.rope_scaling.factor = p.rope_factor;
+      c.rope_scaling.original_max_position_embeddings = 4096;
+      c.rope_scaling.attention_factor = std::sqrt(1.0 + std::log(p.rope_factor) / std::log(4096.0));
+      c.rope_scaling.short_factor.assign(size_t(c.rope_dim() / 2), 1.0);
+      c.rope_scaling.long_factor = c.rope_scaling.short_factor;
+    }
     if (std::string(p.rope) == "llama3") {
       c.rope_scaling.type = "llama3";
       c.rope_scaling.factor = p.rope_factor;
@@ -654,16 +726,18 @@ std::vector<float> rope_local_inv_freq(const LlamaConfig& c) {
   return rope_inv_freq(local);
 }
 
-std::vector<float> rope_inv_freq(const LlamaConfig& c) {
+std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors) {
   if (c.rope_scaling.type == "yarn")
     fail(ErrorKind::Unsupported, "model '" + c.name + "': RoPE scaling 'yarn'", "is not implemented (it is only planned)");
-  const int64_t D = c.head_dim;
+  const int64_t D = c.rope_dim();
   std::vector<float> out(size_t(D / 2));
   const RopeScaling& s = c.rope_scaling;
   const double pi = 3.14159265358979323846;
   for (int64_t i = 0; i < D / 2; i++) {
     double inv = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(D));
-    if (s.type == "linear") {
+    if (s.type == "longrope") {
+      inv /= (long_factors ? s.long_factor : s.short_factor)[size_t(i)];
+    } else if (s.type == "linear") {
       inv /= s.factor;
     } else if (s.type == "llama3") {
       // Llama 3.1: keep high frequencies, slow low frequencies by `factor`, blend in between.
@@ -680,6 +754,14 @@ std::vector<float> rope_inv_freq(const LlamaConfig& c) {
     out[size_t(i)] = float(inv);
   }
   return out;
+}
+
+float rope_attention_scale(const LlamaConfig& c) {
+  return c.rope_scaling.type == "longrope" ? float(c.rope_scaling.attention_factor) : 1.0f;
+}
+
+bool rope_uses_long_factors(const LlamaConfig& c, int64_t max_position) {
+  return c.rope_scaling.type == "longrope" && max_position + 1 > c.rope_scaling.original_max_position_embeddings;
 }
 
 json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {

@@ -11,10 +11,17 @@
 namespace qlora {
 
 struct RopeScaling {
-  std::string type = "none";  // none | linear | llama3 | yarn (gpt-oss's: planned, never trained)
+  std::string type = "none";  // none | linear | llama3 | longrope | yarn (gpt-oss's: planned, never trained)
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 8192;       // llama3
+  int64_t original_max_position_embeddings = 8192;       // llama3, longrope
+  // LongRoPE (Phi-3/3.5/4's long-context variants): each rotary frequency divided by its factor,
+  // the short ones while a forward's positions stay within original_max_position_embeddings
+  // (its largest position + 1 <= it), the long ones past it; cos and sin times attention_factor
+  // (resolved: the config's, else sqrt(1 + ln(factor) / ln(original_max_position_embeddings)),
+  // factor then max_position_embeddings / original_max_position_embeddings when the file has none).
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct LlamaConfig {
@@ -27,6 +34,10 @@ struct LlamaConfig {
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
   int64_t head_dim = 0;            // hidden_size / n_head unless config says otherwise
+  // RoPE rotates the first rotary_dim dims of each head (pairs j, j + rotary_dim/2) and passes the
+  // rest (Phi-4-mini's partial_rotary_factor 0.75: 96 of 128); 0: all of head_dim.
+  int64_t rotary_dim = 0;
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
@@ -125,8 +136,13 @@ const std::vector<std::string>& preset_names();
 bool has_preset(const std::string& name);
 LlamaConfig preset_config(const std::string& name);  // Error(Config) with closest name when unknown
 
-// RoPE inverse frequencies (head_dim/2) including linear / llama3 scaling, as transformers computes them.
-std::vector<float> rope_inv_freq(const LlamaConfig& c);
+// RoPE inverse frequencies (rope_dim()/2) including linear / llama3 scaling, as transformers computes
+// them; LongRoPE's short ones (`long_factors`: its long ones).
+std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors = false);
+// The factor RoPE multiplies cos and sin by (LongRoPE's attention_factor; 1 otherwise).
+float rope_attention_scale(const LlamaConfig& c);
+// Whether a forward whose largest position is `max_position` rotates with LongRoPE's long factors.
+bool rope_uses_long_factors(const LlamaConfig& c, int64_t max_position);
 // Those of the sliding-window layers of a model with rope_local_theta: that base, no scaling.
 std::vector<float> rope_local_inv_freq(const LlamaConfig& c);
 

@@ -168,8 +168,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
         lora_params_.push_back(lp);
       }
     }
-  std::vector<float> inv = rope_inv_freq(cfg_);
+  std::vector<float> inv = rope_inv_freq(cfg_);  // LongRoPE: the short factors until a batch needs the long
   be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
+  rope_long_ = false;
+  rope_scale_ = rope_attention_scale(cfg_);
   if (cfg_.rope_local_theta > 0) {
     inv = rope_local_inv_freq(cfg_);
     be_.copy_to_device(arena_->raw("rope.inv_freq_local"), inv.data(), inv.size() * 4);
@@ -706,6 +708,16 @@ void LlamaModel::upload_batch(const Batch& batch) {
   d_tokens_ = up("batch.tokens", batch.tokens);
   d_targets_ = up("batch.targets", batch.targets);
   d_positions_ = up("batch.positions", batch.positions);
+  // LongRoPE rotates a forward with the long factors when its positions pass the original
+  // context (transformers: max(position_ids) + 1 > original_max_position_embeddings), else the short.
+  if (cfg_.rope_scaling.type == "longrope" && !batch.positions.empty()) {
+    const int64_t max_pos = *std::max_element(batch.positions.begin(), batch.positions.end());
+    if (const bool want = rope_uses_long_factors(cfg_, max_pos); want != rope_long_) {
+      const std::vector<float> inv = rope_inv_freq(cfg_, want);
+      be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
+      rope_long_ = want;
+    }
+  }
   d_seg_ = up("batch.seg", batch.seg);
   n_docs_ = 0;
   for (int64_t i = 0; i < int64_t(batch.seg.size()); i++)
@@ -764,8 +776,8 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
     be_.rmsnorm_fwd({as_matrix(a.q, hq, D), a.rstd_q, as_matrix(a.q_raw, hq, D), L.q_norm_w, hq, D, eps, w_off});
     be_.rmsnorm_fwd({as_matrix(a.k, hk, D), a.rstd_k, as_matrix(a.k_raw, hk, D), L.k_norm_w, hk, D, eps, w_off});
   }
-  be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
-  be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
+  be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
+  be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   const float scale = cfg_.attn_scale();
   be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
                      scale, t_kv, n_docs_, cfg_.window_of(l), float(cfg_.attn_logit_softcapping)});
@@ -1003,8 +1015,8 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
                      cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l),
                      float(cfg_.attn_logit_softcapping)});  // dq, dk, dv =
-  be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim});
-  be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim});
+  be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
+  be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
   // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward).
   const bool dx = l > 0;

@@ -243,6 +243,8 @@ class LlamaModel {
   std::vector<uint8_t> gather_host_, shard_host_;  // off the CPU: host staging of one gather
   bool decoding_ = false;           // forward() is a decode() chunk: k/v live in the KV cache
   int64_t kv_pos_ = 0;              // positions in the KV cache
+  bool rope_long_ = false;          // rope.inv_freq holds LongRoPE's long factors (else the short)
+  float rope_scale_ = 1.0f;         // cos/sin factor (rope_attention_scale)
   std::vector<Tensor> kv_k_, kv_v_;  // per layer (kv_cache_tokens, kv_dim); empty without a cache
   std::vector<float> decode_logits_;  // (V) after the last decoded token
   bool adapters_on_ = true;         // set_adapters_enabled

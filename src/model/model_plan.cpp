@@ -218,8 +218,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // and the loss run on those rows only.
   for (const char* b : {"batch.tokens", "batch.targets", "batch.positions", "batch.seg", "batch.label_rows", "batch.label_targets"})
     plan.add(b, MC::Activations, DType::I32, {N}, Lifetime::Step);
-  plan.add("rope.inv_freq", MC::Workspace, DType::F32, {c.head_dim / 2});
-  if (c.rope_local_theta > 0) plan.add("rope.inv_freq_local", MC::Workspace, DType::F32, {c.head_dim / 2});
+  plan.add("rope.inv_freq", MC::Workspace, DType::F32, {c.rope_dim() / 2});
+  if (c.rope_local_theta > 0) plan.add("rope.inv_freq_local", MC::Workspace, DType::F32, {c.rope_dim() / 2});
 
   // Cross-entropy works one chunk of tokens at a time: never the full (N,V) logits.
   const int64_t chunk = std::min(o.ce_chunk, N);

@@ -155,16 +155,17 @@ TEST(CpuOps, rmsnorm_bwd_ParallelPathIsRaceFree) {
   EXPECT_EQ(dw1, dw3);
 }
 
-// Rotation with the angle rounded to f32 first (HF's recipe), the rest in double.
+// Rotation with the angle rounded to f32 first (HF's recipe), the rest in double: the first `rot`
+// dims of each head (0: all), cos and sin times `scale`.
 std::vector<double> rope_ref(const Vec& x, const Vec& inv_freq, const std::vector<int32_t>& pos, int64_t n,
-                             int64_t h, int64_t d) {
+                             int64_t h, int64_t d, int64_t rot = 0, double scale = 1.0) {
   std::vector<double> out(x.begin(), x.end());
-  const int64_t half = d / 2;
+  const int64_t half = (rot > 0 ? rot : d) / 2;
   for (int64_t i = 0; i < n; i++)
     for (int64_t hh = 0; hh < h; hh++)
       for (int64_t j = 0; j < half; j++) {
         const float ang = float(pos[size_t(i)]) * inv_freq[size_t(j)];
-        const double c = std::cos(double(ang)), s = std::sin(double(ang));
+        const double c = scale * std::cos(double(ang)), s = scale * std::sin(double(ang));
         const size_t o = size_t((i * h + hh) * d + j);
         out[o] = x[o] * c - double(x[o + size_t(half)]) * s;
         out[o + size_t(half)] = double(x[o + size_t(half)]) * c + x[o] * s;
@@ -222,6 +223,35 @@ TEST(CpuOps, rope_bwd_InverseRotationMatchesFiniteDifferences) {
   be->rope_fwd({view(z, {n, h, d}), view(inv_freq, {d / 2}), pos.data(), n, h, d});
   be->rope_bwd({view(z, {n, h, d}), view(inv_freq, {d / 2}), pos.data(), n, h, d});
   expect_close(z, x, 1e-6, 1e-6, "rope bwd(fwd(x))");
+}
+
+// Phi-4-mini's partial rotary (the first 10 of 16 dims here; pairs j, j + 5) with LongRoPE's
+// attention factor on cos and sin: the rotated dims match the naive rotation, the others pass
+// unchanged, and the backward is the forward's transpose (finite differences).
+TEST(CpuOps, rope_PartialRotaryWithAttentionFactorMatchesNaiveAndFiniteDifferences) {
+  auto be = cpu();
+  Rng rng(16);
+  const int64_t n = 6, h = 3, d = 16, rot = 10;
+  const float scale = 1.19024f;
+  Vec inv_freq = {1.0f, 0.4f, 0.13f, 0.05f, 0.011f};
+  std::vector<int32_t> pos = {0, 3, 9, 1, 17, 40};
+  Vec x = randn(rng, size_t(n * h * d)), y = x;
+  be->rope_fwd({view(y, {n, h, d}), view(inv_freq, {rot / 2}), pos.data(), n, h, d, rot, scale});
+  expect_close(y, rope_ref(x, inv_freq, pos, n, h, d, rot, scale), 1e-6, 1e-6, "partial rope vs naive");
+  for (int64_t t = 0; t < n * h; t++)
+    for (int64_t j = rot; j < d; j++) EXPECT_EQ(y[size_t(t * d + j)], x[size_t(t * d + j)]) << "dim " << j << " passes";
+  EXPECT_NEAR(y[size_t(0)], scale * x[size_t(0)], 1e-6) << "position 0: cos 1 times the factor";
+  Vec w = randn(rng, x.size()), grad = w;
+  be->rope_bwd({view(grad, {n, h, d}), view(inv_freq, {rot / 2}), pos.data(), n, h, d, rot, scale});
+  Vec z(x.size());
+  auto loss = [&] {
+    z = x;
+    be->rope_fwd({view(z, {n, h, d}), view(inv_freq, {rot / 2}), pos.data(), n, h, d, rot, scale});
+    return weighted_sum(w, z);
+  };
+  expect_grad_matches_fd("partial rope dx", x, grad, loss, 1e-2f, 1e-4, 1e-4);
+  Vec odd = x;  // an odd rotary count has no pairs
+  EXPECT_THROW(be->rope_fwd({view(odd, {n, h, d}), view(inv_freq, {2}), pos.data(), n, h, d, 5, 1.0f}), Error);
 }
 
 TEST(CpuOps, rope_fwd_RejectsOddHeadDim) {

@@ -284,16 +284,19 @@ void run_rope(Backend& cu, bool bwd) {
   pos[0] = 0;
   Vec inv(static_cast<size_t>(d / 2));
   for (int64_t j = 0; j < d / 2; j++) inv[size_t(j)] = float(1.0 / std::pow(500000.0, double(2 * j) / double(d)));
+  // Every dim rotated; then Phi-4-mini's partial rotary (96 of 128) with a LongRoPE attention factor.
   for (int64_t h : {small_shapes() ? int64_t(4) : int64_t(32), int64_t(8)}) {
     for (DType dt : {BF, F32}) {
+      const int64_t rot = h == 8 ? 96 : d;
+      const float scale = h == 8 ? 1.19024f : 1.0f;
       Vec x = randn(42 + uint64_t(h), size_t(n * h * d));
       if (dt == BF) x = round_bf16(std::move(x));
       Vec ref = x;
-      RopeArgs ra{f32_view(ref.data(), {n, h, d}), f32_view(inv.data(), {d / 2}), pos.data(), n, h, d};
+      RopeArgs ra{f32_view(ref.data(), {n, h, d}), f32_view(inv.data(), {rot / 2}), pos.data(), n, h, d, rot, scale};
       bwd ? cpu()->rope_bwd(ra) : cpu()->rope_fwd(ra);
       DBuf dx(cu, dt, x), di(cu, F32, inv), dp(cu, DType::I32, n);
       dp.upload_i32(pos);
-      RopeArgs ga{dx.t({n, h, d}), di.t({d / 2}), dp.i32(), n, h, d};
+      RopeArgs ga{dx.t({n, h, d}), di.t({rot / 2}), dp.i32(), n, h, d, rot, scale};
       bwd ? cu.rope_bwd(ga) : cu.rope_fwd(ga);
       // cos/sin of the same f32 angle agree to ~1e-7; then one bf16 rounding of each output.
       expect_close(std::string(bwd ? "rope_bwd " : "rope_fwd ") + dtype_name(dt), dx.download(), ref,

@@ -371,6 +371,13 @@ TEST(CudaEmuTraining, Phi3FusedModulesMatchTheCpu) {
   compare_generation("qlora", "nf4", "phi3");
 }
 
+// Phi-3.5/Phi-4-mini's RoPE: LongRoPE (the long factors past 8 positions) on the first 8 of 16
+// dims of each head, cos and sin times the attention factor; generation crosses the 8 positions.
+TEST(CudaEmuTraining, Phi3LongRopePartialRotaryMatchesTheCpu) {
+  compare_gradients("qlora", "nf4", "full", 10.0 / 256, "phi3_longrope");
+  compare_generation("lora", "", "phi3_longrope");
+}
+
 // The experts every layer chose for each token's choices, after a forward of `batch`.
 std::vector<int32_t> routing(LlamaModel& m, const Batch& batch) {
   m.forward_loss(batch);

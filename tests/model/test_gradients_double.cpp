@@ -89,18 +89,20 @@ struct RefModel {
     return y;
   }
 
-  // Rotate-half RoPE over each head of q (n, heads*hd), position p of row i.
+  // Rotate-half RoPE over the first rope_dim() dims of each head of q (n, heads*hd), position p of
+  // row i, cos and sin times the LongRoPE attention factor.
   void rope(Mat& q, int64_t n, int64_t heads, const std::vector<int32_t>& pos, bool local) const {
     const std::vector<double>& inv_freq = local ? inv_freq_local : this->inv_freq;
-    const int64_t hd = c.head_dim, half = hd / 2;
+    const int64_t hd = c.head_dim, half = c.rope_dim() / 2;
+    const double m = rope_attention_scale(c);
     for (int64_t i = 0; i < n; i++)
       for (int64_t h = 0; h < heads; h++) {
         double* v = q.data() + (i * heads + h) * hd;
         for (int64_t k = 0; k < half; k++) {
           const double a = double(pos[size_t(i)]) * inv_freq[size_t(k)];
           const double x1 = v[k], x2 = v[k + half];
-          v[k] = x1 * std::cos(a) - x2 * std::sin(a);
-          v[k + half] = x2 * std::cos(a) + x1 * std::sin(a);
+          v[k] = m * (x1 * std::cos(a) - x2 * std::sin(a));
+          v[k + half] = m * (x2 * std::cos(a) + x1 * std::sin(a));
         }
       }
   }
@@ -274,7 +276,7 @@ void check_model(const std::string& variant, size_t stride) {
   RefModel ref;
   ref.c = cfg;
   ref.lora_scale = double(spec.scale());
-  for (float f : rope_inv_freq(cfg)) ref.inv_freq.push_back(double(f));
+  for (float f : rope_inv_freq(cfg, rope_uses_long_factors(cfg, 9 - 1))) ref.inv_freq.push_back(double(f));
   if (cfg.rope_local_theta > 0)
     for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
   SafetensorsArchive ar(fixtures() + "/models/" + variant);
@@ -428,6 +430,9 @@ TEST(LoraGradientsDouble, Gemma3) { check_model("gemma3", 3); }
 // Phi-3 layout: fused qkv_proj and gate_up_proj, each one adapter (A shared by the fused outputs),
 // a sliding window of 5 on every layer; every third parameter.
 TEST(LoraGradientsDouble, Phi3FusedModules) { check_model("phi3", 3); }
+// Phi-3.5/Phi-4-mini RoPE: LongRoPE's long factors (9 positions past the original 8) on the first
+// 8 of 16 dims of each head, cos and sin times the attention factor; every third parameter.
+TEST(LoraGradientsDouble, Phi3LongRopePartialRotary) { check_model("phi3_longrope", 3); }
 // Gemma 2 layout: Gemma 3's without q/k norms, soft-capping of the scores (cap 3) and of the
 // logits (cap 2), every other layer sliding; every third parameter.
 TEST(LoraGradientsDouble, Gemma2SoftCapping) { check_model("gemma2", 3); }

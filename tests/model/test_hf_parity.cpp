@@ -90,7 +90,31 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
-                                                                   "qwen3_moe", "gemma3_mm"));
+                                                                   "qwen3_moe", "gemma3_mm", "phi3_longrope"));
+
+// LongRoPE picks its factors per forward by the largest position (transformers: max(position_ids)
+// + 1 > original_max_position_embeddings): on one model, 8-token rows (within the original 8)
+// give transformers' logits with the short factors, 12-token rows with the long, and back again.
+TEST(HfParity, LongRopeSwitchesFactorsWithTheLargestPosition) {
+  SafetensorsArchive fx(fixtures() + "/parity/phi3_longrope.safetensors");
+  const auto ids = ints(fx, "input_ids"), labels = ints(fx, "labels");
+  TestModel t = make_model("phi3_longrope", fixture_lora("phi3_longrope"), 2, 12);
+  ASSERT_EQ(t.model->config().rope_scaling.type, "longrope");
+  ASSERT_EQ(t.model->config().rope_dim(), 8);
+  std::vector<int32_t> short_ids;
+  for (int64_t b = 0; b < 2; b++) short_ids.insert(short_ids.end(), ids.begin() + b * 12, ids.begin() + b * 12 + 8);
+  const Batch s = Batch::from_hf(2, 8, short_ids, short_ids);
+  const Batch l = Batch::from_hf(2, 12, ids, labels);
+  const auto ref_short = floats(fx, "short_logits"), ref_long = floats(fx, "logits");
+  EXPECT_LT(rel_err(t.model->logits(s), ref_short), kLogitTol);
+  EXPECT_LT(rel_err(t.model->logits(l), ref_long), kLogitTol);
+  EXPECT_LT(rel_err(t.model->logits(s), ref_short), kLogitTol) << "back to the short factors";
+  std::vector<float> long_prefix;  // the long rows' first 8 positions differ from the short rows'
+  const int64_t V = t.model->config().vocab_size;
+  for (int64_t b = 0; b < 2; b++)
+    long_prefix.insert(long_prefix.end(), ref_long.begin() + b * 12 * V, ref_long.begin() + (b * 12 + 8) * V);
+  EXPECT_GT(rel_err(long_prefix, ref_short), 1e-3) << "the fixture's two factor sets give different logits";
+}
 
 TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {
   SafetensorsArchive fx(fixtures() + "/parity/llama_gqa.safetensors");

@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 35u);
+  EXPECT_EQ(names.size(), 37u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -58,10 +58,12 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
     EXPECT_EQ(c.moe(), c.model_type == "mixtral" || c.model_type == "qwen3_moe" || c.model_type == "gpt_oss");
     EXPECT_EQ(c.sandwich_norms, gemma3 || c.model_type == "gemma2");
     // Llama 3.1/3.2 extend context with llama3 RoPE scaling, Gemma 3 4B-27B with linear scaling
-    // (factor 8) on the global layers; the others use plain RoPE.
+    // (factor 8) on the global layers, Phi-3.5-mini and Phi-4-mini with LongRoPE; the others use plain RoPE.
     bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
     const bool linear = gemma3 && n != "gemma-3-1b";
-    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : linear ? "linear" : c.model_type == "gpt_oss" ? "yarn" : "none");
+    const bool longrope = n == "phi-3.5-mini" || n == "phi-4-mini";
+    EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : linear ? "linear" : longrope ? "longrope"
+                                   : c.model_type == "gpt_oss" ? "yarn" : "none");
   }
   EXPECT_EQ(preset_config("llama3.2-1b").rope_scaling.factor, 32.0);
   EXPECT_EQ(preset_config("llama3.1-70b").rope_scaling.factor, 8.0);
@@ -386,19 +388,79 @@ TEST(LlamaConfigHf, Gemma2EqualsPresetWithSoftCapping) {
   EXPECT_EQ(n.final_logit_softcapping, 30.0);
 }
 
+// Phi-4-mini's shape (microsoft/Phi-4-mini-instruct): rotary on 3/4 of each 128-dim head and
+// LongRoPE from 4,096 to 131,072 positions, the two keys at the top level as its config.json has them.
+static std::string phi4_mini(const std::string& extra = "{}") {
+  json f = json::array();
+  for (int i = 0; i < 48; i++) f.push_back(1.0 + 0.25 * i);
+  json j = json::parse(phi4_with(R"({"hidden_size":3072,"intermediate_size":8192,"num_attention_heads":24,
+      "num_key_value_heads":8,"num_hidden_layers":32,"vocab_size":200064,"max_position_embeddings":131072,
+      "original_max_position_embeddings":4096,"partial_rotary_factor":0.75,"rope_theta":10000.0,
+      "tie_word_embeddings":true})"));
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", f}, {"long_factor", f}};
+  j["rope_scaling"]["long_factor"][0] = 3.5;
+  const json patch = json::parse(extra);
+  for (const auto& [k, v] : patch.items()) j[k] = v;
+  return j.dump();
+}
+
+TEST(LlamaConfigHf, Phi4MiniLongRopeOnPartialRotaryResolvesAsTransformers) {
+  const LlamaConfig c = parse_hf_config(phi4_mini(), "phi-4-mini/config.json");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_dim(), 96);  // int(128 * 0.75)
+  EXPECT_EQ(c.rope_scaling.type, "longrope");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);  // no "factor": max / original
+  // transformers: sqrt(1 + ln(factor) / ln(original)) = sqrt(1 + 5 ln 2 / 12 ln 2)
+  EXPECT_NEAR(c.rope_scaling.attention_factor, std::sqrt(17.0 / 12.0), 1e-15);
+  EXPECT_FLOAT_EQ(rope_attention_scale(c), float(std::sqrt(17.0 / 12.0)));
+  const std::vector<float> s = rope_inv_freq(c), l = rope_inv_freq(c, true);
+  ASSERT_EQ(s.size(), 48u);
+  EXPECT_FLOAT_EQ(s[0], 1.0f);         // 1 / (1.0 * 10000^0)
+  EXPECT_FLOAT_EQ(l[0], 1.0f / 3.5f);  // the long factor differs there only
+  EXPECT_FLOAT_EQ(s[47], float(1.0 / (12.75 * std::pow(10000.0, 94.0 / 96.0))));
+  EXPECT_EQ(s[47], l[47]);
+  EXPECT_FALSE(rope_uses_long_factors(c, 4095));  // 4,096 positions: within the original
+  EXPECT_TRUE(rope_uses_long_factors(c, 4096));
+  const LlamaConfig p = preset_config("phi-4-mini");  // `qlora plan`'s shape of the same model
+  EXPECT_EQ(p.n_params(), c.n_params());
+  EXPECT_EQ(p.rope_dim(), 96);
+  EXPECT_EQ(p.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(p.rope_scaling.attention_factor, c.rope_scaling.attention_factor);
+  // attention_factor and factor from the file win; original_max_position_embeddings inside the
+  // RoPE object serves when the top level has none.
+  json j = json::parse(phi4_mini());
+  j.erase("original_max_position_embeddings");
+  j["rope_scaling"]["original_max_position_embeddings"] = 8192;
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  const LlamaConfig d = parse_hf_config(j.dump(), "p.json");
+  EXPECT_EQ(d.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(d.rope_scaling.factor, 16.0);
+  EXPECT_DOUBLE_EQ(d.rope_scaling.attention_factor, 1.5);
+}
+
 TEST(LlamaConfigErrors, Phi3RefusesWhatItDoesNotImplement) {
-  // Phi-3.5-mini and Phi-4-mini: LongRoPE; Phi-4-mini: rotary on 3/4 of each head.
-  Error e = config_error(
-      [] {
-        parse_hf_config(phi4_with(R"({"rope_scaling":{"type":"longrope","short_factor":[1.0],"long_factor":[1.0]}})"),
-                        "p.json");
-      },
-      ErrorKind::Unsupported);
-  EXPECT_TRUE(contains(e.message(), "longrope")) << e.message();
-  e = config_error([] { parse_hf_config(phi4_with(R"({"partial_rotary_factor":0.75})"), "p.json"); }, ErrorKind::Unsupported);
-  EXPECT_EQ(e.where(), "p.json: key 'partial_rotary_factor'");
-  e = config_error([] { parse_hf_config(phi4_with(R"({"resid_pdrop":0.1})"), "p.json"); }, ErrorKind::Unsupported);
+  Error e = config_error([] { parse_hf_config(phi4_with(R"({"resid_pdrop":0.1})"), "p.json"); }, ErrorKind::Unsupported);
   EXPECT_EQ(e.where(), "p.json: key 'resid_pdrop'");
+  // LongRoPE needs one factor per rotary frequency (48 for 96 rotary dims).
+  json j = json::parse(phi4_mini());
+  j["rope_scaling"]["short_factor"].erase(0);
+  e = config_error([&] { parse_hf_config(j.dump(), "p.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "p.json: key 'rope_scaling.short_factor'");
+  EXPECT_TRUE(contains(e.message(), "47 entries")) << e.message();
+  j = json::parse(phi4_mini());
+  j["rope_scaling"]["long_factor"][3] = -1.0;
+  e = config_error([&] { parse_hf_config(j.dump(), "p.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "p.json: rope_scaling: key 'long_factor[3]'");
+  // int(128 * 0.7) = 89 rotary dims: no pairs.
+  e = config_error([] { parse_hf_config(phi4_mini(R"({"partial_rotary_factor":0.7})"), "p.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "p.json: key 'partial_rotary_factor'");
+  // Gemma's RoPE objects take no LongRoPE.
+  json g = json::parse(R"({"model_type":"gemma2","vocab_size":64,"hidden_size":32,"intermediate_size":64,
+      "num_hidden_layers":2,"num_attention_heads":2,"head_dim":16,
+      "rope_scaling":{"rope_type":"longrope","short_factor":[1],"long_factor":[1]}})");
+  e = config_error([&] { parse_hf_config(g.dump(), "g.json"); }, ErrorKind::Unsupported);
+  EXPECT_TRUE(contains(e.message(), "longrope")) << e.message();
 }
 
 TEST(LlamaConfigErrors, Gemma3RefusesWhatItDoesNotImplement) {
@@ -450,7 +512,7 @@ TEST(LlamaConfigErrors, WrongType) {
 }
 
 TEST(LlamaConfigErrors, UnsupportedRopeScaling) {
-  for (const char* t : {"dynamic", "yarn", "longrope"}) {
+  for (const char* t : {"dynamic", "yarn"}) {
     SCOPED_TRACE(t);
     std::string patch = std::string(R"({"rope_scaling":{"rope_type":")") + t + R"(","factor":4.0}})";
     Error e = config_error([&] { parse_hf_config(with(patch), "cfg.json"); }, ErrorKind::Unsupported);
@@ -458,6 +520,10 @@ TEST(LlamaConfigErrors, UnsupportedRopeScaling) {
     EXPECT_TRUE(contains(e.message(), t));
     EXPECT_TRUE(contains(e.hint(), "linear, llama3"));
   }
+  // longrope without its factors
+  Error lr = config_error([] { parse_hf_config(with(R"({"rope_scaling":{"rope_type":"longrope","factor":4.0}})"), "cfg.json"); },
+                          ErrorKind::Config);
+  EXPECT_EQ(lr.where(), "cfg.json: rope_scaling: key 'short_factor'");
   // llama3 without its parameters
   Error e = config_error([] { parse_hf_config(with(R"({"rope_scaling":{"rope_type":"llama3","factor":8.0}})"), "cfg.json"); },
                          ErrorKind::Config);

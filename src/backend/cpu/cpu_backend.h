@@ -31,8 +31,9 @@ class CpuBackend final : public Backend {
 
  private:
   void rope_apply(const char* op, const RopeArgs& a, float sign);
-  struct RopeTable {  // cos/sin of the last positions seen, (N, D/2) each
+  struct RopeTable {  // cos/sin (times scale) of the last positions seen, (N, R/2) each
     int64_t half = 0;
+    float scale = 1.0f;
     std::vector<int32_t> positions;
     std::vector<float> inv_freq, cos, sin;
   };

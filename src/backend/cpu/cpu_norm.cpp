@@ -131,21 +131,24 @@ void CpuBackend::rope_apply(const char* op, const RopeArgs& a, float sign) {
   cpu::check_dim(op, "n", a.n);
   cpu::check_dim(op, "n_head", a.n_head);
   cpu::check_dim(op, "head_dim", a.head_dim);
-  if (a.head_dim % 2 != 0)
-    fail(ErrorKind::Shape, std::string("cpu op ") + op + ", dimension 'head_dim'",
-         "head_dim " + std::to_string(a.head_dim) + " is odd; rotary pairs need an even head_dim");
-  const int64_t half = a.head_dim / 2;
+  const int64_t rot = a.rot();
+  if (rot % 2 != 0 || rot > a.head_dim)
+    fail(ErrorKind::Shape, std::string("cpu op ") + op + ", dimension 'rotary_dim'",
+         "rotary_dim " + std::to_string(rot) + " of head_dim " + std::to_string(a.head_dim) +
+             ": rotary pairs need an even count, at most head_dim");
+  const int64_t half = rot / 2;
   cpu::check_f32(op, "x", a.x, a.n * a.n_head * a.head_dim);
   cpu::check_f32(op, "inv_freq", a.inv_freq, half);
   cpu::check_ptr(op, "positions", a.positions);
   float* x = a.x.f32();                      // (N,H,D)
   const float* inv_freq = a.inv_freq.f32();  // (D/2)
   RopeTable& tb = rope_table_;
-  const bool same = tb.half == half && tb.positions.size() == size_t(a.n) &&
+  const bool same = tb.half == half && tb.scale == a.scale && tb.positions.size() == size_t(a.n) &&
                     std::equal(tb.inv_freq.begin(), tb.inv_freq.end(), inv_freq) &&
                     std::equal(tb.positions.begin(), tb.positions.end(), a.positions);
   if (!same) {
     tb.half = half;
+    tb.scale = a.scale;
     tb.positions.assign(a.positions, a.positions + a.n);
     tb.inv_freq.assign(inv_freq, inv_freq + half);
     tb.cos.resize(size_t(a.n * half));
@@ -155,8 +158,9 @@ void CpuBackend::rope_apply(const char* op, const RopeArgs& a, float sign) {
       const float pos = float(a.positions[i]);
       for (int64_t j = 0; j < half; j++) {
         const float ang = pos * inv_freq[j];
-        tb.cos[size_t(i * half + j)] = float(std::cos(double(ang)));
-        tb.sin[size_t(i * half + j)] = float(std::sin(double(ang)));
+        // HF: cos(f32 angle) then times the attention factor, in f32
+        tb.cos[size_t(i * half + j)] = float(std::cos(double(ang))) * a.scale;
+        tb.sin[size_t(i * half + j)] = float(std::sin(double(ang))) * a.scale;
       }
     }
   }

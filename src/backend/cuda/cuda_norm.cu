@@ -189,20 +189,21 @@ __device__ __forceinline__ void rope_cos_sin(float a, float* c, float* s) {
   __sincosf(r, s, c);
 }
 
-// Rotates each (j, j+D/2) pair of every head of one token by sign * pos * inv_freq[j]. The angle
-// is the f32 product, as in HF and the CPU backend; cos/sin are computed once per token.
+// Rotates each (j, j+R/2) pair (R = rotary_dim) of every head of one token by sign * pos *
+// inv_freq[j]; dims from R on stay. The angle is the f32 product, as in HF and the CPU backend;
+// cos/sin, times `scale` (LongRoPE's attention factor), are computed once per token.
 __global__ void __launch_bounds__(kRopeThreads)
     rope_kernel(FPtr x, const float* __restrict__ inv_freq, const int32_t* __restrict__ positions, int64_t n_head,
-                int64_t head_dim, float sign) {
+                int64_t head_dim, int64_t rotary_dim, float sign, float scale) {
   QLORA_DYNAMIC_SMEM(cs_bytes, 16);
-  float* cs = reinterpret_cast<float*>(cs_bytes);  // (2, D/2): cos then sin
-  const int64_t half = head_dim / 2;
+  float* cs = reinterpret_cast<float*>(cs_bytes);  // (2, R/2): cos then sin
+  const int64_t half = rotary_dim / 2;
   const float pos = float(positions[blockIdx.x]);
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
     float s, c;
     rope_cos_sin(__fmul_rn(pos, inv_freq[j]), &c, &s);
-    cs[j] = c;
-    cs[half + j] = sign * s;
+    cs[j] = __fmul_rn(c, scale);
+    cs[half + j] = sign * __fmul_rn(s, scale);
   }
   __syncthreads();
   const int64_t base = int64_t(blockIdx.x) * n_head * head_dim;
@@ -304,16 +305,18 @@ static void rope_apply(CudaBackend& be, const char* op, const RopeArgs& a, float
   check_dim(op, "n", a.n);
   check_dim(op, "n_head", a.n_head);
   check_dim(op, "head_dim", a.head_dim);
-  if (a.head_dim % 2 != 0)
-    fail(ErrorKind::Shape, std::string("cuda op ") + op + ", dimension 'head_dim'",
-         "head_dim " + std::to_string(a.head_dim) + " is odd; rotary pairs need an even head_dim");
+  const int64_t rot = a.rot();
+  if (rot % 2 != 0 || rot > a.head_dim)
+    fail(ErrorKind::Shape, std::string("cuda op ") + op + ", dimension 'rotary_dim'",
+         "rotary_dim " + std::to_string(rot) + " of head_dim " + std::to_string(a.head_dim) +
+             ": rotary pairs need an even count, at most head_dim");
   check_tensor(op, "x", a.x, a.n * a.n_head * a.head_dim, true, true);
-  check_tensor(op, "inv_freq", a.inv_freq, a.head_dim / 2, false, true);
+  check_tensor(op, "inv_freq", a.inv_freq, rot / 2, false, true);
   if (a.n == 0 || a.n_head == 0 || a.head_dim == 0) return;
   check_ptr(op, "positions", a.positions);
-  const size_t smem = size_t(a.head_dim) * sizeof(float);
+  const size_t smem = size_t(rot) * sizeof(float);
   launch(rope_kernel, {unsigned(a.n), kRopeThreads, smem, be.stream()}, fptr(a.x), a.inv_freq.f32(), a.positions,
-         a.n_head, a.head_dim, sign);
+         a.n_head, a.head_dim, rot, sign, a.scale);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
