@@ -11,6 +11,7 @@ The file format and every key are documented in tests/fixtures/parity/README.md.
 The tiny_byte demo model is made by tools/make_demo_data.py, not here.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import transformers
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3Config, Gemma3TextConfig, LlamaConfig,
                           MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig,
                           SiglipVisionConfig, get_cosine_schedule_with_warmup)
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 import peft
 from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -131,6 +133,15 @@ def variant_configs():
                                                       "short_factor": [1.0, 1.3, 2.1, 3.7],
                                                       "long_factor": [1.5, 4.0, 11.0, 27.0]}),
                           1019, "hub_phi"),
+        # Qwen3 with YaRN as Qwen's documentation sets it for long context (factor 4 over the
+        # original context, 4096 here): the ramp blends frequencies 2..6 of 8, cos and sin times
+        # 0.1 ln 4 + 1. rope_inv_freq / rope_inv_freq_untruncated hold transformers' frequencies
+        # with the ramp's ends floored and ceiled (the default) and not (gpt-oss's truncate false).
+        "qwen3_yarn": (Qwen3Config(**{**DIMS, "max_position_embeddings": 16384}, num_key_value_heads=2, head_dim=16,
+                                   tie_word_embeddings=False, use_sliding_window=False,
+                                   rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                    "original_max_position_embeddings": 4096}),
+                       1020, "legacy"),
         # Mixture of experts: 16 experts of 32, two per token (softmax, top-2, renormalised), so
         # over the fixture's 24 tokens some experts get several tokens and some none.
         "mixtral": (MixtralConfig(**{**DIMS, "intermediate_size": 32}, num_key_value_heads=2, num_local_experts=16,
@@ -376,6 +387,15 @@ def make_variant(name, config, seed, style):
         with torch.no_grad():
             out["short_logits"] = model(input_ids=ids[:, :short]).logits.contiguous()
         assert float((out["short_logits"] - res.logits[:, :short]).abs().max()) > 1e-3  # the factors matter
+    if rope.get("rope_type") == "yarn":
+        emb = model.model.rotary_emb
+        out["rope_inv_freq"] = emb.inv_freq.detach().clone()
+        out["rope_attention_scaling"] = torch.tensor([emb.attention_scaling], dtype=torch.float32)
+        untruncated = copy.deepcopy(model.config)
+        untruncated.rope_parameters = dict(rope, truncate=False)
+        inv, _ = ROPE_INIT_FUNCTIONS["yarn"](untruncated, "cpu")
+        assert not torch.equal(inv, out["rope_inv_freq"])
+        out["rope_inv_freq_untruncated"] = inv.detach().clone()
 
     if name == "llama_gqa":  # same weights as llama_gqa, in >= 3 shards with an index
         shard_dir = os.path.join(MODELS, "llama_gqa_sharded")

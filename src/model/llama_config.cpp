@@ -58,6 +58,8 @@ void LlamaConfig::validate(const std::string& where) const {
     fail(ErrorKind::Config, where + ": key 'partial_rotary_factor'",
          "gives " + std::to_string(rotary_dim) + " rotary dims of head_dim " + std::to_string(head_dim) +
              "; RoPE needs an even number of them, at most head_dim");
+  if (rope_scaling.type == "yarn" && !(rope_theta > 1))
+    fail(ErrorKind::Config, where + ": key 'rope_theta'", "YaRN's ramp needs a RoPE base above 1");
   if (rope_scaling.type == "longrope")
     for (const auto* f : {&rope_scaling.short_factor, &rope_scaling.long_factor})
       if (int64_t(f->size()) != rope_dim() / 2)
@@ -124,7 +126,7 @@ static std::vector<double> positive_numbers(const json& obj, const char* key, co
   return out;
 }
 
-// `allow_longrope`: the families whose parse resolves LongRoPE afterwards (resolve_longrope).
+// `allow_yarn`, `allow_longrope`: the families whose parse resolves them afterwards (resolve_rope_scaling).
 static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, const std::string& where,
                                       bool allow_yarn = false, bool allow_longrope = false) {
   RopeScaling r;
@@ -138,10 +140,19 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
   if (type == "linear") {
     r.type = "linear";
     r.factor = json_number(rs, "factor", sub);
-  } else if (type == "yarn" && allow_yarn) {  // gpt-oss: planned only (rope_inv_freq refuses it)
+  } else if (type == "yarn" && allow_yarn) {
     r.type = "yarn";
     r.factor = json_number(rs, "factor", sub);
-    r.original_max_position_embeddings = json_int_or(rs, "original_max_position_embeddings", 4096, sub);
+    // Resolved by resolve_rope_scaling: 0 = not in this object.
+    r.original_max_position_embeddings = json_int_or(rs, "original_max_position_embeddings", 0, sub);
+    r.attention_factor = json_number_or(rs, "attention_factor", 0.0, sub);
+    r.mscale = json_number_or(rs, "mscale", 0.0, sub);
+    r.mscale_all_dim = json_number_or(rs, "mscale_all_dim", 0.0, sub);
+    r.beta_fast = json_number_or(rs, "beta_fast", 0.0, sub);  // transformers: `or 32`, `or 1`
+    r.beta_slow = json_number_or(rs, "beta_slow", 0.0, sub);
+    if (r.beta_fast == 0) r.beta_fast = 32;
+    if (r.beta_slow == 0) r.beta_slow = 1;
+    r.truncate = json_bool_or(rs, "truncate", true, sub);
   } else if (type == "longrope" && allow_longrope) {
     r.type = "longrope";
     r.short_factor = positive_numbers(rs, "short_factor", sub);
@@ -158,18 +169,34 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
     r.original_max_position_embeddings = json_int(rs, "original_max_position_embeddings", sub);
   } else {
     fail(ErrorKind::Unsupported, where + ": key '" + key + ".rope_type'", "RoPE scaling '" + type + "' is not supported",
-         std::string("supported: linear, llama3") + (allow_longrope ? ", longrope" : "") + " (or none)");
+         std::string("supported: linear, llama3") + (allow_longrope ? ", longrope, yarn" : "") + " (or none)");
   }
   return r;
 }
 
-// LongRoPE as transformers resolves it (modeling_rope_utils: standardize_rope_params and
-// _compute_longrope_parameters): original_max_position_embeddings from the top level of the
-// config (Phi-3 writes it there) before the RoPE object's, else max_position_embeddings; factor,
-// when the object has none, max_position_embeddings over it; attention_factor, when the object
-// has none, sqrt(1 + ln(factor) / ln(original)) for factor > 1, else 1.
-static void resolve_longrope(const json& j, LlamaConfig& c, const std::string& where) {
+// LongRoPE and YaRN as transformers resolves them (modeling_rope_utils: standardize_rope_params,
+// _compute_longrope_parameters, _compute_yarn_parameters): original_max_position_embeddings from
+// the top level of the config (Phi-3 writes it there) before the RoPE object's, else
+// max_position_embeddings. LongRoPE: factor, when the object has none, max_position_embeddings
+// over it; attention_factor, when the object has none, sqrt(1 + ln(factor) / ln(original)) for
+// factor > 1, else 1. YaRN: attention_factor, when the object has none, mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim) when it has both, else mscale(factor) = 0.1 ln(factor) + 1.
+static void resolve_rope_scaling(const json& j, LlamaConfig& c, const std::string& where) {
   RopeScaling& r = c.rope_scaling;
+  if (r.type == "yarn") {
+    if (json_find(j, "original_max_position_embeddings"))
+      r.original_max_position_embeddings = json_int(j, "original_max_position_embeddings", where);
+    else if (r.original_max_position_embeddings <= 0)
+      r.original_max_position_embeddings = c.max_position_embeddings;
+    if (r.original_max_position_embeddings <= 0)
+      fail(ErrorKind::Config, where + ": key 'original_max_position_embeddings'", "must be positive");
+    auto mscale = [](double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; };
+    if (r.attention_factor <= 0)
+      r.attention_factor = r.mscale != 0 && r.mscale_all_dim != 0
+                               ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
+                               : mscale(r.factor, 1.0);
+    return;
+  }
   if (r.type != "longrope") return;
   if (json_find(j, "original_max_position_embeddings"))
     r.original_max_position_embeddings = json_int(j, "original_max_position_embeddings", where);
@@ -327,8 +354,9 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
 
 // gpt-oss (GptOssConfig): a mixture of experts (softmax over the top-k router logits, the same
 // weights as softmax then top-k renormalised) with what the engine does not implement yet: learned
-// attention sinks, biases on o_proj, the experts and the router, the clamped SwiGLU (alpha, limit),
-// YaRN RoPE. It is parsed so that `qlora plan` can plan it; LlamaModel refuses to train it.
+// attention sinks, biases on o_proj, the experts and the router, the clamped SwiGLU (alpha, limit).
+// (Its YaRN RoPE, untruncated, is implemented.) It is parsed so that `qlora plan` can plan it;
+// LlamaModel refuses to train it.
 // What every gpt-oss shares, from its experts and shape (config.json and the presets).
 static void set_gpt_oss_layout(LlamaConfig& c) {
   c.expert_intermediate_size = c.intermediate_size;
@@ -336,7 +364,7 @@ static void set_gpt_oss_layout(LlamaConfig& c) {
   c.attention_bias = true;  // q/k/v (o_proj's too, in extra_params_per_layer)
   c.extra_params_per_layer = c.n_head + c.hidden_size + c.n_experts;  // sinks, o_proj's bias, the router's
   c.extra_params_per_expert = 2 * c.intermediate_size + c.hidden_size;  // gate_up's and down's biases
-  c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases, clamped SwiGLU and YaRN RoPE";
+  c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases and clamped SwiGLU";
   c.sliding_layers.assign(size_t(std::max<int64_t>(c.n_layer, 0)), false);  // GptOssConfig: the even layers slide
   for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 2 != 0;
 }
@@ -358,6 +386,7 @@ static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& wher
   if (rp && !rp->is_null()) {
     c.rope_theta = json_number_or(*rp, "rope_theta", c.rope_theta, where + ": rope_parameters");
     c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where, true);
+    resolve_rope_scaling(j, c, where);
   }
 }
 
@@ -466,13 +495,13 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& whe
   // rope_theta + rope_scaling.
   if (const json* rp = json_find(j, "rope_parameters")) {
     c.rope_theta = json_number_or(*rp, "rope_theta", json_number_or(j, "rope_theta", 10000.0, where), where + ": rope_parameters");
-    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where, false, true);
+    c.rope_scaling = parse_rope_scaling(*rp, "rope_parameters", where, true, true);
   } else {
     c.rope_theta = json_number_or(j, "rope_theta", 10000.0, where);
     if (const json* rs = json_find(j, "rope_scaling"); rs && !rs->is_null())
-      c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where, false, true);
+      c.rope_scaling = parse_rope_scaling(*rs, "rope_scaling", where, true, true);
   }
-  resolve_longrope(j, c, where);
+  resolve_rope_scaling(j, c, where);
 
   if (phi3) parse_phi3(j, c, where);
   if (c.model_type == "mixtral" || c.model_type == "qwen3_moe") parse_moe(j, c, where);
@@ -650,10 +679,12 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_scaling.type = "linear";
       c.rope_scaling.factor = p.rope_factor;
     }
-    if (std::string(p.rope) == "yarn") {  // gpt-oss
+    if (std::string(p.rope) == "yarn") {  // gpt-oss: from 4,096 positions, the ramp not truncated
       c.rope_scaling.type = "yarn";
       c.rope_scaling.factor = p.rope_factor;
       c.rope_scaling.original_max_position_embeddings = 4096;
+      c.rope_scaling.truncate = false;
+      c.rope_scaling.attention_factor = 0.1 * std::log(p.rope_factor) + 1.0;
     }
     if (name == "phi-4-mini") c.rotary_dim = 96;
     if (std::string(p.rope) == "longrope") {  // the factors do not change a plan: ones stand in for them
@@ -727,15 +758,29 @@ std::vector<float> rope_local_inv_freq(const LlamaConfig& c) {
 }
 
 std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors) {
-  if (c.rope_scaling.type == "yarn")
-    fail(ErrorKind::Unsupported, "model '" + c.name + "': RoPE scaling 'yarn'", "is not implemented (it is only planned)");
   const int64_t D = c.rope_dim();
   std::vector<float> out(size_t(D / 2));
   const RopeScaling& s = c.rope_scaling;
   const double pi = 3.14159265358979323846;
+  // YaRN's ramp: from the dim making beta_fast turns over the original context to the one making
+  // beta_slow turns (find_correction_range in transformers).
+  double ramp_lo = 0, ramp_hi = 1;
+  if (s.type == "yarn") {
+    auto dim_for = [&](double turns) {
+      return double(D) * std::log(double(s.original_max_position_embeddings) / (turns * 2 * pi)) /
+             (2 * std::log(c.rope_theta));
+    };
+    ramp_lo = dim_for(s.beta_fast), ramp_hi = dim_for(s.beta_slow);
+    if (s.truncate) ramp_lo = std::floor(ramp_lo), ramp_hi = std::ceil(ramp_hi);
+    ramp_lo = std::max(ramp_lo, 0.0), ramp_hi = std::min(ramp_hi, double(D - 1));
+    if (ramp_lo == ramp_hi) ramp_hi += 0.001;  // as transformers: no division by zero
+  }
   for (int64_t i = 0; i < D / 2; i++) {
     double inv = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(D));
-    if (s.type == "longrope") {
+    if (s.type == "yarn") {
+      const double extrapolate = 1.0 - std::clamp((double(i) - ramp_lo) / (ramp_hi - ramp_lo), 0.0, 1.0);
+      inv = inv / s.factor * (1.0 - extrapolate) + inv * extrapolate;
+    } else if (s.type == "longrope") {
       inv /= (long_factors ? s.long_factor : s.short_factor)[size_t(i)];
     } else if (s.type == "linear") {
       inv /= s.factor;
@@ -757,7 +802,8 @@ std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors) {
 }
 
 float rope_attention_scale(const LlamaConfig& c) {
-  return c.rope_scaling.type == "longrope" ? float(c.rope_scaling.attention_factor) : 1.0f;
+  const std::string& t = c.rope_scaling.type;
+  return t == "longrope" || t == "yarn" ? float(c.rope_scaling.attention_factor) : 1.0f;
 }
 
 bool rope_uses_long_factors(const LlamaConfig& c, int64_t max_position) {

@@ -11,10 +11,17 @@
 namespace qlora {
 
 struct RopeScaling {
-  std::string type = "none";  // none | linear | llama3 | longrope | yarn (gpt-oss's: planned, never trained)
+  std::string type = "none";  // none | linear | llama3 | longrope | yarn
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 8192;       // llama3, longrope
+  int64_t original_max_position_embeddings = 8192;       // llama3, longrope, yarn
+  // YaRN (Qwen2.5/Qwen3's documented long-context setting; gpt-oss): each frequency blends its
+  // original (extrapolation) and its value over `factor` (interpolation) by a linear ramp over
+  // the dims between those making beta_fast and beta_slow turns over the original context
+  // (floored and ceiled when truncate); cos and sin times attention_factor (resolved: the
+  // config's, else 0.1 ln(factor) + 1, or the ratio of that with mscale and with mscale_all_dim).
+  double beta_fast = 32, beta_slow = 1, mscale = 0, mscale_all_dim = 0;
+  bool truncate = true;
   // LongRoPE (Phi-3/3.5/4's long-context variants): each rotary frequency divided by its factor,
   // the short ones while a forward's positions stay within original_max_position_embeddings
   // (its largest position + 1 <= it), the long ones past it; cos and sin times attention_factor
@@ -139,7 +146,7 @@ LlamaConfig preset_config(const std::string& name);  // Error(Config) with close
 // RoPE inverse frequencies (rope_dim()/2) including linear / llama3 scaling, as transformers computes
 // them; LongRoPE's short ones (`long_factors`: its long ones).
 std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors = false);
-// The factor RoPE multiplies cos and sin by (LongRoPE's attention_factor; 1 otherwise).
+// The factor RoPE multiplies cos and sin by (LongRoPE's and YaRN's attention_factor; 1 otherwise).
 float rope_attention_scale(const LlamaConfig& c);
 // Whether a forward whose largest position is `max_position` rotates with LongRoPE's long factors.
 bool rope_uses_long_factors(const LlamaConfig& c, int64_t max_position);

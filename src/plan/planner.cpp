@@ -28,8 +28,9 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, const ModelPlanOpti
     const double need = double(r.seq_len) / double(c.max_position_embeddings);
     if (rs.type == "none" || rs.type.empty())
       s += "RoPE scaling stretches the rotary frequencies so longer positions map into the trained range; this "
-           "model has none: set rope_scaling {\"rope_type\": \"linear\", \"factor\": " + fmt_fixed(std::ceil(need * 10) / 10, 1) +
-           "} (or llama3-style) in config.json and fine-tune at the new length. ";
+           "model has none: set rope_scaling {\"rope_type\": \"yarn\", \"factor\": " + fmt_fixed(std::ceil(need * 10) / 10, 1) +
+           ", \"original_max_position_embeddings\": " + std::to_string(c.max_position_embeddings) +
+           "} (or linear) in config.json and fine-tune at the new length. ";
     else
       s += "The model already applies " + rs.type + " RoPE scaling (factor " + fmt_fixed(rs.factor, 1) +
            ") to reach " + std::to_string(c.max_position_embeddings) + " positions; going further needs a factor about " +

@@ -54,8 +54,9 @@ std::string gguf_arch(const LlamaConfig& c) {
   if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.model_type == "phi3" || c.moe())
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
-  if (c.rope_scaling.type == "longrope" || c.rotary_dim != 0)
-    fail(ErrorKind::Unsupported, "rope_scaling", "GGUF export of LongRoPE or a partial rotary embedding is not implemented",
+  if (c.rope_scaling.type == "longrope" || c.rope_scaling.type == "yarn" || c.rotary_dim != 0)
+    fail(ErrorKind::Unsupported, "rope_scaling",
+         "GGUF export of LongRoPE, YaRN or a partial rotary embedding is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
   return c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
 }

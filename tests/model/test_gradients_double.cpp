@@ -433,6 +433,8 @@ TEST(LoraGradientsDouble, Phi3FusedModules) { check_model("phi3", 3); }
 // Phi-3.5/Phi-4-mini RoPE: LongRoPE's long factors (9 positions past the original 8) on the first
 // 8 of 16 dims of each head, cos and sin times the attention factor; every third parameter.
 TEST(LoraGradientsDouble, Phi3LongRopePartialRotary) { check_model("phi3_longrope", 3); }
+// Qwen3 with YaRN (factor 4): blended frequencies, cos and sin times 0.1 ln 4 + 1; every third.
+TEST(LoraGradientsDouble, Qwen3Yarn) { check_model("qwen3_yarn", 3); }
 // Gemma 2 layout: Gemma 3's without q/k norms, soft-capping of the scores (cap 3) and of the
 // logits (cap 2), every other layer sliding; every third parameter.
 TEST(LoraGradientsDouble, Gemma2SoftCapping) { check_model("gemma2", 3); }

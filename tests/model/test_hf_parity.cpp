@@ -90,7 +90,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
-                                                                   "qwen3_moe", "gemma3_mm", "phi3_longrope"));
+                                                                   "qwen3_moe", "gemma3_mm", "phi3_longrope", "qwen3_yarn"));
 
 // LongRoPE picks its factors per forward by the largest position (transformers: max(position_ids)
 // + 1 > original_max_position_embeddings): on one model, 8-token rows (within the original 8)
@@ -114,6 +114,21 @@ TEST(HfParity, LongRopeSwitchesFactorsWithTheLargestPosition) {
   for (int64_t b = 0; b < 2; b++)
     long_prefix.insert(long_prefix.end(), ref_long.begin() + b * 12 * V, ref_long.begin() + (b * 12 + 8) * V);
   EXPECT_GT(rel_err(long_prefix, ref_short), 1e-3) << "the fixture's two factor sets give different logits";
+}
+
+// YaRN's frequencies and cos/sin factor are transformers' own (modeling_rope_utils): the ramp's
+// ends floored and ceiled (Qwen's setting) and, with truncate false, not (gpt-oss's).
+TEST(HfParity, YarnFrequenciesAndAttentionFactorAreTransformers) {
+  SafetensorsArchive fx(fixtures() + "/parity/qwen3_yarn.safetensors");
+  LlamaConfig c = load_hf_config(fixtures() + "/models/qwen3_yarn/config.json");
+  ASSERT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_FLOAT_EQ(rope_attention_scale(c), floats(fx, "rope_attention_scaling")[0]);
+  EXPECT_LT(rel_err(rope_inv_freq(c), floats(fx, "rope_inv_freq")), 1e-6);
+  c.rope_scaling.truncate = false;
+  const auto untruncated = floats(fx, "rope_inv_freq_untruncated");
+  EXPECT_LT(rel_err(rope_inv_freq(c), untruncated), 1e-6);
+  EXPECT_GT(rel_err(floats(fx, "rope_inv_freq"), untruncated), 1e-3) << "the two ramps differ";
 }
 
 TEST(HfParity, ShardedCheckpointLoadsTheSameWeights) {

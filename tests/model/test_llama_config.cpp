@@ -455,12 +455,15 @@ TEST(LlamaConfigErrors, Phi3RefusesWhatItDoesNotImplement) {
   // int(128 * 0.7) = 89 rotary dims: no pairs.
   e = config_error([] { parse_hf_config(phi4_mini(R"({"partial_rotary_factor":0.7})"), "p.json"); }, ErrorKind::Config);
   EXPECT_EQ(e.where(), "p.json: key 'partial_rotary_factor'");
-  // Gemma's RoPE objects take no LongRoPE.
+  // Gemma's RoPE objects take neither LongRoPE nor YaRN.
   json g = json::parse(R"({"model_type":"gemma2","vocab_size":64,"hidden_size":32,"intermediate_size":64,
       "num_hidden_layers":2,"num_attention_heads":2,"head_dim":16,
       "rope_scaling":{"rope_type":"longrope","short_factor":[1],"long_factor":[1]}})");
   e = config_error([&] { parse_hf_config(g.dump(), "g.json"); }, ErrorKind::Unsupported);
   EXPECT_TRUE(contains(e.message(), "longrope")) << e.message();
+  g["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  e = config_error([&] { parse_hf_config(g.dump(), "g.json"); }, ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "g.json: key 'rope_scaling.rope_type'");
 }
 
 TEST(LlamaConfigErrors, Gemma3RefusesWhatItDoesNotImplement) {
@@ -512,7 +515,7 @@ TEST(LlamaConfigErrors, WrongType) {
 }
 
 TEST(LlamaConfigErrors, UnsupportedRopeScaling) {
-  for (const char* t : {"dynamic", "yarn"}) {
+  for (const char* t : {"dynamic", "ntk"}) {
     SCOPED_TRACE(t);
     std::string patch = std::string(R"({"rope_scaling":{"rope_type":")") + t + R"(","factor":4.0}})";
     Error e = config_error([&] { parse_hf_config(with(patch), "cfg.json"); }, ErrorKind::Unsupported);

@@ -234,7 +234,7 @@ TEST(Moe, RoutedTokensCountEachTrainingChoiceOnce) {
 }
 
 // gpt-oss is parsed and planned, never trained: its config.json as the Hub ships it (sinks, biases,
-// clamped SwiGLU and YaRN are what the engine lacks), its presets' totals, and qlora plan's answer
+// clamped SwiGLU are what the engine lacks), its presets' totals, and qlora plan's answer
 // to whether the 20B model with its MXFP4 experts trains on a 24 GB GPU.
 TEST(Moe, GptOssIsPlannedNotTrained) {
   const LlamaConfig c = parse_hf_config(R"({
