@@ -149,6 +149,15 @@ def variant_configs():
                                   tie_word_embeddings=False,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                     1014, "legacy"),
+        # Mixtral with output_router_logits: the loss adds router_aux_loss_coef (0.1, five times the
+        # default so that it moves the gradients clearly) times transformers' load-balancing loss
+        # over both layers' routing; the training run's objective is the token mean plus the
+        # coefficient times the mean of its micro-batches' aux losses.
+        "mixtral_aux": (MixtralConfig(**{**DIMS, "intermediate_size": 32}, num_key_value_heads=2, num_local_experts=16,
+                                      num_experts_per_tok=2, router_jitter_noise=0.0, sliding_window=None,
+                                      tie_word_embeddings=False, output_router_logits=True, router_aux_loss_coef=0.1,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                        1023, "legacy"),
         # Qwen3-MoE: Qwen3's attention (q/k norms, head_dim 16) and 32 experts of 24, four per token,
         # the chosen probabilities not renormalised (norm_topk_prob false: the other router branch).
         "qwen3_moe": (Qwen3MoeConfig(**DIMS, num_key_value_heads=2, head_dim=16, num_experts=32,
@@ -161,7 +170,7 @@ def variant_configs():
 # PEFT's target module names where a family fuses projections, and PEFT's all-linear in the
 # mixture-of-experts families (their experts are stacked parameters, not Linear modules).
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral_aux": ATTENTION,
                  "phi3_longrope": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral": ATTENTION,
                  "qwen3_moe": ATTENTION,
                  # the language model's projections, not the vision tower's q/k/v (PEFT: re.fullmatch)
@@ -280,8 +289,15 @@ def train_batches(vocab, gen):
     return ids, labels
 
 
+def aux_coef(model):
+    """router_aux_loss_coef when the model adds the load-balancing loss, else 0."""
+    cfg = model.config
+    return cfg.router_aux_loss_coef if getattr(cfg, "output_router_logits", False) else 0.0
+
+
 def run_training(model, ids, labels):
-    """The 3-step accumulate/clip/AdamW/cosine run; returns per-step records."""
+    """The 3-step accumulate/clip/AdamW/cosine run; returns per-step records. With the router's
+    load-balancing loss each micro-batch adds coef * aux / N_MICRO (the mean over micro-batches)."""
     params = [p for _, p in lora_params(model)]
     keys = [k for k, _ in lora_params(model)]
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, foreach=False)
@@ -293,9 +309,11 @@ def run_training(model, ids, labels):
         n_tok = sum(counts)
         step_loss = 0.0
         for m in range(N_MICRO):
-            logits = model(input_ids=ids[s, m]).logits
-            lsum, _ = token_loss_sum(logits, labels[s, m])
+            res = model(input_ids=ids[s, m])
+            lsum, _ = token_loss_sum(res.logits, labels[s, m])
             loss = lsum / n_tok
+            if aux_coef(model):
+                loss = loss + aux_coef(model) * res.aux_loss / N_MICRO
             loss.backward()
             step_loss += float(loss.detach())
         rec["grads"].append({k: p.grad.detach().clone() for k, p in zip(keys, params)})
@@ -315,7 +333,12 @@ def check_accumulation(model, ids, labels, grads0):
     params = lora_params(model)
     big_ids = ids[0].reshape(N_MICRO * B, T)
     big_labels = labels[0].reshape(N_MICRO * B, T)
-    loss = model(input_ids=big_ids, labels=big_labels).loss
+    if aux_coef(model):  # the token mean over the big batch, the aux losses of the micro-batches
+        lsum, n = token_loss_sum(model(input_ids=big_ids).logits, big_labels)
+        aux = sum(model(input_ids=ids[0, m]).aux_loss for m in range(N_MICRO)) / N_MICRO
+        loss = lsum / n + aux_coef(model) * aux
+    else:
+        loss = model(input_ids=big_ids, labels=big_labels).loss
     g = torch.autograd.grad(loss, [p for _, p in params])
     for (k, _), gi in zip(params, g):
         torch.testing.assert_close(gi, grads0[k], rtol=1e-4, atol=1e-6)
@@ -377,9 +400,15 @@ def make_variant(name, config, seed, style):
         assert watch.min_gap > MIN_LOGIT_GAP, watch.min_gap
     torch.testing.assert_close(res.logits, ref, rtol=0, atol=0)  # config rewrite changed nothing
     lsum, n = token_loss_sum(res.logits, labels)
-    torch.testing.assert_close(res.loss, lsum / n)
+    coef = aux_coef(model)
+    if coef:  # transformers' loss adds coef * aux; the fixture's "loss" is the token mean alone
+        torch.testing.assert_close(res.loss, lsum / n + coef * res.aux_loss)
+        out["aux_loss"] = res.aux_loss.detach().reshape(1)
+        assert float(coef * res.aux_loss) > 1e-2 * float(lsum / n)  # large enough to matter
+    else:
+        torch.testing.assert_close(res.loss, lsum / n)
     out["logits"] = res.logits.contiguous()
-    out["loss"] = res.loss.reshape(1)
+    out["loss"] = ((lsum / n) if coef else res.loss).detach().reshape(1)
     rope = model.config.rope_parameters
     if rope.get("rope_type") == "longrope":  # positions within the original context: the short factors
         short = rope["original_max_position_embeddings"]
@@ -429,7 +458,9 @@ def make_variant(name, config, seed, style):
     res = pm(input_ids=ids, labels=labels)
     res.loss.backward()
     out["lora_logits"] = res.logits.detach().contiguous()
-    out["lora_loss"] = res.loss.detach().reshape(1)
+    out["lora_loss"] = res.loss.detach().reshape(1)  # with the aux loss where the model adds it
+    if coef:
+        out["lora_aux_loss"] = res.aux_loss.detach().reshape(1)
     for k, p in params:
         assert p.grad is not None and float(p.grad.abs().max()) > 0, k
         out["grad." + k] = p.grad.detach().clone()

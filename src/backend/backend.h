@@ -28,6 +28,7 @@ namespace qlora {
   X(swiglu_bwd, SwigluBwdArgs)          \
   X(moe_route_fwd, MoeRouteArgs)        \
   X(moe_route_bwd, MoeRouteBwdArgs)     \
+  X(moe_router_stats, MoeRouterStatsArgs) \
   X(gather_rows, GatherRowsArgs)        \
   X(combine_rows, CombineRowsArgs)      \
   X(row_dots, RowDotsArgs)              \

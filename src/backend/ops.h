@@ -172,11 +172,23 @@ struct MoeRouteArgs {
 // renormalisation and the softmax (the choice itself has none): with g_j = dweight[t,j] and
 // Z = sum of the chosen p (1 without norm_topk), dp_e = (g_j - [norm_topk] sum_i g_i weight_i) / Z
 // for the chosen e = expert[t,j], 0 for the others; dlogits_e = p_e (dp_e - sum_f p_f dp_f).
-// dweight (N,K) F32; logits and expert as in the forward.
+// dweight (N,K) F32; logits and expert as in the forward. With aux_grad (E) F32, the
+// load-balancing loss's gradient in p (the same for every token): dp_e += mask[t] aux_grad[e] for
+// every expert e before the softmax's backward (mask (N) F32, empty: 1; aux_grad empty: none).
 struct MoeRouteBwdArgs {
   Tensor dlogits, dweight, logits, expert;
   int64_t n = 0, n_experts = 0, top_k = 0;
   bool norm_topk = true;
+  Tensor aux_grad, mask;
+};
+// Router statistics for the auxiliary load-balancing loss (transformers' load_balancing_loss_func),
+// both "+=" so that a forward sums them over its layers: prob_sum (E) F32 += sum_t mask[t] p[t,e],
+// p = softmax(logits[t]) in f32; count (E) F32 += sum_t mask[t] #{j : expert[t,j] = e}.
+// logits (N,E) in the compute dtype; expert (N,K) I32 as moe_route_fwd wrote it; mask (N) F32
+// (empty: 1). Each sum runs over t in order (deterministic).
+struct MoeRouterStatsArgs {
+  Tensor prob_sum, count, logits, expert, mask;
+  int64_t n = 0, n_experts = 0, top_k = 0;
 };
 // dst (M,C) "=" rows of src (R,C): dst[r] = src[index[r]] * scale[r] (scale (M) F32; empty: 1).
 struct GatherRowsArgs {

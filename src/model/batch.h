@@ -15,6 +15,7 @@ struct Batch {
   std::vector<int32_t> seg;         // (B,T) document id per token; empty = one document per row
   std::vector<int8_t> roles;        // (B,T) DocRole (text/dataset.h) of each token's document; empty = SFT
   std::vector<double> ref_logps;    // per document, rows in order: precomputed reference log-probs (or empty)
+  std::vector<int32_t> lens;        // (B) each row's tokens before its right padding; empty = no padding
 
   int64_t n() const { return b * t; }
   int64_t n_trained() const {

@@ -323,8 +323,8 @@ static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) 
 }
 
 // Mixtral (MixtralConfig) and Qwen3-MoE (Qwen3MoeConfig): the experts and the router. What
-// changes the math and is not implemented is refused: the router's jitter noise, the auxiliary
-// load-balancing loss (output_router_logits), Qwen3-MoE's dense layers among the sparse ones.
+// changes the math and is not implemented is refused: the router's jitter noise and Qwen3-MoE's
+// dense layers among the sparse ones. output_router_logits adds the load-balancing loss.
 static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
   const bool mixtral = c.model_type == "mixtral";
   // Qwen3MoeConfig reads num_experts (Hub files) and writes num_local_experts (transformers 5).
@@ -340,10 +340,11 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
   if (const json* jn = json_find(j, "router_jitter_noise"); jn && !jn->is_null() && json_number(j, "router_jitter_noise", where) != 0)
     fail(ErrorKind::Unsupported, where + ": key 'router_jitter_noise'",
          "noise on the router's input in training is not implemented", "set it to 0.0");
-  if (json_bool_or(j, "output_router_logits", false, where))
-    fail(ErrorKind::Unsupported, where + ": key 'output_router_logits'",
-         "the router's auxiliary load-balancing loss (router_aux_loss_coef) is not implemented",
-         "set output_router_logits to false: the loss is then the language-model loss alone, as transformers computes it");
+  if (json_bool_or(j, "output_router_logits", false, where)) {  // MixtralConfig 0.02, Qwen3MoeConfig 0.001
+    c.router_aux_loss_coef = json_number_or(j, "router_aux_loss_coef", mixtral ? 0.02 : 0.001, where);
+    if (!(c.router_aux_loss_coef >= 0))
+      fail(ErrorKind::Config, where + ": key 'router_aux_loss_coef'", "must be zero or positive");
+  }
   if (!mixtral) {
     if (json_int_or(j, "decoder_sparse_step", 1, where) != 1)
       fail(ErrorKind::Unsupported, where + ": key 'decoder_sparse_step'", "dense MLP layers between the sparse ones are not implemented");

@@ -96,6 +96,12 @@ struct LlamaConfig {
   // token's output is the sum of the chosen experts' outputs times those weights. 0: dense.
   int64_t n_experts = 0, experts_per_tok = 0, expert_intermediate_size = 0;
   bool norm_topk_prob = true;
+  // The router's auxiliary load-balancing loss, as transformers adds it when output_router_logits
+  // is set (load_balancing_loss_func over every layer's router logits of a forward, padding left
+  // out): aux = E * sum_e f_e P_e, f_e the share of the (token, choice) pairs routed to expert e
+  // per token-layer, P_e the mean router probability; the training loss adds this coefficient
+  // (router_aux_loss_coef) times aux. 0: not added (output_router_logits false).
+  double router_aux_loss_coef = 0;
   bool moe() const { return n_experts > 0; }
   // The format the checkpoint ships its experts in ("mxfp4": gpt-oss), "" = as the other weights.
   std::string experts_stored;

@@ -928,6 +928,11 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
   const std::vector<int32_t>& off = expert_offsets(a);
   if (count)
     for (int64_t e = 0; e < E; e++) routed_[size_t(l * E + e)] += off[size_t(e) + 1] - off[size_t(e)];
+  if (count && aux_on_) {  // the load-balancing loss's statistics, summed over the layers
+    const Tensor stats = arena_->get("moe.router_stats");  // (2,E): probability sums, choice counts
+    be_.moe_router_stats({row_slice(stats, 0, 1), row_slice(stats, 1, 1), a.moe_logits, a.moe_expert,
+                          with_rows(arena_->get("batch.mask"), n), n, E, K});
+  }
   // Each expert with rows, over them: gate, up, the activation, down.
   for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor x = row_slice(a.moe_x, r0, m), gate = row_slice(a.gate, r0, m), up = row_slice(a.up, r0, m);
@@ -967,7 +972,9 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   });
   be_.combine_rows({dln, dx, Tensor(), row, n, K, C, false});  // dln = sum_j dx[row[t,j]]
   const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);
-  be_.moe_route_bwd({dlogits, dw, a.moe_logits, a.moe_expert, n, E, K, cfg_.norm_topk_prob});
+  MoeRouteBwdArgs rb{dlogits, dw, a.moe_logits, a.moe_expert, n, E, K, cfg_.norm_topk_prob};
+  if (aux_on_) rb.aux_grad = arena_->get("moe.aux_grad"), rb.mask = with_rows(arena_->get("batch.mask"), n);
+  be_.moe_route_bwd(rb);
   be_.matmul({dln, dlogits, L.router, n, C, E, false, false, 1.0f, 1.0f});  // dln += dlogits Wr
 }
 
@@ -1152,19 +1159,58 @@ double LlamaModel::synced_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64_t seed) {
-  return step_with(batch, grad_scale, nullptr, seed);
+double LlamaModel::forward_backward(const Batch& batch, float grad_scale, uint64_t seed, double aux_weight) {
+  return step_with(batch, grad_scale, nullptr, seed, aux_weight);
 }
 
 double LlamaModel::forward_backward_weighted(const Batch& batch, const RowWeightFn& weigh, uint64_t seed) {
-  return step_with(batch, 1.0f, &weigh, seed);
+  if (cfg_.router_aux_loss_coef > 0)
+    fail(ErrorKind::Unsupported, "output_router_logits",
+         "the router's load-balancing loss beside a preference objective is not implemented",
+         "set output_router_logits to false in config.json");
+  return step_with(batch, 1.0f, &weigh, seed, 0.0);
 }
 
-double LlamaModel::step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed) {
+// transformers' load_balancing_loss_func over the forward's layers: with R = layers x counted
+// tokens, f_e = count_e / R and P_e = prob_sum_e / R, aux = E sum_e f_e P_e. Its gradient in each
+// counted token's p[t,e] (the counts are a choice: none) is coef * aux_weight * E * count_e / R^2.
+void LlamaModel::router_aux_loss(double aux_weight) {
+  const int64_t E = cfg_.n_experts;
+  std::vector<float> stats(size_t(2 * E)), grad(size_t(E), 0.0f);
+  be_.copy_to_host(stats.data(), arena_->raw("moe.router_stats"), stats.size() * 4);
+  double counted = 0;
+  for (int64_t e = 0; e < E; e++) counted += stats[size_t(E + e)];
+  const double rows = counted / double(cfg_.experts_per_tok);  // layers x counted tokens
+  aux_loss_ = 0;
+  if (rows > 0) {
+    for (int64_t e = 0; e < E; e++) aux_loss_ += double(stats[size_t(E + e)]) * double(stats[size_t(e)]);
+    aux_loss_ *= double(E) / (rows * rows);
+    for (int64_t e = 0; e < E; e++)
+      grad[size_t(e)] = float(cfg_.router_aux_loss_coef * aux_weight * double(E) * double(stats[size_t(E + e)]) / (rows * rows));
+    aux_sum_ += aux_loss_;
+    aux_count_++;
+  }
+  be_.copy_to_device(arena_->raw("moe.aux_grad"), grad.data(), grad.size() * 4);
+}
+
+double LlamaModel::step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed,
+                             double aux_weight) {
   if (!adapters_on_) fail(ErrorKind::Internal, "forward_backward", "the adapters are switched off: nothing to train");
   const double t0 = times_ ? synced_now() : 0.0;
   head_bwd_s_ = 0;
+  aux_on_ = cfg_.router_aux_loss_coef > 0 && !weigh;
+  aux_loss_ = 0;
+  if (aux_on_) {  // zeroed statistics; the tokens that count (not the right padding)
+    const int64_t E = cfg_.n_experts, n = batch.n();
+    const std::vector<float> zero(size_t(2 * E), 0.0f);
+    be_.copy_to_device(arena_->raw("moe.router_stats"), zero.data(), zero.size() * 4);
+    std::vector<float> mask(size_t(n), 1.0f);
+    for (int64_t r = 0; r < int64_t(batch.lens.size()); r++)
+      for (int64_t t = batch.lens[size_t(r)]; t < batch.t; t++) mask[size_t(r * batch.t + t)] = 0.0f;
+    be_.copy_to_device(arena_->raw("batch.mask"), mask.data(), mask.size() * 4);
+  }
   forward(batch, true, seed);
+  if (aux_on_) router_aux_loss(aux_weight);
   const int64_t n = batch.n();
   const double loss = head_and_loss(n, true, grad_scale, weigh);
   const double t1 = times_ ? synced_now() : 0.0;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -85,9 +86,14 @@ class LlamaModel {
   const LoraSpec& lora() const { return lora_; }
   void zero_grads();
 
-  // Forward + backward of one micro-batch. LoRA grads "+=" d(loss_sum * grad_scale).
-  // Returns the summed token loss of the micro-batch (not scaled). dropout_seed selects the mask.
-  double forward_backward(const Batch& batch, float grad_scale, uint64_t dropout_seed);
+  // Forward + backward of one micro-batch. LoRA grads "+=" d(loss_sum * grad_scale), and with the
+  // router's load-balancing loss (LlamaConfig::router_aux_loss_coef) "+=" d(coef * aux_weight * aux).
+  // Returns the summed token loss of the micro-batch (not scaled; aux: last_aux_loss()).
+  // dropout_seed selects the mask.
+  double forward_backward(const Batch& batch, float grad_scale, uint64_t dropout_seed, double aux_weight = 1.0);
+  // The load-balancing loss (unweighted, without the coefficient) of the last forward_backward; 0
+  // without one.
+  double last_aux_loss() const { return aux_loss_; }
   // Timing for benchmarks: while set, each forward_backward adds its forward and backward wall
   // times to *t, synchronizing the backend at each boundary. Null (the default) turns it off.
   void set_step_times(StepTimes* t) { times_ = t; }
@@ -113,7 +119,12 @@ class LlamaModel {
   // training forwards with adapters on (not recomputes, decodes or a reference model's forwards)
   // since the last reset. Empty for a dense model.
   const std::vector<int64_t>& routed_tokens() const { return routed_; }
-  void reset_routed_tokens() { std::fill(routed_.begin(), routed_.end(), 0); }
+  // The load-balancing losses of the training forwards since the last reset: their sum and count.
+  std::pair<double, int64_t> aux_losses() const { return {aux_sum_, aux_count_}; }
+  void reset_routed_tokens() {
+    std::fill(routed_.begin(), routed_.end(), 0);
+    aux_sum_ = 0, aux_count_ = 0;
+  }
   // Full logits (N,V) copied to host, for tests on small inputs.
   std::vector<float> logits(const Batch& batch);
 
@@ -187,7 +198,8 @@ class LlamaModel {
   double head_and_loss(int64_t n, bool backward, float grad_scale, const RowWeightFn* weigh = nullptr,
                        std::vector<float>* row_losses = nullptr);
   // forward_backward with a scalar gradient scale, or with per-position weights when weigh is set.
-  double step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed);
+  double step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed, double aux_weight);
+  void router_aux_loss(double aux_weight);  // after a training forward: aux_loss_, moe.aux_grad
   void forward(const Batch& batch, bool train, uint64_t seed);
 
   LlamaConfig cfg_;
@@ -250,6 +262,10 @@ class LlamaModel {
   bool adapters_on_ = true;         // set_adapters_enabled
   StepTimes* times_ = nullptr;      // set_step_times
   double head_bwd_s_ = 0;           // LM-head backward time inside head_and_loss (timing on)
+  double aux_loss_ = 0;             // last_aux_loss()
+  double aux_sum_ = 0;              // aux_losses()
+  int64_t aux_count_ = 0;
+  bool aux_on_ = false;             // this step's forward gathers router statistics (aux loss)
   double synced_now();              // seconds on a steady clock, after backend().synchronize()
 };
 

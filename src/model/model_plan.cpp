@@ -237,6 +237,12 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add("ws.moe_dy", MC::Workspace, cd, {T, C}, Lifetime::Layer);
     plan.add("ws.moe_dlogits", MC::Workspace, DType::F32, {N, c.n_experts}, Lifetime::Layer);
     plan.add("ws.moe_dw", MC::Workspace, DType::F32, {N, c.experts_per_tok}, Lifetime::Layer);
+    if (c.router_aux_loss_coef > 0) {  // the load-balancing loss: its statistics (probability sums,
+      // choice counts), its gradient in p, and which tokens count (padding does not)
+      plan.add("moe.router_stats", MC::Workspace, DType::F32, {2, c.n_experts}, Lifetime::Step);
+      plan.add("moe.aux_grad", MC::Workspace, DType::F32, {c.n_experts}, Lifetime::Step);
+      plan.add("batch.mask", MC::Activations, DType::F32, {N}, Lifetime::Step);
+    }
   }
   plan.add("ws.dres", MC::Workspace, cd, {N, C}, Lifetime::Step);
   plan.add("ws.dln", MC::Workspace, cd, {N, C}, Lifetime::Layer);

@@ -98,6 +98,10 @@ Batch pad_batch(const std::vector<const Example*>& rows, int32_t pad) {
       }
     }
     QLORA_ASSERT(j == n);
+    if (n < t) {  // right padding: every row's real length, for what must leave padding out
+      if (x.lens.empty()) x.lens.assign(size_t(b), int32_t(t));
+      x.lens[size_t(i)] = int32_t(n);
+    }
     // Padding: in packed rows its own segment (ids stay increasing along the row) with positions
     // from 0; in plain rows positions run on, as Hugging Face numbers a padded row.
     for (int64_t p = 0; j < t; j++, p++) {

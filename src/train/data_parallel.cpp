@@ -62,7 +62,8 @@ StepResult DataParallelStep::run(const std::vector<Batch>& global, const OptimHy
   double sums[2] = {0, stop_here ? 1.0 : 0.0};  // my micro-batches' shares of the loss, stop votes
   for (size_t j = mine.begin; j < mine.end(); j++) {
     const uint64_t seed = micro_batch_seed(dropout_seed, step, int64_t(j));
-    sums[0] += micro ? micro(global[j], int64_t(j), seed) : token_mean_share(model_, global[j], r.trained_tokens, seed);
+    sums[0] += micro ? micro(global[j], int64_t(j), seed)
+                     : token_mean_share(model_, global[j], r.trained_tokens, int64_t(global.size()), seed);
   }
   if (zero1_) {
     zero1_->step(h, lr, step, sums, r, stop_any);

@@ -18,9 +18,11 @@ uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j) {
   return mix(dropout_seed, uint64_t(step) * 1000 + uint64_t(j));
 }
 
-double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, uint64_t seed) {
+double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, int64_t micro_batches, uint64_t seed) {
   const float scale = float(1.0 / double(trained_tokens));
-  return model.forward_backward(b, scale, seed) / double(trained_tokens);
+  const double aux_weight = 1.0 / double(micro_batches);  // the step's mean of the micro-batches' aux losses
+  const double sum = model.forward_backward(b, scale, seed, aux_weight);
+  return sum / double(trained_tokens) + model.config().router_aux_loss_coef * aux_weight * model.last_aux_loss();
 }
 
 StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed,
@@ -35,7 +37,8 @@ StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, in
   double loss = 0;
   for (size_t j = 0; j < mbs.size(); j++) {
     const uint64_t seed = micro_batch_seed(dropout_seed, step, int64_t(j));
-    loss += micro ? micro(mbs[j], int64_t(j), seed) : token_mean_share(model, mbs[j], r.trained_tokens, seed);
+    loss += micro ? micro(mbs[j], int64_t(j), seed)
+                  : token_mean_share(model, mbs[j], r.trained_tokens, int64_t(mbs.size()), seed);
   }
   r.loss = loss;
   return r;

@@ -40,8 +40,11 @@ uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j);
 // Zeroes the LoRA grads and runs forward + backward over every micro-batch: fills loss and tokens.
 StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& micro_batches, int64_t step,
                             uint64_t dropout_seed, const MicroStepFn& micro = {});
-// The token-mean share of one micro-batch (MicroStepFn's default) for a step of `trained_tokens`.
-double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, uint64_t seed);
+// The share of one micro-batch (MicroStepFn's default) in a step of `trained_tokens` over
+// `micro_batches`: its token losses over trained_tokens, plus (mixture of experts with
+// output_router_logits) router_aux_loss_coef times its load-balancing loss over micro_batches, so
+// the step's objective is the token mean plus the coefficient times the micro-batches' mean aux.
+double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, int64_t micro_batches, uint64_t seed);
 // Global grad norm (into r.grad_norm), clipping and AdamW; leaves the weights untouched when the
 // loss or the norm is not finite.
 void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r);

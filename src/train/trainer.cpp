@@ -336,6 +336,10 @@ ModelSource Trainer::prepare_data(Run& r) {
 
 void Trainer::load_model(Run& r, const ModelSource& source) {
   pref_ = preference_spec(cfg_);
+  if (pref_ && source.config.router_aux_loss_coef > 0)  // before the reference pass and the weights
+    fail(ErrorKind::Unsupported, source.config.name + "/config.json: key 'output_router_logits'",
+         "the router's load-balancing loss beside a preference objective is not implemented",
+         "set output_router_logits to false in config.json");
   const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
   const int64_t ebs = cfg_.per_device_eval_batch_size;
   // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.
@@ -611,6 +615,11 @@ void Trainer::train_loop(Run& r) {
       std::vector<double> routed(model.routed_tokens().begin(), model.routed_tokens().end());
       if (world > 1) comm_->allreduce_sum(routed.data(), routed.size());
       for (const auto& [k, v] : router_metrics(routed, model.config().n_layer, model.config().n_experts)) step_metrics[k] = v;
+      if (model.config().router_aux_loss_coef > 0) {  // the micro-batches' mean load-balancing loss (in `loss` times the coefficient)
+        double aux[2] = {model.aux_losses().first, double(model.aux_losses().second)};
+        if (world > 1) comm_->allreduce_sum(aux, 2);
+        if (aux[1] > 0) step_metrics["router/aux_loss"] = aux[0] / aux[1];
+      }
     }
     const double loss = res.loss, gnorm = res.grad_norm;
     if (!std::isfinite(gnorm) || !std::isfinite(loss)) {

@@ -116,6 +116,66 @@ TEST(CpuOps, moe_route_bwd_FiniteDifferences) {
   }
 }
 
+// The load-balancing loss's pieces: moe_router_stats adds each counted token's probabilities and
+// choices (a masked token none), and moe_route_bwd with aux_grad adds the gradient of
+// sum_t mask[t] sum_e aux_grad[e] p[t,e] to the routing weights' (finite differences in double).
+TEST(CpuOps, moe_router_stats_AndTheAuxGradientMatchReferences) {
+  Rng rng(7);
+  const int64_t n = 9, e = 6, k = 2;
+  Vec logits = randn(rng, size_t(n * e), 1.5f), g = randn(rng, size_t(n * k)), aux = randn(rng, size_t(e));
+  Vec mask(size_t(n), 1.0f);
+  mask[3] = mask[7] = 0.0f;
+  auto be = cpu();
+  const Routed r = route(*be, logits, n, e, k, true);
+  std::vector<int32_t> expert = r.expert;
+  Vec ps(size_t(e), 0.5f), cs(size_t(e), 2.0f);  // "+=": a previous layer's sums
+  be->moe_router_stats({view(ps, {e}), view(cs, {e}), view(logits, {n, e}), i32_view(expert), view(mask, {n}), n, e, k});
+  for (int64_t x = 0; x < e; x++) {
+    double p = 0, c = 0;
+    for (int64_t t = 0; t < n; t++) {
+      if (mask[size_t(t)] == 0) continue;
+      double mx = -INFINITY, z = 0;
+      for (int64_t i = 0; i < e; i++) mx = std::max(mx, double(logits[size_t(t * e + i)]));
+      for (int64_t i = 0; i < e; i++) z += std::exp(double(logits[size_t(t * e + i)]) - mx);
+      p += std::exp(double(logits[size_t(t * e + x)]) - mx) / z;
+      for (int64_t j = 0; j < k; j++) c += expert[size_t(t * k + j)] == x;
+    }
+    EXPECT_NEAR(ps[size_t(x)], 0.5 + p, 1e-6) << "expert " << x;
+    EXPECT_EQ(cs[size_t(x)], 2.0 + c) << "expert " << x;
+  }
+  Vec dl(size_t(n * e), NAN);
+  MoeRouteBwdArgs a{view(dl, {n, e}), view(g, {n * k}), view(logits, {n, e}), i32_view(expert), n, e, k, true};
+  a.aux_grad = view(aux, {e});
+  a.mask = view(mask, {n});
+  be->moe_route_bwd(a);
+  auto f = [&](const std::vector<double>& l) {
+    double s = 0;
+    for (int64_t t = 0; t < n; t++) {
+      double mx = -INFINITY, z = 0, zk = 0;
+      for (int64_t i = 0; i < e; i++) mx = std::max(mx, l[size_t(t * e + i)]);
+      for (int64_t i = 0; i < e; i++) z += std::exp(l[size_t(t * e + i)] - mx);
+      for (int64_t j = 0; j < k; j++) zk += std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z;
+      for (int64_t j = 0; j < k; j++)
+        s += g[size_t(t * k + j)] * std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z / zk;
+      for (int64_t i = 0; i < e; i++) s += mask[size_t(t)] * aux[size_t(i)] * std::exp(l[size_t(t * e + i)] - mx) / z;
+    }
+    return s;
+  };
+  std::vector<double> l(logits.begin(), logits.end());
+  double moved = 0;
+  for (size_t i = 0; i < l.size(); i++) {
+    const double h = 1e-6, keep = l[i];
+    l[i] = keep + h;
+    const double up = f(l);
+    l[i] = keep - h;
+    const double down = f(l);
+    l[i] = keep;
+    EXPECT_NEAR(dl[i], (up - down) / (2 * h), 2e-6) << "logit " << i;
+    moved = std::max(moved, double(std::fabs(dl[i])));
+  }
+  EXPECT_GT(moved, 0.01);
+}
+
 TEST(CpuOps, gather_rows_ScaledAndPlain) {
   Rng rng(7);
   const int64_t rows = 5, c = 11, m = 7;

@@ -92,6 +92,45 @@ CUDA_OP_TEST(moe_route_bwd, bf16_and_f32) {
     }
 }
 
+// The load-balancing loss on the device: the statistics (probability sums and choice counts over
+// the unmasked tokens, added to what the buffers hold) and the backward with aux_grad and a mask.
+CUDA_OP_TEST(moe_router_stats, and_the_aux_gradient) {
+  QLORA_REQUIRE_CUDA(cu);
+  const int64_t n = tokens(), e = 32, k = 4;
+  for (DType dt : {BF, F32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Vec logits = router_logits(n, e, 3), g = randn(41, size_t(n * k)), aux = randn(43, size_t(e));
+    if (dt == BF) logits = round_bf16(std::move(logits));
+    Vec mask(size_t(n), 1.0f);
+    for (int64_t t = 0; t < n; t += 5) mask[size_t(t)] = 0.0f;
+    std::vector<int32_t> ex(size_t(n * k)), row(size_t(n * k)), tok(size_t(n * k)), off(size_t(e + 1));
+    Vec w(size_t(n * k)), rw(size_t(n * k)), ref(size_t(n * e)), ps(size_t(e), 0.25f), cs(size_t(e), 1.0f);
+    auto be = cpu();
+    be->moe_route_fwd({f32_view(logits.data(), {n, e}), Tensor(ex.data(), DType::I32, {n * k}), f32_view(w.data(), {n * k}),
+                       Tensor(row.data(), DType::I32, {n * k}), Tensor(tok.data(), DType::I32, {n * k}),
+                       f32_view(rw.data(), {n * k}), Tensor(off.data(), DType::I32, {e + 1}), n, e, k, true});
+    be->moe_router_stats({f32_view(ps.data(), {e}), f32_view(cs.data(), {e}), f32_view(logits.data(), {n, e}),
+                          Tensor(ex.data(), DType::I32, {n * k}), f32_view(mask.data(), {n}), n, e, k});
+    MoeRouteBwdArgs rb{f32_view(ref.data(), {n, e}), f32_view(g.data(), {n * k}), f32_view(logits.data(), {n, e}),
+                       Tensor(ex.data(), DType::I32, {n * k}), n, e, k, true};
+    rb.aux_grad = f32_view(aux.data(), {e});
+    rb.mask = f32_view(mask.data(), {n});
+    be->moe_route_bwd(rb);
+    DBuf dl(*cu, dt, logits), dg(*cu, F32, g), dex(*cu, DType::I32, n * k), out(*cu, dt, n * e), da(*cu, F32, aux),
+        dm(*cu, F32, mask), dps(*cu, F32, Vec(size_t(e), 0.25f)), dcs(*cu, F32, Vec(size_t(e), 1.0f));
+    dex.upload_i32(ex);
+    cu->moe_router_stats({dps.t(), dcs.t(), dl.t(), dex.t(), dm.t(), n, e, k});
+    expect_close("prob_sum", dps.download(), ps, Tol{1e-5, 1e-6, 1e-5});
+    expect_equal("count", dcs.download(), cs);
+    out.poison();
+    MoeRouteBwdArgs gb{out.t(), dg.t(), dl.t(), dex.t(), n, e, k, true};
+    gb.aux_grad = da.t();
+    gb.mask = dm.t();
+    cu->moe_route_bwd(gb);
+    expect_close("dlogits", out.download(), ref, dt == BF ? Tol{kBf16U, 1e-6, kBf16U} : Tol{1e-5, 1e-6, 1e-5});
+  }
+}
+
 CUDA_OP_TEST(gather_rows, scaled_bf16_and_f32) {
   QLORA_REQUIRE_CUDA(cu);
   const int64_t rows = tokens(), c = small_shapes() ? 40 : 2048, m = 3 * rows;

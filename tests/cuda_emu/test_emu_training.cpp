@@ -443,6 +443,13 @@ TEST(CudaEmuTraining, MixtureOfExpertsMatchTheCpu) {
   compare_moe("mixtral", "full", "nf4");  // QLoRA: each expert dequantized before its GEMMs
 }
 
+// With output_router_logits: the load-balancing loss's statistics and its gradient through every
+// layer's router probabilities on the CUDA backend, with the recompute adding no second set.
+TEST(CudaEmuTraining, MixtureOfExpertsLoadBalancingLossMatchesTheCpu) {
+  compare_moe("mixtral_aux", "none");
+  compare_moe("mixtral_aux", "full");
+}
+
 
 // A quantized base is dequantized a layer ahead on a side stream: in a steady-state micro-step every
 // layer dequantization (dequant_layers_per_micro_step of them) is a prefetch, and each of its 7

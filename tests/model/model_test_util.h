@@ -63,7 +63,8 @@ inline LoraSpec fixture_lora() {
 // mixture-of-experts fixtures (where all-linear would adapt the experts, which the engine refuses).
 inline LoraSpec fixture_lora(const std::string& variant) {
   LoraSpec s = fixture_lora();
-  if (variant == "mixtral" || variant == "qwen3_moe") s.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  if (variant == "mixtral" || variant == "qwen3_moe" || variant == "mixtral_aux")
+    s.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
   return s;
 }
 

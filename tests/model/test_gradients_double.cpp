@@ -107,12 +107,23 @@ struct RefModel {
       }
   }
 
-  // Summed cross-entropy of `batch`.
+  // Summed cross-entropy of `batch`, plus router_aux_loss_coef times transformers' load-balancing
+  // loss over every layer's routing of every token (E sum_e f_e P_e, R = layers x tokens).
   double loss(const Batch& batch) const {
+    aux_count.assign(size_t(c.n_experts), 0.0);
+    aux_prob.assign(size_t(c.n_experts), 0.0);
     double total = 0;
     for (double v : token_losses(batch)) total += v;
+    if (c.router_aux_loss_coef > 0) {
+      const double R = double(c.n_layer * batch.n());
+      double aux = 0;
+      for (int64_t e = 0; e < c.n_experts; e++) aux += aux_count[size_t(e)] * aux_prob[size_t(e)];
+      total += aux_weight * c.router_aux_loss_coef * double(c.n_experts) * aux / (R * R);
+    }
     return total;
   }
+  double aux_weight = 1;  // the load-balancing loss's weight beside the coefficient (forward_backward's)
+  mutable std::vector<double> aux_count, aux_prob;  // loss(): the routing's choice counts, probability sums
 
   // Cross-entropy of each labeled position, in batch order. Packed rows (batch.seg) attend within
   // their own document only.
@@ -197,6 +208,11 @@ struct RefModel {
               chosen.push_back(best);
               zk += p[size_t(best)];
             }
+            if (aux_count.size() == size_t(E))
+              for (int64_t e = 0; e < E; e++) {
+                aux_prob[size_t(e)] += p[size_t(e)];
+                aux_count[size_t(e)] += double(std::count(chosen.begin(), chosen.end(), e));
+              }
             const Mat ht(h.begin() + t * C, h.begin() + (t + 1) * C);
             for (int64_t e : chosen) {
               const double wt = p[size_t(e)] / (c.norm_topk_prob ? zk : 1.0);
@@ -271,10 +287,13 @@ void check_model(const std::string& variant, size_t stride) {
   }
   const Batch batch = Batch::from_hf(2, 9, ids, labels);
   t.model->zero_grads();
-  const double engine_loss = t.model->forward_backward(batch, 1.0f, 0);
+  // The load-balancing loss weighs as much as a summed token loss here (~40x its place in a mean).
+  const double aux_weight = cfg.router_aux_loss_coef > 0 ? 40.0 : 1.0;
+  const double engine_loss = t.model->forward_backward(batch, 1.0f, 0, aux_weight);
 
   RefModel ref;
   ref.c = cfg;
+  ref.aux_weight = aux_weight;
   ref.lora_scale = double(spec.scale());
   for (float f : rope_inv_freq(cfg, rope_uses_long_factors(cfg, 9 - 1))) ref.inv_freq.push_back(double(f));
   if (cfg.rope_local_theta > 0)
@@ -284,7 +303,8 @@ void check_model(const std::string& variant, size_t stride) {
   for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
 
   const double ref_loss = ref.loss(batch);
-  EXPECT_NEAR(engine_loss, ref_loss, 2e-6 * std::fabs(ref_loss)) << variant << ": summed loss";
+  const double aux_term = aux_weight * cfg.router_aux_loss_coef * t.model->last_aux_loss();
+  EXPECT_NEAR(engine_loss + aux_term, ref_loss, 2e-6 * std::fabs(ref_loss)) << variant << ": summed loss";
 
   int64_t checked = 0, expected = 0;
   double worst_rel = 0;
@@ -441,5 +461,8 @@ TEST(LoraGradientsDouble, Gemma2SoftCapping) { check_model("gemma2", 3); }
 // Mixtral layout: 16 experts, top-2 renormalised; the attention's adapters see the experts and the
 // router's path (the routing weights depend on the layer input); every third parameter.
 TEST(LoraGradientsDouble, MixtralExperts) { check_model("mixtral", 3); }
+// Mixtral with output_router_logits: the load-balancing loss (coefficient 0.1) reaches the
+// attention's adapters through every layer's router probabilities; every third parameter.
+TEST(LoraGradientsDouble, MixtralLoadBalancingLoss) { check_model("mixtral_aux", 3); }
 // Qwen3-MoE layout: Qwen3's attention, 32 experts, top-4 without renormalisation; every third.
 TEST(LoraGradientsDouble, Qwen3MoeExperts) { check_model("qwen3_moe", 3); }

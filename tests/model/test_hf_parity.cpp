@@ -39,8 +39,15 @@ TEST_P(HfParity, LoraLogitsLossAndGradients) {
   Batch b = Batch::from_hf(2, 12, ids, labels);
   EXPECT_LT(rel_err(t.model->logits(b), floats(fx, "lora_logits")), kLogitTol);
   t.model->zero_grads();
-  const double loss = t.model->forward_backward(b, float(1.0 / double(b.n_trained())), 0) / double(b.n_trained());
+  // With output_router_logits, transformers' loss adds router_aux_loss_coef times the load-balancing loss.
+  const double coef = t.model->config().router_aux_loss_coef;
+  const double loss = t.model->forward_backward(b, float(1.0 / double(b.n_trained())), 0) / double(b.n_trained()) +
+                      coef * t.model->last_aux_loss();
   EXPECT_NEAR(loss, floats(fx, "lora_loss")[0], kLogitTol * std::fabs(loss));
+  if (coef > 0) {
+    const double aux = floats(fx, "lora_aux_loss")[0];
+    EXPECT_NEAR(t.model->last_aux_loss(), aux, kLogitTol * aux);
+  }
   int checked = 0;
   for (auto& p : t.model->lora_params()) {
     std::vector<float> g(size_t(p.g.numel()));
@@ -90,7 +97,8 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
-                                                                   "qwen3_moe", "gemma3_mm", "phi3_longrope", "qwen3_yarn"));
+                                                                   "qwen3_moe", "gemma3_mm", "phi3_longrope", "qwen3_yarn",
+                                                                   "mixtral_aux"));
 
 // LongRoPE picks its factors per forward by the largest position (transformers: max(position_ids)
 // + 1 > original_max_position_embeddings): on one model, 8-token rows (within the original 8)

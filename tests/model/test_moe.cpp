@@ -56,12 +56,24 @@ TEST(Moe, ConfigReadsTheExpertsOfBothFamilies) {
   EXPECT_EQ(m.n_params() - m.active_params(), m.n_layer * (16 - 2) * 3 * 64 * 32);
 }
 
+TEST(Moe, ConfigReadsTheLoadBalancingLoss) {
+  // output_router_logits adds router_aux_loss_coef times the loss; without the key, the config
+  // class's default coefficient (Mixtral 0.02, Qwen3-MoE 0.001); without output_router_logits, none.
+  EXPECT_EQ(parse_hf_config(fixture_config("mixtral", R"({"output_router_logits":true,"router_aux_loss_coef":0.3})"), "m.json")
+                .router_aux_loss_coef, 0.3);
+  json m = json::parse(fixture_config("mixtral", R"({"output_router_logits":true})"));
+  m.erase("router_aux_loss_coef");
+  EXPECT_EQ(parse_hf_config(m.dump(), "m.json").router_aux_loss_coef, 0.02);
+  json q = json::parse(fixture_config("qwen3_moe", R"({"output_router_logits":true})"));
+  q.erase("router_aux_loss_coef");
+  EXPECT_EQ(parse_hf_config(q.dump(), "q.json").router_aux_loss_coef, 0.001);
+  EXPECT_EQ(parse_hf_config(fixture_config("mixtral", "{}"), "m.json").router_aux_loss_coef, 0.0);
+  Error e = config_error_of(fixture_config("mixtral", R"({"output_router_logits":true,"router_aux_loss_coef":-1})"));
+  EXPECT_EQ(e.where(), "m.json: key 'router_aux_loss_coef'");
+}
+
 TEST(Moe, ConfigRefusesWhatTheEngineDoesNotImplement) {
-  Error e = config_error_of(fixture_config("mixtral", R"({"output_router_logits":true})"));
-  EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-  EXPECT_EQ(e.where(), "m.json: key 'output_router_logits'");
-  EXPECT_NE(e.message().find("load-balancing loss"), std::string::npos) << e.message();
-  e = config_error_of(fixture_config("mixtral", R"({"router_jitter_noise":0.1})"));
+  Error e = config_error_of(fixture_config("mixtral", R"({"router_jitter_noise":0.1})"));
   EXPECT_EQ(e.where(), "m.json: key 'router_jitter_noise'");
   e = config_error_of(fixture_config("qwen3_moe", R"({"mlp_only_layers":[1]})"));
   EXPECT_EQ(e.where(), "m.json: key 'mlp_only_layers'");
@@ -130,6 +142,56 @@ TEST(Moe, CheckpointingRecomputesTheRoutedLayerExactly) {
   EXPECT_EQ(loss[0], loss[1]);
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (size_t i = 0; i < grads[0].size(); i++) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+}
+
+// With the load-balancing loss: the recompute adds no second set of router statistics (the loss
+// and the gradients equal those of the run that saved every activation), right padding is left
+// out of it as transformers' attention mask leaves it out (a padded row's aux loss equals that of
+// the same tokens without the padding), and a preference objective beside it is refused.
+TEST(Moe, LoadBalancingLossCountsEachRealTokenOnce) {
+  SafetensorsArchive fx(fixtures() + "/parity/mixtral_aux.safetensors");
+  const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  std::vector<std::vector<float>> grads[2];
+  double aux[2];
+  for (int run = 0; run < 2; run++) {
+    TestModel t = make_model("mixtral_aux", fixture_lora("mixtral_aux"), 2, 12, run == 0 ? "none" : "full");
+    load_peft_adapter(fixtures() + "/parity/mixtral_aux_adapter", *t.model);
+    t.model->zero_grads();
+    t.model->forward_backward(b, 1.0f, 0);
+    aux[run] = t.model->last_aux_loss();
+    for (auto& p : t.model->lora_params()) {
+      std::vector<float> g(size_t(p.g.numel()));
+      t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
+      grads[run].push_back(g);
+    }
+  }
+  EXPECT_GT(aux[0], 0.0);
+  EXPECT_EQ(aux[0], aux[1]);
+  for (size_t i = 0; i < grads[0].size(); i++) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+
+  // Row 0's first 7 tokens, alone, and padded to 12 with token 0 (the padding routes somewhere).
+  const std::vector<int32_t> ids = ints(fx, "input_ids");
+  std::vector<int32_t> seven(ids.begin(), ids.begin() + 7), padded = seven;
+  padded.resize(12, 0);
+  TestModel t = make_model("mixtral_aux", fixture_lora("mixtral_aux"), 1, 12);
+  load_peft_adapter(fixtures() + "/parity/mixtral_aux_adapter", *t.model);
+  Batch alone = Batch::from_hf(1, 7, seven, seven), pad = Batch::from_hf(1, 12, padded, padded);
+  t.model->forward_backward(alone, 1.0f, 0);
+  const double want = t.model->last_aux_loss();
+  t.model->forward_backward(pad, 1.0f, 0);
+  const double with_pad_counted = t.model->last_aux_loss();
+  pad.lens = {7};
+  t.model->forward_backward(pad, 1.0f, 0);
+  EXPECT_NEAR(t.model->last_aux_loss(), want, 1e-6 * want);
+  EXPECT_GT(std::fabs(with_pad_counted - want), 1e-3 * want) << "the padding's routing changes the loss when counted";
+  const LlamaModel::RowWeightFn weigh = [](const std::vector<float>& r) { return std::vector<float>(r.size(), 1.0f); };
+  try {
+    t.model->forward_backward_weighted(b, weigh, 0);
+    ADD_FAILURE() << "a preference objective beside the load-balancing loss must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_EQ(e.where(), "output_router_logits");
+  }
 }
 
 TEST(Moe, PresetsAndFlopsCountTheChosenExperts) {

@@ -92,6 +92,13 @@ void CpuBackend::moe_route_bwd(const MoeRouteBwdArgs& a) {
   cpu::check_f32(op, "dweight", a.dweight, N * K);
   cpu::check_f32(op, "logits", a.logits, N * E);
   check_i32(op, "expert", a.expert, N * K);
+  const float* aux = nullptr;
+  const float* mask = nullptr;
+  if (a.aux_grad.data) {
+    cpu::check_f32(op, "aux_grad", a.aux_grad, E);
+    aux = a.aux_grad.f32();
+    if (a.mask.data) cpu::check_f32(op, "mask", a.mask, N), mask = a.mask.f32();
+  }
   const int32_t* expert = static_cast<const int32_t*>(a.expert.data);
 #pragma omp parallel if (N * E > cpu::kParallelMin)
   {
@@ -109,12 +116,36 @@ void CpuBackend::moe_route_bwd(const MoeRouteBwdArgs& a) {
         for (int64_t j = 0; j < K; j++) gw += g[j] * (p[size_t(ex[j])] / z);
       }
       for (int64_t j = 0; j < K; j++) dp[size_t(ex[j])] = (g[j] - gw) / z;
+      if (aux) {
+        const float m = mask ? mask[t] : 1.0f;
+        for (int64_t e = 0; e < E; e++) dp[size_t(e)] += m * aux[e];
+      }
       float dot = 0;
       for (int64_t e = 0; e < E; e++) dot += p[size_t(e)] * dp[size_t(e)];
       float* dl = a.dlogits.f32() + t * E;
       for (int64_t e = 0; e < E; e++) dl[e] = p[size_t(e)] * (dp[size_t(e)] - dot);
     }
   }
+}
+
+void CpuBackend::moe_router_stats(const MoeRouterStatsArgs& a) {
+  const char* op = "moe_router_stats";
+  const int64_t N = a.n, E = a.n_experts, K = a.top_k;
+  check_route(op, N, E, K);
+  cpu::check_f32(op, "prob_sum", a.prob_sum, E);
+  cpu::check_f32(op, "count", a.count, E);
+  cpu::check_f32(op, "logits", a.logits, N * E);
+  check_i32(op, "expert", a.expert, N * K);
+  if (a.mask.data) cpu::check_f32(op, "mask", a.mask, N);
+  const int32_t* expert = static_cast<const int32_t*>(a.expert.data);
+  std::vector<float> p(static_cast<size_t>(E)), ps(static_cast<size_t>(E), 0.0f), cs(static_cast<size_t>(E), 0.0f);
+  for (int64_t t = 0; t < N; t++) {  // this layer's sums, then added to the running ones
+    const float m = a.mask.data ? a.mask.f32()[t] : 1.0f;
+    softmax_row(a.logits.f32() + t * E, p.data(), E);
+    for (int64_t e = 0; e < E; e++) ps[size_t(e)] += m * p[size_t(e)];
+    for (int64_t j = 0; j < K; j++) cs[size_t(expert[t * K + j])] += m;
+  }
+  for (int64_t e = 0; e < E; e++) a.prob_sum.f32()[e] += ps[size_t(e)], a.count.f32()[e] += cs[size_t(e)];
 }
 
 void CpuBackend::gather_rows(const GatherRowsArgs& a) {

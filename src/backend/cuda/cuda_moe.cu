@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kSortThreads)
 
 __global__ void __launch_bounds__(kThreads)
     route_bwd_kernel(FPtr dlogits, const float* dweight, FPtr logits, const int32_t* expert, int64_t n, int64_t e, int k,
-                     int norm_topk) {
+                     int norm_topk, const float* aux, const float* mask) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n) return;
   float mx, inv;
@@ -94,15 +94,43 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < k; j++) z += expf(ldf(logits, t * e + ex[j]) - mx) * inv;
     for (int j = 0; j < k; j++) gw += g[j] * (expf(ldf(logits, t * e + ex[j]) - mx) * inv / z);
   }
-  // dp is (g_j - gw) / z on the chosen experts, 0 elsewhere; dot = sum_e p_e dp_e.
-  float dot = 0;
-  for (int j = 0; j < k; j++) dot += expf(ldf(logits, t * e + ex[j]) - mx) * inv * ((g[j] - gw) / z);
-  for (int64_t i = 0; i < e; i++) {
+  // dp is (g_j - gw) / z on the chosen experts, 0 elsewhere, plus m aux[i] everywhere with the
+  // load-balancing loss; dot = sum_e p_e dp_e.
+  const float m = aux ? (mask ? mask[t] : 1.0f) : 0.0f;
+  auto dp_of = [&](int64_t i) {
     float dp = 0;
     for (int j = 0; j < k; j++)
       if (ex[j] == int32_t(i)) dp = (g[j] - gw) / z;
-    stf(dlogits, t * e + i, expf(ldf(logits, t * e + i) - mx) * inv * (dp - dot));
+    return aux ? dp + m * aux[i] : dp;
+  };
+  float dot = 0;
+  if (aux) {
+    for (int64_t i = 0; i < e; i++) dot += expf(ldf(logits, t * e + i) - mx) * inv * dp_of(i);
+  } else {
+    for (int j = 0; j < k; j++) dot += expf(ldf(logits, t * e + ex[j]) - mx) * inv * ((g[j] - gw) / z);
   }
+  for (int64_t i = 0; i < e; i++) stf(dlogits, t * e + i, expf(ldf(logits, t * e + i) - mx) * inv * (dp_of(i) - dot));
+}
+
+// One block per expert: the sums over tokens in a fixed order (each thread's strided tokens, then
+// the block's tree), each token's softmax recomputed (O(N E) per expert; the loss's statistics
+// only, once per layer and forward).
+__global__ void __launch_bounds__(kThreads)
+    router_stats_kernel(float* prob_sum, float* count, FPtr logits, const int32_t* expert, const float* mask, int64_t n,
+                        int64_t e, int k) {
+  QLORA_SHARED(float[32], red);
+  const int64_t x = blockIdx.x;
+  float ps = 0, cs = 0;
+  for (int64_t t = threadIdx.x; t < n; t += blockDim.x) {
+    const float m = mask ? mask[t] : 1.0f;
+    float mx, inv;
+    softmax_stats(logits, t * e, e, mx, inv);
+    ps += m * (expf(ldf(logits, t * e + x) - mx) * inv);
+    for (int j = 0; j < k; j++) cs += expert[t * k + j] == int32_t(x) ? m : 0.0f;
+  }
+  ps = block_sum(ps, red);
+  cs = block_sum(cs, red);
+  if (threadIdx.x == 0) prob_sum[x] += ps, count[x] += cs;
 }
 
 __global__ void __launch_bounds__(kRowThreads)
@@ -186,10 +214,33 @@ void CudaBackend::moe_route_bwd(const MoeRouteBwdArgs& a) {
   check_tensor(op, "dweight", a.dweight, N * K, false, true);
   check_tensor(op, "logits", a.logits, N * E, true, true);
   check_i32(op, "expert", a.expert, N * K);
+  const float* aux = nullptr;
+  const float* mask = nullptr;
+  if (a.aux_grad.data) {
+    check_tensor(op, "aux_grad", a.aux_grad, E, false, true);
+    aux = a.aux_grad.f32();
+    if (a.mask.data) check_tensor(op, "mask", a.mask, N, false, true), mask = a.mask.f32();
+  }
   if (N == 0) return;
   launch(route_bwd_kernel, {blocks_for(N, kThreads), kThreads, 0, stream()}, fptr(a.dlogits),
          static_cast<const float*>(a.dweight.f32()), fptr(a.logits), static_cast<const int32_t*>(a.expert.data), N, E, int(K),
-         int(a.norm_topk));
+         int(a.norm_topk), aux, mask);
+  QLORA_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::moe_router_stats(const MoeRouterStatsArgs& a) {
+  const char* op = "moe_router_stats";
+  const int64_t N = a.n, E = a.n_experts, K = a.top_k;
+  check_route(op, N, E, K);
+  check_tensor(op, "prob_sum", a.prob_sum, E, false, true);
+  check_tensor(op, "count", a.count, E, false, true);
+  check_tensor(op, "logits", a.logits, N * E, true, true);
+  check_i32(op, "expert", a.expert, N * K);
+  if (a.mask.data) check_tensor(op, "mask", a.mask, N, false, true);
+  if (N == 0) return;
+  launch(router_stats_kernel, {unsigned(E), kThreads, 0, stream()}, a.prob_sum.f32(), a.count.f32(), fptr(a.logits),
+         static_cast<const int32_t*>(a.expert.data), a.mask.data ? static_cast<const float*>(a.mask.f32()) : nullptr, N, E,
+         int(K));
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
