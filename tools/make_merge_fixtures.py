@@ -46,6 +46,9 @@ CASES = {
     "gguf_qwen3_fp32": ("gguf/tiny_qwen3.gguf", "parity/qwen3_adapter", [], "qwen3"),
     "mistral_fp32": ("models/mistral", "parity/mistral_adapter", [], "mistral"),
     "gemma3_fp32": ("models/gemma3", "parity/gemma3_adapter", [], "gemma3"),
+    # Gemma 3 as shipped (Gemma3ForConditionalGeneration): the text model merged under its own
+    # names, the SigLIP tower and the projector copied; transformers loads the multimodal model.
+    "gemma3_mm_fp32": ("models/gemma3_mm", "parity/gemma3_mm_adapter", [], "gemma3_mm"),
     "phi3_fp32": ("models/phi3", "parity/phi3_adapter", [], "phi3"),
     "gemma2_fp32": ("models/gemma2", "parity/gemma2_adapter", [], "gemma2"),
     "mixtral_fp32": ("models/mixtral", "parity/mixtral_adapter", [], "mixtral"),
@@ -140,6 +143,12 @@ def main():
                     worst_ulps = max(worst_ulps, int(d.max()))
                 assert worst_ulps <= 1, f"{name}: a weight differs from torch's bf16 rounding by {worst_ulps} ulps"
                 case["bf16_weights_differing_from_torch_rounding"] = f"{differ} of {total} (at most {worst_ulps} ulp)"
+            if ref == "gemma3_mm":  # every tensor outside the language model is the base's, bit for bit
+                base_model = load(os.path.join(FIX, base), torch.float32)
+                bsd, osd = base_model.state_dict(), model.state_dict()
+                other = [k for k in bsd if "language_model" not in k and not k.startswith("lm_head")]
+                assert other and all(torch.equal(bsd[k], osd[k]) for k in other), name
+                case["vision_tower_and_projector"] = f"{len(other)} tensors equal to the base's"
             if base.endswith(".gguf"):
                 tok = AutoTokenizer.from_pretrained(out)
                 assert tok.bos_token_id == cfg["bos_token_id"] and tok.eos_token_id == cfg["eos_token_id"], name

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -129,19 +131,47 @@ BaseStorage base_storage(const std::string& path, const ModelSource& src, const 
 
 struct Shard {
   std::string file;
-  std::vector<std::string> names;
+  std::vector<size_t> tensors;  // into the output list
   int64_t bytes = 0;
 };
 
+// One tensor of the output: its name in the files written, its shape, and its f32 values.
+struct OutTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::function<void(float*)> read;
+};
+
+// What `qlora merge` writes: the merged model's tensors in state-dict order and, for a multimodal
+// checkpoint, its text model under the checkpoint's own names followed by every other tensor of the
+// checkpoint (the vision tower, the projector) as it is, by name.
+std::vector<OutTensor> output_tensors(const std::string& model, const ModelSource& src, const MergedModel& m) {
+  std::vector<OutTensor> out;
+  std::set<std::string> claimed;
+  for (const auto& n : m.names()) {
+    const std::string name = src.file_name ? src.file_name(n) : n;
+    out.push_back({name, m.shape(n), [&m, n](float* dst) { m.read(n, dst); }});
+    claimed.insert(name);
+  }
+  if (src.config.multimodal.empty()) return out;
+  auto all = std::make_shared<SafetensorsArchive>(model);
+  for (const auto& name : all->names()) {
+    if (claimed.count(name)) continue;
+    const std::vector<int64_t> shape = all->get(name).shape;
+    out.push_back({name, shape, [all, name, shape](float* dst) { all->read_f32(name, dst, shape); }});
+  }
+  return out;
+}
+
 // transformers' split: tensors in state-dict order fill a shard until the next would pass the
 // limit; a tensor larger than the limit gets a shard of its own.
-std::vector<Shard> plan_shards(const MergedModel& m, DType dt, int64_t max_bytes) {
+std::vector<Shard> plan_shards(const std::vector<OutTensor>& tensors, DType dt, int64_t max_bytes) {
   std::vector<Shard> shards;
-  for (const auto& n : m.names()) {
+  for (size_t i = 0; i < tensors.size(); i++) {
     int64_t bytes = dtype_size(dt);
-    for (int64_t d : m.shape(n)) bytes *= d;
+    for (int64_t d : tensors[i].shape) bytes *= d;
     if (shards.empty() || (shards.back().bytes > 0 && shards.back().bytes + bytes > max_bytes)) shards.emplace_back();
-    shards.back().names.push_back(n);
+    shards.back().tensors.push_back(i);
     shards.back().bytes += bytes;
   }
   char buf[64];
@@ -196,13 +226,16 @@ void merge_model(const MergeOptions& o) {
     fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
          "`qlora merge` does not write this model (" + cfg.not_trained + " are not implemented)",
          "load the adapter with PEFT onto the base model and merge there (merge_and_unload)");
-  if (!cfg.multimodal.empty())  // the output would lack the vision tower and the multimodal config
-    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.multimodal + "' (multimodal)",
-         "`qlora merge` writes text models only, and this checkpoint's vision tower would be lost",
-         "load the adapter with PEFT onto Gemma3ForConditionalGeneration and merge there (merge_and_unload)");
   PeftAdapter adapter = open_peft_adapter(o.adapter, cfg);
   const LoraSpec spec = adapter.spec;
   MergedModel m(cfg, src.tensors, std::move(adapter));
+  // A multimodal checkpoint's other tensors are copied as they are: a quantized one's would be
+  // the quantized bytes' companions (absmax, quant_map) beside a dequantized text model.
+  if (!cfg.multimodal.empty() && m.base_quantized())
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.multimodal + "' (multimodal), quantized",
+         "`qlora merge` of a quantized multimodal checkpoint is not implemented",
+         "merge into the unquantized checkpoint, or load the adapter with PEFT and merge there (merge_and_unload)");
+  const std::vector<OutTensor> tensors = output_tensors(o.model, src, m);
   const BaseStorage bp = base_storage(o.model, src, m);
   const OutDType odt = asked ? *asked : parse_dtype(bp.quantized ? "bf16" : bp.torch);
   if (bp.quantized)
@@ -214,7 +247,7 @@ void merge_model(const MergeOptions& o) {
     std::fprintf(stderr, "note: the base is %s; the merged weights are written in %s\n", bp.torch.c_str(),
                  odt.torch.c_str());
 
-  const std::vector<Shard> shards = plan_shards(m, odt.dtype, max_shard);
+  const std::vector<Shard> shards = plan_shards(tensors, odt.dtype, max_shard);
   int64_t total = 0;
   for (const auto& s : shards) total += s.bytes;
   int merged = 0;
@@ -234,7 +267,7 @@ void merge_model(const MergeOptions& o) {
   std::vector<std::string> side;
   std::string tokenizer_note;
   try {
-    MergeProgress progress(m.names().size(), total);
+    MergeProgress progress(tensors.size(), total);
     std::vector<float> f32;
     std::vector<uint8_t> bytes;
     size_t done = 0;
@@ -242,15 +275,20 @@ void merge_model(const MergeOptions& o) {
     json weight_map = json::object();
     for (const auto& s : shards) {
       SafetensorsWriter w;
-      for (const auto& n : s.names) w.declare(n, odt.dtype, m.shape(n));
+      std::map<std::string, size_t> by_name;
+      for (size_t i : s.tensors) {
+        w.declare(tensors[i].name, odt.dtype, tensors[i].shape);
+        by_name[tensors[i].name] = i;
+      }
       w.set_metadata({{"format", "pt"}});
       AtomicFile f(dir.path(s.file));
       f.append(w.header());
       for (const auto& n : w.data_order_names()) {
+        const OutTensor& t = tensors[by_name.at(n)];
         int64_t numel = 1;
-        for (int64_t d : m.shape(n)) numel *= d;
+        for (int64_t d : t.shape) numel *= d;
         f32.resize(size_t(numel));
-        m.read(n, f32.data());
+        t.read(f32.data());
         bytes.resize(size_t(numel * dtype_size(odt.dtype)));
         convert_from_f32(odt.dtype, f32.data(), bytes.data(), numel);
         f.append(bytes.data(), bytes.size());
@@ -274,8 +312,10 @@ void merge_model(const MergeOptions& o) {
       config = read_json_file(o.model + "/config.json");
       config.erase("quantization_config");
       if (!config.contains("dtype") && !config.contains("torch_dtype")) config["torch_dtype"] = odt.torch;
-      for (const char* k : {"dtype", "torch_dtype"})  // transformers 5 / 4 spelling: set whichever is there
-        if (config.contains(k)) config[k] = odt.torch;
+      for (json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr,
+                       config.contains("vision_config") ? &config["vision_config"] : nullptr})
+        for (const char* k : {"dtype", "torch_dtype"})  // transformers 5 / 4 spelling: set whichever is there
+          if (c && c->is_object() && c->contains(k)) (*c)[k] = odt.torch;
     } else {
       config = hf_config_json(cfg, odt.torch);
     }

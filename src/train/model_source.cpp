@@ -54,8 +54,8 @@ static void attach_tokenizer(ModelSource& src, std::shared_ptr<const Tokenizer> 
 // A multimodal checkpoint's text model (LlamaConfig::multimodal): the engine's names ("model.X",
 // "lm_head.weight") under the prefix the file uses: "language_model.model.X", as the Hub's
 // Gemma 3 checkpoints and transformers' save_pretrained write them, or "model.language_model.X".
-static TensorSource text_model_source(const TensorSource& in) {
-  auto name = [has = in.has](const std::string& n) {
+static std::function<std::string(const std::string&)> text_model_names(const TensorSource& in) {
+  return [has = in.has](const std::string& n) {
     const std::vector<std::string> cand =
         n.rfind("model.", 0) == 0 ? std::vector<std::string>{"language_model." + n, "model.language_model." + n.substr(6)}
                                   : std::vector<std::string>{"language_model." + n, n};
@@ -63,7 +63,6 @@ static TensorSource text_model_source(const TensorSource& in) {
       if (has(c)) return c;
     return cand.front();  // absent: the source's error names the expected tensor
   };
-  return renamed_source(in, name, in.description + " (its text model)");
 }
 
 static ModelSource open_hf_dir(const std::string& path) {
@@ -83,7 +82,10 @@ static ModelSource open_hf_dir(const std::string& path) {
   if (auto cq = read_checkpoint_quant(read_json_file(path + "/config.json"), *ar, path + "/config.json"))
     src.tensors = quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
                                                            quant_format_name(cq->params.format) + ")");
-  if (!src.config.multimodal.empty()) src.tensors = text_model_source(src.tensors);
+  if (!src.config.multimodal.empty()) {
+    src.file_name = text_model_names(src.tensors);
+    src.tensors = renamed_source(src.tensors, src.file_name, src.tensors.description + " (its text model)");
+  }
   std::shared_ptr<const Tokenizer> tok;
   if (fs::exists(path + "/tokenizer.json"))
     tok = std::make_shared<const Tokenizer>(Tokenizer::from_file(path + "/tokenizer.json"));

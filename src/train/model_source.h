@@ -1,6 +1,7 @@
 // Opens what `model_name_or_path` names — a Hugging Face model directory or a GGUF file — as a
 // config, a tensor source, a tokenizer and a text encoder for the data layer.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,9 @@ struct ModelSource {
   TextEncoder encoder;                         // what the data layer calls; fails clearly without a tokenizer
   std::string format;                          // "hf" | "gguf"
   std::shared_ptr<void> keepalive;             // mapped files behind `tensors`
+  // The checkpoint's own name of the tensor `tensors` calls `hf_name` (a multimodal checkpoint keeps
+  // its text model under a prefix); null: the same name.
+  std::function<std::string(const std::string& hf_name)> file_name;
 };
 
 ModelSource open_model_source(const std::string& model_name_or_path);

@@ -241,9 +241,6 @@ TEST(MergeCli, ErrorsLeaveNothingBehind) {
               "adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight'");
   // No adapter files.
   expect_fail(io + dir + " --out " + out, dir + "/adapter_config.json");
-  // A multimodal checkpoint: the merged text model would lose the vision tower, so it is refused.
-  expect_fail("--model " + kFix + "/models/gemma3_mm --adapter " + kFix + "/parity/gemma3_mm_adapter --out " + out,
-              "`qlora merge` writes text models only, and this checkpoint's vision tower would be lost");
   // Unknown dtype: lists the allowed ones.
   expect_fail(io + kAdapter + " --out " + out + " --dtype int8", "allowed: bf16, fp16, fp32");
   expect_fail(io + kAdapter + " --out " + out + " --max-shard-size 5XB", "--max-shard-size");

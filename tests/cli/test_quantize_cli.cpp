@@ -139,6 +139,11 @@ TEST(QuantizeCli, BadArgumentsFailWithoutWritingAnything) {
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("fused projections"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir + "/out"));
+  // Gemma 3 as shipped: the output would lose the vision tower.
+  r = run_qlora("quantize --model " + kFix + "/models/gemma3_mm --quant nf4 --out " + dir + "/out");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("vision tower would be lost"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/out"));
 }
 
 // Recorded by tools/make_qlora_fixtures.py --check-quantize: transformers + bitsandbytes loaded the
