@@ -317,7 +317,13 @@ static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) 
       partial = json_number_or(*rp, "partial_rotary_factor", partial, where + ": " + key);
   if (!(partial > 0 && partial <= 1))
     fail(ErrorKind::Config, where + ": key 'partial_rotary_factor'", "must be in (0, 1], got " + std::to_string(partial));
-  if (partial != 1.0) c.rotary_dim = int64_t(double(c.head_dim) * partial);  // transformers: int(head_dim * factor)
+  if (partial != 1.0) {  // transformers: int(head_dim * factor) dims
+    c.rotary_dim = int64_t(double(c.head_dim) * partial);
+    if (c.rotary_dim < 2)
+      fail(ErrorKind::Config, where + ": key 'partial_rotary_factor'",
+           "gives " + std::to_string(c.rotary_dim) + " rotary dims of head_dim " + std::to_string(c.head_dim) +
+               "; RoPE needs at least one pair");
+  }
   if (json_bool_or(j, "attention_bias", false, where))
     fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "phi3 attention biases are not supported");
 }

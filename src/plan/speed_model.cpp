@@ -63,15 +63,12 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   fo.reference = uses_reference(r.objective) && !r.reference_precomputed;
   e.per_token = flops_per_token(c, fo);
   e.attention_path = attention_path(r.gpu, a).description;
-  if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // windowed layers run the own kernel (docs/cuda_backend.md)
+  if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // cuDNN's diagonal band, or the own kernel's window mask
     int64_t windowed = 0;
     for (int64_t l = 0; l < c.n_layer; l++) windowed += c.window_of(l) > 0;
     const std::string layers = std::to_string(windowed) + (windowed == 1 ? " layer" : " layers");
-    if (attention_path(r.gpu, a).name == "cudnn")
-      e.attention_path += "; its " + layers + " with a sliding window (" + std::to_string(c.sliding_window) +
-                          " keys) on the own flash-attention kernel";
-    else
-      e.attention_path += ", a sliding window of " + std::to_string(c.sliding_window) + " keys on " + layers;
+    e.attention_path += ", a sliding window of " + std::to_string(c.sliding_window) + " keys on " + layers +
+                        (attention_path(r.gpu, a).name == "cudnn" ? " (cuDNN's diagonal band)" : "");
   }
   e.tokens_per_step = tok_gpu * world;
   const double useful_frac = !r.packing && r.avg_doc_len > 0 ? double(r.avg_doc_len) / double(r.seq_len) : 1.0;

@@ -17,7 +17,8 @@ const std::vector<std::string> kTestedOps = {
     "rope_fwd",  "rope_bwd",      "attention_fwd", "attention_bwd", "swiglu_fwd",
     "swiglu_bwd", "add",          "bias_add",      "scale",        "dropout_fwd",
     "dropout_bwd", "cross_entropy_fwd_bwd", "adamw", "sumsq", "dequantize",
-    "offload_copy", "offload_wait", "moe_route_fwd", "moe_route_bwd", "gather_rows", "combine_rows", "row_dots",
+    "offload_copy", "offload_wait", "moe_route_fwd", "moe_route_bwd", "moe_router_stats", "gather_rows", "combine_rows",
+    "row_dots",
 };
 
 TEST(CpuBackendCoverage, EveryOpHasATest) {

@@ -51,6 +51,13 @@ TEST(CudnnGraphs, ValidateOnSm90AndSm100ForTrainerShapes) {
             checked++;
           }
   EXPECT_EQ(checked, 2 * 2 * 16 * 4 * 2);
+  // Mistral v0.1's window of 4096 over 32k-token rows, and Phi-3-mini's 2047 over 4k.
+  for (int sm : {90, 100})
+    for (bool bwd : {false, true})
+      for (auto [s, w] : {std::pair<int64_t, int64_t>{32768, 4096}, {4096, 2047}}) {
+        const Shape sh{4, s, 4 * s, 32, 8, 128, 0.088f, bwd, w};
+        EXPECT_EQ(cuda::sdpa::validate(*cuda::sdpa::describe(sh, sm)), "") << "sm_" << sm << " " << cuda::sdpa::describe_shape(sh);
+      }
 }
 
 // What the frontend refuses, and so why the backend does not take cuDNN there: sm_80's ragged
@@ -71,6 +78,7 @@ struct Case {
   const char* name;
   int64_t b, t, hq, hkv, d;
   std::vector<std::vector<int>> docs;  // per row: document lengths (the rest of the row is padding, its own segment)
+  int64_t window = 0;                  // a sliding window (cuDNN's diagonal band), 0: none
 };
 
 struct Data {
@@ -107,7 +115,9 @@ Data make(const Case& c, uint64_t seed) {
 std::vector<Case> cases() {
   return {{"d64_gqa3_docs_pad", 2, 48, 6, 2, 64, {{20, 13}, {30}}},
           {"d128_gqa4_docs", 1, 40, 4, 1, 128, {{7, 1, 32}}},
-          {"d32_mha_pad", 2, 24, 2, 2, 32, {{24}, {5, 5, 5}}}};
+          {"d32_mha_pad", 2, 24, 2, 2, 32, {{24}, {5, 5, 5}}},
+          // Windows shorter than the documents: 7 keys over documents of 13 to 30 tokens.
+          {"d64_gqa3_window7_docs_pad", 2, 48, 6, 2, 64, {{20, 13}, {30}}, 7}};
 }
 
 // Forward and backward through the cuDNN path equal the CPU op within the bf16 tolerances of the
@@ -128,18 +138,22 @@ std::vector<Case> cases() {
     Vec out(static_cast<size_t>(nq)), lse(static_cast<size_t>(nl));
     {
       Vec q = a.q, k = a.k, v = a.v;
-      cpu->attention_fwd({f32_view(out.data(), {c.b, c.t, c.hq, c.d}), f32_view(lse.data(), {c.b, c.hq, c.t}),
+      AttentionFwdArgs ra{f32_view(out.data(), {c.b, c.t, c.hq, c.d}), f32_view(lse.data(), {c.b, c.hq, c.t}),
                           f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
-                          f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), a.seg.data(), c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
+                          f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), a.seg.data(), c.b, c.t, c.hq, c.hkv, c.d, a.scale()};
+      ra.window = c.window;
+      cpu->attention_fwd(ra);
     }
     DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v), d(*cu, DType::BF16, a.dout);
     DBuf o(*cu, DType::BF16, nq), l(*cu, DType::F32, nl), seg(*cu, DType::I32, c.b * c.t);
     seg.upload_i32(a.seg);
     o.poison();
     l.poison();
-    cu->attention_fwd({o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
-                       k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), seg.i32(), c.b, c.t, c.hq, c.hkv, c.d,
-                       a.scale(), 0, a.n_docs});
+    AttentionFwdArgs fa{o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
+                        k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), seg.i32(), c.b, c.t, c.hq, c.hkv, c.d,
+                        a.scale(), 0, a.n_docs};
+    fa.window = c.window;
+    cu->attention_fwd(fa);
     cu->synchronize();
     EXPECT_EQ(cuda::cudnn_attention_runs(*cu), ++runs);
     expect_close("out", o.download(), out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
@@ -149,21 +163,25 @@ std::vector<Case> cases() {
     Vec rdq(static_cast<size_t>(nq)), rdk(static_cast<size_t>(nkv)), rdv(static_cast<size_t>(nkv));
     {
       Vec qq = a.q, kk = a.k, vv = a.v, dd = a.dout;
-      cpu->attention_bwd({f32_view(rdq.data(), {c.b, c.t, c.hq, c.d}), f32_view(rdk.data(), {c.b, c.t, c.hkv, c.d}),
+      AttentionBwdArgs rb{f32_view(rdq.data(), {c.b, c.t, c.hq, c.d}), f32_view(rdk.data(), {c.b, c.t, c.hkv, c.d}),
                           f32_view(rdv.data(), {c.b, c.t, c.hkv, c.d}), f32_view(dd.data(), {c.b, c.t, c.hq, c.d}),
                           f32_view(qq.data(), {c.b, c.t, c.hq, c.d}), f32_view(kk.data(), {c.b, c.t, c.hkv, c.d}),
                           f32_view(vv.data(), {c.b, c.t, c.hkv, c.d}), f32_view(out.data(), {c.b, c.t, c.hq, c.d}),
-                          f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg.data(), c.b, c.t, c.hq, c.hkv, c.d, a.scale()});
+                          f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg.data(), c.b, c.t, c.hq, c.hkv, c.d, a.scale()};
+      rb.window = c.window;
+      cpu->attention_bwd(rb);
     }
     DBuf ob(*cu, DType::BF16, out), lb(*cu, DType::F32, lse);
     DBuf dq(*cu, DType::BF16, nq), dk(*cu, DType::BF16, nkv), dv(*cu, DType::BF16, nkv);
     dq.poison();
     dk.poison();
     dv.poison();
-    cu->attention_bwd({dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
-                       d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
-                       v.t({c.b, c.t, c.hkv, c.d}), ob.t({c.b, c.t, c.hq, c.d}), lb.t({c.b, c.hq, c.t}), seg.i32(), c.b,
-                       c.t, c.hq, c.hkv, c.d, a.scale(), a.n_docs});
+    AttentionBwdArgs gb{dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
+                        d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
+                        v.t({c.b, c.t, c.hkv, c.d}), ob.t({c.b, c.t, c.hq, c.d}), lb.t({c.b, c.hq, c.t}), seg.i32(), c.b,
+                        c.t, c.hq, c.hkv, c.d, a.scale(), a.n_docs};
+    gb.window = c.window;
+    cu->attention_bwd(gb);
     cu->synchronize();
     EXPECT_EQ(cuda::cudnn_attention_runs(*cu), ++runs);
     const Tol tol{4 * kBf16U, 8 * kBf16U, 4 * kBf16U, 1e-4};

@@ -313,8 +313,9 @@ TEST(CudaEmuTraining, Qwen3QloraNf4GradientsWithCheckpointingMatchTheCpu) {
 TEST(CudaEmuTraining, Qwen3QloraNf4GenerationMatchesTheCpu) { compare_generation("qlora", "nf4", "qwen3"); }
 
 // Sliding windows shorter than the 12-token rows (Mistral v0.1: every layer, 5 keys; Qwen3: layer
-// 1 only, 4 keys): the own flash kernel's window mask forward and backward, and decoding past the
-// window through the KV cache (10 + 8 positions). The gradients are compared on mistral_sw: on
+// 1 only, 4 keys): the window forward and backward (the own flash kernel's mask on sm_80, cuDNN's
+// diagonal band on sm_90 and sm_100), and decoding past the window through the KV cache (10 + 8
+// positions, the own kernel). The gradients are compared on mistral_sw: on
 // qwen3_sw (head_dim 16, 4 keys per query, then the q/k norms' backward) bf16 rounding alone moves
 // layer 1's q_proj.lora_B by 3.8% normwise and 6.3% elementwise on the own kernel, past this
 // test's bounds, while the attention op itself on those shapes passes CudaOps.attention_*.

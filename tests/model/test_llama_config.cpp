@@ -452,9 +452,11 @@ TEST(LlamaConfigErrors, Phi3RefusesWhatItDoesNotImplement) {
   j["rope_scaling"]["long_factor"][3] = -1.0;
   e = config_error([&] { parse_hf_config(j.dump(), "p.json"); }, ErrorKind::Config);
   EXPECT_EQ(e.where(), "p.json: rope_scaling: key 'long_factor[3]'");
-  // int(128 * 0.7) = 89 rotary dims: no pairs.
-  e = config_error([] { parse_hf_config(phi4_mini(R"({"partial_rotary_factor":0.7})"), "p.json"); }, ErrorKind::Config);
-  EXPECT_EQ(e.where(), "p.json: key 'partial_rotary_factor'");
+  // int(128 * 0.7) = 89 rotary dims: no pairs; int(128 * 0.005) = 0: none at all.
+  for (const char* f : {R"({"partial_rotary_factor":0.7})", R"({"partial_rotary_factor":0.005})"}) {
+    e = config_error([&] { parse_hf_config(phi4_mini(f), "p.json"); }, ErrorKind::Config);
+    EXPECT_EQ(e.where(), "p.json: key 'partial_rotary_factor'") << f;
+  }
   // Gemma's RoPE objects take neither LongRoPE nor YaRN.
   json g = json::parse(R"({"model_type":"gemma2","vocab_size":64,"hidden_size":32,"intermediate_size":64,
       "num_hidden_layers":2,"num_attention_heads":2,"head_dim":16,

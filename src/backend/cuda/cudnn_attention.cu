@@ -128,8 +128,7 @@ std::string cudnn_attention_refusal(Backend& backend, int64_t b, int64_t t, int6
                                     bool seg, int64_t n_docs, int64_t window) {
   auto* cu = dynamic_cast<CudaBackend*>(&backend);
   if (!cu) return "not the CUDA backend";
-  // The graph is built without cuDNN's diagonal-band bound: windowed calls run on the own kernel.
-  if (window > 0) return "a sliding window of " + std::to_string(window) + " keys (not wired to cuDNN's diagonal band)";
+  if (window < 0) return "a negative sliding window";
   CudaBackend& be = *cu;
 #if !QLORA_HAVE_CUDNN
   (void)be, (void)b, (void)t, (void)t_kv, (void)hq, (void)d, (void)seg, (void)n_docs, (void)window;
@@ -264,7 +263,7 @@ bool cudnn_attention_fwd(CudaBackend& be, const AttentionFwdArgs& a, int64_t t_k
 #if QLORA_HAVE_CUDNN
   const char* op = "attention_fwd";
   const int64_t entries = sdpa::entries_bucket(a.seg ? docs : a.b);
-  sdpa::Shape sh{entries, a.t, a.b * a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, false};
+  sdpa::Shape sh{entries, a.t, a.b * a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, false, a.window};
   const sdpa::Plan* p = plan_for(be, sh);
   void* ws = nullptr;
   if (!p || !workspace_for(be, op, *p, ws)) return false;
@@ -287,7 +286,7 @@ bool cudnn_attention_bwd(CudaBackend& be, const AttentionBwdArgs& a) {
 #if QLORA_HAVE_CUDNN
   const char* op = "attention_bwd";
   const int64_t entries = sdpa::entries_bucket(a.seg ? docs : a.b);
-  sdpa::Shape sh{entries, a.t, a.b * a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, true};
+  sdpa::Shape sh{entries, a.t, a.b * a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, true, a.window};
   const sdpa::Plan* p = plan_for(be, sh);
   void* ws = nullptr;
   if (!p || !workspace_for(be, op, *p, ws)) return false;

@@ -1,5 +1,6 @@
 // cuDNN SDPA graph descriptions (cudnn_sdpa_graph.h): packed ragged bf16 Q/K/V/O, causal and
-// padding masks, GQA, f32 stats, with the cuDNN frontend's graph API.
+// padding masks, a sliding window as the diagonal band's left bound, GQA, f32 stats, with the cuDNN
+// frontend's graph API.
 #if QLORA_HAVE_CUDNN  // built only with cuDNN and the frontend headers (cmake/cudnn_frontend.cmake)
 #include "backend/cuda/cudnn_sdpa_graph.h"
 
@@ -36,7 +37,8 @@ int64_t entries_bucket(int64_t n) {
 std::string describe_shape(const Shape& sh) {
   return std::string(sh.backward ? "bwd" : "fwd") + " entries=" + std::to_string(sh.entries) +
          " s=" + std::to_string(sh.s) + " tokens=" + std::to_string(sh.tokens) + " hq=" + std::to_string(sh.hq) +
-         " hkv=" + std::to_string(sh.hkv) + " d=" + std::to_string(sh.d);
+         " hkv=" + std::to_string(sh.hkv) + " d=" + std::to_string(sh.d) +
+         (sh.window > 0 ? " window=" + std::to_string(sh.window) : std::string());
 }
 
 std::shared_ptr<fe::graph::Graph> describe(const Shape& sh, int sm) {
@@ -68,6 +70,8 @@ std::shared_ptr<fe::graph::Graph> describe(const Shape& sh, int sm) {
                     .set_seq_len_kv(seq_kv)
                     .set_max_total_seq_len_q(sh.tokens)
                     .set_max_total_seq_len_kv(sh.tokens);
+    // Keys j with j + window > i stay (the frontend's sliding_window_mask, top-left aligned).
+    if (sh.window > 0) opts.set_diagonal_band_left_bound(int(sh.window));
     auto [o, stats] = g->sdpa(q, k, v, opts);
     o->set_output(true).set_uid(kO).set_dim({sh.entries, sh.hq, sh.s, sh.d})
         .set_stride({sh.s * sh.hq * sh.d, sh.d, sh.hq * sh.d, 1})
@@ -89,6 +93,7 @@ std::shared_ptr<fe::graph::Graph> describe(const Shape& sh, int sm) {
                   .set_seq_len_kv(seq_kv)
                   .set_max_total_seq_len_q(sh.tokens)
                   .set_max_total_seq_len_kv(sh.tokens);
+  if (sh.window > 0) opts.set_diagonal_band_left_bound(int(sh.window));
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
   dq->set_output(true).set_uid(kdQ).set_dim({sh.entries, sh.hq, sh.s, sh.d})
       .set_stride({sh.s * sh.hq * sh.d, sh.d, sh.hq * sh.d, 1}).set_ragged_offset(offsets(*g, "off_dq", kOffdQ, sh.entries));

@@ -28,7 +28,10 @@ struct Shape {
   int64_t hq = 0, hkv = 0, d = 0;
   float scale = 0.0f;
   bool backward = false;
-  auto tie() const { return std::tie(entries, s, tokens, hq, hkv, d, scale, backward); }
+  // A sliding window: query i sees keys j with i - j < window (cuDNN's diagonal band, left bound
+  // `window`, top-left aligned per entry); 0: every key up to i.
+  int64_t window = 0;
+  auto tie() const { return std::tie(entries, s, tokens, hq, hkv, d, scale, backward, window); }
   bool operator<(const Shape& o) const { return tie() < o.tie(); }
 };
 
@@ -48,7 +51,8 @@ std::shared_ptr<cudnn_frontend::graph::Graph> describe(const Shape& shape, int s
 // error code and message.
 std::string validate(cudnn_frontend::graph::Graph& g);
 
-// Human-readable shape for error messages: "fwd entries=8 s=512 tokens=4096 hq=32 hkv=8 d=128".
+// Human-readable shape for error messages: "fwd entries=8 s=512 tokens=4096 hq=32 hkv=8 d=128"
+// (and " window=W" with one).
 std::string describe_shape(const Shape& shape);
 
 // Smallest power of two >= n (n >= 1).

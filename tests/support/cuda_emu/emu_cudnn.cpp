@@ -4,15 +4,17 @@
 // every tensor's dims, strides, data type and ragged offset), not from the backend's own shape.
 // For each batch entry e, each query head h and each query i < seq_len_q[e] (all s without the
 // padding mask): softmax over keys j < seq_len_kv[e] (and j <= i with the causal, top-left
-// aligned mask) of scale * q.k, times V; Stats = the natural-log log-sum-exp of the scaled scores.
+// aligned mask, and j + left_bound > i with a diagonal band's left bound) of scale * q.k, times V;
+// Stats = the natural-log log-sum-exp of the scaled scores.
 // Element (e, h, i, c) of a tensor sits at ragged_offset[e] (or e * stride[0] without one) +
 // h * stride[1] + i * stride[2] + c * stride[3]; query head h reads key/value head h / (hq / hkv)
 // (GQA). Each entry's span of each tensor must lie in one device allocation, as the device would
 // fault otherwise. The backward computes dQ, dK, dV of the same function from O, dO and Stats.
 // Arithmetic in f32 with f64 sums, outputs rounded to bf16 once. Graph features this executor
-// does not implement (ALiBi, dropout, sliding-window bounds, bottom-right alignment, log2 stats,
-// other node kinds or data types) are refused, not approximated. Execution runs at the call, after
-// the earlier work of the handle's stream (emu_runtime.h: streams are queues).
+// does not implement (ALiBi, dropout, a left bound without the causal mask, bottom-right
+// alignment, log2 stats, other node kinds or data types) are refused, not approximated.
+// Execution runs at the call, after the earlier work of the handle's stream (emu_runtime.h:
+// streams are queues).
 #include <cuda_bf16.h>
 #include <cudnn_frontend.h>
 
@@ -55,6 +57,7 @@ struct View {
 // The SDPA node of a serialized graph: its masks, scale and ports.
 struct Node {
   bool backward = false, causal = false, padding = false, stats = false;
+  int64_t left_bound = 0;  // > 0: keys j with j + left_bound > i only
   float scale = 0.0f;
   int64_t max_tokens_q = 0;  // max_total_seq_len_q
   std::map<std::string, View> port;  // "Q", "K", "V", "O", "Stats", "SEQ_LEN_Q", ...
@@ -75,7 +78,10 @@ Node read_graph(const Plan& p) {
   auto set = [&](const char* key) { return n.contains(key) && !n[key].is_null(); };
   if (flag("alibi_mask")) refuse(p, "ALiBi mask");
   if (set("dropout_probability")) refuse(p, "dropout");
-  if (set("left_bound")) refuse(p, "a left bound (sliding window)");
+  if (set("left_bound")) {
+    g.left_bound = n["left_bound"].get<int64_t>();
+    if (g.left_bound <= 0) refuse(p, "a left bound of " + std::to_string(g.left_bound));
+  }
   if (flag("stats_use_log2")) refuse(p, "log2 stats");
   if (flag("is_mxfp8")) refuse(p, "MXFP8 attention");
   if (set("right_bound")) {
@@ -83,6 +89,7 @@ Node read_graph(const Plan& p) {
     if (n.value("diagonal_alignment", std::string("TOP_LEFT")) != "TOP_LEFT") refuse(p, "a bottom-right causal diagonal");
     g.causal = true;
   }
+  if (g.left_bound > 0 && !g.causal) refuse(p, "a left bound without the causal mask");
   g.padding = flag("padding_mask");
   if (g.backward && !set("max_total_seq_len_q")) refuse(p, "a backward without max_total_seq_len_q");
   if (set("max_total_seq_len_q")) g.max_tokens_q = n["max_total_seq_len_q"].get<int64_t>();
@@ -253,7 +260,8 @@ void execute(void* handle, const Plan& p, std::unordered_map<int64_t, void*>& pa
       check_span(p, dk, e, hkv, nk, d, 2);
       check_span(p, dv, e, hkv, nk, d, 2);
     }
-    auto keys = [&](int64_t i) { return g.causal ? std::min(i + 1, nk) : nk; };  // keys query i sees
+    auto keys = [&](int64_t i) { return g.causal ? std::min(i + 1, nk) : nk; };  // keys query i sees: [first, keys)
+    auto first = [&](int64_t i) { return g.left_bound > 0 ? std::max<int64_t>(0, i - g.left_bound + 1) : int64_t(0); };
     auto score = [&](int64_t h, int64_t i, int64_t j) {
       double acc = 0;
       for (int64_t c = 0; c < d; c++) acc += double(ld(q, q.at(e, h, i, c))) * ld(k, k.at(e, h / group, j, c));
@@ -262,11 +270,11 @@ void execute(void* handle, const Plan& p, std::unordered_map<int64_t, void*>& pa
     if (!g.backward) {
       for (int64_t h = 0; h < hq; h++)
         for (int64_t i = 0; i < nq; i++) {
-          const int64_t nj = keys(i);
+          const int64_t j0 = first(i), nj = std::max<int64_t>(0, keys(i) - j0);
           sc.assign(size_t(nj), 0.0f);
           float mx = -INFINITY;
           for (int64_t j = 0; j < nj; j++) {
-            sc[size_t(j)] = float(score(h, i, j)) * g.scale;
+            sc[size_t(j)] = float(score(h, i, j0 + j)) * g.scale;
             mx = std::max(mx, sc[size_t(j)]);
           }
           double sum = 0;
@@ -274,7 +282,7 @@ void execute(void* handle, const Plan& p, std::unordered_map<int64_t, void*>& pa
           for (int64_t c = 0; c < d; c++) {
             double acc = 0;
             for (int64_t j = 0; j < nj; j++)
-              acc += std::exp(double(sc[size_t(j)] - mx)) / sum * ld(v, v.at(e, h / group, j, c));
+              acc += std::exp(double(sc[size_t(j)] - mx)) / sum * ld(v, v.at(e, h / group, j0 + j, c));
             st(o, o.at(e, h, i, c), float(acc));
           }
           if (g.stats) stp[stats.at(e, h, i, 0)] = nj > 0 ? mx + float(std::log(sum)) : -INFINITY;
@@ -300,7 +308,7 @@ void execute(void* handle, const Plan& p, std::unordered_map<int64_t, void*>& pa
         const double delta = delta_of(h, i);
         float* acc = dq_acc + dq.at(e, h, i, 0);
         for (int64_t c = 0; c < d; c++) acc[c * dq.v->stride[3]] = 0.0f;
-        for (int64_t j = 0; j < keys(i); j++) {
+        for (int64_t j = first(i); j < keys(i); j++) {
           double pij;
           const double ds = dsp(h, i, j, delta, pij);
           for (int64_t c = 0; c < d; c++) acc[c * dq.v->stride[3]] += float(g.scale * ds * ld(k, k.at(e, h / group, j, c)));
@@ -311,7 +319,7 @@ void execute(void* handle, const Plan& p, std::unordered_map<int64_t, void*>& pa
         kacc.assign(size_t(d), 0.0f);
         vacc.assign(size_t(d), 0.0f);
         for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-          for (int64_t i = g.causal ? j : 0; i < nq; i++) {
+          for (int64_t i = g.causal ? j : 0; i < (g.left_bound > 0 ? std::min(nq, j + g.left_bound) : nq); i++) {
             double pij;
             const double ds = dsp(h, i, j, delta_of(h, i), pij);
             for (int64_t c = 0; c < d; c++) {
