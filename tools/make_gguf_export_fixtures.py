@@ -9,6 +9,8 @@ Runs our `qlora export` on
        tests/fixtures/parity/llama_gqa_adapter -> merged f32 and q8_0, and a gguf-lora adapter;
   (iii) the same for tests/fixtures/gguf/tiny_qwen3.gguf (arch qwen3: per-head q/k norms) with
        tests/fixtures/parity/qwen3_adapter;
+  (iv) the Hugging Face directory tests/fixtures/models/phi3_longrope (arch phi3, LongRoPE, partial
+       rotary) with tests/fixtures/parity/phi3_longrope_adapter -> merged f32;
 loads each in llama.cpp through llama-cpp-python (its PyPI sdist builds the vendored llama.cpp from
 source) and records, for a fixed token sequence, the top-8 logits and logsumexp at every position,
 plus the sha256 of each exported file. For every q8_0 export it also quantizes our f32 export of the
@@ -174,6 +176,13 @@ def main():
     jobs += [("tinyqwen3_f32", q3_base, q3_ad, "gguf", "f32", tiny_ids, None),
              ("tinyqwen3_q8_0", q3_base, q3_ad, "gguf", "q8_0", tiny_ids, None),
              ("tinyqwen3_lora", q3_base, q3_ad, "gguf-lora", "f32", tiny_ids, None)]
+    # Phi-3.5/Phi-4-mini's layout from a Hugging Face directory (arch phi3: attn_qkv and the fused
+    # ffn_up, LongRoPE's long/short factor tensors and attn_factor, 8 of 16 dims rotated): the
+    # 12 positions pass the 8 it was "pretrained" on and llama.cpp's context (128) too, so both
+    # sides take the long factors.
+    phi_base = os.path.join(FX, "models", "phi3_longrope")
+    phi_ad = os.path.join(FX, "parity", "phi3_longrope_adapter")
+    jobs += [("tinyphi3_f32", phi_base, phi_ad, "gguf", "f32", tiny_ids, None)]
     if os.path.exists(SMOL):
         smol_ad = os.path.join(OUT, "smollm2_adapter")
         smollm2_adapter(smol_ad)

@@ -369,6 +369,27 @@ def check_replay(adapter, out):
     assert abs(float(out["train_lr"][1]) - LR) < 1e-9 and float(out["train_lr"][0]) == 0.0
 
 
+def write_byte_level_vocab(model_dir, vocab_size):
+    """A GPT-2 style byte-level BPE tokenizer.json of vocab_size tokens and no merges: the bytes
+    '!'..'z', Phi-3's four special tokens (llama.cpp sets attributes on them by name for a model
+    named phi3), then 'Ġ' (space) and 'Ċ' (newline), as GPT-2 maps them. Only a vocabulary for
+    `qlora export` to write; the fixtures feed token ids."""
+    specials = ["<unk>", "<s>", "</s>", "<|endoftext|>"]
+    symbols = [chr(b) for b in range(33, 123)] + specials + ["\u0120", "\u010a"]
+    assert vocab_size == len(symbols), vocab_size
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    added = [{"id": symbols.index(s), "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for s in specials]
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+           "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                     "vocab": {s: i for i, s in enumerate(symbols)}, "merges": []}}
+    with open(os.path.join(model_dir, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def make_variant(name, config, seed, style):
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -380,6 +401,8 @@ def make_variant(name, config, seed, style):
     shutil.rmtree(model_dir, ignore_errors=True)
     model.save_pretrained(model_dir, safe_serialization=True)
     rewrite_config(model_dir, style)
+    if name == "phi3_longrope":  # exported to GGUF and run by llama.cpp (tools/make_gguf_export_fixtures.py)
+        write_byte_level_vocab(model_dir, config.vocab_size)
 
     # Everything below runs on the model reloaded from disk, so the fixtures describe the files.
     vocab = getattr(config, "text_config", config).vocab_size

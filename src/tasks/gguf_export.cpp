@@ -51,14 +51,27 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
 
 // llama.cpp's architecture for the model: Mistral is written as llama (convert_hf_to_gguf.py does too).
 std::string gguf_arch(const LlamaConfig& c) {
-  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.model_type == "phi3" || c.moe())
+  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.moe())
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
-  if (c.rope_scaling.type == "longrope" || c.rope_scaling.type == "yarn" || c.rotary_dim != 0)
+  const bool phi3 = c.model_type == "phi3";  // Phi3MiniModel: LongRoPE and partial rotary are its own
+  if (c.rope_scaling.type == "yarn" || (!phi3 && (c.rope_scaling.type == "longrope" || c.rotary_dim != 0)))
     fail(ErrorKind::Unsupported, "rope_scaling",
-         "GGUF export of LongRoPE, YaRN or a partial rotary embedding is not implemented",
+         "GGUF export of " + std::string(c.rope_scaling.type == "yarn" ? "YaRN" : "LongRoPE or a partial rotary embedding") +
+             " on " + c.model_type + " is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
-  return c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
+  return phi3 || c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
+}
+
+// The GGUF name of a merged tensor: llama.cpp's (hf_to_gguf_name), and Phi-3's fused projections
+// as its phi3 architecture reads them (attn_qkv: q, k, v rows; ffn_up: gate then up rows).
+std::string export_tensor_name(const std::string& hf) {
+  for (const auto& [suffix, gguf] : {std::pair<std::string, std::string>{".self_attn.qkv_proj.weight", ".attn_qkv.weight"},
+                                     {".mlp.gate_up_proj.weight", ".ffn_up.weight"}})
+    if (hf.rfind("model.layers.", 0) == 0 && hf.size() > suffix.size() &&
+        hf.compare(hf.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return "blk." + hf.substr(13, hf.size() - suffix.size() - 13) + gguf;
+  return hf_to_gguf_name(hf);
 }
 
 // ---- tokenizer from tokenizer.json -------------------------------------------------------------
@@ -197,9 +210,16 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
     w.set(a + ".rope.scaling.type", gguf_str("linear"));
     w.set(a + ".rope.scaling.factor", gguf_f32(float(c.rope_scaling.factor)));
   }
+  if (a == "phi3") {  // Phi3MiniModel.set_gguf_parameters and generate_extra_tensors' attn_factor
+    const RopeScaling& rs = c.rope_scaling;
+    w.set(a + ".rope.scaling.original_context_length",
+          gguf_u32(uint32_t(rs.type == "longrope" ? rs.original_max_position_embeddings : c.max_position_embeddings)));
+    w.set(a + ".attention.sliding_window", gguf_u32(uint32_t(c.sliding_window)));  // 0: none
+    if (rs.type == "longrope") w.set(a + ".rope.scaling.attn_factor", gguf_f32(float(rs.attention_factor)));
+  }
   w.set("general.file_type", gguf_u32(ot.file_type));
   if (a == "llama") w.set(a + ".vocab_size", gguf_u32(uint32_t(c.vocab_size)));
-  w.set(a + ".rope.dimension_count", gguf_u32(uint32_t(c.head_dim)));
+  w.set(a + ".rope.dimension_count", gguf_u32(uint32_t(c.rope_dim())));
   w.set("general.quantization_version", gguf_u32(2));
 }
 
@@ -250,6 +270,10 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     }
   }
   set_model_metadata(w, c, ot, default_name(o, base.get()), base.get());
+  if (c.model_type == "phi3" && c.sliding_window > 0)
+    res.notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
+                        ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "
+                        "sequences longer than the window differ from the trained model");
   if (!base) {
     if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
       fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
@@ -267,9 +291,16 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     const std::vector<float> f = llama3_rope_factors(c);
     w.add_tensor("rope_freqs.weight", {int64_t(f.size())}, GgmlType::F32);
     plan.push_back({"rope_freqs.weight", [f](std::vector<float>& v) { v = f; }});
+  } else if (c.rope_scaling.type == "longrope") {  // Phi-3: the long and short factors, f32
+    for (const auto& [name, factors] : {std::pair<std::string, std::vector<double>>{"rope_factors_long.weight", c.rope_scaling.long_factor},
+                                        {"rope_factors_short.weight", c.rope_scaling.short_factor}}) {
+      const std::vector<float> f(factors.begin(), factors.end());
+      w.add_tensor(name, {int64_t(f.size())}, GgmlType::F32);
+      plan.push_back({name, [f](std::vector<float>& v) { v = f; }});
+    }
   }
   for (const std::string& hf : merged->names()) {
-    const std::string g = hf_to_gguf_name(hf);
+    const std::string g = export_tensor_name(hf);
     if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
     const std::vector<int64_t> shape = merged->shape(hf);
     std::vector<int64_t> ne(shape.rbegin(), shape.rend());
