@@ -188,12 +188,22 @@ std::string gguf_to_hf_name(const std::string& g) {
   return "";
 }
 
+// Phi-3's fused projections as llama.cpp's phi3 architecture names them (attn_qkv: q, k, v rows;
+// ffn_up: gate then up rows). Export only: the engine does not read phi3 GGUFs.
+const LayerName kFusedLayerNames[] = {
+    {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
+    {"ffn_up.weight", "mlp.gate_up_proj.weight"},
+};
+
 std::string hf_to_gguf_name(const std::string& h) {
   for (const auto& n : kGlobalNames)
     if (h == n.hf) return n.gguf;
-  if (auto l = split_layer(h, "model.layers."))
+  if (auto l = split_layer(h, "model.layers.")) {
     for (const auto& n : kLayerNames)
       if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
+    for (const auto& n : kFusedLayerNames)
+      if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
+  }
   return "";
 }
 

@@ -183,13 +183,14 @@ static RopeScaling parse_rope_scaling(const json& rs, const std::string& key, co
 // mscale(factor, mscale_all_dim) when it has both, else mscale(factor) = 0.1 ln(factor) + 1.
 static void resolve_rope_scaling(const json& j, LlamaConfig& c, const std::string& where) {
   RopeScaling& r = c.rope_scaling;
+  if (r.type != "yarn" && r.type != "longrope") return;
+  if (json_find(j, "original_max_position_embeddings"))
+    r.original_max_position_embeddings = json_int(j, "original_max_position_embeddings", where);
+  else if (r.original_max_position_embeddings <= 0)
+    r.original_max_position_embeddings = c.max_position_embeddings;
+  if (r.original_max_position_embeddings <= 0)
+    fail(ErrorKind::Config, where + ": key 'original_max_position_embeddings'", "must be positive");
   if (r.type == "yarn") {
-    if (json_find(j, "original_max_position_embeddings"))
-      r.original_max_position_embeddings = json_int(j, "original_max_position_embeddings", where);
-    else if (r.original_max_position_embeddings <= 0)
-      r.original_max_position_embeddings = c.max_position_embeddings;
-    if (r.original_max_position_embeddings <= 0)
-      fail(ErrorKind::Config, where + ": key 'original_max_position_embeddings'", "must be positive");
     auto mscale = [](double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; };
     if (r.attention_factor <= 0)
       r.attention_factor = r.mscale != 0 && r.mscale_all_dim != 0
@@ -197,13 +198,6 @@ static void resolve_rope_scaling(const json& j, LlamaConfig& c, const std::strin
                                : mscale(r.factor, 1.0);
     return;
   }
-  if (r.type != "longrope") return;
-  if (json_find(j, "original_max_position_embeddings"))
-    r.original_max_position_embeddings = json_int(j, "original_max_position_embeddings", where);
-  else if (r.original_max_position_embeddings <= 0)
-    r.original_max_position_embeddings = c.max_position_embeddings;
-  if (r.original_max_position_embeddings <= 0)
-    fail(ErrorKind::Config, where + ": key 'original_max_position_embeddings'", "must be positive");
   if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / double(r.original_max_position_embeddings);
   if (r.attention_factor <= 0)
     r.attention_factor = r.factor <= 1.0 ? 1.0

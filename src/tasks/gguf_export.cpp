@@ -63,16 +63,6 @@ std::string gguf_arch(const LlamaConfig& c) {
   return phi3 || c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
 }
 
-// The GGUF name of a merged tensor: llama.cpp's (hf_to_gguf_name), and Phi-3's fused projections
-// as its phi3 architecture reads them (attn_qkv: q, k, v rows; ffn_up: gate then up rows).
-std::string export_tensor_name(const std::string& hf) {
-  for (const auto& [suffix, gguf] : {std::pair<std::string, std::string>{".self_attn.qkv_proj.weight", ".attn_qkv.weight"},
-                                     {".mlp.gate_up_proj.weight", ".ffn_up.weight"}})
-    if (hf.rfind("model.layers.", 0) == 0 && hf.size() > suffix.size() &&
-        hf.compare(hf.size() - suffix.size(), suffix.size(), suffix) == 0)
-      return "blk." + hf.substr(13, hf.size() - suffix.size() - 13) + gguf;
-  return hf_to_gguf_name(hf);
-}
 
 // ---- tokenizer from tokenizer.json -------------------------------------------------------------
 
@@ -300,7 +290,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     }
   }
   for (const std::string& hf : merged->names()) {
-    const std::string g = export_tensor_name(hf);
+    const std::string g = hf_to_gguf_name(hf);
     if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
     const std::vector<int64_t> shape = merged->shape(hf);
     std::vector<int64_t> ne(shape.rbegin(), shape.rend());

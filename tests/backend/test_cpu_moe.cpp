@@ -80,6 +80,44 @@ TEST(CpuOps, moe_route_fwd_TopKAndExpertSortedLayout) {
   }
 }
 
+// The function moe_route_bwd differentiates, in double, with the choice held fixed:
+// sum_tj g_tj w_tj(l), w the chosen p (renormalised with norm), plus sum_t mask_t sum_e aux_e p_te
+// when aux is given (mask empty: 1).
+double routing_objective(const std::vector<double>& l, const Vec& g, const std::vector<int32_t>& expert, int64_t n,
+                         int64_t e, int64_t k, bool norm, const Vec& aux = {}, const Vec& mask = {}) {
+  double s = 0;
+  for (int64_t t = 0; t < n; t++) {
+    double mx = -INFINITY, z = 0, zk = 0;
+    for (int64_t i = 0; i < e; i++) mx = std::max(mx, l[size_t(t * e + i)]);
+    for (int64_t i = 0; i < e; i++) z += std::exp(l[size_t(t * e + i)] - mx);
+    for (int64_t j = 0; j < k; j++) zk += std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z;
+    for (int64_t j = 0; j < k; j++)
+      s += g[size_t(t * k + j)] * std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z / (norm ? zk : 1.0);
+    for (size_t i = 0; i < aux.size(); i++)
+      s += (mask.empty() ? 1.0 : double(mask[size_t(t)])) * aux[i] * std::exp(l[size_t(t * e) + i] - mx) / z;
+  }
+  return s;
+}
+
+// dl against central differences of f at the logits (step 1e-6, absolute bound 2e-6); returns the
+// largest |dl|.
+template <class F>
+double expect_matches_central_differences(const Vec& dl, const Vec& logits, F f, const std::string& what) {
+  std::vector<double> l(logits.begin(), logits.end());
+  double largest = 0;
+  for (size_t i = 0; i < l.size(); i++) {
+    const double h = 1e-6, keep = l[i];
+    l[i] = keep + h;
+    const double up = f(l);
+    l[i] = keep - h;
+    const double down = f(l);
+    l[i] = keep;
+    EXPECT_NEAR(dl[i], (up - down) / (2 * h), 2e-6) << "logit " << i << what;
+    largest = std::max(largest, double(std::fabs(dl[i])));
+  }
+  return largest;
+}
+
 TEST(CpuOps, moe_route_bwd_FiniteDifferences) {
   Rng rng(6);
   const int64_t n = 9, e = 6, k = 2;
@@ -90,29 +128,9 @@ TEST(CpuOps, moe_route_bwd_FiniteDifferences) {
     Vec dl(size_t(n * e), NAN);
     std::vector<int32_t> expert = r.expert;
     be->moe_route_bwd({view(dl, {n, e}), view(g, {n * k}), view(logits, {n, e}), i32_view(expert), n, e, k, norm});
-    // f(l) = sum_tj g_tj w_tj(l) with the choice held fixed, in double.
-    auto f = [&](const std::vector<double>& l) {
-      double s = 0;
-      for (int64_t t = 0; t < n; t++) {
-        double mx = -INFINITY, z = 0, zk = 0;
-        for (int64_t i = 0; i < e; i++) mx = std::max(mx, l[size_t(t * e + i)]);
-        for (int64_t i = 0; i < e; i++) z += std::exp(l[size_t(t * e + i)] - mx);
-        for (int64_t j = 0; j < k; j++) zk += std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z;
-        for (int64_t j = 0; j < k; j++)
-          s += g[size_t(t * k + j)] * std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z / (norm ? zk : 1.0);
-      }
-      return s;
-    };
-    std::vector<double> l(logits.begin(), logits.end());
-    for (size_t i = 0; i < l.size(); i++) {
-      const double h = 1e-6, keep = l[i];
-      l[i] = keep + h;
-      const double up = f(l);
-      l[i] = keep - h;
-      const double down = f(l);
-      l[i] = keep;
-      EXPECT_NEAR(dl[i], (up - down) / (2 * h), 2e-6) << "logit " << i << (norm ? " renormalised" : "");
-    }
+    expect_matches_central_differences(
+        dl, logits, [&](const std::vector<double>& l) { return routing_objective(l, g, expert, n, e, k, norm); },
+        norm ? " renormalised" : "");
   }
 }
 
@@ -148,31 +166,9 @@ TEST(CpuOps, moe_router_stats_AndTheAuxGradientMatchReferences) {
   a.aux_grad = view(aux, {e});
   a.mask = view(mask, {n});
   be->moe_route_bwd(a);
-  auto f = [&](const std::vector<double>& l) {
-    double s = 0;
-    for (int64_t t = 0; t < n; t++) {
-      double mx = -INFINITY, z = 0, zk = 0;
-      for (int64_t i = 0; i < e; i++) mx = std::max(mx, l[size_t(t * e + i)]);
-      for (int64_t i = 0; i < e; i++) z += std::exp(l[size_t(t * e + i)] - mx);
-      for (int64_t j = 0; j < k; j++) zk += std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z;
-      for (int64_t j = 0; j < k; j++)
-        s += g[size_t(t * k + j)] * std::exp(l[size_t(t * e + expert[size_t(t * k + j)])] - mx) / z / zk;
-      for (int64_t i = 0; i < e; i++) s += mask[size_t(t)] * aux[size_t(i)] * std::exp(l[size_t(t * e + i)] - mx) / z;
-    }
-    return s;
-  };
-  std::vector<double> l(logits.begin(), logits.end());
-  double moved = 0;
-  for (size_t i = 0; i < l.size(); i++) {
-    const double h = 1e-6, keep = l[i];
-    l[i] = keep + h;
-    const double up = f(l);
-    l[i] = keep - h;
-    const double down = f(l);
-    l[i] = keep;
-    EXPECT_NEAR(dl[i], (up - down) / (2 * h), 2e-6) << "logit " << i;
-    moved = std::max(moved, double(std::fabs(dl[i])));
-  }
+  const double moved = expect_matches_central_differences(
+      dl, logits, [&](const std::vector<double>& l) { return routing_objective(l, g, expert, n, e, k, true, aux, mask); },
+      " with the aux gradient");
   EXPECT_GT(moved, 0.01);
 }
 

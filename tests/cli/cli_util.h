@@ -7,6 +7,9 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace qlora::cli_test {
 
@@ -35,6 +38,15 @@ inline std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// The records of a run's metrics.jsonl, in order (blank lines skipped).
+inline std::vector<nlohmann::json> metrics_records(const std::string& run_dir) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) v.push_back(nlohmann::json::parse(l));
+  return v;
 }
 
 inline std::string temp_dir(const std::string& name) {

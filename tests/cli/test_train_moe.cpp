@@ -35,14 +35,6 @@ std::string write_rows(const std::string& dir) {
   return path;
 }
 
-std::vector<nlohmann::json> records(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(read_file(out + "/metrics.jsonl"));
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) v.push_back(nlohmann::json::parse(l));
-  return v;
-}
-
 TEST(TrainMoe, LoadBalancingLossIsLoggedBesideTheRouting) {
   const std::string out = temp_dir("moe_aux");
   fs::create_directories(out);
@@ -54,7 +46,7 @@ TEST(TrainMoe, LoadBalancingLossIsLoggedBesideTheRouting) {
                      << "device: cpu\nseed: 5\n";
   const RunResult r = run_qlora("train " + cfg + " output_dir=" + out + "/run");
   ASSERT_EQ(r.code, 0) << r.output;
-  const auto recs = records(out + "/run");
+  const auto recs = metrics_records(out + "/run");
   int steps = 0;
   for (const auto& rec : recs) {
     if (!rec.contains("step") || !rec.contains("loss")) continue;

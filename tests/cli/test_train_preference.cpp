@@ -35,14 +35,6 @@ std::string args(const std::string& out, const std::string& rl, const std::strin
   return "train " + cfg + " output_dir=" + out + " " + extra;
 }
 
-std::vector<nlohmann::json> records(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(read_file(out + "/metrics.jsonl"));
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) v.push_back(nlohmann::json::parse(l));
-  return v;
-}
-
 TEST(TrainPreference, DpoLogsTrlsMetricsAndWritesAnAdapter) {
   const std::string out = temp_dir("pref_dpo");
   RunResult r = run_qlora(args(out, "dpo", "pairs_text.jsonl",
@@ -52,7 +44,7 @@ TEST(TrainPreference, DpoLogsTrlsMetricsAndWritesAnAdapter) {
   ASSERT_TRUE(fs::exists(out + "/adapter_model.safetensors"));
   int train = 0, eval = 0;
   double first_margin = 0, last_margin = 0;
-  for (const auto& j : records(out)) {
+  for (const auto& j : metrics_records(out)) {
     if (j.contains("loss")) {
       for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                             "logps/rejected"})
@@ -74,7 +66,7 @@ TEST(TrainPreference, DpoLogsTrlsMetricsAndWritesAnAdapter) {
   EXPECT_NE(svg.find("id=\"eval-reward-accuracy\""), std::string::npos);
   // qlora eval with the adapter gives the trainer's last eval numbers.
   double last_eval = -1, last_eval_acc = -1;
-  for (const auto& j : records(out))
+  for (const auto& j : metrics_records(out))
     if (j.contains("eval_loss")) last_eval = j["eval_loss"], last_eval_acc = j["eval_rewards/accuracies"];
   RunResult e = run_qlora("eval " + out + "/cfg.yaml --adapter " + out + " --data " + fx("preference/pairs_chat.jsonl") + " --json");
   ASSERT_EQ(e.code, 0) << e.output;
@@ -92,7 +84,7 @@ TEST(TrainPreference, EveryMethodRuns) {
     const std::string out = temp_dir("pref_" + rl);
     RunResult r = run_qlora(args(out, rl, file, "max_steps=2"));
     ASSERT_EQ(r.code, 0) << rl << "\n" << r.output;
-    const auto recs = records(out);
+    const auto recs = metrics_records(out);
     ASSERT_FALSE(recs.empty());
     EXPECT_TRUE(recs.back().contains(rl == "kto" ? "kl" : "rewards/accuracies")) << recs.back().dump();
     fs::remove_all(out);
@@ -140,7 +132,7 @@ TEST(TrainPreference, PrecomputedReferenceTrainsAsTheInStepOne) {
     ASSERT_EQ(pre.code, 0) << pre.output;
     EXPECT_NE(pre.output.find("reference log-probs: computed"), std::string::npos) << pre.output;
     ASSERT_TRUE(fs::exists(b + "/reference_logps.json"));
-    const auto x = records(a), y = records(b);
+    const auto x = metrics_records(a), y = metrics_records(b);
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); i++)
       for (const char* k : {"loss", "eval_loss", "rewards/chosen", "eval_rewards/chosen"})
@@ -152,7 +144,7 @@ TEST(TrainPreference, PrecomputedReferenceTrainsAsTheInStepOne) {
     RunResult again = run_qlora(args(b, rl, file, extra + eval + " precompute_ref_log_probs=true"));
     ASSERT_EQ(again.code, 0) << again.output;
     EXPECT_NE(again.output.find("reference log-probs: read"), std::string::npos) << again.output;
-    EXPECT_EQ(records(b).back()["loss"], y.back()["loss"]);
+    EXPECT_EQ(metrics_records(b).back()["loss"], y.back()["loss"]);
     fs::remove_all(a);
     fs::remove_all(b);
   }
@@ -171,7 +163,7 @@ TEST(TrainPreference, KilledDpoRunResumesToTheSameFinalLoss) {
   const std::string extra = "max_steps=120 gradient_accumulation_steps=8 save_steps=2 save_total_limit=2";
   RunResult full = run_qlora(args(a, "dpo", "pairs_text.jsonl", extra));
   ASSERT_EQ(full.code, 0) << full.output;
-  const auto ref = records(a);
+  const auto ref = metrics_records(a);
   ASSERT_EQ(ref.back()["step"], 120);
 
   pid_t pid = fork();
@@ -193,7 +185,7 @@ TEST(TrainPreference, KilledDpoRunResumesToTheSameFinalLoss) {
   RunResult resumed = run_qlora(args(b, "dpo", "pairs_text.jsonl", extra + " resume_from_checkpoint=latest"));
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
-  const auto got = records(b);
+  const auto got = metrics_records(b);
   ASSERT_EQ(got.back()["step"], 120);
   EXPECT_EQ(got.back()["loss"], ref.back()["loss"]);
   EXPECT_EQ(got.back()["rewards/margins"], ref.back()["rewards/margins"]);

@@ -121,27 +121,36 @@ TEST(Moe, RefusedBaseModesBeforeAllocating) {
   }
 }
 
+// One forward_backward of the parity fixture's batch on `variant` with its adapter, checkpointing
+// `ckpt`: the summed token loss, the load-balancing loss and every LoRA gradient.
+struct RoutedRun {
+  double loss = 0, aux = 0;
+  std::vector<std::vector<float>> grads;
+};
+RoutedRun routed_run(const std::string& variant, const char* ckpt) {
+  SafetensorsArchive fx(fixtures() + "/parity/" + variant + ".safetensors");
+  const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  TestModel t = make_model(variant, fixture_lora(variant), 2, 12, ckpt);
+  load_peft_adapter(fixtures() + "/parity/" + variant + "_adapter", *t.model);
+  t.model->zero_grads();
+  RoutedRun r;
+  r.loss = t.model->forward_backward(b, 1.0f, 0);
+  r.aux = t.model->last_aux_loss();
+  for (auto& p : t.model->lora_params()) {
+    std::vector<float> g(size_t(p.g.numel()));
+    t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
+    r.grads.push_back(g);
+  }
+  return r;
+}
+
 // The recompute of a checkpointed MoE layer routes the same tokens to the same experts: the
 // gradients equal those of the run that saved every activation.
 TEST(Moe, CheckpointingRecomputesTheRoutedLayerExactly) {
-  SafetensorsArchive fx(fixtures() + "/parity/mixtral.safetensors");
-  const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
-  std::vector<std::vector<float>> grads[2];
-  double loss[2];
-  for (int run = 0; run < 2; run++) {
-    TestModel t = make_model("mixtral", fixture_lora("mixtral"), 2, 12, run == 0 ? "none" : "full");
-    load_peft_adapter(fixtures() + "/parity/mixtral_adapter", *t.model);
-    t.model->zero_grads();
-    loss[run] = t.model->forward_backward(b, 1.0f, 0);
-    for (auto& p : t.model->lora_params()) {
-      std::vector<float> g(size_t(p.g.numel()));
-      t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
-      grads[run].push_back(g);
-    }
-  }
-  EXPECT_EQ(loss[0], loss[1]);
-  ASSERT_EQ(grads[0].size(), grads[1].size());
-  for (size_t i = 0; i < grads[0].size(); i++) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
+  const RoutedRun saved = routed_run("mixtral", "none"), recomputed = routed_run("mixtral", "full");
+  EXPECT_EQ(saved.loss, recomputed.loss);
+  ASSERT_EQ(saved.grads.size(), recomputed.grads.size());
+  for (size_t i = 0; i < saved.grads.size(); i++) EXPECT_EQ(saved.grads[i], recomputed.grads[i]) << i;
 }
 
 // With the load-balancing loss: the recompute adds no second set of router statistics (the loss
@@ -149,25 +158,13 @@ TEST(Moe, CheckpointingRecomputesTheRoutedLayerExactly) {
 // out of it as transformers' attention mask leaves it out (a padded row's aux loss equals that of
 // the same tokens without the padding), and a preference objective beside it is refused.
 TEST(Moe, LoadBalancingLossCountsEachRealTokenOnce) {
+  const RoutedRun saved = routed_run("mixtral_aux", "none"), recomputed = routed_run("mixtral_aux", "full");
+  EXPECT_GT(saved.aux, 0.0);
+  EXPECT_EQ(saved.aux, recomputed.aux);
+  ASSERT_EQ(saved.grads.size(), recomputed.grads.size());
+  for (size_t i = 0; i < saved.grads.size(); i++) EXPECT_EQ(saved.grads[i], recomputed.grads[i]) << i;
   SafetensorsArchive fx(fixtures() + "/parity/mixtral_aux.safetensors");
   const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
-  std::vector<std::vector<float>> grads[2];
-  double aux[2];
-  for (int run = 0; run < 2; run++) {
-    TestModel t = make_model("mixtral_aux", fixture_lora("mixtral_aux"), 2, 12, run == 0 ? "none" : "full");
-    load_peft_adapter(fixtures() + "/parity/mixtral_aux_adapter", *t.model);
-    t.model->zero_grads();
-    t.model->forward_backward(b, 1.0f, 0);
-    aux[run] = t.model->last_aux_loss();
-    for (auto& p : t.model->lora_params()) {
-      std::vector<float> g(size_t(p.g.numel()));
-      t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
-      grads[run].push_back(g);
-    }
-  }
-  EXPECT_GT(aux[0], 0.0);
-  EXPECT_EQ(aux[0], aux[1]);
-  for (size_t i = 0; i < grads[0].size(); i++) EXPECT_EQ(grads[0][i], grads[1][i]) << i;
 
   // Row 0's first 7 tokens, alone, and padded to 12 with token 0 (the padding routes somewhere).
   const std::vector<int32_t> ids = ints(fx, "input_ids");
