@@ -11,6 +11,9 @@ Runs our `qlora export` on
        tests/fixtures/parity/qwen3_adapter;
   (iv) the Hugging Face directory tests/fixtures/models/phi3_longrope (arch phi3, LongRoPE, partial
        rotary) with tests/fixtures/parity/phi3_longrope_adapter -> merged f32;
+  (v)  the mixtures of experts tests/fixtures/models/mixtral (arch llama with experts) -> merged f32
+       and q8_0, and tests/fixtures/models/qwen3_moe_norm (arch qwen3moe) -> merged f32, each with
+       its parity adapter;
 loads each in llama.cpp through llama-cpp-python (its PyPI sdist builds the vendored llama.cpp from
 source) and records, for a fixed token sequence, the top-8 logits and logsumexp at every position,
 plus the sha256 of each exported file. For every q8_0 export it also quantizes our f32 export of the
@@ -183,6 +186,17 @@ def main():
     phi_base = os.path.join(FX, "models", "phi3_longrope")
     phi_ad = os.path.join(FX, "parity", "phi3_longrope_adapter")
     jobs += [("tinyphi3_f32", phi_base, phi_ad, "gguf", "f32", tiny_ids, None)]
+    # Mixtures of experts from Hugging Face directories: Mixtral (arch llama with expert_count, 16
+    # experts of 32, two per token; Q/K permuted) merged at f32 and q8_0, and Qwen3-MoE with
+    # norm_topk_prob (arch qwen3moe, 16 experts of 24, four per token) at f32. Each layer's experts
+    # are written as llama.cpp's stacked ffn_{gate,up,down}_exps and its router as ffn_gate_inp.
+    mix_base = os.path.join(FX, "models", "mixtral")
+    mix_ad = os.path.join(FX, "parity", "mixtral_adapter")
+    q3m_base = os.path.join(FX, "models", "qwen3_moe_norm")
+    q3m_ad = os.path.join(FX, "parity", "qwen3_moe_norm_adapter")
+    jobs += [("tinymixtral_f32", mix_base, mix_ad, "gguf", "f32", tiny_ids, None),
+             ("tinymixtral_q8_0", mix_base, mix_ad, "gguf", "q8_0", tiny_ids, None),
+             ("tinyqwen3moe_f32", q3m_base, q3m_ad, "gguf", "f32", tiny_ids, None)]
     if os.path.exists(SMOL):
         smol_ad = os.path.join(OUT, "smollm2_adapter")
         smollm2_adapter(smol_ad)

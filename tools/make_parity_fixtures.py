@@ -165,6 +165,13 @@ def variant_configs():
                                      tie_word_embeddings=False, use_sliding_window=False,
                                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                       1015, "legacy"),
+        # Qwen3-MoE as Qwen3-30B-A3B routes: the chosen probabilities renormalised (norm_topk_prob
+        # true), 16 experts of 24, four per token; also exported to GGUF and run by llama.cpp.
+        "qwen3_moe_norm": (Qwen3MoeConfig(**DIMS, num_key_value_heads=2, head_dim=16, num_experts=16,
+                                          num_experts_per_tok=4, moe_intermediate_size=24, norm_topk_prob=True,
+                                          tie_word_embeddings=False, use_sliding_window=False,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                           1028, "legacy"),
     }
 
 # PEFT's target module names where a family fuses projections, and PEFT's all-linear in the
@@ -172,7 +179,7 @@ def variant_configs():
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral_aux": ATTENTION,
                  "phi3_longrope": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "mixtral": ATTENTION,
-                 "qwen3_moe": ATTENTION,
+                 "qwen3_moe": ATTENTION, "qwen3_moe_norm": ATTENTION,
                  # the language model's projections, not the vision tower's q/k/v (PEFT: re.fullmatch)
                  "gemma3_mm": r".*language_model.*\.(" + "|".join(TARGETS) + ")"}
 ROUTER_SCALE = 1.0  # router weights: logits spread enough that no top-k choice is a near tie
@@ -369,6 +376,11 @@ def check_replay(adapter, out):
     assert abs(float(out["train_lr"][1]) - LR) < 1e-9 and float(out["train_lr"][0]) == 0.0
 
 
+# Variants exported to GGUF and run by llama.cpp (tools/make_gguf_export_fixtures.py), which needs
+# a vocabulary in the file.
+EXPORTED_TO_LLAMA_CPP = ["phi3_longrope", "mixtral", "qwen3_moe_norm"]
+
+
 def write_byte_level_vocab(model_dir, vocab_size):
     """A GPT-2 style byte-level BPE tokenizer.json of vocab_size tokens and no merges: the bytes
     '!'..'z', Phi-3's four special tokens (llama.cpp sets attributes on them by name for a model
@@ -401,7 +413,7 @@ def make_variant(name, config, seed, style):
     shutil.rmtree(model_dir, ignore_errors=True)
     model.save_pretrained(model_dir, safe_serialization=True)
     rewrite_config(model_dir, style)
-    if name == "phi3_longrope":  # exported to GGUF and run by llama.cpp (tools/make_gguf_export_fixtures.py)
+    if name in EXPORTED_TO_LLAMA_CPP:
         write_byte_level_vocab(model_dir, config.vocab_size)
 
     # Everything below runs on the model reloaded from disk, so the fixtures describe the files.

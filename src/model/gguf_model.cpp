@@ -188,11 +188,18 @@ std::string gguf_to_hf_name(const std::string& g) {
   return "";
 }
 
-// Phi-3's fused projections as llama.cpp's phi3 architecture names them (attn_qkv: q, k, v rows;
-// ffn_up: gate then up rows). Export only: the engine does not read phi3 GGUFs.
-const LayerName kFusedLayerNames[] = {
+// Export only (the engine reads neither from a GGUF): Phi-3's fused projections as llama.cpp's phi3
+// architecture names them (attn_qkv: q, k, v rows; ffn_up: gate then up rows); a mixture-of-experts
+// layer's router (Mixtral's and Qwen3-MoE's module names) and the engine's expert stacks (experts.h),
+// (n_experts, out, in), as llama.cpp's 3-D ffn_*_exps.
+const LayerName kExportLayerNames[] = {
     {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
     {"ffn_up.weight", "mlp.gate_up_proj.weight"},
+    {"ffn_gate_inp.weight", "block_sparse_moe.gate.weight"},
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},
+    {"ffn_gate_exps.weight", "mlp.experts.gate_proj"},
+    {"ffn_up_exps.weight", "mlp.experts.up_proj"},
+    {"ffn_down_exps.weight", "mlp.experts.down_proj"},
 };
 
 std::string hf_to_gguf_name(const std::string& h) {
@@ -201,7 +208,7 @@ std::string hf_to_gguf_name(const std::string& h) {
   if (auto l = split_layer(h, "model.layers.")) {
     for (const auto& n : kLayerNames)
       if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
-    for (const auto& n : kFusedLayerNames)
+    for (const auto& n : kExportLayerNames)
       if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
   }
   return "";
@@ -342,7 +349,9 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   return c;
 }
 
-bool gguf_qk_permuted(const LlamaConfig& cfg) { return cfg.model_type == "llama" || cfg.model_type == "mistral"; }
+bool gguf_qk_permuted(const LlamaConfig& cfg) {
+  return cfg.model_type == "llama" || cfg.model_type == "mistral" || cfg.model_type == "mixtral";
+}
 
 void gguf_permute_qk_rows(const float* hf, float* gguf, int64_t n_head, int64_t rows, int64_t cols) {
   QLORA_ASSERT(n_head > 0 && rows % (2 * n_head) == 0);

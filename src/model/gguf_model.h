@@ -18,8 +18,10 @@ LlamaConfig gguf_llama_config(const GgufFile& f);
 // "model.layers.3.self_attn.q_proj.weight" <-> "blk.3.attn_q.weight". "" when there is no counterpart
 // (e.g. rope_freqs.weight, which holds llama3 rope factors and has no HF tensor).
 std::string gguf_to_hf_name(const std::string& gguf_name);
-// hf_to_gguf_name also names Phi-3's fused qkv_proj / gate_up_proj (blk.N.attn_qkv, blk.N.ffn_up),
-// which gguf_to_hf_name does not read back.
+// hf_to_gguf_name also names Phi-3's fused qkv_proj / gate_up_proj (blk.N.attn_qkv, blk.N.ffn_up), a
+// mixture-of-experts router (blk.N.ffn_gate_inp) and the engine's expert stacks
+// "model.layers.N.mlp.experts.<kind>" (blk.N.ffn_gate_exps, ffn_up_exps, ffn_down_exps), which
+// gguf_to_hf_name does not read back.
 std::string hf_to_gguf_name(const std::string& hf_name);
 
 // HF names of every base-model tensor for cfg, in HF state-dict order (lm_head only when untied).

@@ -1,4 +1,5 @@
-// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel, Qwen2Model, Qwen3Model)
+// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel with Mixtral's
+// experts, Qwen2Model, Qwen3Model, Qwen3MoeModel, Phi3MiniModel)
 // and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
 #include "tasks/gguf_export.h"
 
@@ -13,6 +14,7 @@
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "io/json_util.h"
+#include "model/experts.h"
 #include "model/gguf_model.h"
 #include "model/lora.h"
 #include "model/merge.h"
@@ -49,11 +51,21 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
        "allowed: " + allowed);
 }
 
-// llama.cpp's architecture for the model: Mistral is written as llama (convert_hf_to_gguf.py does too).
+// llama.cpp's architecture for the model: Mistral and Mixtral are written as llama (convert_hf_to_gguf.py
+// does too), Qwen3-MoE as qwen3moe.
 std::string gguf_arch(const LlamaConfig& c) {
-  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.moe())
+  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.model_type == "gpt_oss")
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
+  // llama.cpp's llama and qwen3moe graphs renormalise the chosen experts' weights (build_moe_ffn's
+  // norm_w is fixed to true there), which transformers does only with norm_topk_prob.
+  if (c.moe() && !c.norm_topk_prob)
+    fail(ErrorKind::Unsupported, "norm_topk_prob",
+         "llama.cpp's " + std::string(c.model_type == "qwen3_moe" ? "qwen3moe" : "llama") +
+             " architecture always renormalises the chosen experts' weights; this model (norm_topk_prob false) "
+             "would compute differently there",
+         "keep the merged Hugging Face model (`qlora merge`) for this model");
+  if (c.model_type == "qwen3_moe") return "qwen3moe";
   const bool phi3 = c.model_type == "phi3";  // Phi3MiniModel: LongRoPE and partial rotary are its own
   if (c.rope_scaling.type == "yarn" || (!phi3 && (c.rope_scaling.type == "longrope" || c.rotary_dim != 0)))
     fail(ErrorKind::Unsupported, "rope_scaling",
@@ -93,7 +105,8 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
   }
   fail(ErrorKind::Unsupported, where + ": pre_tokenizer", "this pre-tokenizer has no known llama.cpp name",
        "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2); "
-       "export from a GGUF of the model instead, which names its pre-tokenizer");
+       "export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), which names its "
+       "pre-tokenizer, else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
 }
 
 bool looks_special(const std::string& t) {  // convert_hf_to_gguf.py does_token_look_special
@@ -207,6 +220,11 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
     w.set(a + ".attention.sliding_window", gguf_u32(uint32_t(c.sliding_window)));  // 0: none
     if (rs.type == "longrope") w.set(a + ".rope.scaling.attn_factor", gguf_f32(float(rs.attention_factor)));
   }
+  if (c.moe()) {  // TextModel.set_gguf_parameters; Qwen2MoeModel adds the experts' own width
+    w.set(a + ".expert_count", gguf_u32(uint32_t(c.n_experts)));
+    w.set(a + ".expert_used_count", gguf_u32(uint32_t(c.experts_per_tok)));
+    if (a == "qwen3moe") w.set(a + ".expert_feed_forward_length", gguf_u32(uint32_t(c.expert_intermediate_size)));
+  }
   w.set("general.file_type", gguf_u32(ot.file_type));
   if (a == "llama") w.set(a + ".vocab_size", gguf_u32(uint32_t(c.vocab_size)));
   w.set(a + ".rope.dimension_count", gguf_u32(uint32_t(c.rope_dim())));
@@ -264,6 +282,10 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     res.notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
                         ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "
                         "sequences longer than the window differ from the trained model");
+  else if (c.sliding_window > 0)  // convert_hf_to_gguf.py writes no window for these architectures either
+    res.notes.push_back("sliding window " + std::to_string(c.sliding_window) + ": llama.cpp's " + gguf_arch(c) +
+                        " architecture has none and runs full attention, so sequences longer than the window "
+                        "differ from the trained model");
   if (!base) {
     if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
       fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
@@ -289,7 +311,32 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
       plan.push_back({name, [f](std::vector<float>& v) { v = f; }});
     }
   }
+  // A mixture-of-experts layer: its router where the checkpoint lists it, then the three expert
+  // stacks (llama.cpp's ffn_{gate,up,down}_exps, ne [in, out, n_experts]) in place of the per-expert
+  // tensors.
+  std::map<std::string, int64_t> router_layer;
+  for (int64_t l = 0; c.moe() && l < c.n_layer; l++) router_layer[hf_router_name(c, l)] = l;
   for (const std::string& hf : merged->names()) {
+    if (c.moe() && hf_moe_tensor_shape(c, hf) && !router_layer.count(hf)) continue;  // an expert: in its stack
+    const auto rl = router_layer.find(hf);
+    if (rl != router_layer.end()) {
+      const std::string router = hf_to_gguf_name(hf);  // kept f32: llama.cpp never quantizes ffn_gate_inp
+      w.add_tensor(router, {c.hidden_size, c.n_experts}, GgmlType::F32);
+      auto m = merged;
+      plan.push_back({router, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
+      for (const std::string& kind : expert_kinds()) {
+        const int64_t l = rl->second;
+        const std::string g = hf_to_gguf_name("model.layers." + std::to_string(l) + ".mlp.experts." + kind);
+        const auto [out, in] = expert_shape(c, kind);
+        w.add_tensor(g, {in, out, c.n_experts}, weight_type(ot, g, in, false, res.notes));
+        plan.push_back({g, [m, c, l, kind, out, in](std::vector<float>& v) {
+                          v.resize(size_t(c.n_experts * out * in));
+                          for (int64_t e = 0; e < c.n_experts; e++)
+                            m->read(hf_expert_name(c, l, e, kind), v.data() + e * out * in);
+                        }});
+      }
+      continue;
+    }
     const std::string g = hf_to_gguf_name(hf);
     if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
     const std::vector<int64_t> shape = merged->shape(hf);
@@ -388,7 +435,8 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
   const Tokenizer tok = Tokenizer::from_file(path);
   if (!tj.contains("model") || tj["model"].value("type", "") != "BPE")
     fail(ErrorKind::Unsupported, path + ": model.type", "only BPE vocabularies are exported",
-         "SentencePiece (Llama 2, Mistral) vocabularies: export from a GGUF of the model instead");
+         "SentencePiece (Llama 2, Mistral, Mixtral) vocabularies: export from a GGUF of the model where the engine "
+         "reads one (llama, qwen2, qwen3), else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
   const std::string pre = pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
 
   std::vector<std::string> tokens(static_cast<size_t>(vocab_size), std::string());

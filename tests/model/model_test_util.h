@@ -63,7 +63,7 @@ inline LoraSpec fixture_lora() {
 // mixture-of-experts fixtures (where all-linear would adapt the experts, which the engine refuses).
 inline LoraSpec fixture_lora(const std::string& variant) {
   LoraSpec s = fixture_lora();
-  if (variant == "mixtral" || variant == "qwen3_moe" || variant == "mixtral_aux")
+  if (variant == "mixtral" || variant == "qwen3_moe" || variant == "mixtral_aux" || variant == "qwen3_moe_norm")
     s.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
   return s;
 }

@@ -98,7 +98,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
                                                                    "qwen3_moe", "gemma3_mm", "phi3_longrope", "qwen3_yarn",
-                                                                   "mixtral_aux"));
+                                                                   "mixtral_aux", "qwen3_moe_norm"));
 
 // LongRoPE picks its factors per forward by the largest position (transformers: max(position_ids)
 // + 1 > original_max_position_embeddings): on one model, 8-token rows (within the original 8)

@@ -64,7 +64,7 @@ TEST_P(MergeParity, MergedWeightsGivePeftLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families, MergeParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                      "gemma3", "phi3", "gemma2", "mixtral", "qwen3_moe",
-                                                                     "phi3_longrope", "qwen3_yarn"));
+                                                                     "phi3_longrope", "qwen3_yarn", "qwen3_moe_norm"));
 
 // The same adapter merged into the GGUF of the same model (f32 tensors, Q/K rows permuted the
 // llama.cpp way) gives the same logits.
