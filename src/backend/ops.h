@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/activation.h"
+#include "core/attention_dq.h"
 #include "core/tensor.h"
 #include "quant/format.h"
 
@@ -137,6 +138,9 @@ struct AttentionBwdArgs {
   int64_t n_docs = 0;  // as in AttentionFwdArgs
   int64_t window = 0;  // as in AttentionFwdArgs
   float softcap = 0.0f;  // as in AttentionFwdArgs: dS is carried back through the tanh
+  // How the CUDA backend forms dq (core/attention_dq.h): Recompute needs no f32 accumulator
+  // scratch. The CPU backend computes dq directly either way.
+  AttnDq dq_mode = AttnDq::Accumulate;
 };
 
 // The gated MLP's activation: out = act(gate) * up.  all (N,F). act: silu (SwiGLU: Llama, Mistral,

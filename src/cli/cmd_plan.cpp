@@ -40,6 +40,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--mlp-tile-tokens")) r.mlp_tile = s.mlp_tile;
   if (unset("--checkpointing")) r.checkpointing = s.checkpointing;
   if (unset("--gemm-dtype")) r.gemm_dtype = s.gemm_dtype;
+  if (unset("--attention-dq")) r.attn_dq = s.attn_dq;
   if (unset("--sharding")) r.sharding = s.sharding;  // what training does
   if (unset("--rl")) r.objective = s.objective;
   r.reference_precomputed = s.reference_precomputed;
@@ -74,7 +75,7 @@ int cmd_plan(int argc, char** argv) {
   app.name("qlora plan");
   qlora::PlanRequest r;
   std::string model, gpu, config, targets, compare, method = "lora", objective = "sft", base_precision, optimizer_dtype = "fp32";
-  std::string sharding = "none", checkpointing = "none", gemm_dtype = "bf16";
+  std::string sharding = "none", checkpointing = "none", gemm_dtype = "bf16", attention_dq = "auto";
   std::vector<std::string> overrides;
   bool dq = false, no_dq = false, lora_dropout = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
   bool list_gpus = false, list_models = false;
@@ -117,6 +118,10 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--gpus-per-node", r.topo.gpus_per_node, "GPUs per node")->capture_default_str();
   app.add_option("--nodes", r.topo.nodes, "nodes")->capture_default_str();
   app.add_option("--gemm-dtype", gemm_dtype, "tensor-core dtype of base-weight GEMMs: bf16 | fp8 | fp4")->capture_default_str();
+  app.add_option("--attention-dq", attention_dq,
+                 "the GPU attention backward's dQ: auto | accumulate (an f32 buffer of every token) | recompute (its "
+                 "own pass, no such buffer)")
+      ->capture_default_str();
   app.add_flag("--json", json, "machine-readable output");
   app.add_flag("--fit", fit, "search the longest sequence, largest micro-batch and fastest configuration that fit");
   app.add_option("--compare", compare, "comma list of GPUs (or 'all') side by side");
@@ -158,6 +163,7 @@ int cmd_plan(int argc, char** argv) {
   if (given("--sharding")) r.sharding = qlora::parse_sharding(sharding, "--sharding");
   if (given("--checkpointing")) r.checkpointing = qlora::parse_checkpointing(checkpointing, "--checkpointing");
   if (given("--gemm-dtype")) r.gemm_dtype = qlora::parse_gemm_dtype(gemm_dtype, "--gemm-dtype");
+  if (given("--attention-dq") && attention_dq != "auto") r.attn_dq = qlora::parse_attn_dq(attention_dq, "--attention-dq");
   if (model.empty())
     qlora::fail(qlora::ErrorKind::Config, "--model", "no model given",
                 "add --model llama3-8b (see --list-models), a model directory, config.json or .gguf");

@@ -113,9 +113,9 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   }
 
   // attention_bwd on micro_batch x seq_len tokens: dq accumulated in f32 at the kernel's tile
-  // width, and delta per (token, query head).
+  // width (none when dq has its own pass, AttnDq::Recompute), and delta per (token, query head).
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::AttnDqAcc), MC::Workspace, DType::F32,
-           {N, c.n_head, cp::attention_dq_cols(c.head_dim)}, Lifetime::Layer);
+           {o.attn_dq == AttnDq::Accumulate ? N : 0, c.n_head, cp::attention_dq_cols(c.head_dim)}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
   // On sm_90/sm_100 the cuDNN path runs instead (no plan knows the device): its workspace goes
   // to the dq slot (a larger request is an Internal error) and its ragged offsets to the delta slot.

@@ -18,6 +18,7 @@ void plan_engine_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlan
 //   cuda.upload_staging.0/1  pinned host upload buffers (host, not device)
 //   cuda.matmul_cvt_a/_b     the largest F32 operand of a mixed-dtype matmul of the model, as bf16
 //   cuda.attn_dq_acc         attention_bwd's f32 dq accumulator for micro_batch x seq_len tokens
+//                            (empty when dq has its own pass, ModelPlanOptions::attn_dq Recompute)
 //   cuda.attn_delta          attention_bwd's rowsum(dO*O)
 //   cuda.reduce_partials     the largest sumsq the trainer issues
 // The op scratch (the last five) is allocated by the Arena and bound to the backend. Must follow

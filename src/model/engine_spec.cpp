@@ -1,6 +1,7 @@
 // The engine spec's defaults, its checks and the model options it resolves to (model/engine_spec.h).
 #include "model/engine_spec.h"
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "model/backend_plan.h"
 
@@ -35,6 +36,15 @@ int64_t mlp_tile_for_budget(const EngineSpec& s, const LlamaConfig& c, const Mod
   for (; tile >= kMinAutoMlpTileTokens; tile /= 2)
     if (tile < n && total(tile) <= budget) return tile;
   return std::min(n, kMinAutoMlpTileTokens);
+}
+
+void fit_to_budget(const EngineSpec& s, const LlamaConfig& c, ModelPlanOptions& o, DeviceKind device, int64_t budget) {
+  o.mlp_tile = mlp_tile_for_budget(s, c, o, device, budget);
+  o.attn_dq = s.attn_dq.value_or(AttnDq::Accumulate);
+  if (s.attn_dq || device != DeviceKind::Cuda || budget <= 0) return;
+  MemoryPlan p;
+  plan_engine_buffers(p, c, o, device);
+  if (p.total_bytes() > budget) o.attn_dq = AttnDq::Recompute;  // the smaller plan, fitting or not
 }
 
 EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute) {
@@ -85,6 +95,7 @@ ModelPlanOptions resolve_engine(const EngineSpec& s, const EngineTarget& t) {
   o.seq_len = s.seq_len;
   o.checkpointing = s.checkpointing;
   o.mlp_tile = resolved_mlp_tile(s);
+  o.attn_dq = s.attn_dq.value_or(AttnDq::Accumulate);
   o.ce_chunk = s.ce_chunk;
   o.kv_cache_tokens = s.kv_cache_tokens;
   o.gemm_dtype = s.gemm_dtype;

@@ -37,6 +37,9 @@ struct EngineSpec {
   // kAutoMlpTileTokens when a micro-batch holds more tokens, else untiled (resolved_mlp_tile), and
   // smaller tiles where the device's memory asks for them (mlp_tile_for_budget).
   int64_t mlp_tile = 0;
+  // How the CUDA attention backward forms dQ (attention_dq); unset: auto, Accumulate unless the
+  // plan does not fit the device's memory with it (fit_to_budget).
+  std::optional<AttnDq> attn_dq;
   int64_t ce_chunk = 1024;             // tokens per cross-entropy chunk
   GemmDtype gemm_dtype = GemmDtype::Bf16;
   Sharding sharding = Sharding::None;
@@ -63,6 +66,11 @@ int64_t resolved_mlp_tile(const EngineSpec& s);
 // runs untiled (0) unless the spec asks for a tile, which the model then refuses.
 int64_t mlp_tile_for_budget(const EngineSpec& s, const LlamaConfig& c, const ModelPlanOptions& o, DeviceKind device,
                             int64_t budget);
+
+// The options' memory choices for a budget (the device's free memory; <= 0: unknown): the MLP tile
+// (mlp_tile_for_budget), then on the CUDA backend the attention backward's dQ: the spec's, else
+// Accumulate while the plan fits the budget and Recompute (no f32 dQ accumulator) when it does not.
+void fit_to_budget(const EngineSpec& s, const LlamaConfig& c, ModelPlanOptions& o, DeviceKind device, int64_t budget);
 
 // The base precision a spec runs with on a backend computing in `compute`.
 BasePrecision resolved_base(const EngineSpec& s, DType compute);

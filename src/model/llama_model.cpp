@@ -1021,7 +1021,7 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   const float scale = cfg_.attn_scale();
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
                      cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l),
-                     float(cfg_.attn_logit_softcapping)});  // dq, dk, dv =
+                     float(cfg_.attn_logit_softcapping), opts_.attn_dq});  // dq, dk, dv =
   be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0

@@ -36,6 +36,9 @@ struct ModelPlanOptions {
   // this many tokens in the forward and in the backward's recompute, so its (tokens x intermediate)
   // buffers are one tile long. 0, or at least micro_batch * seq_len: untiled.
   int64_t mlp_tile = 0;
+  // How the CUDA attention backward forms dQ: Accumulate plans its f32 accumulator (cuda.attn_dq_acc
+  // at every token), Recompute plans none (core/attention_dq.h).
+  AttnDq attn_dq = AttnDq::Accumulate;
   int64_t ce_chunk = 1024;              // tokens per cross-entropy chunk
   // Generation through the training forward: each layer's keys and values for this many positions
   // (prompt + answer). 0: no KV cache (a run without sample answers).

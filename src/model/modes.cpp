@@ -59,6 +59,19 @@ const std::vector<Checkpointing>& checkpointing_modes() {
   return m;
 }
 
+const char* attn_dq_name(AttnDq d) { return d == AttnDq::Recompute ? "recompute" : "accumulate"; }
+
+AttnDq parse_attn_dq(const std::string& value, const std::string& key) {
+  return parse_mode(value, key, attn_dq_modes(), attn_dq_name,
+                    "accumulate (dQ summed in an f32 buffer of every token), recompute (dQ in its own pass, no "
+                    "such buffer)");
+}
+
+const std::vector<AttnDq>& attn_dq_modes() {
+  static const std::vector<AttnDq> m = {AttnDq::Accumulate, AttnDq::Recompute};
+  return m;
+}
+
 const char* gemm_dtype_name(GemmDtype g) {
   switch (g) {
     case GemmDtype::Bf16: return "bf16";

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/attention_dq.h"
 #include "core/dtype.h"
 
 namespace qlora {
@@ -22,6 +23,11 @@ Checkpointing parse_checkpointing(const std::string& value, const std::string& k
 // None, Full, Offload: the order reports list them in.
 const std::vector<Checkpointing>& checkpointing_modes();
 inline bool recomputes(Checkpointing c) { return c != Checkpointing::None; }
+
+// attention_dq: how the CUDA attention backward forms dQ (core/attention_dq.h).
+const char* attn_dq_name(AttnDq d);  // "accumulate" | "recompute"
+AttnDq parse_attn_dq(const std::string& value, const std::string& key);
+const std::vector<AttnDq>& attn_dq_modes();  // Accumulate, Recompute
 
 // The tensor-core dtype of the frozen base's forward GEMMs (gemm_dtype, --gemm-dtype; what each
 // needs of the base and the device: model/gemm_dtype.h). Bf16: the base is dequantized a layer

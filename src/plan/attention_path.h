@@ -4,6 +4,7 @@
 #pragma once
 #include <string>
 
+#include "core/attention_dq.h"
 #include "plan/assumptions.h"
 #include "plan/gpu_catalog.h"
 
@@ -19,6 +20,8 @@ struct AttentionPath {
 // GB300); custom GPUs are not known to be either.
 bool gpu_runs_cudnn_attention(const GpuSpec& gpu);
 
-AttentionPath attention_path(const GpuSpec& gpu, const PlanAssumptions& a);
+// With dq in its own pass (AttnDq::Recompute) the plan holds no dq slot, which cuDNN's graphs take
+// as their workspace: the own kernels are priced.
+AttentionPath attention_path(const GpuSpec& gpu, const PlanAssumptions& a, AttnDq dq = AttnDq::Accumulate);
 
 }  // namespace qlora

@@ -42,12 +42,15 @@ FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
   }
   const double A = 4.0 * double(c.q_dim()) * pairs;
 
+  // The backward's five products (S, dP, dV, dK, dQ) are 2.5 A; with dq in its own pass S and dP
+  // run twice: 3.5 A.
+  const double attn_bwd = (o.dq_recompute ? 3.5 : 2.5) * A;
   FlopCounts f;
   f.fwd = {2 * s.n_lin, 2 * s.n_head, 2 * r * s.p_l, A};
   if (full)
-    f.bwd = {4 * s.n_lin, 4 * s.n_head, 0, 2.5 * A};
+    f.bwd = {4 * s.n_lin, 4 * s.n_head, 0, attn_bwd};
   else
-    f.bwd = {2 * s.n_lin, 2 * s.n_head, 4 * r * s.p_l, 2.5 * A};
+    f.bwd = {2 * s.n_lin, 2 * s.n_head, 4 * r * s.p_l, attn_bwd};
   if (o.recompute) f.recompute = {2 * s.n_lin, 0, 2 * r * s.p_l, A};
   if (o.reference) f.reference = {2 * s.n_lin, 2 * s.n_head, 0, A};
   return f;

@@ -17,6 +17,7 @@ struct FlopOptions {
   int64_t attn_len = 2048;           // tokens a query attends within: the sequence, or the document when packed
   bool recompute = false;            // activation checkpointing re-runs each layer's forward
   bool reference = false;            // DPO/KTO: one more forward, the adapters off, nothing kept
+  bool dq_recompute = false;         // the attention backward's dq in its own pass (AttnDq::Recompute)
 };
 
 // FLOPs of one pass, split by where they run (base GEMMs may use fp8/fp4 tensor cores).

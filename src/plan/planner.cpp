@@ -134,9 +134,9 @@ ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   if (!r.gpu.is_cpu) caps = {r.gpu.fp8_tflops > 0, r.gpu.fp4_tflops > 0 && r.gpu.sm100, r.gpu.display};
   o.gemm_dtype = resolve_gemm_dtype(o, r.model, caps);
   o.expert_precision = r.expert_precision;
-  // The auto MLP tile, as the engine chooses it against the device's memory (the replica's plan;
-  // ZeRO sharding then only makes it smaller).
-  o.mlp_tile = mlp_tile_for_budget(r, r.model, o, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda, plan_memory_budget(r));
+  // The auto MLP tile and attention dQ, as the engine chooses them against the device's memory (the
+  // replica's plan; ZeRO sharding then only makes it smaller).
+  fit_to_budget(r, r.model, o, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda, plan_memory_budget(r));
   return o;
 }
 

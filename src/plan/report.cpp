@@ -51,6 +51,8 @@ std::string shape_text(const PlanResult& p) {
     s += " (MLP in tiles of " + std::to_string(tile) + (r.mlp_tile > 0 ? " tokens)" : " tokens, auto)");
   s += ", CE chunk " + std::to_string(r.ce_chunk) + ", AdamW state " + optimizer_dtype_name(r.optimizer_dtype) + ", GEMMs " +
        gemm_dtype_name(r.gemm_dtype);
+  if (p.options.attn_dq == AttnDq::Recompute)
+    s += std::string(", attention dQ in its own pass (no f32 accumulator") + (r.attn_dq ? ")" : ", auto)");
   return s;
 }
 
@@ -99,6 +101,7 @@ json request_json(const PlanResult& p) {
           {"checkpointing", checkpointing_name(r.checkpointing)},
           {"ce_chunk", r.ce_chunk},
           {"mlp_tile", p.options.mlp_tile},  // resolved: 0 untiled
+          {"attention_dq", attn_dq_name(p.options.attn_dq)},  // resolved
           {"sharding", sharding_name(r.sharding)},
           {"gpus_per_node", r.topo.gpus_per_node},
           {"nodes", r.topo.nodes},

@@ -61,14 +61,16 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   if (is_preference(r.objective)) fo.attn_len = std::max<int64_t>(1, r.seq_len / 2);
   fo.recompute = recompute;
   fo.reference = uses_reference(r.objective) && !r.reference_precomputed;
+  fo.dq_recompute = opts.attn_dq == AttnDq::Recompute && !r.gpu.is_cpu;
   e.per_token = flops_per_token(c, fo);
-  e.attention_path = attention_path(r.gpu, a).description;
+  const AttentionPath path = attention_path(r.gpu, a, opts.attn_dq);
+  e.attention_path = path.description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // cuDNN's diagonal band, or the own kernel's window mask
     int64_t windowed = 0;
     for (int64_t l = 0; l < c.n_layer; l++) windowed += c.window_of(l) > 0;
     const std::string layers = std::to_string(windowed) + (windowed == 1 ? " layer" : " layers");
     e.attention_path += ", a sliding window of " + std::to_string(c.sliding_window) + " keys on " + layers +
-                        (attention_path(r.gpu, a).name == "cudnn" ? " (cuDNN's diagonal band)" : "");
+                        (path.name == "cudnn" ? " (cuDNN's diagonal band)" : "");
   }
   e.tokens_per_step = tok_gpu * world;
   const double useful_frac = !r.packing && r.avg_doc_len > 0 ? double(r.avg_doc_len) / double(r.seq_len) : 1.0;
@@ -97,7 +99,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   } else {
     e.t_gemm = tok_gpu * ((base_flops - bf16_base) / (base_peak * base_eff) +
                           (bf16_flops + bf16_base) / (bf16_peak * a.gemm_efficiency));
-    e.t_attn = tok_gpu * attn_flops / (bf16_peak * attention_path(r.gpu, a).efficiency);
+    e.t_attn = tok_gpu * attn_flops / (bf16_peak * path.efficiency);
   }
 
   // Memory-bound traffic per GPU per step. The base is converted to the GEMM dtype a layer at a

@@ -192,7 +192,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   const double t_load = now_s();
   // The model resolves the GEMM dtype against the base and the device.
   ModelPlanOptions po = resolve_engine(o, {be.compute_dtype()});
-  po.mlp_tile = mlp_tile_for_budget(o, cfg, po, be.device(), be.memory_available());  // as training chooses it
+  fit_to_budget(o, cfg, po, be.device(), be.memory_available());  // as training chooses
   LlamaModel model(cfg, be, po, o.lora);
   model.load_base(random_tensor_source(o.seed));  // quantized on load for a quantized base
   model.init_lora(o.seed);

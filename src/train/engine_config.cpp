@@ -29,6 +29,7 @@ EngineSpec engine_spec(const TrainConfig& c) {
                                                "gradient_checkpointing is none",
          "set gradient_checkpointing: full (or offload), or remove mlp_tile_tokens");
   s.gemm_dtype = parse_gemm_dtype(c.gemm_dtype, "gemm_dtype");
+  if (c.attention_dq != "auto") s.attn_dq = parse_attn_dq(c.attention_dq, "attention_dq");
   s.sharding = parse_sharding(c.sharding, "sharding");
   return with_shapes(s, c, c.per_device_train_batch_size, row_tokens_cap(c));
 }

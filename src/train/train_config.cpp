@@ -246,6 +246,12 @@ const std::vector<KeyRow>& key_table() {
        .help = "With gradient_checkpointing: tokens per tile of the MLP (gate, up, activation, down and their "
                "gradients), so its intermediates are one tile long. 0 = tiles of 8192 tokens when a micro-batch "
                "holds more, else untiled. Needs gradient_checkpointing full or offload."},
+      {.name = "attention_dq", .field = &T::attention_dq, .def = "auto", .choices = {"auto", "accumulate", "recompute"},
+       .help = "How the CUDA attention backward forms dQ: accumulate sums it in an f32 buffer of every token "
+               "(tokens x heads x head_dim x 4 bytes); recompute gives it its own pass, which recomputes the "
+               "scores (about 40% more attention-backward work) and needs no such buffer. auto: accumulate "
+               "unless the plan does not fit the GPU's free memory with it. The CPU computes dQ directly "
+               "either way."},
       {.name = "bf16", .field = &T::bf16, .def = "false",
        .help = "Accepted for compatibility; compute precision follows the device (bf16 on CUDA, fp32 on CPU).",
        .value_aliases = {{"auto", "true"}}},

@@ -86,7 +86,8 @@ struct TrainConfig {
   std::string gemm_dtype;              // bf16|fp8|fp4: the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
   std::string gradient_checkpointing;  // none|full|offload
   int64_t ce_chunk_size;
-  int64_t mlp_tile_tokens;             // tokens per MLP tile under checkpointing; 0 = auto               // tokens per cross-entropy chunk
+  int64_t mlp_tile_tokens;             // tokens per MLP tile under checkpointing; 0 = auto
+  std::string attention_dq;            // auto|accumulate|recompute: the CUDA attention backward's dQ               // tokens per cross-entropy chunk
   bool bf16;                           // informational: compute precision follows the backend
   // runtime
   std::string device;  // auto|cpu|cuda

@@ -53,7 +53,7 @@ LoadedModel load_model_for_training(const EngineSpec& spec, Backend& be, const M
   const EngineTarget target{be.compute_dtype(), comm ? comm->size() : 1, comm ? comm->rank() : 0};
   ModelPlanOptions po = resolve_engine(spec, target);  // the model resolves the GEMM dtype against the base and device
   adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
-  po.mlp_tile = mlp_tile_for_budget(spec, src.config, po, be.device(), be.memory_available());
+  fit_to_budget(spec, src.config, po, be.device(), be.memory_available());
   LoadedModel lm;
   lm.model = std::make_unique<LlamaModel>(src.config, be, po, spec.lora);
   if (spec.sharding == Sharding::Fsdp && comm) lm.model->set_base_comm(*comm);

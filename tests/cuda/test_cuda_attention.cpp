@@ -178,25 +178,42 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
     }
     DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v), d(*cu, DType::BF16, a.dout);
     DBuf o(*cu, DType::BF16, out), l(*cu, DType::F32, lse), seg(*cu, DType::I32, c.b * c.t);
-    DBuf dq(*cu, DType::BF16, a.nq()), dk(*cu, DType::BF16, a.nkv()), dv(*cu, DType::BF16, a.nkv());
     if (c.docs) seg.upload_i32(a.seg);
-    dq.poison();
-    dk.poison();
-    dv.poison();
-    cu->attention_bwd({dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
-                       d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
-                       v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
-                       c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0,
-                       c.window});
-    // With one visible key dS = P (dP - delta) is exactly 0; f32 dP and delta then differ by
-    // ~1e-6 of sqrt(D) |dout| |v| (inputs are N(0,1)): the 1e-4 floor covers that cancellation.
-    const Tol tol{4 * kBf16U, 8 * kBf16U, 4 * kBf16U, 1e-4};
-    // dq alone sums over every visible key after two bf16 roundings (P, then dS) and f32 atomics
-    // in no fixed order; its largest elementwise error over ~4M elements reaches ~8.5u x rms
-    // (seen under the host harness), so its rms term is 12u. The normwise bound stays 4u.
-    expect_close(std::string(c.name) + " dq", dq.download(), rdq, {4 * kBf16U, 12 * kBf16U, 4 * kBf16U, 1e-4});
-    expect_close(std::string(c.name) + " dk", dk.download(), rdk, tol);
-    expect_close(std::string(c.name) + " dv", dv.download(), rdv, tol);
+    // Both ways of forming dq: the f32 accumulator, and dq's own query-major pass (which leaves the
+    // key-major kernel dk and dv only: the same products, so the same bits).
+    std::vector<Vec> dk_of, dv_of;
+    for (const AttnDq mode : {AttnDq::Accumulate, AttnDq::Recompute}) {
+      const std::string name = std::string(c.name) + (mode == AttnDq::Recompute ? " (dq recomputed)" : "");
+      DBuf dq(*cu, DType::BF16, a.nq()), dk(*cu, DType::BF16, a.nkv()), dv(*cu, DType::BF16, a.nkv());
+      dq.poison();
+      dk.poison();
+      dv.poison();
+      AttentionBwdArgs args{dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
+                            d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
+                            v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
+                            c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window};
+      args.dq_mode = mode;
+      cu->attention_bwd(args);
+      // With one visible key dS = P (dP - delta) is exactly 0; f32 dP and delta then differ by
+      // ~1e-6 of sqrt(D) |dout| |v| (inputs are N(0,1)): the 1e-4 floor covers that cancellation.
+      const Tol tol{4 * kBf16U, 8 * kBf16U, 4 * kBf16U, 1e-4};
+      // dq alone sums over every visible key after two bf16 roundings (P, then dS) and, accumulated,
+      // f32 atomics in no fixed order; its largest elementwise error over ~4M elements reaches
+      // ~8.5u x rms (seen under the host harness), so its rms term is 12u. The normwise bound stays 4u.
+      const Vec got_dq = dq.download();
+      expect_close(name + " dq", got_dq, rdq, {4 * kBf16U, 12 * kBf16U, 4 * kBf16U, 1e-4});
+      dk_of.push_back(dk.download());
+      dv_of.push_back(dv.download());
+      expect_close(name + " dk", dk_of.back(), rdk, tol);
+      expect_close(name + " dv", dv_of.back(), rdv, tol);
+      if (mode == AttnDq::Recompute) {  // written once per element, no atomics: the same bits again
+        dq.poison();
+        cu->attention_bwd(args);
+        EXPECT_EQ(dq.download(), got_dq) << name;
+      }
+    }
+    EXPECT_EQ(dk_of[0], dk_of[1]) << c.name;
+    EXPECT_EQ(dv_of[0], dv_of[1]) << c.name;
   }
 }
 

@@ -37,6 +37,7 @@ struct Case {
   std::string method, precision, ckpt;
   bool label_subset;  // SFT labels (the LM head runs on the labeled rows) or every position labeled
   int64_t mlp_tile = 0;  // the MLP over tiles of this many rows (checkpointing only)
+  AttnDq attn_dq = AttnDq::Accumulate;
 };
 
 ModelPlanOptions plan_options(const Case& c) {
@@ -50,12 +51,14 @@ ModelPlanOptions plan_options(const Case& c) {
   po.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
   po.ce_chunk = 8;  // several chunks per step, the last one partial
   po.mlp_tile = c.mlp_tile;
+  po.attn_dq = c.attn_dq;
   return po;
 }
 
 std::string name(const Case& c) {
   return c.method + "/" + (c.precision.empty() ? "bf16" : c.precision) + " ckpt=" + c.ckpt +
-         (c.label_subset ? " label subset" : " all labeled") + (c.mlp_tile ? " mlp tile " + std::to_string(c.mlp_tile) : "");
+         (c.label_subset ? " label subset" : " all labeled") + (c.mlp_tile ? " mlp tile " + std::to_string(c.mlp_tile) : "") +
+         (c.attn_dq == AttnDq::Recompute ? " dq recomputed" : "");
 }
 
 // Builds the model on a fresh CUDA backend, trains a few steps, and checks the harness's counts
@@ -138,6 +141,20 @@ TEST(CudaEmuMemoryPlan, QloraNf4AllocationEqualsThePlan) {
 TEST(CudaEmuMemoryPlan, TiledMlpAllocationEqualsThePlan) {
   for (const char* ckpt : {"full", "offload"})
     check_allocation_equals_plan({"qlora", "nf4", ckpt, true, 7});
+}
+
+// dq in its own pass: no accumulator is planned (an empty slot), and the steps need none.
+TEST(CudaEmuMemoryPlan, RecomputedAttentionDqAllocationEqualsThePlan) {
+  for (const char* ckpt : {"none", "full"}) check_allocation_equals_plan({"qlora", "nf4", ckpt, true, 0, AttnDq::Recompute});
+  ModelPlanOptions a = plan_options({"qlora", "nf4", "full", true}), r = a;
+  r.attn_dq = AttnDq::Recompute;
+  const LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
+  MemoryPlan pa, pr;
+  plan_engine_buffers(pa, c, a, DeviceKind::Cuda);
+  plan_engine_buffers(pr, c, r, DeviceKind::Cuda);
+  EXPECT_GT(pa.find("cuda.attn_dq_acc")->bytes, 0);
+  EXPECT_EQ(pr.find("cuda.attn_dq_acc")->bytes, 0);
+  EXPECT_LT(pr.total_bytes(), pa.total_bytes());
 }
 
 // `qlora plan --gpu h100-sxm` plans the CUDA engine exactly: its buffer list (the backend's own

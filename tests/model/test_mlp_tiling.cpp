@@ -220,6 +220,62 @@ TEST(MlpTiling, AutoTileIsTheLargestThatFitsTheBudget) {
   EXPECT_EQ(mlp_tile_for_budget(s, moe, o, DeviceKind::Cpu, 0), 0);
 }
 
+// The attention backward's dq on the CUDA backend: accumulated while the plan fits the budget,
+// recomputed in its own pass (no f32 accumulator) once it does not, after the MLP tile has shrunk
+// as far as it goes; as asked when the spec names it; never changed on the CPU (which has no such
+// buffer) or when memory is unknown.
+TEST(AttentionDq, RecomputedWhenThePlanDoesNotFitTheBudget) {
+  const LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
+  EngineSpec s;
+  s.checkpointing = Checkpointing::Full;
+  s.seq_len = 32768;
+  const ModelPlanOptions o = resolve_engine(s, EngineTarget{DType::BF16});
+  auto total = [&](int64_t tile, AttnDq dq) {
+    ModelPlanOptions t = o;
+    t.mlp_tile = tile;
+    t.attn_dq = dq;
+    MemoryPlan p;
+    plan_engine_buffers(p, c, t, DeviceKind::Cuda);
+    return p.total_bytes();
+  };
+  const int64_t acc = total(kMinAutoMlpTileTokens, AttnDq::Accumulate), rec = total(kMinAutoMlpTileTokens, AttnDq::Recompute);
+  // The accumulator: 32768 tokens x 4 heads x 64 (the kernel's tile width) x 4 bytes.
+  EXPECT_EQ(acc - rec, MemoryPlan::aligned(int64_t(32768) * c.n_head * 64 * 4));
+  auto fit = [&](const EngineSpec& spec, DeviceKind device, int64_t budget) {
+    ModelPlanOptions t = resolve_engine(spec, EngineTarget{DType::BF16});
+    fit_to_budget(spec, c, t, device, budget);
+    return t;
+  };
+  EXPECT_EQ(fit(s, DeviceKind::Cuda, 0).attn_dq, AttnDq::Accumulate);  // memory unknown
+  EXPECT_EQ(fit(s, DeviceKind::Cuda, total(8192, AttnDq::Accumulate)).attn_dq, AttnDq::Accumulate);
+  EXPECT_EQ(fit(s, DeviceKind::Cuda, acc).attn_dq, AttnDq::Accumulate);
+  const ModelPlanOptions tight = fit(s, DeviceKind::Cuda, acc - 1);
+  EXPECT_EQ(tight.mlp_tile, kMinAutoMlpTileTokens);
+  EXPECT_EQ(tight.attn_dq, AttnDq::Recompute);
+  EXPECT_EQ(fit(s, DeviceKind::Cuda, rec - 1).attn_dq, AttnDq::Recompute);  // nothing fits: the smaller plan, refused later
+  EXPECT_EQ(fit(s, DeviceKind::Cpu, acc - 1).attn_dq, AttnDq::Accumulate);
+  EngineSpec forced = s;
+  forced.attn_dq = AttnDq::Accumulate;
+  EXPECT_EQ(fit(forced, DeviceKind::Cuda, acc - 1).attn_dq, AttnDq::Accumulate);
+  forced.attn_dq = AttnDq::Recompute;
+  EXPECT_EQ(fit(forced, DeviceKind::Cuda, 0).attn_dq, AttnDq::Recompute);
+  // The config key: auto leaves it to the budget; a bad value names the key and the choices.
+  TrainConfig tc;
+  tc.attention_dq = "auto";
+  EXPECT_FALSE(engine_spec(tc).attn_dq.has_value());
+  tc.attention_dq = "recompute";
+  EXPECT_EQ(engine_spec(tc).attn_dq, AttnDq::Recompute);
+  tc.attention_dq = "recompte";
+  try {
+    engine_spec(tc);
+    ADD_FAILURE() << "a bad attention_dq was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("attention_dq"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("recompute"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MlpTiling, ConfigKeyNeedsCheckpointing) {
   TrainConfig c;
   c.mlp_tile_tokens = 512;

@@ -48,6 +48,7 @@ TEST(FitContext, AutoMlpTileShrinksWhereTheDefaultNoLongerFits) {
   r.method = Method::Qlora;
   r.base_precision = BasePrecision::Nf4;
   r.checkpointing = Checkpointing::Offload;
+  r.attn_dq = AttnDq::Accumulate;  // the MLP tile alone (the attention's dq has its own test below)
   PlanRequest forced = r;
   forced.mlp_tile = kAutoMlpTileTokens;
   const int64_t t_forced = max_seq_len_that_fits(forced), t_auto = max_seq_len_that_fits(r);
@@ -64,4 +65,37 @@ TEST(FitContext, AutoMlpTileShrinksWhereTheDefaultNoLongerFits) {
   // At the length the forced tile still fits, auto keeps the default.
   r.seq_len = t_forced;
   EXPECT_EQ(model_plan_options(r).mlp_tile, kAutoMlpTileTokens);
+}
+
+// Past the smallest MLP tile, the auto plan gives the attention backward's dq its own pass: no f32
+// accumulator of (tokens x heads x 128) is planned, so --fit reaches further than with dq
+// accumulated, and the speed estimate counts the recomputed products on the own kernels.
+TEST(FitContext, AutoAttentionDqIsRecomputedWhereTheAccumulatorNoLongerFits) {
+  for (const char* model : {"llama3-8b", "llama3-70b"}) {
+    SCOPED_TRACE(model);
+    PlanRequest r;
+    r.model = preset_config(model);
+    r.model_label = model;
+    r.gpu = resolve_gpu("h100-sxm");
+    r.method = Method::Qlora;
+    r.base_precision = BasePrecision::Nf4;
+    r.checkpointing = Checkpointing::Offload;
+    PlanRequest acc = r;
+    acc.attn_dq = AttnDq::Accumulate;
+    const int64_t t_acc = max_seq_len_that_fits(acc), t_auto = max_seq_len_that_fits(r);
+    EXPECT_GT(t_auto, t_acc);
+    r.seq_len = acc.seq_len = t_auto;
+    const PlanResult p = make_plan(r), pa = make_plan(acc);
+    EXPECT_TRUE(p.fits);
+    EXPECT_FALSE(pa.fits);
+    EXPECT_EQ(p.options.attn_dq, AttnDq::Recompute);
+    EXPECT_EQ(p.options.mlp_tile, kMinAutoMlpTileTokens);
+    EXPECT_EQ(p.plan.find("cuda.attn_dq_acc")->bytes, 0);
+    EXPECT_EQ(pa.plan.find("cuda.attn_dq_acc")->bytes, t_auto * r.model.n_head * 128 * 4);
+    EXPECT_NEAR(p.speed.per_token.bwd.attn / pa.speed.per_token.bwd.attn, 3.5 / 2.5, 1e-12);
+    EXPECT_NE(p.speed.attention_path.find("dq in its own pass"), std::string::npos) << p.speed.attention_path;
+    // Where the accumulator fits, auto keeps it.
+    r.seq_len = t_acc;
+    EXPECT_EQ(model_plan_options(r).attn_dq, AttnDq::Accumulate);
+  }
 }

@@ -111,4 +111,18 @@ TEST(Report, BinaryEndToEnd) {
   auto [rc3, out3] = run(bin + " plan --model llama3-70b --gpu b2000 2>&1");
   EXPECT_EQ(rc3, 1);
   EXPECT_NE(out3.find("did you mean 'b200'"), std::string::npos) << out3;
+  // --attention-dq: the resolved choice in the JSON, the accumulator gone from the buffers, a bad
+  // value named.
+  const std::string base = bin + " plan --model llama3-8b --gpu h100-sxm --method qlora --seq-len 65536 --checkpointing full";
+  auto [rc4, out4] = run(base + " --json");
+  auto [rc5, out5] = run(base + " --attention-dq recompute --json");
+  ASSERT_EQ(rc4, 0);
+  ASSERT_EQ(rc5, 0);
+  const nlohmann::json acc = nlohmann::json::parse(out4), rec = nlohmann::json::parse(out5);
+  EXPECT_EQ(acc["request"]["attention_dq"], "accumulate");
+  EXPECT_EQ(rec["request"]["attention_dq"], "recompute");
+  EXPECT_LT(rec["total_bytes"].get<int64_t>(), acc["total_bytes"].get<int64_t>());
+  auto [rc6, out6] = run(base + " --attention-dq recompte 2>&1");
+  EXPECT_EQ(rc6, 1);
+  EXPECT_NE(out6.find("--attention-dq"), std::string::npos) << out6;
 }

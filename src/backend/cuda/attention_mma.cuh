@@ -52,6 +52,22 @@ struct BwdTraits {
   static constexpr int kSmemBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + kStatBytes;
 };
 
+// dQ's own query-major pass (cuda_attention_dq.cu): 64 queries per block (4 warps x 16 rows), Q and
+// dO held in shared memory, two stages of K and V.
+template <int D>
+struct DqTraits {
+  static_assert(D == 64 || D == 128, "attention kernels exist for tile widths 64 and 128");
+  static constexpr int kHeadDim = D;
+  static constexpr int kBr = 64;             // queries per block
+  static constexpr int kBc = 64;             // keys per main-loop step
+  static constexpr int kWarps = kBr / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = D / 8;
+  static constexpr int kQBytes = kBr * D * 2;   // Q (or dO)
+  static constexpr int kKVBytes = kBc * D * 2;  // one K (or V) stage
+  static constexpr int kSmemBytes = 2 * kQBytes + 4 * kKVBytes;
+};
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -167,6 +183,29 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], c
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// acc += A B for one warp's 16 rows: A (16 x 16kK) is held as the f32 C fragments c[0..2kK) of
+// 8-column n-tiles (each pair packed into the A fragment of one 16-wide k-slice), B is the
+// (16kK, D) swizzled tile `b` in shared memory, read transposed through ldmatrix.trans into the B
+// fragments of acc's 8-column tiles. The softmax-side products of the attention kernels: P V and
+// dS K (rows = queries), P^T dO and dS^T Q (rows = keys).
+template <int kK, int D>
+__device__ __forceinline__ void mma_c_by_tile(float (&acc)[D / 8][4], const float (&c)[2 * kK][4], uint32_t b, int lane) {
+  int lr, lc;
+  lane_rows16(lane, lr, lc);
+#pragma unroll
+  for (int kk = 0; kk < kK; kk++) {
+    uint32_t a[4];
+    c_to_a(a, c[2 * kk], c[2 * kk + 1]);
+#pragma unroll
+    for (int dt = 0; dt < D / 16; dt++) {
+      uint32_t bf[4];
+      ldsm_x4_t(bf, b + swz(kk * 16 + lr, dt * 2 + lc, D / 8));
+      mma16816(acc[2 * dt], a, bf[0], bf[1]);
+      mma16816(acc[2 * dt + 1], a, bf[2], bf[3]);
+    }
+  }
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -189,7 +228,9 @@ struct AttnParams {
   const bf16* dout;    // (B,T,Hq,D)
   const float* lse_in; // (B,Hq,T)
   const float* delta;  // (B,Hq,T) rowsum(dout*out)
-  float* dq_acc;       // (B,T,Hq,D) f32 with D the tile width, zeroed, unscaled
+  float* dq_acc;       // (B,T,Hq,D) f32 with D the tile width, zeroed, unscaled; null: the key-major
+                       // kernel computes dK and dV only, and dQ comes from attn_bwd_dq_kernel
+  bf16* dq;            // (B,T,Hq,D) attn_bwd_dq_kernel's output
   bf16* dk;            // (B,T,Hkv,D)
   bf16* dv;            // (B,T,Hkv,D)
   float scale;
@@ -203,6 +244,8 @@ namespace qlora::cuda {
 inline int attention_tile_width(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
 void attention_fwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
 void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
+void attention_bwd_dq_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
 void attention_fwd_set_smem_limits();
 void attention_bwd_set_smem_limits();
+void attention_bwd_dq_set_smem_limits();
 }  // namespace qlora::cuda

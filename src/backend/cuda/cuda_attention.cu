@@ -1,5 +1,6 @@
 // attention_fwd / attention_bwd ops: argument checks, the delta pre-pass and the dq epilogue
-// around the flash-attention kernels (cuda_attention_fwd.cu, cuda_attention_bwd.cu).
+// around the flash-attention kernels (cuda_attention_fwd.cu, cuda_attention_bwd.cu, and
+// cuda_attention_dq.cu for dQ's own pass).
 #include <climits>
 #include <cmath>
 #include <string>
@@ -97,6 +98,7 @@ attn::AttnParams base_params(const AttnDims& g, const Tensor& q, const Tensor& k
 void attention_set_smem_limits() {
   attention_fwd_set_smem_limits();
   attention_bwd_set_smem_limits();
+  attention_bwd_dq_set_smem_limits();
 }
 
 void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
@@ -146,9 +148,13 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   if (cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention
 
   const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
-  auto* dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(rows * dp) * 4));          // (B,T,Hq,Dp)
+  const bool accumulate = a.dq_mode == AttnDq::Accumulate;
+  float* dq_acc = nullptr;  // (B,T,Hq,Dp)
+  if (accumulate) {
+    dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(rows * dp) * 4));
+    QLORA_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(rows * dp) * 4, stream_));
+  }
   auto* delta = static_cast<float*>(scratch(Scratch::AttnDelta, size_t(g.b * g.hq * g.t) * 4));  // (B,Hq,T)
-  QLORA_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(rows * dp) * 4, stream_));
   launch(attn_delta_kernel, {unsigned(ceil_div64(rows * 32, kDeltaThreads)), kDeltaThreads, 0, stream_},
          static_cast<const __nv_bfloat16*>(a.dout.data), static_cast<const __nv_bfloat16*>(a.out.data), delta, rows, g.t,
          int(g.hq), int(g.d));
@@ -160,9 +166,11 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   p.lse_in = a.lse.f32();
   p.delta = delta;
   p.dq_acc = dq_acc;
+  p.dq = static_cast<attn::bf16*>(a.dq.data);
   p.dk = static_cast<attn::bf16*>(a.dk.data);
   p.dv = static_cast<attn::bf16*>(a.dv.data);
-  attention_bwd_launch(p, g.b, stream_);
+  attention_bwd_launch(p, g.b, stream_);  // dK, dV (and dQ into the accumulator)
+  if (!accumulate) return attention_bwd_dq_launch(p, g.b, stream_);  // dQ in its own pass
 
   const int blocks = int(std::min<int64_t>(ceil_div64(nq / 2, kDqThreads), int64_t(sm_count_) * 16));
   launch(attn_dq_kernel, {blocks, kDqThreads, 0, stream_}, dq_acc, static_cast<__nv_bfloat16*>(a.dq.data), rows,

@@ -6,7 +6,9 @@
 // then dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q. Working on S^T (keys
 // as rows) puts P^T and dS^T in the A-fragment layout those two products need. dQ = dS K needs the
 // transpose, so dS^T goes through shared memory and the block adds its dQ part into an f32
-// accumulator with atomics (dq is reproducible to rounding only). Instantiated for tile widths
+// accumulator with atomics (dq is reproducible to rounding only). Instantiated with kDq false
+// (AttnDq::Recompute, p.dq_acc null) the block skips dQ, which attn_bwd_dq_kernel
+// (cuda_attention_dq.cu) computes in a query-major pass of its own. Instantiated for tile widths
 // D = 64, 128; smaller head dims run zero-padded (attention_mma.cuh).
 #include <climits>
 #include <cmath>
@@ -18,7 +20,8 @@ namespace qlora::cuda {
 
 namespace attn {
 
-template <int D>
+// kDq false: dK and dV only (AttnDq::Recompute; p.dq_acc unused).
+template <int D, bool kDq>
 __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(const AttnParams p) {
   using Tr = BwdTraits<D>;
   QLORA_DYNAMIC_SMEM(smem, 128);
@@ -134,25 +137,14 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
       }
 
     // dV += P^T dO   (k = queries; dO arrives transposed through ldmatrix.trans)
-    lane_rows16(lane, lr, lc);
-#pragma unroll
-    for (int kq = 0; kq < Tr::kBq / 16; kq++) {
-      uint32_t a[4];
-      c_to_a(a, st[2 * kq], st[2 * kq + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        uint32_t bo[4];
-        ldsm_x4_t(bo, do_tile + swz(kq * 16 + lr, dp * 2 + lc, Tr::kChunks));
-        mma16816(dv_acc[2 * dp], a, bo[0], bo[1]);
-        mma16816(dv_acc[2 * dp + 1], a, bo[2], bo[3]);
-      }
-    }
+    mma_c_by_tile<Tr::kBq / 16, D>(dv_acc, st, do_tile, lane);
 
-    // dP^T = V dO^T
+    // dP^T = V dO^T. The k-slices run as a loop, not unrolled: unrolled, the tile width 128
+    // variants sit at 255 registers and spill on sm_80/sm_100 (checked by ptxas -warn-spills).
     float dpt[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++) dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
-#pragma unroll
+#pragma unroll 1
     for (int kk = 0; kk < D / 16; kk++) {
       uint32_t a[4];
       lane_rows16(lane, lr, lc);
@@ -174,70 +166,60 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
       for (int e = 0; e < 4; e++) st[nt][e] *= dpt[nt][e] - dlt[nt * 8 + 2 * q4 + (e & 1)];
 
     // dK += dS^T Q   (unscaled; the epilogue applies `scale`)
-    lane_rows16(lane, lr, lc);
-#pragma unroll
-    for (int kq = 0; kq < Tr::kBq / 16; kq++) {
-      uint32_t a[4];
-      c_to_a(a, st[2 * kq], st[2 * kq + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        uint32_t bq[4];
-        ldsm_x4_t(bq, q_tile + swz(kq * 16 + lr, dp * 2 + lc, Tr::kChunks));
-        mma16816(dk_acc[2 * dp], a, bq[0], bq[1]);
-        mma16816(dk_acc[2 * dp + 1], a, bq[2], bq[3]);
-      }
-    }
+    mma_c_by_tile<Tr::kBq / 16, D>(dk_acc, st, q_tile, lane);
 
-    // dS^T -> shared (bf16, padded rows), for dQ = dS K.
+    // dS^T -> shared (bf16, padded rows), for dQ = dS K; without an accumulator dQ has its own pass.
+    if constexpr (kDq) {
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+      for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-      for (int r = 0; r < 2; r++)
-        *reinterpret_cast<uint32_t*>(sDs + (warp * 16 + g + 8 * r) * Tr::kDsStride + nt * 8 + 2 * q4) =
-            pack_bf16(st[nt][2 * r], st[nt][2 * r + 1]);
-    __syncthreads();
+        for (int r = 0; r < 2; r++)
+          *reinterpret_cast<uint32_t*>(sDs + (warp * 16 + g + 8 * r) * Tr::kDsStride + nt * 8 + 2 * q4) =
+              pack_bf16(st[nt][2 * r], st[nt][2 * r + 1]);
+      __syncthreads();
 
-    // dQ (32 queries x D/4 columns per warp) = dS (32 x 64 keys) K (64 keys x D); A is dS^T read
-    // transposed, B is K read transposed.
-    constexpr int kNT = D / 32;  // 8-column tiles per warp
-    float dqa[2][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-      for (int i = 0; i < kNT; i++) dqa[mt][i][0] = dqa[mt][i][1] = dqa[mt][i][2] = dqa[mt][i][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < Tr::kBc / 16; kk++) {
-      uint32_t a[2][4];
-      lane_rows8x2(lane, lr, lc);
+      // dQ (32 queries x D/4 columns per warp) = dS (32 x 64 keys) K (64 keys x D); A is dS^T read
+      // transposed, B is K read transposed.
+      constexpr int kNT = D / 32;  // 8-column tiles per warp
+      float dqa[2][kNT][4];
 #pragma unroll
       for (int mt = 0; mt < 2; mt++)
-        ldsm_x4_t(a[mt], sDs_addr + uint32_t(((kk * 16 + lr) * Tr::kDsStride + mt * 16 + lc * 8) * 2));
-      lane_rows16(lane, lr, lc);
 #pragma unroll
-      for (int np = 0; np < kNT / 2; np++) {
-        uint32_t bk[4];
-        ldsm_x4_t(bk, sK + swz(kk * 16 + lr, warp * (D / 32) + np * 2 + lc, Tr::kChunks));
+        for (int i = 0; i < kNT; i++) dqa[mt][i][0] = dqa[mt][i][1] = dqa[mt][i][2] = dqa[mt][i][3] = 0.0f;
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-          mma16816(dqa[mt][2 * np], a[mt], bk[0], bk[1]);
-          mma16816(dqa[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+      for (int kk = 0; kk < Tr::kBc / 16; kk++) {
+        uint32_t a[2][4];
+        lane_rows8x2(lane, lr, lc);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+          ldsm_x4_t(a[mt], sDs_addr + uint32_t(((kk * 16 + lr) * Tr::kDsStride + mt * 16 + lc * 8) * 2));
+        lane_rows16(lane, lr, lc);
+#pragma unroll
+        for (int np = 0; np < kNT / 2; np++) {
+          uint32_t bk[4];
+          ldsm_x4_t(bk, sK + swz(kk * 16 + lr, warp * (D / 32) + np * 2 + lc, Tr::kChunks));
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) {
+            mma16816(dqa[mt][2 * np], a[mt], bk[0], bk[1]);
+            mma16816(dqa[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+          }
         }
       }
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const int64_t t = q0 + mt * 16 + g + 8 * r;
+          if (t >= T) continue;
+          // dq_acc rows are D wide (padded columns get zeros and are never read).
+          float* dst = p.dq_acc + ((int64_t(b) * T + t) * p.n_head + h) * D + warp * (D / 4) + 2 * q4;
+#pragma unroll
+          for (int nt = 0; nt < kNT; nt++) {
+            atomicAdd(dst + nt * 8, dqa[mt][nt][2 * r]);
+            atomicAdd(dst + nt * 8 + 1, dqa[mt][nt][2 * r + 1]);
+          }
+        }
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int64_t t = q0 + mt * 16 + g + 8 * r;
-        if (t >= T) continue;
-        // dq_acc rows are D wide (padded columns get zeros and are never read).
-        float* dst = p.dq_acc + ((int64_t(b) * T + t) * p.n_head + h) * D + warp * (D / 4) + 2 * q4;
-#pragma unroll
-        for (int nt = 0; nt < kNT; nt++) {
-          atomicAdd(dst + nt * 8, dqa[mt][nt][2 * r]);
-          atomicAdd(dst + nt * 8 + 1, dqa[mt][nt][2 * r + 1]);
-        }
-      }
     __syncthreads();  // the stage and dS^T are rewritten next iteration
   }
 
@@ -267,16 +249,22 @@ void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) 
   const bool narrow = attention_tile_width(p.d) == 64;
   const dim3 block(narrow ? attn::BwdTraits<64>::kThreads : attn::BwdTraits<128>::kThreads);
   const dim3 grid(unsigned(ceil_div64(p.t, 64)), unsigned(p.n_head_kv), unsigned(b));
-  if (narrow)
-    launch(attn::attn_bwd_kernel<64>, {grid, block, attention_bwd_smem_bytes(64), s}, p);
-  else
-    launch(attn::attn_bwd_kernel<128>, {grid, block, attention_bwd_smem_bytes(128), s}, p);
+  const bool dq = p.dq_acc != nullptr;
+  const size_t smem = attention_bwd_smem_bytes(narrow ? 64 : 128);
+  if (narrow && dq) launch(attn::attn_bwd_kernel<64, true>, {grid, block, smem, s}, p);
+  if (narrow && !dq) launch(attn::attn_bwd_kernel<64, false>, {grid, block, smem, s}, p);
+  if (!narrow && dq) launch(attn::attn_bwd_kernel<128, true>, {grid, block, smem, s}, p);
+  if (!narrow && !dq) launch(attn::attn_bwd_kernel<128, false>, {grid, block, smem, s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_bwd_set_smem_limits() {
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(attention_bwd_smem_bytes(64))));
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(attention_bwd_smem_bytes(64))));
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(attention_bwd_smem_bytes(128))));
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(attention_bwd_smem_bytes(128))));
 }
 

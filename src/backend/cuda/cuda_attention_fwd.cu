@@ -143,19 +143,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
     }
 
     // O += P V: P's C fragments become A fragments; V arrives transposed through ldmatrix.trans.
-    lane_rows16(lane, lr, lc);
-#pragma unroll
-    for (int kk = 0; kk < Tr::kBc / 16; kk++) {
-      uint32_t a[4];
-      c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        uint32_t bv[4];
-        ldsm_x4_t(bv, v_tile + swz(kk * 16 + lr, dp * 2 + lc, Tr::kChunks));
-        mma16816(o[2 * dp], a, bv[0], bv[1]);
-        mma16816(o[2 * dp + 1], a, bv[2], bv[3]);
-      }
-    }
+    mma_c_by_tile<Tr::kBc / 16, D>(o, s, v_tile, lane);
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
 
