@@ -13,7 +13,8 @@ Runs our `qlora export` on
        rotary) with tests/fixtures/parity/phi3_longrope_adapter -> merged f32;
   (v)  the mixtures of experts tests/fixtures/models/mixtral (arch llama with experts) -> merged f32
        and q8_0, and tests/fixtures/models/qwen3_moe_norm (arch qwen3moe) -> merged f32, each with
-       its parity adapter;
+       its parity adapter; and tests/fixtures/models/qwen3_moe_experts with its adapter on the
+       experts (target_parameters) -> merged f32;
 loads each in llama.cpp through llama-cpp-python (its PyPI sdist builds the vendored llama.cpp from
 source) and records, for a fixed token sequence, the top-8 logits and logsumexp at every position,
 plus the sha256 of each exported file. For every q8_0 export it also quantizes our f32 export of the
@@ -197,6 +198,11 @@ def main():
     jobs += [("tinymixtral_f32", mix_base, mix_ad, "gguf", "f32", tiny_ids, None),
              ("tinymixtral_q8_0", mix_base, mix_ad, "gguf", "q8_0", tiny_ids, None),
              ("tinyqwen3moe_f32", q3m_base, q3m_ad, "gguf", "f32", tiny_ids, None)]
+    # With LoRA on the experts (PEFT's target_parameters): every expert's gate, up and down merged
+    # before they are stacked.
+    q3e_base = os.path.join(FX, "models", "qwen3_moe_experts")
+    q3e_ad = os.path.join(FX, "parity", "qwen3_moe_experts_adapter")
+    jobs += [("tinyqwen3moeexperts_f32", q3e_base, q3e_ad, "gguf", "f32", tiny_ids, None)]
     if os.path.exists(SMOL):
         smol_ad = os.path.join(OUT, "smollm2_adapter")
         smollm2_adapter(smol_ad)

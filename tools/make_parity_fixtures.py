@@ -172,6 +172,15 @@ def variant_configs():
                                           tie_word_embeddings=False, use_sliding_window=False,
                                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
                            1028, "legacy"),
+        # LoRA on the experts too (PEFT's target_parameters on the stacked mlp.experts.gate_up_proj
+        # and down_proj, one rank-r factor pair per expert, plus q_proj and v_proj): Qwen3-MoE with
+        # renormalised routing, experts of 24 (gate_up's 48 rows differ from the hidden 64, so each
+        # factor's orientation shows).
+        "qwen3_moe_experts": (Qwen3MoeConfig(**DIMS, num_key_value_heads=2, head_dim=16, num_experts=16,
+                                             num_experts_per_tok=4, moe_intermediate_size=24, norm_topk_prob=True,
+                                             tie_word_embeddings=False, use_sliding_window=False,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                              1029, "legacy"),
     }
 
 # PEFT's target module names where a family fuses projections, and PEFT's all-linear in the
@@ -182,6 +191,9 @@ FUSED_TARGETS = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "m
                  "qwen3_moe": ATTENTION, "qwen3_moe_norm": ATTENTION,
                  # the language model's projections, not the vision tower's q/k/v (PEFT: re.fullmatch)
                  "gemma3_mm": r".*language_model.*\.(" + "|".join(TARGETS) + ")"}
+# PEFT's target_parameters (stacked expert weights, lora.ParamWrapper) beside target_modules.
+TARGET_PARAMETERS = {"qwen3_moe_experts": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}
+FUSED_TARGETS["qwen3_moe_experts"] = ["q_proj", "v_proj"]
 ROUTER_SCALE = 1.0  # router weights: logits spread enough that no top-k choice is a near tie
 MIN_LOGIT_GAP = 2e-3  # the f32 logits of engine and transformers differ by ~1e-5
 
@@ -378,7 +390,7 @@ def check_replay(adapter, out):
 
 # Variants exported to GGUF and run by llama.cpp (tools/make_gguf_export_fixtures.py), which needs
 # a vocabulary in the file.
-EXPORTED_TO_LLAMA_CPP = ["phi3_longrope", "mixtral", "qwen3_moe_norm"]
+EXPORTED_TO_LLAMA_CPP = ["phi3_longrope", "mixtral", "qwen3_moe_norm", "qwen3_moe_experts"]
 
 
 def write_byte_level_vocab(model_dir, vocab_size):
@@ -476,7 +488,7 @@ def make_variant(name, config, seed, style):
             torch.testing.assert_close(sharded(input_ids=ids).logits, res.logits, rtol=0, atol=0)
 
     lcfg = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=FUSED_TARGETS.get(name, TARGETS), lora_dropout=0.0,
-                      bias="none", task_type="CAUSAL_LM")
+                      bias="none", task_type="CAUSAL_LM", target_parameters=TARGET_PARAMETERS.get(name))
     pm = get_peft_model(model, lcfg)
     set_lora_random(pm, gen)
     pm.eval()

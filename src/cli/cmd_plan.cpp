@@ -31,6 +31,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--quant-blocksize")) r.quant_blocksize = s.quant_blocksize;
   if (unset("--lora-r")) r.lora.r = s.lora.r;
   if (unset("--targets")) r.lora.targets = s.lora.targets;
+  if (unset("--target-parameters")) r.lora.expert_targets = s.lora.expert_targets;
   if (unset("--lora-dropout")) r.lora.dropout = s.lora.dropout;
   if (unset("--micro-batch")) r.micro_batch = s.micro_batch;
   if (unset("--grad-accum")) r.grad_accum = t.gradient_accumulation_steps;
@@ -74,7 +75,7 @@ int cmd_plan(int argc, char** argv) {
                "Exit status: 0 fits, 3 does not fit, 1 bad input."};
   app.name("qlora plan");
   qlora::PlanRequest r;
-  std::string model, gpu, config, targets, compare, method = "lora", objective = "sft", base_precision, optimizer_dtype = "fp32";
+  std::string model, gpu, config, targets, target_parameters, compare, method = "lora", objective = "sft", base_precision, optimizer_dtype = "fp32";
   std::string sharding = "none", checkpointing = "none", gemm_dtype = "bf16", attention_dq = "auto";
   std::vector<std::string> overrides;
   bool dq = false, no_dq = false, lora_dropout = false, packing = false, no_packing = false, json = false, fit = false, buffers = false;
@@ -102,6 +103,9 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--quant-blocksize", r.quant_blocksize, "nf4/fp4 block size")->capture_default_str();
   app.add_option("--lora-r,-r", r.lora.r, "LoRA rank")->capture_default_str();
   app.add_option("--targets", targets, "comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (Phi-3: qkv_proj,o_proj,gate_up_proj,down_proj) or all-linear");
+  app.add_option("--target-parameters", target_parameters,
+                 "a mixture of experts' stacked experts that get LoRA, as PEFT's target_parameters: comma list of "
+                 "mlp.experts.gate_up_proj,mlp.experts.down_proj");
   app.add_flag("--lora-dropout", lora_dropout, "LoRA dropout on (keeps the dropped input)");
   app.add_option("--optimizer-dtype", optimizer_dtype, "AdamW m/v dtype: fp32 | bf16")->capture_default_str();
   app.add_option("--micro-batch,-b", r.micro_batch, "sequences per GPU per micro-step")->capture_default_str();
@@ -160,6 +164,8 @@ int cmd_plan(int argc, char** argv) {
   if (no_packing) r.packing = false;
   if (packing) r.packing = true;
   if (!targets.empty()) r.lora.targets = split_commas(targets);
+  if (!target_parameters.empty())
+    r.lora.expert_targets = qlora::LoraSpec::resolve_expert_targets(split_commas(target_parameters), "--target-parameters");
   if (given("--sharding")) r.sharding = qlora::parse_sharding(sharding, "--sharding");
   if (given("--checkpointing")) r.checkpointing = qlora::parse_checkpointing(checkpointing, "--checkpointing");
   if (given("--gemm-dtype")) r.gemm_dtype = qlora::parse_gemm_dtype(gemm_dtype, "--gemm-dtype");

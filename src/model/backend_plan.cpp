@@ -87,11 +87,16 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   }
   if (f32_base && c.moe())  // one expert's weight at a time
     for (const auto& k : expert_kinds()) cvt_b = std::max(cvt_b, expert_shape(c, k).first * expert_shape(c, k).second);
-  if (lora)  // per LoRA module (a fused module's B whole: its projections use parts of it)
+  if (lora) {  // per LoRA module (a fused module's B whole: its projections use parts of it)
     for (const auto& t : lora_targets_for(c, o.lora.targets)) {
       const auto [out, in] = projection_shape(c, t);
       cvt_b = std::max(cvt_b, r * std::max(in, out));
     }
+    for (const auto& k : o.lora.expert_targets) {  // one expert's A or its rows of B at a time
+      const auto [out, in] = expert_lora_shape(c, k);
+      cvt_b = std::max(cvt_b, r * std::max(in, k == "gate_up_proj" ? out / 2 : out));
+    }
+  }
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::MatmulCvtA), MC::Workspace, DType::BF16, {cvt_a}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::MatmulCvtB), MC::Workspace, DType::BF16, {cvt_b}, Lifetime::Layer);

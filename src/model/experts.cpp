@@ -41,6 +41,24 @@ std::string hf_expert_name(const LlamaConfig& c, int64_t l, int64_t e, const std
 
 std::string hf_router_name(const LlamaConfig& c, int64_t l) { return moe_block(c, l) + "gate.weight"; }
 
+std::optional<ExpertTensor> hf_expert_of(const LlamaConfig& c, const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (!c.moe() || name.rfind(prefix, 0) != 0) return std::nullopt;
+  ExpertTensor t;
+  t.layer = std::atoll(name.c_str() + prefix.size());
+  const std::string block = moe_block(c, t.layer) + "experts.";
+  if (name.rfind(block, 0) != 0) return std::nullopt;
+  const size_t dot = name.find('.', block.size());
+  if (dot == std::string::npos || dot == block.size()) return std::nullopt;
+  t.expert = std::atoll(name.c_str() + block.size());
+  for (const auto& k : expert_kinds())
+    if (name.compare(dot + 1, std::string::npos, hf_kind(c, k) + ".weight") == 0) {
+      t.kind = k;
+      return t;
+    }
+  return std::nullopt;
+}
+
 std::optional<std::pair<int64_t, int64_t>> hf_moe_tensor_shape(const LlamaConfig& c, const std::string& name) {
   static const std::string prefix = "model.layers.";
   if (!c.moe() || name.rfind(prefix, 0) != 0) return std::nullopt;

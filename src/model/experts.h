@@ -27,6 +27,13 @@ int64_t expert_stride_bytes(const LlamaConfig& c, const std::string& kind, const
 // "block_sparse_moe.gate.weight", Qwen3-MoE "mlp.gate.weight").
 std::string hf_expert_name(const LlamaConfig& c, int64_t layer, int64_t expert, const std::string& kind);
 std::string hf_router_name(const LlamaConfig& c, int64_t layer);
+// Layer, expert and kind (expert_kinds) of a checkpoint's per-expert tensor named as
+// hf_expert_name names it; nullopt for any other name.
+struct ExpertTensor {
+  int64_t layer = 0, expert = 0;
+  std::string kind;
+};
+std::optional<ExpertTensor> hf_expert_of(const LlamaConfig& c, const std::string& hf_name);
 // The (out,in) shape of a checkpoint tensor those two name; nullopt for any other name.
 std::optional<std::pair<int64_t, int64_t>> hf_moe_tensor_shape(const LlamaConfig& c, const std::string& hf_name);
 

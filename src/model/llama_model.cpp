@@ -31,6 +31,7 @@ struct LlamaModel::Acts {
   // (one MLP tile's rows), with each norm's 1/rms (N)
   Tensor attn_out, rstd_pa, mlp_out, rstd_pf;
   Tensor lora_h[7];
+  Tensor moe_lora_h[2];  // the experts' LoRA intermediates x A_e^T per routed row (gate_up_proj, down_proj)
   // Mixture of experts: router logits (N,E); the routing (MoeRouteArgs: expert, weight, row, token,
   // row_weight, offsets); the experts' inputs and outputs in the expert-sorted layout (N*K, C). gate,
   // up and h above then hold N*K rows of expert_intermediate_size.
@@ -57,6 +58,7 @@ struct LlamaModel::LayerViews {
 struct LlamaModel::StepViews {
   Tensor dres, dln, tmp, dgate, dup, datt, dq, dk, dv, lora_dh, lora_xd, dequant, inv_freq;
   Tensor moe_dy, moe_dlogits, moe_dw;  // mixture of experts
+  Tensor moe_lora_dh;                  // s dy B_e per routed row (LoRA on the experts)
   Tensor expert_dequant;               // quantized base: one expert's gate, up and down
   Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
   int64_t dequant_offset[7] = {};  // element offset of each projection inside a ws.dequant slot
@@ -145,6 +147,21 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     }
   }
 
+  // A module's lora_A and lora_B (planned under `base`), with their gradients and AdamW moments.
+  auto add_lora_pair = [&](const std::string& base, const std::string& peft_module, int64_t experts) {
+    for (const char* ab : {"lora_A", "lora_B"}) {
+      LoraParam lp;
+      lp.name = base + ab;
+      lp.peft_key = peft_module + "." + ab + ".weight";
+      lp.w = arena_->get(lp.name);
+      lp.g = arena_->get(lp.name + ".grad");
+      const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share
+      lp.m = arena_->get(lp.name + ".adam_m" + shard);
+      lp.v = arena_->get(lp.name + ".adam_v" + shard);
+      if (std::string(ab) == "lora_B") lp.experts = experts;
+      lora_params_.push_back(lp);
+    }
+  };
   lora_slot_.assign(size_t(cfg_.n_layer * 7), -1);
   for (int64_t l = 0; l < cfg_.n_layer; l++)
     for (int p = 0; p < 7; p++) {
@@ -156,17 +173,18 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
       const std::string base = "layers." + std::to_string(l) + "." + mod + ".";
       if (!arena_->has(base + "lora_A")) continue;
       lora_slot_[size_t(l * 7 + p)] = int(lora_params_.size());
-      for (const char* ab : {"lora_A", "lora_B"}) {
-        LoraParam lp;
-        lp.name = base + ab;
-        lp.peft_key = peft_module_name(cfg_, l, mod) + "." + ab + ".weight";
-        lp.w = arena_->get(lp.name);
-        lp.g = arena_->get(lp.name + ".grad");
-        const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share
-        lp.m = arena_->get(lp.name + ".adam_m" + shard);
-        lp.v = arena_->get(lp.name + ".adam_v" + shard);
-        lora_params_.push_back(lp);
-      }
+      add_lora_pair(base, peft_module_name(cfg_, l, mod), 0);
+    }
+  // LoRA on the stacked experts: one A (E*r, in) and B (E*out, r) per layer and kind, after the
+  // layer order of the projections' adapters (model_plan.cpp plans them so).
+  expert_lora_.assign(size_t(cfg_.n_layer * 2), -1);
+  for (int64_t l = 0; l < cfg_.n_layer; l++)
+    for (int k = 0; k < 2; k++) {
+      const std::string& kind = expert_lora_kinds()[size_t(k)];
+      const std::string base = "layers." + std::to_string(l) + ".experts." + kind + ".";
+      if (!arena_->has(base + "lora_A")) continue;
+      expert_lora_[size_t(l * 2 + k)] = int(lora_params_.size());
+      add_lora_pair(base, peft_expert_module_name(cfg_, l, kind, lora_), cfg_.n_experts);
     }
   std::vector<float> inv = rope_inv_freq(cfg_);  // LongRoPE: the short factors until a batch needs the long
   be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
@@ -202,6 +220,7 @@ void LlamaModel::resolve_views() {
   // act.final_ln, or (the plan's choice) the first N x C values of ws.datt.
   v.final_ln = ar.has("act.final_ln") ? ar.get("act.final_ln") : as_matrix(v.datt, max_tokens(), cfg_.hidden_size);
   v.lora_dh = opt("ws.lora_dh");
+  v.moe_lora_dh = opt("ws.moe_lora_dh");
   v.lora_xd = opt("ws.lora_xd");
   v.dequant = opt("ws.dequant");
   if (v.dequant.data) v.dequant_slot = v.dequant.dim(1);
@@ -249,6 +268,9 @@ void LlamaModel::resolve_views() {
           {&Acts::moe_row, "moe_row"},       {&Acts::moe_token, "moe_token"},   {&Acts::moe_row_weight, "moe_row_weight"},
           {&Acts::moe_offsets, "moe_offsets"}, {&Acts::moe_x, "moe_x"},       {&Acts::moe_y, "moe_y"}};
       for (const auto& [member, name] : kMoe) a.*member = ar.get(ap + name);
+      for (int k = 0; k < 2; k++)
+        if (expert_lora_[size_t(l * 2 + k)] >= 0)
+          a.moe_lora_h[k] = ar.get(ap + "experts." + expert_lora_kinds()[size_t(k)] + ".lora_h");
       L.router = ar.get(lp + "router");
       for (int k = 0; k < 3; k++) {
         const std::string stack = lp + "experts." + expert_kinds()[size_t(k)];
@@ -933,14 +955,29 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
     be_.moe_router_stats({row_slice(stats, 0, 1), row_slice(stats, 1, 1), a.moe_logits, a.moe_expert,
                           with_rows(arena_->get("batch.mask"), n), n, E, K});
   }
-  // Each expert with rows, over them: gate, up, the activation, down.
+  // The experts' adapters (LoRA on gate_up_proj and down_proj): expert e's rows of A and B.
+  const int gu = adapters_on_ ? expert_lora_[size_t(l * 2)] : -1, dn = adapters_on_ ? expert_lora_[size_t(l * 2 + 1)] : -1;
+  const int64_t r = lora_.r;
+  const float s = lora_.scale();
+  // Each expert with rows, over them: gate, up, the activation, down (each plus s (x A_e^T) B_e^T).
   for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor x = row_slice(a.moe_x, r0, m), gate = row_slice(a.gate, r0, m), up = row_slice(a.up, r0, m);
-    const Tensor h = row_slice(a.h, r0, m);
+    const Tensor h = row_slice(a.h, r0, m), y = row_slice(a.moe_y, r0, m);
     be_.matmul({gate, x, expert_weight(l, 0, e, slot), m, F, C, false, true, 1.0f, 0.0f});
     be_.matmul({up, x, expert_weight(l, 1, e, slot), m, F, C, false, true, 1.0f, 0.0f});
+    if (gu >= 0) {  // one A for both; B's first F rows are gate's, the next F up's
+      const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), B = lora_params_[size_t(gu) + 1].w;
+      be_.matmul({xa, x, row_slice(lora_params_[size_t(gu)].w, e * r, r), m, r, C, false, true, 1.0f, 0.0f});
+      be_.matmul({gate, xa, row_slice(B, 2 * e * F, F), m, F, r, false, true, s, 1.0f});
+      be_.matmul({up, xa, row_slice(B, 2 * e * F + F, F), m, F, r, false, true, s, 1.0f});
+    }
     be_.swiglu_fwd({h, gate, up, m * F, cfg_.hidden_act});
-    be_.matmul({row_slice(a.moe_y, r0, m), h, expert_weight(l, 2, e, slot), m, C, F, false, true, 1.0f, 0.0f});
+    be_.matmul({y, h, expert_weight(l, 2, e, slot), m, C, F, false, true, 1.0f, 0.0f});
+    if (dn >= 0) {
+      const Tensor ha = row_slice(a.moe_lora_h[1], r0, m);
+      be_.matmul({ha, h, row_slice(lora_params_[size_t(dn)].w, e * r, r), m, r, F, false, true, 1.0f, 0.0f});
+      be_.matmul({y, ha, row_slice(lora_params_[size_t(dn) + 1].w, e * C, C), m, C, r, false, true, s, 1.0f});
+    }
   });
   be_.combine_rows({out, a.moe_y, a.moe_weight, static_cast<const int32_t*>(a.moe_row.data), n, K, C, false});
 }
@@ -961,14 +998,37 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   const Tensor dh = as_matrix(w.tmp, M, F), dgate = as_matrix(w.dgate, M, F), dup = as_matrix(w.dup, M, F);
   const Tensor dx = dy;  // d(expert inputs), over each expert's rows of dy once they are read
   const std::vector<int32_t>& off = expert_offsets(a);
+  // The experts' adapters: dB_e += s dy^T (x A_e^T), dd = s dy B_e, dA_e += dd^T x, dx += dd A_e.
+  const int gu = expert_lora_[size_t(l * 2)], dn = expert_lora_[size_t(l * 2 + 1)];
+  const int64_t r = lora_.r;
+  const float s = lora_.scale();
   // Each expert with rows, over them: down, the activation, gate and up.
   for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor dh_e = row_slice(dh, r0, m), dg = row_slice(dgate, r0, m), du = row_slice(dup, r0, m);
-    be_.matmul({dh_e, row_slice(dy, r0, m), expert_weight(l, 2, e, slot), m, F, C, false, false, 1.0f, 0.0f});
+    const Tensor dy_e = row_slice(dy, r0, m);
+    be_.matmul({dh_e, dy_e, expert_weight(l, 2, e, slot), m, F, C, false, false, 1.0f, 0.0f});
+    if (dn >= 0) {  // before dy's rows are overwritten by dx below
+      const LoraParam &A = lora_params_[size_t(dn)], &B = lora_params_[size_t(dn) + 1];
+      const Tensor ha = row_slice(a.moe_lora_h[1], r0, m), dd = row_slice(w.moe_lora_dh, r0, m);
+      be_.matmul({row_slice(B.g, e * C, C), dy_e, ha, C, r, m, true, false, s, 1.0f});          // dB_e += s dy^T ha
+      be_.matmul({dd, dy_e, row_slice(B.w, e * C, C), m, r, C, false, false, s, 0.0f});          // dd = s dy B_e
+      be_.matmul({row_slice(A.g, e * r, r), dd, row_slice(a.h, r0, m), r, F, m, true, false, 1.0f, 1.0f});  // dA_e += dd^T h
+      be_.matmul({dh_e, dd, row_slice(A.w, e * r, r), m, F, r, false, false, 1.0f, 1.0f});       // dh += dd A_e
+    }
     be_.swiglu_bwd({dg, du, dh_e, row_slice(a.gate, r0, m), row_slice(a.up, r0, m), m * F, cfg_.hidden_act});
     const Tensor d = row_slice(dx, r0, m);
     be_.matmul({d, dg, expert_weight(l, 0, e, slot), m, C, F, false, false, 1.0f, 0.0f});
     be_.matmul({d, du, expert_weight(l, 1, e, slot), m, C, F, false, false, 1.0f, 1.0f});
+    if (gu >= 0) {  // gate's and up's rows of B share one A
+      const LoraParam &A = lora_params_[size_t(gu)], &B = lora_params_[size_t(gu) + 1];
+      const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), dd = row_slice(w.moe_lora_dh, r0, m);
+      be_.matmul({row_slice(B.g, 2 * e * F, F), dg, xa, F, r, m, true, false, s, 1.0f});      // dBg_e += s dg^T xa
+      be_.matmul({row_slice(B.g, 2 * e * F + F, F), du, xa, F, r, m, true, false, s, 1.0f});  // dBu_e += s du^T xa
+      be_.matmul({dd, dg, row_slice(B.w, 2 * e * F, F), m, r, F, false, false, s, 0.0f});     // dd = s (dg Bg_e
+      be_.matmul({dd, du, row_slice(B.w, 2 * e * F + F, F), m, r, F, false, false, s, 1.0f}); //      + du Bu_e)
+      be_.matmul({row_slice(A.g, e * r, r), dd, row_slice(a.moe_x, r0, m), r, C, m, true, false, 1.0f, 1.0f});  // dA_e += dd^T x
+      be_.matmul({d, dd, row_slice(A.w, e * r, r), m, C, r, false, false, 1.0f, 1.0f});       // dx += dd A_e
+    }
   });
   be_.combine_rows({dln, dx, Tensor(), row, n, K, C, false});  // dln = sum_j dx[row[t,j]]
   const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);

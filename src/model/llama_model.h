@@ -38,6 +38,10 @@ struct LoraParam {
   std::string peft_key;  // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"
   Tensor w, g, m, v;  // parameter, gradient, AdamW moments (F32, same shape; with ZeRO-1 m and v
                       // hold only this rank's share: 1-D, ceil(numel / ranks) elements)
+  // An expert stack's lora_B: the number of experts. The engine holds expert e's (out, r) rows at
+  // e * out; PEFT's tensor is (out, r * experts) with expert e's column j at j * experts + e
+  // (model/peft_io.h converts). 0 for every other parameter, whose layout is PEFT's.
+  int64_t experts = 0;
 };
 
 class LlamaModel {
@@ -209,6 +213,7 @@ class LlamaModel {
   MemoryPlan plan_;
   std::unique_ptr<Arena> arena_;
   std::vector<LoraParam> lora_params_;
+  std::vector<int> expert_lora_;  // (layer*2 + kind in expert_lora_kinds()) -> index of its lora_A in lora_params_, or -1
   std::vector<int> lora_slot_;  // (layer*7 + proj) -> index into lora_params_ of its module's lora_A, or -1
   // Per projection: its LoRA module's name, first and last projection, and this projection's first
   // row in the module's B (a fused qkv_proj / gate_up_proj spans several; otherwise itself, 0).

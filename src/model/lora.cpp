@@ -42,6 +42,67 @@ std::vector<std::string> LoraSpec::resolve_targets(const std::vector<std::string
   return ordered;
 }
 
+const std::vector<std::string>& expert_lora_kinds() {
+  static const std::vector<std::string> k = {"gate_up_proj", "down_proj"};
+  return k;
+}
+
+std::vector<std::string> LoraSpec::resolve_expert_targets(const std::vector<std::string>& names, const std::string& key) {
+  std::vector<std::string> found;
+  for (const auto& n : names) {
+    bool ok = false;
+    for (const auto& k : expert_lora_kinds()) {
+      const std::string full = "mlp.experts." + k;  // PEFT: the name or a dotted suffix of the parameter's
+      if (n == full || (n.size() < full.size() && full.compare(full.size() - n.size(), n.size(), n) == 0 &&
+                        full[full.size() - n.size() - 1] == '.')) {
+        ok = true;
+        if (std::find(found.begin(), found.end(), k) == found.end()) found.push_back(k);
+      }
+    }
+    if (!ok)
+      fail(ErrorKind::Config, key, "'" + n + "' is no stacked expert weight this engine adapts",
+           "target_parameters takes mlp.experts.gate_up_proj and mlp.experts.down_proj (mixture-of-experts models)");
+  }
+  std::vector<std::string> ordered;
+  for (const auto& k : expert_lora_kinds())
+    if (std::find(found.begin(), found.end(), k) != found.end()) ordered.push_back(k);
+  return ordered;
+}
+
+std::pair<int64_t, int64_t> expert_lora_shape(const LlamaConfig& c, const std::string& kind) {
+  if (kind == "gate_up_proj") return {2 * c.expert_intermediate_size, c.hidden_size};
+  if (kind == "down_proj") return {c.hidden_size, c.expert_intermediate_size};
+  fail(ErrorKind::Internal, "expert lora", "unknown expert weight '" + kind + "'");
+}
+
+void check_expert_targets(const LlamaConfig& c, const LoraSpec& s) {
+  if (s.expert_targets.empty()) return;
+  if (!c.moe())
+    fail(ErrorKind::Config, "target_parameters",
+         "LoRA on stacked experts (mlp.experts." + s.expert_targets[0] + ") needs a mixture-of-experts model; " +
+             c.model_type + " has none",
+         "remove target_parameters (target_modules adapts this model's projections)");
+  if (s.dropout > 0)
+    fail(ErrorKind::Unsupported, "lora_dropout " + std::to_string(s.dropout),
+         "LoRA on the experts (target_parameters) has no dropout: PEFT's ParamWrapper refuses it, as dropout cannot "
+         "be factored out of the folded expert weight",
+         "set lora_dropout: 0, or leave the experts out of target_parameters");
+}
+
+std::string peft_expert_module_name(const LlamaConfig& c, int64_t layer, const std::string& kind, const LoraSpec& s) {
+  const bool nested = kind == "gate_up_proj" && std::find(s.expert_targets.begin(), s.expert_targets.end(),
+                                                          "down_proj") != s.expert_targets.end();
+  (void)c;
+  return "base_model.model.model.layers." + std::to_string(layer) + ".mlp.experts" + (nested ? ".base_layer" : "");
+}
+
+std::vector<std::string> peft_target_parameters(const LoraSpec& s) {
+  std::vector<std::string> v;
+  for (const auto& k : s.expert_targets) v.push_back("mlp.experts." + k);
+  std::sort(v.begin(), v.end());  // PEFT stores them sorted
+  return v;
+}
+
 std::vector<std::string> lora_modules(const LlamaConfig& c) {
   std::vector<std::string> m;
   if (c.fused_qkv) m.push_back("qkv_proj");
@@ -68,16 +129,19 @@ std::vector<std::string> lora_targets_for(const LlamaConfig& c, const std::vecto
   std::string list;
   for (const auto& m : mods) list += (list.empty() ? "" : ", ") + m;
   std::vector<std::string> out;
-  // In a mixture-of-experts model an MLP projection asks for LoRA on the experts, which the engine
-  // does not implement; so does all-linear, which in PEFT (0.21, on transformers 5's MoE blocks)
-  // wraps the stacked experts and the router as well as the attention. Its modules are then the
+  // In a mixture-of-experts model the experts are stacked parameters, which PEFT adapts through
+  // target_parameters, not target_modules; all-linear there (PEFT 0.21 on transformers 5's MoE
+  // blocks) also wraps the router, which the engine keeps frozen. Its modules are then the
   // attention's, which the checks below handle as any model's.
   if (c.moe() && (has("gate_proj") || has("up_proj") || has("down_proj")))
     fail(ErrorKind::Unsupported, "target_modules",
          std::string(targets.size() == all_linear_targets().size() ? "all-linear" : "a MLP projection") +
-             " asks for LoRA on the experts of a mixture-of-experts model (" + c.model_type +
-             "; PEFT's all-linear adapts its experts and router too), which is not implemented",
-         "target the attention: " + list);
+             " on a mixture-of-experts model (" + c.model_type +
+             ") asks for LoRA on its experts through target_modules (PEFT's all-linear adapts the router too, "
+             "which the engine keeps frozen)",
+         "target the attention (" + list +
+             ") in target_modules, and the experts with target_parameters: [mlp.experts.gate_up_proj, "
+             "mlp.experts.down_proj]");
   for (const auto& t : targets)
     if (std::find(mods.begin(), mods.end(), t) == mods.end() && !(c.fused_qkv && (t == "q_proj" || t == "k_proj" || t == "v_proj")) &&
         !(c.fused_gate_up && (t == "gate_proj" || t == "up_proj")))

@@ -16,13 +16,38 @@ struct LoraSpec {
   // LoRA modules: projections (q_proj ... down_proj) or, in models that fuse them, qkv_proj and
   // gate_up_proj; lora_targets_for() puts them in the model's terms.
   std::vector<std::string> targets;
+  // LoRA on a mixture-of-experts model's stacked experts, PEFT's target_parameters on
+  // mlp.experts.gate_up_proj and mlp.experts.down_proj (lora.ParamWrapper): "gate_up_proj" and/or
+  // "down_proj", in that order. Each expert gets its own rank-r pair; gate_up_proj's covers gate's
+  // rows, then up's.
+  std::vector<std::string> expert_targets;
 
   // PEFT: alpha / r, or alpha / sqrt(r) with rsLoRA.
   float scale() const;
   // Expands "all-linear" (to the seven projections) and validates names; a name that matches no
   // projection or fused module is an error.
   static std::vector<std::string> resolve_targets(const std::vector<std::string>& names);
+  // PEFT target_parameters names ("mlp.experts.gate_up_proj", or a suffix of it such as
+  // "experts.down_proj", as PEFT matches them) -> expert_targets; anything else is an Error(Config)
+  // naming `key`.
+  static std::vector<std::string> resolve_expert_targets(const std::vector<std::string>& names, const std::string& key);
 };
+
+// The stacked expert weights LoRA can target, in PEFT's nesting order (the order transformers'
+// expert modules register them): gate_up_proj, down_proj.
+const std::vector<std::string>& expert_lora_kinds();
+// (out, in) of one expert's weight: gate_up_proj (2 x expert_intermediate_size, hidden_size), gate's
+// rows first; down_proj (hidden_size, expert_intermediate_size).
+std::pair<int64_t, int64_t> expert_lora_shape(const LlamaConfig& c, const std::string& kind);
+// Expert targets on a model without experts, or with lora_dropout (PEFT's ParamWrapper refuses
+// dropout: it cannot be factored out of the folded weight), are an Error naming target_parameters.
+void check_expert_targets(const LlamaConfig& c, const LoraSpec& s);
+// PEFT's module name of layer `layer`'s expert adapter of `kind`:
+// "base_model.model.model.layers.3.mlp.experts", plus ".base_layer" for gate_up_proj when down_proj
+// is adapted too (PEFT wraps the first parameter first, so the second wrapper holds it).
+std::string peft_expert_module_name(const LlamaConfig& c, int64_t layer, const std::string& kind, const LoraSpec& s);
+// The spec's expert targets as PEFT's target_parameters ("mlp.experts.gate_up_proj", ...).
+std::vector<std::string> peft_target_parameters(const LoraSpec& s);
 
 // The LoRA modules of a model in layer order: the seven projections, or with fused projections
 // qkv_proj, o_proj, gate_up_proj, down_proj (what PEFT's all-linear finds in those models); a

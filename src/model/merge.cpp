@@ -57,13 +57,27 @@ PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
   a.dir = dir;
   a.spec = read_peft_adapter_config(dir + "/adapter_config.json");
   a.spec.targets = lora_targets_for(cfg, a.spec.targets);  // fused models: qkv_proj, gate_up_proj
+  LoraSpec experts = a.spec;
+  experts.dropout = 0;  // what training used; merging has no dropout
+  check_expert_targets(cfg, experts);
   auto ar = std::make_shared<SafetensorsArchive>(dir + "/adapter_model.safetensors");
   std::set<std::string> expected;
-  for (int64_t l = 0; l < cfg.n_layer; l++)
+  // (module key, A's shape, B's shape) of every adapted module: projections, then expert stacks
+  // (PEFT's ParamWrapper: A (r*E, in), B (out, r*E)).
+  std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>> modules;
+  for (int64_t l = 0; l < cfg.n_layer; l++) {
     for (const auto& proj : a.spec.targets) {
       const auto [out, in] = proj_shape(cfg, proj);
-      const std::string key = peft_module_name(cfg, l, proj);
-      const std::vector<int64_t> shape_a{a.spec.r, in}, shape_b{out, a.spec.r};
+      modules.emplace_back(peft_module_name(cfg, l, proj), std::vector<int64_t>{a.spec.r, in}, std::vector<int64_t>{out, a.spec.r});
+    }
+    for (const auto& kind : a.spec.expert_targets) {
+      const auto [out, in] = expert_lora_shape(cfg, kind);
+      const int64_t re = a.spec.r * cfg.n_experts;
+      modules.emplace_back(peft_expert_module_name(cfg, l, kind, a.spec), std::vector<int64_t>{re, in},
+                           std::vector<int64_t>{out, re});
+    }
+  }
+  for (const auto& [key, shape_a, shape_b] : modules) {
       for (const auto& [suffix, shape] : {std::pair{".lora_A.weight", shape_a}, std::pair{".lora_B.weight", shape_b}}) {
         const TensorInfo& t = ar->get(key + suffix);  // missing: names the closest existing tensor
         if (t.shape != shape)
@@ -72,11 +86,11 @@ PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
                "the adapter was trained on a different base model (r=" + std::to_string(a.spec.r) + ")");
         expected.insert(key + suffix);
       }
-    }
+  }
   for (const auto& name : ar->names())
     if (!expected.count(name))
       fail(ErrorKind::Unsupported, ar->path() + ": tensor '" + name + "'",
-           "is not a LoRA A/B weight of the adapter's target_modules",
+           "is not a LoRA A/B weight of the adapter's target_modules or target_parameters",
            "only LoRA on the linear projections can be merged (no modules_to_save or embedding LoRA)");
   a.weights = std::move(ar);
   return a;
@@ -92,8 +106,15 @@ MergedModel::MergedModel(LlamaConfig cfg, TensorSource base, std::optional<PeftA
   }
 }
 
+// Expert weight kind (expert_kinds) -> the stacked weight its adapter is on.
+static std::string expert_lora_kind(const std::string& kind) { return kind == "down_proj" ? "down_proj" : "gate_up_proj"; }
+
 bool MergedModel::merged(const std::string& hf_name) const {
   if (!adapter_) return false;
+  if (const auto ex = hf_expert_of(cfg_, hf_name)) {
+    const auto& t = adapter_->spec.expert_targets;
+    return std::find(t.begin(), t.end(), expert_lora_kind(ex->kind)) != t.end();
+  }
   const std::string m = lora_module_of(hf_name);
   if (m.empty()) return false;
   const std::string proj = m.substr(m.rfind('.') + 1);
@@ -101,29 +122,58 @@ bool MergedModel::merged(const std::string& hf_name) const {
   return std::find(t.begin(), t.end(), proj) != t.end();
 }
 
-void MergedModel::read(const std::string& hf_name, float* dst) const {
-  const std::vector<int64_t> shape = this->shape(hf_name);
-  base_.read_f32(hf_name, shape, dst);
-  if (!merged(hf_name)) return;
-  const std::string m = lora_module_of(hf_name);  // "layers.L.proj"
-  const int64_t layer = std::stoll(m.substr(7, m.find('.', 7) - 7));
-  const std::string key = peft_module_name(cfg_, layer, m.substr(m.rfind('.') + 1));
-  const int64_t out = shape[0], in = shape[1], r = adapter_->spec.r;
-  const std::vector<float> a = adapter_->weights->read_f32(key + ".lora_A.weight", {r, in});
-  const std::vector<float> b = adapter_->weights->read_f32(key + ".lora_B.weight", {out, r});
-  const double scale = double(adapter_->spec.scale());
+namespace {
+
+// dst (out, in) += scale * b a, b (out, r), a (r, in); the product summed in double over the rank.
+void add_scaled_product(float* dst, const float* a, const float* b, int64_t out, int64_t in, int64_t r, double scale) {
   std::vector<double> row(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; o++) {
     std::fill(row.begin(), row.end(), 0.0);
     for (int64_t k = 0; k < r; k++) {
       const double bk = double(b[size_t(o * r + k)]);
       if (bk == 0.0) continue;
-      const float* ak = a.data() + k * in;
+      const float* ak = a + k * in;
       for (int64_t i = 0; i < in; i++) row[size_t(i)] += bk * double(ak[i]);
     }
     float* w = dst + o * in;
     for (int64_t i = 0; i < in; i++) w[i] = float(double(w[i]) + scale * row[size_t(i)]);
   }
+}
+
+}  // namespace
+
+void MergedModel::read(const std::string& hf_name, float* dst) const {
+  const std::vector<int64_t> shape = this->shape(hf_name);
+  base_.read_f32(hf_name, shape, dst);
+  if (!merged(hf_name)) return;
+  const int64_t out = shape[0], in = shape[1], r = adapter_->spec.r;
+  const double scale = double(adapter_->spec.scale());
+  if (const auto ex = hf_expert_of(cfg_, hf_name)) {
+    // Expert e's pair of the stack's adapter: A's rows e*r.., B's columns j*E + e (PEFT's layout);
+    // gate_proj and up_proj take gate_up_proj's first and second F rows of B. The stack's A and B are
+    // read once per layer and kind (the names come expert by expert).
+    const std::string kind = expert_lora_kind(ex->kind);
+    const std::string key = peft_expert_module_name(cfg_, ex->layer, kind, adapter_->spec);
+    const auto [full_out, full_in] = expert_lora_shape(cfg_, kind);
+    const int64_t E = cfg_.n_experts;
+    if (expert_cache_.key != key) {
+      expert_cache_.a = adapter_->weights->read_f32(key + ".lora_A.weight", {r * E, full_in});
+      expert_cache_.b = adapter_->weights->read_f32(key + ".lora_B.weight", {full_out, r * E});
+      expert_cache_.key = key;
+    }
+    const int64_t row0 = ex->kind == "up_proj" ? cfg_.expert_intermediate_size : 0;
+    std::vector<float> b(size_t(out * r));
+    for (int64_t o = 0; o < out; o++)
+      for (int64_t j = 0; j < r; j++) b[size_t(o * r + j)] = expert_cache_.b[size_t((row0 + o) * r * E + j * E + ex->expert)];
+    add_scaled_product(dst, expert_cache_.a.data() + ex->expert * r * in, b.data(), out, in, r, scale);
+    return;
+  }
+  const std::string m = lora_module_of(hf_name);  // "layers.L.proj"
+  const int64_t layer = std::stoll(m.substr(7, m.find('.', 7) - 7));
+  const std::string key = peft_module_name(cfg_, layer, m.substr(m.rfind('.') + 1));
+  const std::vector<float> a = adapter_->weights->read_f32(key + ".lora_A.weight", {r, in});
+  const std::vector<float> b = adapter_->weights->read_f32(key + ".lora_B.weight", {out, r});
+  add_scaled_product(dst, a.data(), b.data(), out, in, r, scale);
 }
 
 std::vector<float> MergedModel::read(const std::string& hf_name) const {

@@ -61,6 +61,13 @@ class MergedModel {
   std::optional<PeftAdapter> adapter_;
   std::vector<std::string> names_;
   std::string base_precision_;
+  // The adapter of the last expert stack read: read() goes expert by expert through a layer, and
+  // each expert's pair is a slice of the stack's A and B (not thread-safe, as read() is not shared).
+  struct ExpertCache {
+    std::string key;
+    std::vector<float> a, b;
+  };
+  mutable ExpertCache expert_cache_;
 };
 
 }  // namespace qlora

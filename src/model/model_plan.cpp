@@ -132,26 +132,40 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // module (a fused qkv_proj or gate_up_proj is one adapter over its projections).
   const std::vector<std::string> lora_mods =
       o.method != Method::Full ? lora_targets_for(c, o.lora.targets) : std::vector<std::string>{};
+  if (o.method != Method::Full) check_expert_targets(c, o.lora);
+  // A (rows_a, in) and B (rows_b, r) with their gradients and AdamW moments under prefix p.
+  auto add_lora_pair = [&](const std::string& p, int64_t rows_a, int64_t in, int64_t rows_b) {
+    plan.add(p + "lora_A", MC::Lora, DType::F32, {rows_a, in});
+    plan.add(p + "lora_B", MC::Lora, DType::F32, {rows_b, r});
+    plan.add(p + "lora_A.grad", MC::Grads, DType::F32, {rows_a, in});
+    plan.add(p + "lora_B.grad", MC::Grads, DType::F32, {rows_b, r});
+    for (const char* mom : {"adam_m", "adam_v"}) {
+      if (o.optimizer_shards > 1) {
+        const int64_t w = o.optimizer_shards;
+        plan.add(p + "lora_A." + mom + ".shard", MC::Optimizer, o.optimizer_dtype, {(rows_a * in + w - 1) / w});
+        plan.add(p + "lora_B." + mom + ".shard", MC::Optimizer, o.optimizer_dtype, {(rows_b * r + w - 1) / w});
+        continue;
+      }
+      plan.add(p + "lora_A." + mom, MC::Optimizer, o.optimizer_dtype, {rows_a, in});
+      plan.add(p + "lora_B." + mom, MC::Optimizer, o.optimizer_dtype, {rows_b, r});
+    }
+  };
+  // LoRA on the stacked experts (LoraSpec::expert_targets): one rank-r pair per expert, A (E*r, in)
+  // with expert e's rows at e*r (PEFT's lora_A as it is), B (E*out, r) with expert e's rows at e*out
+  // (PEFT's lora_B is (out, r*E) with column j*E + e: model/peft_io.h converts on save and load).
+  const std::vector<std::string> expert_mods =
+      o.method != Method::Full && moe ? o.lora.expert_targets : std::vector<std::string>{};
   if (o.method != Method::Full) {
-    for (int64_t l = 0; l < c.n_layer; l++)
+    for (int64_t l = 0; l < c.n_layer; l++) {
       for (const auto& t : lora_mods) {
         auto [out, in] = projection_shape(c, t);
-        const std::string p = "layers." + std::to_string(l) + "." + t + ".";
-        plan.add(p + "lora_A", MC::Lora, DType::F32, {r, in});
-        plan.add(p + "lora_B", MC::Lora, DType::F32, {out, r});
-        plan.add(p + "lora_A.grad", MC::Grads, DType::F32, {r, in});
-        plan.add(p + "lora_B.grad", MC::Grads, DType::F32, {out, r});
-        for (const char* mom : {"adam_m", "adam_v"}) {
-          if (o.optimizer_shards > 1) {
-            const int64_t w = o.optimizer_shards;
-            plan.add(p + "lora_A." + mom + ".shard", MC::Optimizer, o.optimizer_dtype, {(r * in + w - 1) / w});
-            plan.add(p + "lora_B." + mom + ".shard", MC::Optimizer, o.optimizer_dtype, {(out * r + w - 1) / w});
-            continue;
-          }
-          plan.add(p + "lora_A." + mom, MC::Optimizer, o.optimizer_dtype, {r, in});
-          plan.add(p + "lora_B." + mom, MC::Optimizer, o.optimizer_dtype, {out, r});
-        }
+        add_lora_pair("layers." + std::to_string(l) + "." + t + ".", r, in, out);
       }
+      for (const auto& k : expert_mods) {
+        auto [out, in] = expert_lora_shape(c, k);
+        add_lora_pair("layers." + std::to_string(l) + ".experts." + k + ".", c.n_experts * r, in, c.n_experts * out);
+      }
+    }
   }
 
   // Activations saved for backward. With checkpointing only each layer's input survives the
@@ -208,6 +222,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     plan.add(p + "up", MC::Activations, cd, {T, F}, life);
     plan.add(p + "h", MC::Activations, cd, {T, F}, life);
     for (const auto& t : lora_mods) plan.add(p + t + ".lora_h", MC::Activations, cd, {N, r}, life);
+    // The experts' LoRA intermediates, x A_e^T per routed row (expert-sorted layout).
+    for (const auto& k : expert_mods) plan.add(p + "experts." + k + ".lora_h", MC::Activations, cd, {T, r}, life);
   }
   plan.add("act.final_x", MC::Activations, cd, {N, C}, Lifetime::Step);
   // The final norm's output feeds only the LM head, which runs between the last layer's forward and
@@ -253,6 +269,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   plan.add("ws.dv", MC::Workspace, cd, {N, c.kv_dim()}, Lifetime::Layer);
   plan.add("ws.dgate", MC::Workspace, cd, {T, F}, Lifetime::Layer);
   plan.add("ws.dup", MC::Workspace, cd, {T, F}, Lifetime::Layer);
+  if (!expert_mods.empty()) plan.add("ws.moe_lora_dh", MC::Workspace, cd, {T, r}, Lifetime::Layer);  // s dy B_e per routed row
   if (o.method != Method::Full) {
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
     if (o.lora.dropout > 0) plan.add("ws.lora_xd", MC::Workspace, cd, {wide}, Lifetime::Layer);

@@ -31,6 +31,7 @@ std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& ba
   j["lora_dropout"] = lora.dropout;
   if (multimodal.empty()) j["target_modules"] = lora.targets;
   else j["target_modules"] = peft_text_model_targets(lora.targets);
+  if (!lora.expert_targets.empty()) j["target_parameters"] = peft_target_parameters(lora);
   j["use_rslora"] = lora.use_rslora;
   j["use_dora"] = false;
   j["bias"] = "none";
@@ -57,13 +58,40 @@ static std::vector<float> to_host(Backend& be, const Tensor& t) {
   return h;
 }
 
+std::vector<int64_t> peft_shape(const LoraParam& p) {
+  if (p.experts == 0) return shape_of(p.w);
+  return {p.w.dim(0) / p.experts, p.w.dim(1) * p.experts};
+}
+
+// An expert stack's lora_B between the layouts: engine index (e*out + o)*r + j, PEFT's o*r*E + j*E + e.
+static std::vector<float> convert_expert_b(const LoraParam& p, const std::vector<float>& src, bool to_peft) {
+  if (p.experts == 0) return src;
+  const int64_t E = p.experts, out = p.w.dim(0) / E, r = p.w.dim(1);
+  std::vector<float> dst(src.size());
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t o = 0; o < out; o++)
+      for (int64_t j = 0; j < r; j++) {
+        const size_t engine = size_t((e * out + o) * r + j), peft = size_t(o * r * E + j * E + e);
+        if (to_peft) dst[peft] = src[engine];
+        else dst[engine] = src[peft];
+      }
+  return dst;
+}
+
+std::vector<float> to_peft_layout(const LoraParam& p, const std::vector<float>& engine) {
+  return convert_expert_b(p, engine, true);
+}
+std::vector<float> from_peft_layout(const LoraParam& p, const std::vector<float>& peft) {
+  return convert_expert_b(p, peft, false);
+}
+
 void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::string& base_model,
                         const std::map<std::string, std::string>& metadata) {
   SafetensorsWriter w;
   std::vector<std::vector<float>> keep;
   for (auto& p : model.lora_params()) {
-    keep.push_back(to_host(model.backend(), p.w));
-    w.add(p.peft_key, DType::F32, shape_of(p.w), keep.back().data());
+    keep.push_back(to_peft_layout(p, to_host(model.backend(), p.w)));
+    w.add(p.peft_key, DType::F32, peft_shape(p), keep.back().data());
   }
   std::map<std::string, std::string> md = metadata;
   md["format"] = "pt";
@@ -113,6 +141,20 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
          std::string("expected a list of module names, got ") + json_type_name(*t));
   }
   s.targets = LoraSpec::resolve_targets(names);
+  if (const json* tp = json_find(j, "target_parameters"); tp && !tp->is_null()) {
+    if (!tp->is_array())
+      fail(ErrorKind::Config, path + ": key 'target_parameters'",
+           std::string("expected a list of parameter names, got ") + json_type_name(*tp));
+    std::vector<std::string> params;
+    for (size_t i = 0; i < tp->size(); i++) {
+      const json& x = (*tp)[i];
+      if (!x.is_string())
+        fail(ErrorKind::Config, path + ": key 'target_parameters[" + std::to_string(i) + "]'",
+             std::string("expected a parameter name string, got ") + json_type_name(x) + " " + x.dump());
+      params.push_back(x.get<std::string>());
+    }
+    s.expert_targets = LoraSpec::resolve_expert_targets(params, path + ": key 'target_parameters'");
+  }
   if (json_bool_or(j, "use_dora", false, path)) fail(ErrorKind::Unsupported, path, "DoRA adapters are not supported");
   return s;
 }
@@ -122,6 +164,11 @@ void load_peft_adapter(const std::string& dir, LlamaModel& model) {
   LoraSpec s = read_peft_adapter_config(cfg_path);
   s.targets = lora_targets_for(model.config(), s.targets);  // as the model names them (fused modules)
   const LoraSpec& m = model.lora();
+  if (s.expert_targets != m.expert_targets)
+    fail(ErrorKind::Config, cfg_path + ": key 'target_parameters'",
+         "the adapter adapts " + std::to_string(s.expert_targets.size()) + " expert weight(s); the model was set up with " +
+             std::to_string(m.expert_targets.size()),
+         "use the adapter's target_parameters");
   if (s.r != m.r || s.targets != m.targets)
     fail(ErrorKind::Config, cfg_path, "adapter has r=" + std::to_string(s.r) + " and " + std::to_string(s.targets.size()) +
                                           " target modules; the model was set up with r=" + std::to_string(m.r) + " and " +
@@ -132,7 +179,8 @@ void load_peft_adapter(const std::string& dir, LlamaModel& model) {
   SafetensorsArchive ar(dir + "/adapter_model.safetensors");
   for (auto& p : model.lora_params()) {
     std::vector<float> h(size_t(p.w.numel()));
-    ar.read_f32(p.peft_key, h.data(), shape_of(p.w));
+    ar.read_f32(p.peft_key, h.data(), peft_shape(p));
+    h = from_peft_layout(p, h);
     model.backend().copy_to_device(p.w.data, h.data(), h.size() * 4);
   }
 }

@@ -8,7 +8,8 @@
 
 namespace qlora {
 
-ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targets) {
+ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targets,
+                     const std::vector<std::string>& expert_targets) {
   ShapeSums s;
   for (const auto& t : dense_projections(c)) {
     auto [out, in] = projection_shape(c, t);
@@ -24,13 +25,17 @@ ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targe
     auto [out, in] = projection_shape(c, t);
     s.p_l += double(in + out) * double(c.n_layer);
   }
+  for (const auto& k : expert_targets) {  // each token's routed experts each apply their pair
+    auto [out, in] = expert_lora_shape(c, k);
+    s.p_l += double(in + out) * double(c.n_layer) * double(c.experts_per_tok);
+  }
   s.n_head = double(c.vocab_size) * double(c.hidden_size);
   return s;
 }
 
 FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
   const bool full = o.method == Method::Full;
-  const ShapeSums s = shape_sums(c, full ? std::vector<std::string>{} : o.targets);
+  const ShapeSums s = full ? shape_sums(c, {}) : shape_sums(c, o.targets, o.expert_targets);
   const double r = full ? 0.0 : double(o.lora_r);
   const double D = double(std::max<int64_t>(o.attn_len, 1));
   // Two matmuls (QK^T, PV) of 2*q_dim FLOPs per query-key pair, (D+1)/2 pairs per query; a layer

@@ -14,6 +14,7 @@ struct FlopOptions {
   Method method = Method::Lora;
   int64_t lora_r = 16;
   std::vector<std::string> targets;  // adapted projections (ignored for full)
+  std::vector<std::string> expert_targets;  // adapted expert stacks (LoraSpec::expert_targets)
   int64_t attn_len = 2048;           // tokens a query attends within: the sequence, or the document when packed
   bool recompute = false;            // activation checkpointing re-runs each layer's forward
   bool reference = false;            // DPO/KTO: one more forward, the adapters off, nothing kept
@@ -41,8 +42,10 @@ struct ShapeSums {
   double n_lin = 0;   // decoder projection parameters: sum of out*in over layers
   double n_head = 0;  // lm_head parameters: vocab * hidden
   double p_l = 0;     // sum of (in + out) over adapted projections and layers: LoRA params = r * p_l
+                      // (adapted experts: their in + out once per routed expert, the work per token)
 };
-ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targets);
+ShapeSums shape_sums(const LlamaConfig& c, const std::vector<std::string>& targets,
+                     const std::vector<std::string>& expert_targets = {});
 
 // Per-token FLOPs. Attention counts the exact causal pairs: a document of D tokens has D(D+1)/2
 // query-key pairs, i.e. (D+1)/2 keys per token (the perf_anchors formula rounds this to D/2).

@@ -30,6 +30,8 @@ std::string method_text(const PlanRequest& r) {
     m += all ? std::string("all-linear") : "";
     if (!all)
       for (size_t i = 0; i < r.lora.targets.size(); i++) m += (i ? "," : "") + r.lora.targets[i];
+    for (size_t i = 0; i < r.lora.expert_targets.size(); i++)
+      m += (i ? "," : " + experts' ") + r.lora.expert_targets[i];
   }
   if (is_preference(r.objective))
     m += std::string(", ") + objective_name(r.objective) + " (rows of two documents" +
@@ -92,6 +94,7 @@ json request_json(const PlanResult& p) {
           {"double_quant", r.double_quant.value_or(false)},
           {"lora_r", r.method == Method::Full ? 0 : r.lora.r},
           {"targets", r.lora.targets},
+          {"target_parameters", peft_target_parameters(r.lora)},
           {"optimizer_dtype", optimizer_dtype_name(r.optimizer_dtype)},
           {"micro_batch", r.micro_batch},
           {"seq_len", r.seq_len},

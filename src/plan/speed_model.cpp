@@ -55,6 +55,7 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   fo.method = r.method;
   fo.lora_r = r.lora.r;
   fo.targets = r.lora.targets;
+  fo.expert_targets = r.lora.expert_targets;
   fo.attn_len = r.packing && r.avg_doc_len > 0 ? r.avg_doc_len : r.seq_len;
   // Preference rows hold two documents (prompt + each completion), each attending within itself
   // (they are never packed further).

@@ -379,6 +379,10 @@ GgufExportResult export_lora(const GgufExportOptions& o, const OutType& ot, cons
   const LlamaConfig& c = src.config;
   const PeftAdapter ad = open_adapter(o.adapter, c);
   const int64_t r = ad.spec.r;
+  if (!ad.spec.expert_targets.empty())
+    fail(ErrorKind::Unsupported, o.adapter + ": key 'target_parameters'",
+         "--format gguf-lora does not write LoRA on stacked experts",
+         "export the merged model: qlora export --format gguf --model BASE --adapter " + o.adapter);
 
   GgufWriter w;
   GgufExportResult res;

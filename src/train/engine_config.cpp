@@ -21,6 +21,7 @@ EngineSpec engine_spec(const TrainConfig& c) {
   s.lora.dropout = no_dropout ? 0.0 : c.lora_dropout;
   s.lora.use_rslora = c.use_rslora;
   s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
+  s.lora.expert_targets = LoraSpec::resolve_expert_targets(c.target_parameters, "target_parameters");
   s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");
   s.ce_chunk = c.ce_chunk_size;
   s.mlp_tile = c.mlp_tile_tokens;

@@ -185,6 +185,9 @@ const std::vector<KeyRow>& key_table() {
        .choices = with(kLinear, {"all-linear"}),
        .help = "Linear layers that get LoRA: a list or all-linear (every projection, not lm_head).",
        .value_aliases = {{"all", "all-linear"}}},
+      {.name = "target_parameters", .field = &T::target_parameters, .def = "",
+       .help = "Stacked expert weights that get LoRA in a mixture-of-experts model, as PEFT's target_parameters: "
+               "mlp.experts.gate_up_proj and/or mlp.experts.down_proj (one rank-r pair per expert). Empty = none."},
       {.name = "use_rslora", .field = &T::use_rslora, .def = "false",
        .help = "Rank-stabilized LoRA: scale = lora_alpha / sqrt(r)."},
       {.name = "rl", .field = &T::rl, .def = "sft", .choices = {"sft", "dpo", "orpo", "simpo", "kto"},

@@ -66,6 +66,7 @@ struct TrainConfig {
   double lora_alpha;
   double lora_dropout;
   std::vector<std::string> target_modules;  // after loading: explicit names, "all-linear" expanded
+  std::vector<std::string> target_parameters;  // PEFT's: a mixture of experts' mlp.experts.gate_up_proj / down_proj
   bool use_rslora;
   // preference training (rl != sft)
   std::string rl;             // sft|dpo|orpo|simpo|kto: the objective

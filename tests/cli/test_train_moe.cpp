@@ -3,6 +3,7 @@
 // load-balancing loss, and `loss` includes it times router_aux_loss_coef.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "io/safetensors.h"
 
 using namespace qlora::cli_test;
 namespace fs = std::filesystem;
@@ -61,6 +63,42 @@ TEST(TrainMoe, LoadBalancingLossIsLoggedBesideTheRouting) {
   }
   EXPECT_EQ(steps, 2) << read_file(out + "/run/metrics.jsonl");
   EXPECT_TRUE(fs::exists(out + "/run/adapter/adapter_model.safetensors")) << r.output;
+  fs::remove_all(out);
+}
+
+// LoRA on the experts from a training config (PEFT's target_parameters): the run trains and writes
+// the adapter in PEFT's ParamWrapper layout (gate_up_proj's wrapper nested in down_proj's), with
+// target_parameters in its config; lora_dropout beside it is refused before the first step.
+TEST(TrainMoe, ExpertLoraWritesPeftTargetParameters) {
+  const std::string out = temp_dir("moe_experts");
+  fs::create_directories(out);
+  const std::string model = std::string(QLORA_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe_experts";
+  const std::string cfg = out + "/cfg.yaml";
+  std::ofstream(cfg) << "model_name_or_path: " << model << "\ntrain_file: " << write_rows(out) << "\n"
+                     << "per_device_train_batch_size: 2\nmax_steps: 2\nlearning_rate: 1.0e-3\nr: 4\nlora_alpha: 8\n"
+                     << "lora_dropout: 0\ntarget_modules: [q_proj, v_proj]\n"
+                     << "target_parameters: [mlp.experts.down_proj, mlp.experts.gate_up_proj]\n"
+                     << "logging_steps: 1\nthreads: 1\ndevice: cpu\nseed: 5\n";
+  const RunResult r = run_qlora("train " + cfg + " output_dir=" + out + "/run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json ac = nlohmann::json::parse(read_file(out + "/run/adapter/adapter_config.json"));
+  EXPECT_EQ(ac["target_parameters"], nlohmann::json::array({"mlp.experts.down_proj", "mlp.experts.gate_up_proj"}));
+  qlora::SafetensorsArchive ad(out + "/run/adapter/adapter_model.safetensors");
+  const std::string l1 = "base_model.model.model.layers.1.mlp.experts.";
+  // 16 experts of 24 (gate_up: 48 rows), hidden 64, r 4: A (r*E, in), B (out, r*E).
+  EXPECT_EQ(ad.get(l1 + "base_layer.lora_A.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(ad.get(l1 + "base_layer.lora_B.weight").shape, (std::vector<int64_t>{48, 64}));
+  EXPECT_EQ(ad.get(l1 + "lora_A.weight").shape, (std::vector<int64_t>{64, 24}));
+  EXPECT_EQ(ad.get(l1 + "lora_B.weight").shape, (std::vector<int64_t>{64, 64}));
+  const std::vector<float> b = ad.read_f32(l1 + "lora_B.weight", {64, 64});
+  double moved = 0;
+  for (float x : b) moved = std::max(moved, double(std::fabs(x)));
+  EXPECT_GT(moved, 0.0) << "two steps move the experts' B away from zero";
+  // lora_dropout with the experts adapted: refused, naming both.
+  const RunResult bad = run_qlora("train " + cfg + " output_dir=" + out + "/bad lora_dropout=0.05");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("lora_dropout"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("target_parameters"), std::string::npos) << bad.output;
   fs::remove_all(out);
 }
 

@@ -447,6 +447,13 @@ TEST(CudaEmuTraining, MixtureOfExpertsMatchTheCpu) {
   compare_moe("mixtral", "full", "nf4");  // QLoRA: each expert dequantized before its GEMMs
 }
 
+// LoRA on the experts (PEFT's target_parameters): each expert's pair over its routed rows, in the
+// forward, the recompute and the backward, on bf16 and NF4 experts.
+TEST(CudaEmuTraining, ExpertLoraMatchesTheCpu) {
+  compare_moe("qwen3_moe_experts", "none");
+  compare_moe("qwen3_moe_experts", "full", "nf4");
+}
+
 // With output_router_logits: the load-balancing loss's statistics and its gradient through every
 // layer's router probabilities on the CUDA backend, with the recompute adding no second set.
 TEST(CudaEmuTraining, MixtureOfExpertsLoadBalancingLossMatchesTheCpu) {

@@ -65,6 +65,10 @@ inline LoraSpec fixture_lora(const std::string& variant) {
   LoraSpec s = fixture_lora();
   if (variant == "mixtral" || variant == "qwen3_moe" || variant == "mixtral_aux" || variant == "qwen3_moe_norm")
     s.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  if (variant == "qwen3_moe_experts") {  // LoRA on the stacked experts too (PEFT's target_parameters)
+    s.targets = {"q_proj", "v_proj"};
+    s.expert_targets = {"gate_up_proj", "down_proj"};
+  }
   return s;
 }
 

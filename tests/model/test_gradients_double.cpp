@@ -7,6 +7,8 @@
 // checked, each tensor against the largest |gradient| of that tensor.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -72,6 +74,26 @@ struct RefModel {
       const Mat bax = linear(ax, lora.at(key + ".lora_B"), n, r, out);
       for (size_t i = 0; i < y.size(); i++) y[i] += lora_scale * bax[i];
     }
+    return y;
+  }
+
+  // Expert e's weight of `kind` (gate_proj, up_proj, down_proj) in layer l applied to one row x,
+  // plus its adapter where the experts are adapted: s (x A_e^T) B_e^T with A_e rows e*r.. of
+  // "layers.l.experts.<stack>.lora_A" and B_e rows e*out.. of lora_B (the engine's layout); gate and
+  // up take gate_up_proj's first and second F rows of B_e.
+  Mat expert(const Mat& x, int l, int64_t e, const std::string& kind, int64_t in, int64_t out) const {
+    Mat y = linear(x, w(hf_expert_name(c, l, e, kind)), 1, in, out);
+    const std::string stack = kind == "down_proj" ? "down_proj" : "gate_up_proj";
+    const std::string key = "layers." + std::to_string(l) + ".experts." + stack;
+    const auto a = lora.find(key + ".lora_A");
+    if (a == lora.end()) return y;
+    const int64_t r = int64_t(a->second.size()) / (c.n_experts * in);
+    const int64_t rows = stack == "down_proj" ? out : 2 * out, row0 = kind == "up_proj" ? out : 0;
+    const Mat ae(a->second.begin() + e * r * in, a->second.begin() + (e + 1) * r * in);
+    const Mat& b = lora.at(key + ".lora_B");
+    const Mat be(b.begin() + (e * rows + row0) * r, b.begin() + (e * rows + row0 + out) * r);
+    const Mat bax = linear(linear(x, ae, 1, in, r), be, 1, r, out);
+    for (int64_t i = 0; i < out; i++) y[size_t(i)] += lora_scale * bax[size_t(i)];
     return y;
   }
 
@@ -216,10 +238,10 @@ struct RefModel {
             const Mat ht(h.begin() + t * C, h.begin() + (t + 1) * C);
             for (int64_t e : chosen) {
               const double wt = p[size_t(e)] / (c.norm_topk_prob ? zk : 1.0);
-              Mat g = linear(ht, w(hf_expert_name(c, l, e, "gate_proj")), 1, C, Fe);
-              const Mat u = linear(ht, w(hf_expert_name(c, l, e, "up_proj")), 1, C, Fe);
+              Mat g = expert(ht, l, e, "gate_proj", C, Fe);
+              const Mat u = expert(ht, l, e, "up_proj", C, Fe);
               for (size_t i = 0; i < g.size(); i++) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-              const Mat d = linear(g, w(hf_expert_name(c, l, e, "down_proj")), 1, Fe, C);
+              const Mat d = expert(g, l, e, "down_proj", Fe, C);
               for (int64_t i = 0; i < C; i++) x[size_t(t * C + i)] += wt * d[size_t(i)];
             }
           }
@@ -269,8 +291,8 @@ std::vector<float> host(Backend& be, const Tensor& t) {
 }
 
 // Checks every `stride`-th element of every LoRA tensor; prints the worst relative error seen.
-void check_model(const std::string& variant, size_t stride) {
-  LoraSpec spec = fixture_lora(variant);
+void check_model(const std::string& variant, size_t stride, std::optional<LoraSpec> lora = std::nullopt) {
+  LoraSpec spec = lora ? *lora : fixture_lora(variant);
   TestModel t = make_model(variant, spec, 2, 9);
   // Non-zero B everywhere, so every LoRA parameter has a gradient.
   Rng rng(17);
@@ -466,3 +488,12 @@ TEST(LoraGradientsDouble, MixtralExperts) { check_model("mixtral", 3); }
 TEST(LoraGradientsDouble, MixtralLoadBalancingLoss) { check_model("mixtral_aux", 3); }
 // Qwen3-MoE layout: Qwen3's attention, 32 experts, top-4 without renormalisation; every third.
 TEST(LoraGradientsDouble, Qwen3MoeExperts) { check_model("qwen3_moe", 3); }
+// LoRA on the experts themselves (PEFT's target_parameters on gate_up_proj and down_proj): one pair
+// per expert, through gate's and up's rows of one B and the routed rows of each expert; Qwen3-MoE
+// renormalised, and Mixtral with its attention's adapters too.
+TEST(LoraGradientsDouble, Qwen3MoeExpertLora) { check_model("qwen3_moe_experts", 3); }
+TEST(LoraGradientsDouble, MixtralExpertLora) {
+  LoraSpec s = fixture_lora("mixtral");
+  s.expert_targets = {"gate_up_proj", "down_proj"};
+  check_model("mixtral", 5, s);
+}

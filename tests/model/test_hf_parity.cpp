@@ -52,6 +52,7 @@ TEST_P(HfParity, LoraLogitsLossAndGradients) {
   for (auto& p : t.model->lora_params()) {
     std::vector<float> g(size_t(p.g.numel()));
     t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
+    g = to_peft_layout(p, g);  // an expert stack's lora_B: PEFT's (out, r*E)
     auto ref = floats(fx, "grad." + p.peft_key);
     double norm = 0;
     for (float x : ref) norm += double(x) * x;
@@ -59,7 +60,8 @@ TEST_P(HfParity, LoraLogitsLossAndGradients) {
     EXPECT_LT(rel_err(g, ref), kGradTol) << p.peft_key;
     checked++;
   }
-  EXPECT_EQ(checked, 2 * int64_t(lora_modules(t.model->config()).size()) * t.model->config().n_layer);
+  const LoraSpec& ls = t.model->lora();
+  EXPECT_EQ(checked, 2 * int64_t(ls.targets.size() + ls.expert_targets.size()) * t.model->config().n_layer);
 }
 
 TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
@@ -91,14 +93,14 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
   for (auto& p : t.model->lora_params()) {
     std::vector<float> w(size_t(p.w.numel()));
     t.be->copy_to_host(w.data(), p.w.data, w.size() * 4);
-    EXPECT_LT(rel_err(w, floats(fx, "final." + p.peft_key)), kTrainTol) << p.peft_key;
+    EXPECT_LT(rel_err(to_peft_layout(p, w), floats(fx, "final." + p.peft_key)), kTrainTol) << p.peft_key;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
                                                                    "qwen3_moe", "gemma3_mm", "phi3_longrope", "qwen3_yarn",
-                                                                   "mixtral_aux", "qwen3_moe_norm"));
+                                                                   "mixtral_aux", "qwen3_moe_norm", "qwen3_moe_experts"));
 
 // LongRoPE picks its factors per forward by the largest position (transformers: max(position_ids)
 // + 1 > original_max_position_embeddings): on one model, 8-token rows (within the original 8)
@@ -182,3 +184,11 @@ TEST(HfParity, EngineTrainedPhi3AdapterGivesPeftLogits) { expect_engine_adapter_
 // four modules, which PEFT loads onto MixtralForCausalLM / Qwen3MoeForCausalLM over routed experts.
 TEST(HfParity, EngineTrainedMixtralAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("mixtral", 4); }
 TEST(HfParity, EngineTrainedQwen3MoeAdapterGivesPeftLogits) { expect_engine_adapter_gives_peft_logits("qwen3_moe", 4); }
+// LoRA on the experts: 12 steps of `qlora train` (r 8, rsLoRA, q_proj and v_proj, and
+// target_parameters on both expert stacks); PEFT loads the adapter's ParamWrapper tensors onto
+// Qwen3MoeForCausalLM's stacked experts and gives the engine's logits.
+TEST(HfParity, EngineTrainedExpertAdapterGivesPeftLogits) {
+  expect_engine_adapter_gives_peft_logits("qwen3_moe_experts", 2);
+  EXPECT_EQ(read_peft_adapter_config(fixtures() + "/parity/engine_adapter_qwen3_moe_experts/adapter_config.json").expert_targets,
+            (std::vector<std::string>{"gate_up_proj", "down_proj"}));
+}

@@ -53,7 +53,13 @@ TEST_P(MergeParity, MergedWeightsGivePeftLogits) {
   MergedModel m(src.config, src.tensors, open_peft_adapter(fixtures() + "/parity/" + v + "_adapter", src.config));
   int merged = 0;
   for (const auto& n : m.names()) merged += m.merged(n);
-  EXPECT_EQ(merged, int64_t(lora_modules(src.config).size()) * src.config.n_layer);  // phi3: 4 fused modules
+  // Every adapted module (phi3: 4 fused modules); with LoRA on the experts, each expert's gate, up and
+  // down weight its stack's adapter covers.
+  const LoraSpec& spec = m.adapter()->spec;
+  int64_t per_layer = int64_t(spec.targets.size());
+  for (const auto& k : spec.expert_targets) per_layer += src.config.n_experts * (k == "gate_up_proj" ? 2 : 1);
+  EXPECT_EQ(spec.targets.size(), lora_modules(src.config).size() - (spec.expert_targets.empty() ? 0 : 2));
+  EXPECT_EQ(merged, per_layer * src.config.n_layer);
   const Batch b = fixture_batch(fx);
   // PEFT's logits with the adapter applied; the base alone is far from them.
   EXPECT_LT(rel_err(merged_logits(m, b), floats(fx, "lora_logits")), 2e-5);
@@ -64,7 +70,8 @@ TEST_P(MergeParity, MergedWeightsGivePeftLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Families, MergeParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                      "gemma3", "phi3", "gemma2", "mixtral", "qwen3_moe",
-                                                                     "phi3_longrope", "qwen3_yarn", "qwen3_moe_norm"));
+                                                                     "phi3_longrope", "qwen3_yarn", "qwen3_moe_norm",
+                                                                     "qwen3_moe_experts"));
 
 // The same adapter merged into the GGUF of the same model (f32 tensors, Q/K rows permuted the
 // llama.cpp way) gives the same logits.

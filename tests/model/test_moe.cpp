@@ -3,6 +3,8 @@
 // and gradient checkpointing's recompute of the routed layer.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "core/error.h"
 #include "io/json_util.h"
 #include "model/llama_config.h"
@@ -211,6 +213,87 @@ TEST(Moe, PresetsAndFlopsCountTheChosenExperts) {
   const double linear = double(m.active_params() - 2 * m.vocab_size * m.hidden_size) -
                         double(m.n_layer) * (2.0 * double(m.hidden_size)) - double(m.hidden_size);
   EXPECT_NEAR(f.fwd.base / (2 * linear), 1.0, 1e-9);
+}
+
+// LoRA on the experts in the plan (the buffers the engine allocates) and the FLOP count: per layer
+// and adapted stack an A (E*r, in) and B (E*out, r) with gradients and two AdamW moments, the
+// intermediates per routed row; per token each chosen expert applies its pair.
+TEST(Moe, ExpertLoraIsPlannedAndCounted) {
+  const LlamaConfig q = preset_config("qwen3-30b-a3b");
+  ModelPlanOptions o;
+  o.lora.r = 16;
+  o.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  o.micro_batch = 1;
+  o.seq_len = 4096;
+  auto lora_bytes = [&](const ModelPlanOptions& opts) {
+    MemoryPlan p;
+    plan_model_buffers(p, q, opts);
+    return p.bytes_by_category().at(MemCategory::Lora);
+  };
+  ModelPlanOptions e = o;
+  e.lora.expert_targets = {"gate_up_proj", "down_proj"};
+  const int64_t C = q.hidden_size, F = q.expert_intermediate_size, E = q.n_experts, r = 16;
+  const int64_t per_layer = E * r * (C + 2 * F) + E * r * (F + C);  // gate_up: A (E r, C), B (E 2F, r); down
+  EXPECT_EQ(lora_bytes(e) - lora_bytes(o), q.n_layer * per_layer * 4);
+  MemoryPlan p;
+  plan_model_buffers(p, q, e);
+  EXPECT_EQ(p.find("layers.3.experts.gate_up_proj.lora_B")->shape, (std::vector<int64_t>{E * 2 * F, r}));
+  EXPECT_EQ(p.find("act.layers.0.experts.down_proj.lora_h")->shape, (std::vector<int64_t>{4096 * q.experts_per_tok, r}));
+  FlopOptions f;
+  f.lora_r = r;
+  f.targets = o.lora.targets;
+  f.attn_len = 1;
+  const double dense = flops_per_token(q, f).fwd.lora;
+  f.expert_targets = e.lora.expert_targets;
+  // Forward: 2 r (in + out) per adapted matrix and token, for each of the token's experts.
+  EXPECT_NEAR(flops_per_token(q, f).fwd.lora - dense,
+              2.0 * r * double(q.n_layer * q.experts_per_tok * ((C + 2 * F) + (F + C))), 1.0);
+  // Not on a dense model, nor with dropout (PEFT's ParamWrapper has none).
+  ModelPlanOptions dense_model = e;
+  const LlamaConfig d = preset_config("qwen3-8b");
+  EXPECT_THROW(plan_model_buffers(p, d, dense_model), Error);
+  e.lora.dropout = 0.05;
+  try {
+    plan_model_buffers(p, q, e);
+    ADD_FAILURE() << "dropout on the experts' adapters was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), ErrorKind::Unsupported);
+    EXPECT_NE(std::string(err.what()).find("target_parameters"), std::string::npos) << err.what();
+  }
+}
+
+// An adapter on the experts goes to PEFT's layout and back: a model that loads what another wrote
+// holds the same parameters, bit for bit (the experts' B permuted both ways), and the file holds
+// PEFT's shapes.
+TEST(Moe, ExpertAdapterRoundTripsThroughPeftLayout) {
+  TestModel a = make_model("qwen3_moe_experts", fixture_lora("qwen3_moe_experts"), 2, 12);
+  Rng rng(3);
+  for (auto& p : a.model->lora_params()) {
+    std::vector<float> h(size_t(p.w.numel()));
+    for (auto& x : h) x = rng.uniform(-1.0f, 1.0f);
+    a.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
+  }
+  const std::string dir = (std::filesystem::temp_directory_path() / "qlora-expert-adapter-rt").string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_peft_adapter(dir, *a.model, "base");
+  TestModel b = make_model("qwen3_moe_experts", fixture_lora("qwen3_moe_experts"), 2, 12);
+  load_peft_adapter(dir, *b.model);
+  SafetensorsArchive ar(dir + "/adapter_model.safetensors");
+  int experts_b = 0;
+  for (size_t i = 0; i < a.model->lora_params().size(); i++) {
+    const LoraParam &pa = a.model->lora_params()[i], &pb = b.model->lora_params()[i];
+    EXPECT_EQ(host_copy(*a.model, pa.w), host_copy(*b.model, pb.w)) << pa.peft_key;
+    EXPECT_EQ(ar.get(pa.peft_key).shape, peft_shape(pa)) << pa.peft_key;
+    if (pa.experts == 0) continue;
+    experts_b++;
+    // Expert 5's column 2 of its rows: PEFT's column 2 * E + 5.
+    const std::vector<float> w = host_copy(*a.model, pa.w), f = ar.read_f32(pa.peft_key, peft_shape(pa));
+    const int64_t E = pa.experts, out = pa.w.dim(0) / E, r = pa.w.dim(1);
+    for (int64_t o = 0; o < out; o += 7) EXPECT_EQ(f[size_t(o * r * E + 2 * E + 5)], w[size_t((5 * out + o) * r + 2)]);
+  }
+  EXPECT_EQ(experts_b, 2 * 2);  // two stacks in each of two layers
+  std::filesystem::remove_all(dir);
 }
 
 // QLoRA on a MoE model: the attention's projections and every expert stored as NF4 (each expert
