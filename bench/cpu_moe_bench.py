@@ -8,7 +8,8 @@ peft (tools/peers/hf_moe_bench.py) on the same machine, the same shapes and thre
 Models: bench/moe_configs/ (config.json only; both sides draw random weights and tokens):
   qwen3_moe_small: Qwen3-MoE layout, 8 layers, hidden 512, 32 experts of 384, 4 per token;
   mixtral_small: Mixtral layout, 8 layers, hidden 512, 8 experts of 1536, 2 per token.
-Both: fp32 base, LoRA r=16 alpha 32 on q/k/v/o (what the engine adapts in MoE models), AdamW,
+Both: fp32 base, LoRA r=16 alpha 32 on q/k/v/o, and with --expert-lora on the stacked experts too
+(PEFT's target_parameters mlp.experts.gate_up_proj and down_proj, one pair per expert), AdamW,
 clipping at 1.0, no checkpointing, T=512 x micro-batch 2. The peer uses transformers' default
 experts implementation (the JSON names it: grouped_mm where torch has it).
 
@@ -28,6 +29,7 @@ from cpu_train_bench import cpu_model, git_sha, run_json  # noqa: E402  (as the 
 
 CASES = ["qwen3_moe_small", "mixtral_small"]
 TARGETS = "q_proj,k_proj,v_proj,o_proj"
+EXPERT_PARAMETERS = "mlp.experts.gate_up_proj,mlp.experts.down_proj"
 
 
 def main():
@@ -40,6 +42,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps, each side")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="first case, 1 timed step, one run (a smoke run)")
+    ap.add_argument("--expert-lora", action="store_true", help="LoRA on the experts too (target_parameters)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     cases = CASES[:1] if a.quick else CASES
@@ -63,7 +66,11 @@ def main():
                     "--device", "cpu", "--threads", str(a.threads), "--steps", str(steps), "--warmup-steps", "1", "--json"]
         peer_cmd = [a.python, "tools/peers/hf_moe_bench.py", "--config", cfg, *shape, "--threads", str(a.threads),
                     "--steps", str(steps), "--warmup-steps", "1"]
-        case = {"name": name, "commands": {"ours": " ".join(ours_cmd), "peer": " ".join(peer_cmd)}}
+        if a.expert_lora:
+            ours_cmd[ours_cmd.index("--device"):ours_cmd.index("--device")] = ["--target-parameters", EXPERT_PARAMETERS]
+            peer_cmd += ["--target-parameters", EXPERT_PARAMETERS]
+        case = {"name": name, "expert_lora": a.expert_lora,
+                "commands": {"ours": " ".join(ours_cmd), "peer": " ".join(peer_cmd)}}
         case["ours"] = best_of(ours_cmd)
         case["peer"] = best_of(peer_cmd)
         if case["ours"]["trainable_params"] != case["peer"]["trainable_params"]:

@@ -27,7 +27,7 @@ int cmd_bench(int argc, char** argv) {
   std::string device = "auto";
   int threads = 0;
   bool dq = false, no_dq = false, json = false;
-  std::string method, base_precision, targets = "all-linear", checkpointing = "none", gemm_dtype = "bf16";
+  std::string method, base_precision, targets = "all-linear", target_parameters, checkpointing = "none", gemm_dtype = "bf16";
   app.add_option("--model,-m", o.model, "preset name (qlora plan --list-models), HF model directory, config.json or .gguf");
   app.add_option("--method", method, "lora | qlora (default: qlora for a quantized base precision)");
   app.add_option("--base-precision", base_precision,
@@ -37,6 +37,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--r,--lora-r,-r", o.lora.r, "LoRA rank")->capture_default_str();
   app.add_option("--lora-alpha", o.lora.alpha, "LoRA alpha")->capture_default_str();
   app.add_option("--target-modules", targets, "comma list of projections or all-linear")->capture_default_str();
+  app.add_option("--target-parameters", target_parameters,
+                 "a mixture of experts' stacked experts with LoRA, as PEFT's target_parameters: comma list of "
+                 "mlp.experts.gate_up_proj,mlp.experts.down_proj");
   app.add_option("--seq-len,-t", o.seq_len, "tokens per sequence")->capture_default_str();
   app.add_option("--micro-batch,-b", o.micro_batch, "sequences per step")->capture_default_str();
   app.add_option("--gradient-checkpointing", checkpointing, "none | full | offload")->capture_default_str();
@@ -64,6 +67,8 @@ int cmd_bench(int argc, char** argv) {
   o.base_precision = optional_base_precision(base_precision, "--base-precision");
   o.method = method.empty() ? default_method(o.base_precision) : parse_method(method, "--method");
   o.lora.targets = split_commas(targets);
+  if (!target_parameters.empty())
+    o.lora.expert_targets = LoraSpec::resolve_expert_targets(split_commas(target_parameters), "--target-parameters");
   o.checkpointing = parse_checkpointing(checkpointing, "--gradient-checkpointing");
   o.gemm_dtype = parse_gemm_dtype(gemm_dtype, "--gemm-dtype");
   if (device != "auto" && device != "cpu" && device != "cuda")

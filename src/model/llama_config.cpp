@@ -24,6 +24,8 @@ static std::string joined(const std::vector<std::string>& v) {
 // ---------------------------------------------------------------------------------------------------
 // validate / n_params
 
+constexpr int64_t kMaxHeadDim = 4096;
+
 void LlamaConfig::validate(const std::string& where) const {
   auto positive = [&](int64_t v, const char* key) {
     if (v <= 0) fail(ErrorKind::Config, where + ": key '" + key + "'", "must be positive, got " + std::to_string(v));
@@ -43,6 +45,11 @@ void LlamaConfig::validate(const std::string& where) const {
          "grouped-query attention shares each kv head among n_head / n_head_kv query heads");
   if (head_dim % 2 != 0)
     fail(ErrorKind::Config, where + ": key 'head_dim'", "must be even for RoPE, got " + std::to_string(head_dim));
+  // The largest heads in use are 256 wide (Gemma 2/3); a per-head buffer (RoPE's frequencies, the
+  // attention's rows) is sized by it before any weight is read.
+  if (head_dim > kMaxHeadDim)
+    fail(ErrorKind::Config, where + ": key 'head_dim'",
+         "must be at most " + std::to_string(kMaxHeadDim) + ", got " + std::to_string(head_dim));
   if (moe()) {
     positive(experts_per_tok, "num_experts_per_tok");
     positive(expert_intermediate_size, model_type == "qwen3_moe" ? "moe_intermediate_size" : "intermediate_size");

@@ -153,6 +153,7 @@ FlopCounts bench_flop_counts(const LlamaConfig& c, const BenchOptions& o) {
   f.method = o.method;
   f.lora_r = o.lora.r;
   f.targets = o.lora.targets;
+  f.expert_targets = o.lora.expert_targets;
   f.attn_len = o.seq_len;  // one random document fills each row
   f.recompute = recomputes(o.checkpointing);
   return flops_per_token(c, f);
@@ -332,6 +333,7 @@ nlohmann::ordered_json bench_json(const BenchResult& r) {
                  {"r", o.lora.r},
                  {"lora_alpha", o.lora.alpha},
                  {"target_modules", targets_text(o.lora.targets)},
+                 {"target_parameters", peft_target_parameters(o.lora)},
                  {"seq_len", o.seq_len},
                  {"micro_batch", o.micro_batch},
                  {"gradient_checkpointing", checkpointing_name(o.checkpointing)},

@@ -99,6 +99,30 @@ void check_report(const json& j, const std::string& precision) {
   EXPECT_EQ(j["base_params"].get<int64_t>(), c.n_params());
 }
 
+// --target-parameters: LoRA on a mixture of experts' stacked experts (PEFT's target_parameters) is
+// what the benchmark trains and counts: r (in + out) per expert and stack, beside the attention's.
+TEST(BenchCli, TargetParametersAdaptTheExperts) {
+  const std::string model = std::string(QLORA_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe_experts";
+  const std::string base = "bench --model " + model + " --seq-len 16 --micro-batch 1 --steps 1 --warmup-steps 0 "
+                           "--device cpu --base-precision fp32 --target-modules q_proj --json";
+  auto run_json = [](const std::string& args) {
+    RunResult r = run_qlora(args);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const size_t at = r.output.find("{\n  \"tool\"");
+    return at == std::string::npos ? json::object() : json::parse(r.output.substr(at));
+  };
+  const json plain = run_json(base);
+  const json experts = run_json(base + " --target-parameters mlp.experts.gate_up_proj,experts.down_proj");
+  ASSERT_TRUE(experts.contains("trainable_params")) << experts.dump();
+  // 2 layers x 16 experts x r: gate_up (in 64 + out 48), down (in 24 + out 64).
+  const int64_t r = experts["config"]["r"], per_layer = 16 * r * ((64 + 48) + (24 + 64));
+  EXPECT_EQ(experts["trainable_params"].get<int64_t>() - plain["trainable_params"].get<int64_t>(), 2 * per_layer);
+  EXPECT_EQ(experts["config"]["target_parameters"], json::array({"mlp.experts.down_proj", "mlp.experts.gate_up_proj"}));
+  RunResult bad = run_qlora(base + " --target-parameters mlp.experts.router");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.output.find("--target-parameters"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 
 TEST(BenchCli, Smollm2Fp32ReportsEveryField) {

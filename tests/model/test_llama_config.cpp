@@ -543,6 +543,10 @@ TEST(LlamaConfigErrors, InconsistentShapes) {
   EXPECT_EQ(e.where(), "cfg.json: key 'hidden_size'");  // 2048 % 30 != 0
   e = config_error([] { parse_hf_config(with(R"({"num_hidden_layers":0})"), "cfg.json"); }, ErrorKind::Config);
   EXPECT_EQ(e.where(), "cfg.json: key 'num_hidden_layers'");
+  // A head wider than any model's (the fuzzer's 477777777775555554): refused before RoPE sizes by it.
+  e = config_error([] { parse_hf_config(with(R"({"head_dim":477777777775555554})"), "cfg.json"); }, ErrorKind::Config);
+  EXPECT_EQ(e.where(), "cfg.json: key 'head_dim'");
+  EXPECT_NE(e.message().find("at most 4096"), std::string::npos) << e.message();
   config_error([] { parse_hf_config(with(R"({"hidden_act":"gelu"})"), "cfg.json"); }, ErrorKind::Unsupported);
   config_error([] { parse_hf_config(with(R"({"attention_bias":true})"), "cfg.json"); }, ErrorKind::Unsupported);
 }

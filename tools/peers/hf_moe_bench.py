@@ -6,8 +6,9 @@ transformers + peft on the CPU, fp32, from a config.json (random weights, random
 
 As `qlora bench` runs it: the model built from the config with random weights (std 0.02),
 attn_implementation "sdpa", transformers' default experts implementation (recorded in the JSON),
-LoRA r=16 alpha 32 on the attention's four projections (what the engine adapts in these models;
-PEFT's all-linear would also wrap the stacked experts and the router), no dropout, AdamW (lr 2e-4,
+LoRA r=16 alpha 32 on the attention's four projections (PEFT's all-linear would also wrap the
+router), and with --target-parameters on the stacked experts too (PEFT's lora.ParamWrapper, one pair
+per expert), no dropout, AdamW (lr 2e-4,
 not fused), clipping at 1.0, labels = the tokens. One JSON object on stdout: tokens/s over the
 timed steps, the step times and the peak RSS.
 """
@@ -29,6 +30,7 @@ def main():
     ap.add_argument("--r", type=int, default=16)
     ap.add_argument("--lora-alpha", type=float, default=32.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target-parameters", default="", help="comma list, e.g. mlp.experts.gate_up_proj,mlp.experts.down_proj")
     a = ap.parse_args()
 
     import torch
@@ -45,8 +47,9 @@ def main():
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.02)
+    target_parameters = [t for t in a.target_parameters.split(",") if t] or None
     lcfg = peft.LoraConfig(r=a.r, lora_alpha=a.lora_alpha, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0,
-                           bias="none", task_type="CAUSAL_LM")
+                           bias="none", task_type="CAUSAL_LM", target_parameters=target_parameters)
     model = peft.get_peft_model(model, lcfg)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
