@@ -29,7 +29,8 @@ std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& ba
   j["r"] = lora.r;
   j["lora_alpha"] = lora.alpha;
   j["lora_dropout"] = lora.dropout;
-  if (multimodal.empty()) j["target_modules"] = lora.targets;
+  if (lora.targets.empty()) j["target_modules"] = nullptr;  // LoRA on the experts alone (target_parameters)
+  else if (multimodal.empty()) j["target_modules"] = lora.targets;
   else j["target_modules"] = peft_text_model_targets(lora.targets);
   if (!lora.expert_targets.empty()) j["target_parameters"] = peft_target_parameters(lora);
   j["use_rslora"] = lora.use_rslora;
@@ -109,9 +110,14 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
   s.dropout = json_number_or(j, "lora_dropout", 0.0, path);
   s.use_rslora = json_bool_or(j, "use_rslora", false, path);
   const json* t = json_find(j, "target_modules");
-  if (!t) fail(ErrorKind::Config, path + ": key 'target_modules'", "missing");
+  const json* tp = json_find(j, "target_parameters");
+  const bool params = tp && tp->is_array() && !tp->empty();
+  const bool none = !t || t->is_null();  // PEFT: target_parameters alone (the stacked experts only)
+  if (none && !params)
+    fail(ErrorKind::Config, path + ": key 'target_modules'", "missing, and no target_parameters are given");
   std::vector<std::string> names;
-  if (t->is_string()) {  // one name ("all-linear"), or the text-model regex of peft_text_model_targets
+  if (none) {
+  } else if (t->is_string()) {  // one name ("all-linear"), or the text-model regex of peft_text_model_targets
     const std::string v = t->get<std::string>();
     const std::string pre = kTextModelPrefix;
     if (v.size() > pre.size() + 1 && v.compare(0, pre.size(), pre) == 0 && v.back() == ')') {
@@ -140,8 +146,8 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
     fail(ErrorKind::Config, path + ": key 'target_modules'",
          std::string("expected a list of module names, got ") + json_type_name(*t));
   }
-  s.targets = LoraSpec::resolve_targets(names);
-  if (const json* tp = json_find(j, "target_parameters"); tp && !tp->is_null()) {
+  if (!none) s.targets = LoraSpec::resolve_targets(names);
+  if (tp && !tp->is_null()) {
     if (!tp->is_array())
       fail(ErrorKind::Config, path + ": key 'target_parameters'",
            std::string("expected a list of parameter names, got ") + json_type_name(*tp));

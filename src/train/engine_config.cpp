@@ -20,8 +20,9 @@ EngineSpec engine_spec(const TrainConfig& c) {
   const bool no_dropout = c.disable_dropout == "auto" ? is_preference(s.objective) : c.disable_dropout == "true";
   s.lora.dropout = no_dropout ? 0.0 : c.lora_dropout;
   s.lora.use_rslora = c.use_rslora;
-  s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
   s.lora.expert_targets = LoraSpec::resolve_expert_targets(c.target_parameters, "target_parameters");
+  // LoRA on the experts alone: no projection adapted (PEFT's target_modules null).
+  if (!c.target_modules.empty() || s.lora.expert_targets.empty()) s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
   s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");
   s.ce_chunk = c.ce_chunk_size;
   s.mlp_tile = c.mlp_tile_tokens;

@@ -925,7 +925,7 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
   // target_modules: explicit names in Llama order, all-linear expanded
   auto& tm = c.target_modules;
   bool all = std::find(tm.begin(), tm.end(), "all-linear") != tm.end();
-  if (tm.empty())
+  if (tm.empty() && c.target_parameters.empty())  // LoRA on the experts alone leaves it empty (PEFT: null)
     fail(ErrorKind::Config, where("target_modules"), "target_modules is empty",
          "list modules like [q_proj, v_proj] or use all-linear");
   if (all && tm.size() > 1)

@@ -13,6 +13,7 @@
 
 #include "cli_util.h"
 #include "io/safetensors.h"
+#include "model/peft_io.h"
 
 using namespace qlora::cli_test;
 namespace fs = std::filesystem;
@@ -94,6 +95,16 @@ TEST(TrainMoe, ExpertLoraWritesPeftTargetParameters) {
   double moved = 0;
   for (float x : b) moved = std::max(moved, double(std::fabs(x)));
   EXPECT_GT(moved, 0.0) << "two steps move the experts' B away from zero";
+  // The experts alone (target_modules empty): PEFT's target_modules null beside target_parameters,
+  // which the engine reads back as no projection and both stacks.
+  const RunResult only = run_qlora("train " + cfg + " output_dir=" + out + "/only target_modules=[] max_steps=1");
+  ASSERT_EQ(only.code, 0) << only.output;
+  const nlohmann::json oc = nlohmann::json::parse(read_file(out + "/only/adapter/adapter_config.json"));
+  EXPECT_TRUE(oc["target_modules"].is_null()) << oc.dump();
+  const qlora::LoraSpec back = qlora::read_peft_adapter_config(out + "/only/adapter/adapter_config.json");
+  EXPECT_TRUE(back.targets.empty());
+  EXPECT_EQ(back.expert_targets, (std::vector<std::string>{"gate_up_proj", "down_proj"}));
+  EXPECT_EQ(qlora::SafetensorsArchive(out + "/only/adapter/adapter_model.safetensors").names().size(), 2u * 2 * 2);
   // lora_dropout with the experts adapted: refused, naming both.
   const RunResult bad = run_qlora("train " + cfg + " output_dir=" + out + "/bad lora_dropout=0.05");
   EXPECT_NE(bad.code, 0);

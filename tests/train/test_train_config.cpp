@@ -270,6 +270,8 @@ TEST(TrainConfig, RangesAndCrossFieldRules) {
   EXPECT_EQ(e.where(), "cfg.yaml:3:17");  // points at base_precision
   // warmup_ratio just below 1 and dropout 0 are fine
   EXPECT_NO_THROW(parse("warmup_ratio: 0.99\nlora_dropout: 0"));
+  // No projection adapted is fine beside target_parameters (LoRA on a mixture of experts' experts alone).
+  EXPECT_TRUE(parse("target_modules: []\ntarget_parameters: [mlp.experts.down_proj]").target_modules.empty());
   EXPECT_EQ(parse("val_set_size: 200").val_set_size, 200);
 }
 
