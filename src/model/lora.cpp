@@ -75,15 +75,15 @@ std::pair<int64_t, int64_t> expert_lora_shape(const LlamaConfig& c, const std::s
   fail(ErrorKind::Internal, "expert lora", "unknown expert weight '" + kind + "'");
 }
 
-void check_expert_targets(const LlamaConfig& c, const LoraSpec& s) {
-  if (s.expert_targets.empty()) return;
+void check_expert_targets(const LlamaConfig& c, const std::vector<std::string>& expert_targets, double dropout) {
+  if (expert_targets.empty()) return;
   if (!c.moe())
     fail(ErrorKind::Config, "target_parameters",
-         "LoRA on stacked experts (mlp.experts." + s.expert_targets[0] + ") needs a mixture-of-experts model; " +
+         "LoRA on stacked experts (mlp.experts." + expert_targets[0] + ") needs a mixture-of-experts model; " +
              c.model_type + " has none",
          "remove target_parameters (target_modules adapts this model's projections)");
-  if (s.dropout > 0)
-    fail(ErrorKind::Unsupported, "lora_dropout " + std::to_string(s.dropout),
+  if (dropout > 0)
+    fail(ErrorKind::Unsupported, "lora_dropout " + std::to_string(dropout),
          "LoRA on the experts (target_parameters) has no dropout: PEFT's ParamWrapper refuses it, as dropout cannot "
          "be factored out of the folded expert weight",
          "set lora_dropout: 0, or leave the experts out of target_parameters");

@@ -39,9 +39,10 @@ const std::vector<std::string>& expert_lora_kinds();
 // (out, in) of one expert's weight: gate_up_proj (2 x expert_intermediate_size, hidden_size), gate's
 // rows first; down_proj (hidden_size, expert_intermediate_size).
 std::pair<int64_t, int64_t> expert_lora_shape(const LlamaConfig& c, const std::string& kind);
-// Expert targets on a model without experts, or with lora_dropout (PEFT's ParamWrapper refuses
-// dropout: it cannot be factored out of the folded weight), are an Error naming target_parameters.
-void check_expert_targets(const LlamaConfig& c, const LoraSpec& s);
+// Expert targets on a model without experts are an Error naming target_parameters; so is
+// `dropout` above 0 beside them (PEFT's ParamWrapper refuses it: dropout cannot be factored out of
+// the folded weight). Merging passes no dropout: it only reads the adapter.
+void check_expert_targets(const LlamaConfig& c, const std::vector<std::string>& expert_targets, double dropout = 0);
 // PEFT's module name of layer `layer`'s expert adapter of `kind`:
 // "base_model.model.model.layers.3.mlp.experts", plus ".base_layer" for gate_up_proj when down_proj
 // is adapted too (PEFT wraps the first parameter first, so the second wrapper holds it).

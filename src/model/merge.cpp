@@ -57,9 +57,7 @@ PeftAdapter open_peft_adapter(const std::string& dir, const LlamaConfig& cfg) {
   a.dir = dir;
   a.spec = read_peft_adapter_config(dir + "/adapter_config.json");
   a.spec.targets = lora_targets_for(cfg, a.spec.targets);  // fused models: qkv_proj, gate_up_proj
-  LoraSpec experts = a.spec;
-  experts.dropout = 0;  // what training used; merging has no dropout
-  check_expert_targets(cfg, experts);
+  check_expert_targets(cfg, a.spec.expert_targets);
   auto ar = std::make_shared<SafetensorsArchive>(dir + "/adapter_model.safetensors");
   std::set<std::string> expected;
   // (module key, A's shape, B's shape) of every adapted module: projections, then expert stacks

@@ -132,7 +132,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
   // module (a fused qkv_proj or gate_up_proj is one adapter over its projections).
   const std::vector<std::string> lora_mods =
       o.method != Method::Full ? lora_targets_for(c, o.lora.targets) : std::vector<std::string>{};
-  if (o.method != Method::Full) check_expert_targets(c, o.lora);
+  if (o.method != Method::Full) check_expert_targets(c, o.lora.expert_targets, o.lora.dropout);
   // A (rows_a, in) and B (rows_b, r) with their gradients and AdamW moments under prefix p.
   auto add_lora_pair = [&](const std::string& p, int64_t rows_a, int64_t in, int64_t rows_b) {
     plan.add(p + "lora_A", MC::Lora, DType::F32, {rows_a, in});

@@ -102,6 +102,20 @@ void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::st
                     peft_adapter_config_json(model.lora(), base_model, model.config().multimodal));
 }
 
+// The strings of a JSON list under `key`; a non-string element is an error naming its index.
+static std::vector<std::string> string_list(const json& list, const std::string& path, const std::string& key,
+                                            const char* what) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < list.size(); i++) {
+    const json& x = list[i];
+    if (!x.is_string())
+      fail(ErrorKind::Config, path + ": key '" + key + "[" + std::to_string(i) + "]'",
+           std::string("expected a ") + what + " string, got " + json_type_name(x) + " " + x.dump());
+    out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
 LoraSpec read_peft_adapter_config(const std::string& path) {
   const json j = read_json_file(path);
   LoraSpec s;
@@ -135,13 +149,7 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
       names.push_back(v);
     }
   } else if (t->is_array()) {
-    for (size_t i = 0; i < t->size(); i++) {
-      const json& x = (*t)[i];
-      if (!x.is_string())
-        fail(ErrorKind::Config, path + ": key 'target_modules[" + std::to_string(i) + "]'",
-             std::string("expected a module name string, got ") + json_type_name(x) + " " + x.dump());
-      names.push_back(x.get<std::string>());
-    }
+    names = string_list(*t, path, "target_modules", "module name");
   } else {
     fail(ErrorKind::Config, path + ": key 'target_modules'",
          std::string("expected a list of module names, got ") + json_type_name(*t));
@@ -151,15 +159,8 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
     if (!tp->is_array())
       fail(ErrorKind::Config, path + ": key 'target_parameters'",
            std::string("expected a list of parameter names, got ") + json_type_name(*tp));
-    std::vector<std::string> params;
-    for (size_t i = 0; i < tp->size(); i++) {
-      const json& x = (*tp)[i];
-      if (!x.is_string())
-        fail(ErrorKind::Config, path + ": key 'target_parameters[" + std::to_string(i) + "]'",
-             std::string("expected a parameter name string, got ") + json_type_name(x) + " " + x.dump());
-      params.push_back(x.get<std::string>());
-    }
-    s.expert_targets = LoraSpec::resolve_expert_targets(params, path + ": key 'target_parameters'");
+    s.expert_targets = LoraSpec::resolve_expert_targets(string_list(*tp, path, "target_parameters", "parameter name"),
+                                                        path + ": key 'target_parameters'");
   }
   if (json_bool_or(j, "use_dora", false, path)) fail(ErrorKind::Unsupported, path, "DoRA adapters are not supported");
   return s;

@@ -54,7 +54,7 @@ PlanRequest normalize_request(const PlanRequest& in) {
     // The model's LoRA modules in layer order, so plans and names are stable whatever order the
     // user wrote (a fused model's q/k/v become qkv_proj; a part of a fused module alone is refused).
     r.lora.targets = lora_targets_for(r.model, t);
-    check_expert_targets(r.model, r.lora);
+    check_expert_targets(r.model, r.lora.expert_targets, r.lora.dropout);
   }
 
   // Experts as the checkpoint ships them (gpt-oss: MXFP4) unless asked otherwise.

@@ -317,7 +317,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
   std::map<std::string, int64_t> router_layer;
   for (int64_t l = 0; c.moe() && l < c.n_layer; l++) router_layer[hf_router_name(c, l)] = l;
   for (const std::string& hf : merged->names()) {
-    if (c.moe() && hf_moe_tensor_shape(c, hf) && !router_layer.count(hf)) continue;  // an expert: in its stack
+    if (hf_expert_of(c, hf)) continue;  // an expert: in its stack
     const auto rl = router_layer.find(hf);
     if (rl != router_layer.end()) {
       const std::string router = hf_to_gguf_name(hf);  // kept f32: llama.cpp never quantizes ffn_gate_inp

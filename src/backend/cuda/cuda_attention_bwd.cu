@@ -245,27 +245,21 @@ size_t attention_bwd_smem_bytes(int64_t head_dim) {
   return attention_tile_width(head_dim) == 64 ? attn::BwdTraits<64>::kSmemBytes : attn::BwdTraits<128>::kSmemBytes;
 }
 
+// The four instantiations by tile width (64, 128) and whether the block adds its dQ part.
+static void (*const kBwdKernels[2][2])(attn::AttnParams) = {
+    {attn::attn_bwd_kernel<64, false>, attn::attn_bwd_kernel<64, true>},
+    {attn::attn_bwd_kernel<128, false>, attn::attn_bwd_kernel<128, true>}};
+
 void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
-  const bool narrow = attention_tile_width(p.d) == 64;
-  const dim3 block(narrow ? attn::BwdTraits<64>::kThreads : attn::BwdTraits<128>::kThreads);
-  const dim3 grid(unsigned(ceil_div64(p.t, 64)), unsigned(p.n_head_kv), unsigned(b));
-  const bool dq = p.dq_acc != nullptr;
-  const size_t smem = attention_bwd_smem_bytes(narrow ? 64 : 128);
-  if (narrow && dq) launch(attn::attn_bwd_kernel<64, true>, {grid, block, smem, s}, p);
-  if (narrow && !dq) launch(attn::attn_bwd_kernel<64, false>, {grid, block, smem, s}, p);
-  if (!narrow && dq) launch(attn::attn_bwd_kernel<128, true>, {grid, block, smem, s}, p);
-  if (!narrow && !dq) launch(attn::attn_bwd_kernel<128, false>, {grid, block, smem, s}, p);
+  static_assert(attn::BwdTraits<64>::kThreads == attn::BwdTraits<128>::kThreads && attn::BwdTraits<64>::kBc == 64);
+  const dim3 grid(unsigned(ceil_div64(p.t, attn::BwdTraits<64>::kBc)), unsigned(p.n_head_kv), unsigned(b));
+  launch(kBwdKernels[attention_tile_width(p.d) == 64 ? 0 : 1][p.dq_acc != nullptr],
+         {grid, dim3(attn::BwdTraits<64>::kThreads), attention_bwd_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_bwd_set_smem_limits() {
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_bwd_smem_bytes(64))));
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_bwd_smem_bytes(64))));
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_bwd_smem_bytes(128))));
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_bwd_smem_bytes(128))));
+  for (int w = 0; w < 2; w++)
+    for (int dq = 0; dq < 2; dq++) allow_dynamic_smem(kBwdKernels[w][dq], attention_bwd_smem_bytes(w == 0 ? 64 : 128));
 }
 
 }  // namespace qlora::cuda

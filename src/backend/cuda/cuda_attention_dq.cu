@@ -149,20 +149,16 @@ size_t attention_bwd_dq_smem_bytes(int64_t head_dim) {
 }
 
 void attention_bwd_dq_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
-  const bool narrow = attention_tile_width(p.d) == 64;
-  const dim3 block(narrow ? attn::DqTraits<64>::kThreads : attn::DqTraits<128>::kThreads);
-  const dim3 grid(unsigned(ceil_div64(p.t, attn::DqTraits<64>::kBr)), unsigned(p.n_head), unsigned(b));
-  if (narrow)
-    launch(attn::attn_bwd_dq_kernel<64>, {grid, block, attention_bwd_dq_smem_bytes(64), s}, p);
-  else
-    launch(attn::attn_bwd_dq_kernel<128>, {grid, block, attention_bwd_dq_smem_bytes(128), s}, p);
+  using Tr = attn::DqTraits<64>;  // both widths' block shape
+  static_assert(Tr::kBr == attn::DqTraits<128>::kBr && Tr::kThreads == attn::DqTraits<128>::kThreads);
+  const dim3 grid(unsigned(ceil_div64(p.t, Tr::kBr)), unsigned(p.n_head), unsigned(b));
+  launch(attention_tile_width(p.d) == 64 ? attn::attn_bwd_dq_kernel<64> : attn::attn_bwd_dq_kernel<128>,
+         {grid, dim3(Tr::kThreads), attention_bwd_dq_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_bwd_dq_set_smem_limits() {
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_dq_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_bwd_dq_smem_bytes(64))));
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_bwd_dq_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_bwd_dq_smem_bytes(128))));
+  allow_dynamic_smem(attn::attn_bwd_dq_kernel<64>, attention_bwd_dq_smem_bytes(64));
+  allow_dynamic_smem(attn::attn_bwd_dq_kernel<128>, attention_bwd_dq_smem_bytes(128));
 }
 
 }  // namespace qlora::cuda

@@ -173,20 +173,16 @@ size_t attention_fwd_smem_bytes(int64_t head_dim) {
 
 void attention_fwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
   const bool narrow = attention_tile_width(p.d) == 64;
-  const dim3 block(narrow ? attn::FwdTraits<64>::kThreads : attn::FwdTraits<128>::kThreads);
-  const int64_t br = narrow ? attn::FwdTraits<64>::kBr : attn::FwdTraits<128>::kBr;
-  const dim3 grid(unsigned(ceil_div64(p.t, br)), unsigned(p.n_head), unsigned(b));
-  if (narrow)
-    launch(attn::attn_fwd_kernel<64>, {grid, block, attention_fwd_smem_bytes(64), s}, p);
-  else
-    launch(attn::attn_fwd_kernel<128>, {grid, block, attention_fwd_smem_bytes(128), s}, p);
+  static_assert(attn::FwdTraits<64>::kBr == attn::FwdTraits<128>::kBr && attn::FwdTraits<64>::kThreads == attn::FwdTraits<128>::kThreads);
+  using Tr = attn::FwdTraits<64>;  // both widths' block shape
+  const dim3 grid(unsigned(ceil_div64(p.t, Tr::kBr)), unsigned(p.n_head), unsigned(b));
+  launch(narrow ? attn::attn_fwd_kernel<64> : attn::attn_fwd_kernel<128>,
+         {grid, dim3(Tr::kThreads), attention_fwd_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_fwd_set_smem_limits() {
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_fwd_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_fwd_smem_bytes(64))));
-  QLORA_CUDA_CHECK(cudaFuncSetAttribute(attn::attn_fwd_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(attention_fwd_smem_bytes(128))));
+  allow_dynamic_smem(attn::attn_fwd_kernel<64>, attention_fwd_smem_bytes(64));
+  allow_dynamic_smem(attn::attn_fwd_kernel<128>, attention_fwd_smem_bytes(128));
 }
 
 }  // namespace qlora::cuda

@@ -53,6 +53,12 @@ void launch(void (*kernel)(P...), const Launch& cfg, A&&... args) {
 #endif
 }
 
+// Opts a kernel into `bytes` of dynamic shared memory (above the default 48 KiB).
+template <class... P>
+void allow_dynamic_smem(void (*kernel)(P...), size_t bytes) {
+  QLORA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 // A static shared variable of type T (an array type too: QLORA_SHARED(float[32], red)), one per
 // block. The host harness gives each block its own copy, poisoned until written.
 #ifdef QLORA_CUDA_EMU
