@@ -7,7 +7,9 @@ peft (tools/peers/hf_moe_bench.py) on the same machine, the same shapes and thre
 
 Models: bench/moe_configs/ (config.json only; both sides draw random weights and tokens):
   qwen3_moe_small: Qwen3-MoE layout, 8 layers, hidden 512, 32 experts of 384, 4 per token;
-  mixtral_small: Mixtral layout, 8 layers, hidden 512, 8 experts of 1536, 2 per token.
+  mixtral_small: Mixtral layout, 8 layers, hidden 512, 8 experts of 1536, 2 per token;
+  gpt_oss_small: gpt-oss layout, 8 layers, hidden 512, 32 experts of 512, 4 per token (sinks,
+    biases, clamped SwiGLU, windows of 128 on alternate layers; fp32 experts on both sides).
 Both: fp32 base, LoRA r=16 alpha 32 on q/k/v/o, and with --expert-lora on the stacked experts too
 (PEFT's target_parameters mlp.experts.gate_up_proj and down_proj, one pair per expert), AdamW,
 clipping at 1.0, no checkpointing, T=512 x micro-batch 2. The peer uses transformers' default
@@ -27,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_train_bench import cpu_model, git_sha, run_json  # noqa: E402  (as the SFT bench runs and records them)
 
-CASES = ["qwen3_moe_small", "mixtral_small"]
+CASES = ["qwen3_moe_small", "mixtral_small", "gpt_oss_small"]
 TARGETS = "q_proj,k_proj,v_proj,o_proj"
 EXPERT_PARAMETERS = "mlp.experts.gate_up_proj,mlp.experts.down_proj"
 
@@ -43,9 +45,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="first case, 1 timed step, one run (a smoke run)")
     ap.add_argument("--expert-lora", action="store_true", help="LoRA on the experts too (target_parameters)")
+    ap.add_argument("--cases", default="", help="comma-separated subset of " + ",".join(CASES))
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    cases = CASES[:1] if a.quick else CASES
+    cases = [c for c in a.cases.split(",") if c] or CASES
+    if any(c not in CASES for c in cases):
+        raise SystemExit(f"--cases: expected some of {', '.join(CASES)}")
+    cases = cases[:1] if a.quick else cases
     steps, repeat = (1, 1) if a.quick else (a.steps, max(1, a.repeat))
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
 

@@ -55,6 +55,9 @@ CASES = {
     "qwen3_moe_bf16": ("models/qwen3_moe", "parity/qwen3_moe_adapter", ["--dtype", "bf16"], "qwen3_moe"),
     # LoRA on the experts (PEFT's target_parameters): each expert's gate, up and down merged.
     "qwen3_moe_experts_fp32": ("models/qwen3_moe_experts", "parity/qwen3_moe_experts_adapter", [], "qwen3_moe_experts"),
+    # gpt-oss shipped with MXFP4 experts: the fused, interleaved stacks written dequantized with each
+    # expert's delta; transformers loads them as plain GptOssExperts (quantization_config dropped).
+    "gpt_oss_fp32": ("models/gpt_oss", "parity/gpt_oss_adapter", [], "gpt_oss"),
     "gguf_llama_fp32": ("gguf/tiny_llama.gguf", "parity/llama_gqa_adapter", [], "llama_gqa"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
     "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),

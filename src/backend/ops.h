@@ -128,6 +128,11 @@ struct AttentionFwdArgs {
   // softcap * tanh(s / softcap) before the mask and the softmax; lse is over the capped scores.
   // 0: none. The CPU backend implements it; CUDA refuses it (Error(Unsupported)).
   float softcap = 0.0f;
+  // Attention sinks (gpt-oss's learned per-head logits; optional, (n_head) F32 on the device): head
+  // h's softmax runs over the visible scores and sinks[h], whose probability attends to nothing:
+  // out = sum_s e^(S_s) v_s / (e^(sinks[h]) + sum_s e^(S_s)), lse = log of that denominator. The
+  // backward needs nothing more (its P = e^(S - lse) already carries the sink's share).
+  Tensor sinks{};
 };
 // dq "=" (B,T,Hq,D); dk, dv "=" (B,T,Hkv,D); dout, out (B,T,Hq,D); lse from fwd.
 struct AttentionBwdArgs {
@@ -138,6 +143,9 @@ struct AttentionBwdArgs {
   int64_t n_docs = 0;  // as in AttentionFwdArgs
   int64_t window = 0;  // as in AttentionFwdArgs
   float softcap = 0.0f;  // as in AttentionFwdArgs: dS is carried back through the tanh
+  // The forward ran with attention sinks (lse includes them; the gradient needs nothing else). The
+  // CUDA backend then stays on the kernels its forward ran on (not cuDNN).
+  bool sinks = false;
   // How the CUDA backend forms dq (core/attention_dq.h): Recompute needs no f32 accumulator
   // scratch. The CPU backend computes dq directly either way.
   AttnDq dq_mode = AttnDq::Accumulate;
@@ -145,17 +153,22 @@ struct AttentionBwdArgs {
 
 // The gated MLP's activation: out = act(gate) * up.  all (N,F). act: silu (SwiGLU: Llama, Mistral,
 // Qwen) or the tanh approximation of GELU (GeGLU: Gemma's gelu_pytorch_tanh,
-// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as torch computes it).
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as torch computes it); or gpt-oss's clamped
+// SwiGLU with `clamp`: out = (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit),
+// u' = clamp(u, -limit, limit), in f32 in torch's order (g' alpha, sigmoid, g' times it, times u' + 1).
 struct SwigluFwdArgs {
   Tensor out, gate, up;
   int64_t n = 0;  // total elements N*F
   Activation act = Activation::Silu;
+  ClampedSwigluParams clamp{};  // ClampedSwiglu only
 };
-// dgate, dup "=" (N,F); dout, gate, up (N,F).
+// dgate, dup "=" (N,F); dout, gate, up (N,F). ClampedSwiglu: as torch's autograd carries the
+// gradient through each clamp, where g <= limit (gate) and -limit <= u <= limit (up), else 0.
 struct SwigluBwdArgs {
   Tensor dgate, dup, dout, gate, up;
   int64_t n = 0;
   Activation act = Activation::Silu;
+  ClampedSwigluParams clamp{};
 };
 
 // Mixture-of-experts routing (Mixtral, Qwen3-MoE), as transformers' top-k routers: per token
@@ -183,7 +196,7 @@ struct MoeRouteBwdArgs {
   Tensor dlogits, dweight, logits, expert;
   int64_t n = 0, n_experts = 0, top_k = 0;
   bool norm_topk = true;
-  Tensor aux_grad, mask;
+  Tensor aux_grad{}, mask{};
 };
 // Router statistics for the auxiliary load-balancing loss (transformers' load_balancing_loss_func),
 // both "+=" so that a forward sums them over its layers: prob_sum (E) F32 += sum_t mask[t] p[t,e],

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/mxfp4_experts.h"
 #include "quant/bnb4.h"
 
 namespace qlora {
@@ -249,6 +250,10 @@ std::optional<CheckpointQuant> read_checkpoint_quant(const json& config, const S
     fail(ErrorKind::Config, where + ": key 'quantization_config'", std::string("is a ") + json_type_name(*qc) + ", expected an object");
   CheckpointQuant cq;
   cq.method = json_string(*qc, "quant_method", w);
+  if (cq.method == "mxfp4") {  // gpt-oss: the experts' blocks and scales (model/mxfp4_experts.h)
+    cq.params = mxfp4_expert_params();
+    return cq;
+  }
   if (cq.method == "bitsandbytes") {
     if (json_bool_or(*qc, "load_in_8bit", false, w) || json_bool_or(*qc, "_load_in_8bit", false, w))
       fail(ErrorKind::Unsupported, w + ": key 'load_in_8bit'", "8-bit (LLM.int8) bitsandbytes checkpoints are not supported",

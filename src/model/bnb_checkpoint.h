@@ -37,7 +37,7 @@
 namespace qlora {
 
 struct CheckpointQuant {
-  std::string method;              // "bitsandbytes" | "qlora_cpp"
+  std::string method;              // "bitsandbytes" | "qlora_cpp" | "mxfp4" (gpt-oss's experts)
   QuantParams params;              // blocksize resolved
   std::string storage = "uint8";   // bnb_4bit_quant_storage
   std::string compute_dtype;       // bnb_4bit_compute_dtype, informational

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/memory_plan.h"
+#include "model/mxfp4_experts.h"
 #include "model/quant_bytes.h"
 
 namespace qlora {
@@ -39,7 +40,9 @@ std::string hf_expert_name(const LlamaConfig& c, int64_t l, int64_t e, const std
   return moe_block(c, l) + "experts." + std::to_string(e) + "." + hf_kind(c, kind) + ".weight";
 }
 
-std::string hf_router_name(const LlamaConfig& c, int64_t l) { return moe_block(c, l) + "gate.weight"; }
+std::string hf_router_name(const LlamaConfig& c, int64_t l) {
+  return moe_block(c, l) + (c.model_type == "gpt_oss" ? "router.weight" : "gate.weight");
+}
 
 std::optional<ExpertTensor> hf_expert_of(const LlamaConfig& c, const std::string& name) {
   static const std::string prefix = "model.layers.";
@@ -80,9 +83,10 @@ namespace {
 struct Stack {
   int64_t layer = 0;
   std::string kind;  // empty: the router
+  bool bias = false;  // the stack's output biases (E, out) (gpt-oss)
 };
 
-// "model.layers.<l>.mlp.experts.<kind>" or "model.layers.<l>.mlp.router.weight".
+// "model.layers.<l>.mlp.experts.<kind>[.bias]" or "model.layers.<l>.mlp.router.weight".
 std::optional<Stack> stack_of(const std::string& name) {
   static const std::string prefix = "model.layers.";
   if (name.rfind(prefix, 0) != 0) return std::nullopt;
@@ -93,17 +97,85 @@ std::optional<Stack> stack_of(const std::string& name) {
   s.layer = std::stoll(name.substr(prefix.size(), dot - prefix.size()));
   if (rest == "mlp.router.weight") return s;
   for (const auto& k : expert_kinds())
-    if (rest == "mlp.experts." + k) {
-      s.kind = k;
-      return s;
-    }
+    for (bool bias : {false, true})
+      if (rest == "mlp.experts." + k + (bias ? ".bias" : "")) {
+        s.kind = k;
+        s.bias = bias;
+        return s;
+      }
   return std::nullopt;
+}
+
+// gpt-oss's experts as transformers holds them: gate_up_proj (E, C, 2F) with gate's and up's
+// columns interleaved (gate 2i, up 2i + 1) and down_proj (E, F, C), both stored (experts, in,
+// out); gate_up_proj_bias (E, 2F) interleaved alike, down_proj_bias (E, C). The stacks and biases
+// of the engine's names are read from them (the MXFP4 blocks as stored, rows picked).
+TensorSource gpt_oss_experts_source(const LlamaConfig& c, const TensorSource& src) {
+  auto fused = [](const Stack& s) {
+    return "model.layers." + std::to_string(s.layer) + ".mlp.experts." +
+           (s.kind == "down_proj" ? "down_proj" : "gate_up_proj") + (s.bias ? "_bias" : "");
+  };
+  // Within gate_up's 2F outputs, the kind's: every other one from 0 (gate) or 1 (up); down: all.
+  auto pick = [](const Stack& s) -> std::pair<int64_t, int64_t> {
+    return s.kind == "down_proj" ? std::pair<int64_t, int64_t>{0, 1} : std::pair<int64_t, int64_t>{s.kind == "up_proj", 2};
+  };
+  TensorSource out = src;
+  out.has = [src, fused](const std::string& n) {
+    const auto s = stack_of(n);
+    return s && !s->kind.empty() ? src.has(fused(*s)) : src.has(n);
+  };
+  out.read_f32 = [c, src, fused, pick](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
+    const auto s = stack_of(n);
+    if (!s || s->kind.empty()) return src.read_f32(n, shape, dst);  // the router, attention, norms
+    const auto [rows, cols] = expert_shape(c, s->kind);  // the engine's (out, in)
+    const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+    const int64_t all_out = s->kind == "down_proj" ? C : 2 * F;  // the fused tensor's outputs
+    const auto [first, step] = pick(*s);
+    if (shape != (s->bias ? std::vector<int64_t>{E, rows} : std::vector<int64_t>{E, rows, cols}))
+      fail(ErrorKind::Internal, "experts", "stack '" + n + "' read with another shape");
+    std::vector<float> buf(size_t(E * all_out * (s->bias ? 1 : cols)));
+    src.read_f32(fused(*s), s->bias ? std::vector<int64_t>{E, all_out} : std::vector<int64_t>{E, cols, all_out}, buf.data());
+    for (int64_t e = 0; e < E; e++)
+      for (int64_t o = 0; o < rows; o++) {
+        const int64_t fo = first + o * step;
+        if (s->bias) {
+          dst[e * rows + o] = buf[size_t(e * all_out + fo)];
+          continue;
+        }
+        for (int64_t i = 0; i < cols; i++) dst[(e * rows + o) * cols + i] = buf[size_t((e * cols + i) * all_out + fo)];
+      }
+  };
+  out.read_quantized = [c, src, fused, pick](const std::string& n, int64_t rows, int64_t cols, QuantizedTensor& q) {
+    const auto s = stack_of(n);
+    if (!s || s->kind.empty() || s->bias) return src.read_quantized ? src.read_quantized(n, rows, cols, q) : false;
+    if (!src.read_quantized) return false;
+    const int64_t E = c.n_experts, out_e = rows / E;  // the engine's rows per expert
+    const int64_t all_out = s->kind == "down_proj" ? c.hidden_size : 2 * c.expert_intermediate_size;
+    QuantizedTensor all;
+    if (!src.read_quantized(fused(*s), E * all_out, cols, all)) return false;
+    const auto [first, step] = pick(*s);
+    if (all.params.format != QuantFormat::MXFP4)
+      fail(ErrorKind::Unsupported, src.description + ": tensor '" + fused(*s) + "'",
+           "gpt-oss experts are read as stored in MXFP4 only");
+    q = QuantizedTensor{};
+    q.params = all.params;
+    q.rows = rows;
+    q.cols = cols;
+    for (int64_t e = 0; e < E; e++) {  // expert e's outputs of this kind, in order
+      const QuantizedTensor part = mxfp4_rows(all, e * all_out + first, out_e, step);
+      q.data.insert(q.data.end(), part.data.begin(), part.data.end());
+      q.scales.insert(q.scales.end(), part.scales.begin(), part.scales.end());
+    }
+    return true;
+  };
+  return out;
 }
 
 }  // namespace
 
 TensorSource experts_source(const LlamaConfig& c, const TensorSource& src) {
   if (!c.moe()) return src;
+  if (c.model_type == "gpt_oss") return gpt_oss_experts_source(c, src);
   TensorSource out = src;
   out.has = [c, src](const std::string& n) {
     const auto s = stack_of(n);

@@ -218,6 +218,15 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
   std::vector<std::string> out{"model.embed_tokens.weight"};
   for (int64_t l = 0; l < cfg.n_layer; l++) {
     std::string p = "model.layers." + std::to_string(l) + ".";
+    if (cfg.model_type == "gpt_oss") {  // GptOssForCausalLM's state dict: fused, interleaved expert stacks
+      for (const char* n : {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                            "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+                            "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias", "self_attn.sinks",
+                            "mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias",
+                            "mlp.experts.down_proj", "mlp.experts.down_proj_bias", "post_attention_layernorm.weight"})
+        if (cfg.attention_bias || !std::string(n).ends_with("_proj.bias")) out.push_back(p + n);
+      continue;
+    }
     for (const auto& n : kLayerNames) {
       if (!present(n, cfg)) continue;
       const std::string hf = n.hf;

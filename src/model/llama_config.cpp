@@ -329,6 +329,15 @@ static void parse_phi3(const json& j, LlamaConfig& c, const std::string& where) 
     fail(ErrorKind::Unsupported, where + ": key 'attention_bias'", "phi3 attention biases are not supported");
 }
 
+// output_router_logits adds the load-balancing loss with router_aux_loss_coef (the class's
+// default when the file has none).
+static void parse_router_aux(const json& j, LlamaConfig& c, const std::string& where, double default_coef) {
+  if (!json_bool_or(j, "output_router_logits", false, where)) return;
+  c.router_aux_loss_coef = json_number_or(j, "router_aux_loss_coef", default_coef, where);
+  if (!(c.router_aux_loss_coef >= 0))
+    fail(ErrorKind::Config, where + ": key 'router_aux_loss_coef'", "must be zero or positive");
+}
+
 // Mixtral (MixtralConfig) and Qwen3-MoE (Qwen3MoeConfig): the experts and the router. What
 // changes the math and is not implemented is refused: the router's jitter noise and Qwen3-MoE's
 // dense layers among the sparse ones. output_router_logits adds the load-balancing loss.
@@ -347,11 +356,7 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
   if (const json* jn = json_find(j, "router_jitter_noise"); jn && !jn->is_null() && json_number(j, "router_jitter_noise", where) != 0)
     fail(ErrorKind::Unsupported, where + ": key 'router_jitter_noise'",
          "noise on the router's input in training is not implemented", "set it to 0.0");
-  if (json_bool_or(j, "output_router_logits", false, where)) {  // MixtralConfig 0.02, Qwen3MoeConfig 0.001
-    c.router_aux_loss_coef = json_number_or(j, "router_aux_loss_coef", mixtral ? 0.02 : 0.001, where);
-    if (!(c.router_aux_loss_coef >= 0))
-      fail(ErrorKind::Config, where + ": key 'router_aux_loss_coef'", "must be zero or positive");
-  }
+  parse_router_aux(j, c, where, mixtral ? 0.02 : 0.001);  // MixtralConfig 0.02, Qwen3MoeConfig 0.001
   if (!mixtral) {
     if (json_int_or(j, "decoder_sparse_step", 1, where) != 1)
       fail(ErrorKind::Unsupported, where + ": key 'decoder_sparse_step'", "dense MLP layers between the sparse ones are not implemented");
@@ -361,18 +366,17 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
 }
 
 // gpt-oss (GptOssConfig): a mixture of experts (softmax over the top-k router logits, the same
-// weights as softmax then top-k renormalised) with what the engine does not implement yet: learned
-// attention sinks, biases on o_proj, the experts and the router, the clamped SwiGLU (alpha, limit).
-// (Its YaRN RoPE, untruncated, is implemented.) It is parsed so that `qlora plan` can plan it;
-// LlamaModel refuses to train it.
+// weights as softmax then top-k renormalised) with learned attention sinks, biases on q/k/v/o, the
+// router and the experts, the clamped SwiGLU (alpha, limit) and alternating sliding windows; YaRN
+// RoPE, untruncated.
 // What every gpt-oss shares, from its experts and shape (config.json and the presets).
 static void set_gpt_oss_layout(LlamaConfig& c) {
   c.expert_intermediate_size = c.intermediate_size;
   c.norm_topk_prob = true;
-  c.attention_bias = true;  // q/k/v (o_proj's too, in extra_params_per_layer)
+  c.attention_bias = c.o_proj_bias = c.attention_sinks = c.moe_biases = true;
+  c.hidden_act = Activation::ClampedSwiglu;
   c.extra_params_per_layer = c.n_head + c.hidden_size + c.n_experts;  // sinks, o_proj's bias, the router's
   c.extra_params_per_expert = 2 * c.intermediate_size + c.hidden_size;  // gate_up's and down's biases
-  c.not_trained = "gpt-oss's attention sinks, o_proj/expert/router biases and clamped SwiGLU";
   c.sliding_layers.assign(size_t(std::max<int64_t>(c.n_layer, 0)), false);  // GptOssConfig: the even layers slide
   for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % 2 != 0;
 }
@@ -381,6 +385,17 @@ static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& wher
   c.n_experts = json_int_or(j, "num_local_experts", 128, where);
   c.experts_per_tok = json_int_or(j, "num_experts_per_tok", json_int_or(j, "experts_per_token", 4, where), where);
   set_gpt_oss_layout(c);
+  c.attention_bias = c.o_proj_bias = json_bool_or(j, "attention_bias", true, where);  // q/k/v/o together
+  if (json_number_or(j, "attention_dropout", 0.0, where) != 0.0)
+    fail(ErrorKind::Unsupported, where + ": key 'attention_dropout'",
+         "dropout inside the base model is not implemented (LoRA dropout is lora_dropout)", "set it to 0.0");
+  // GptOssConfig's swiglu_alpha (the Hub's files leave it to the code's 1.702) and swiglu_limit.
+  c.swiglu_clamp.alpha = float(json_number_or(j, "swiglu_alpha", 1.702, where));
+  c.swiglu_clamp.limit = float(json_number_or(j, "swiglu_limit", 7.0, where));
+  if (!(c.swiglu_clamp.limit > 0) || !std::isfinite(c.swiglu_clamp.limit))
+    fail(ErrorKind::Config, where + ": key 'swiglu_limit'", "must be positive and finite");
+  if (!std::isfinite(c.swiglu_clamp.alpha)) fail(ErrorKind::Config, where + ": key 'swiglu_alpha'", "must be finite");
+  parse_router_aux(j, c, where, 0.001);  // GptOssConfig: 0.001
   if (const json* q = json_find(j, "quantization_config");
       q && q->is_object() && json_string_or(*q, "quant_method", "", where) == "mxfp4")
     c.experts_stored = "mxfp4";
@@ -737,6 +752,7 @@ LlamaConfig preset_config(const std::string& name) {
     }
     if (c.model_type == "gpt_oss") {  // windows of 128 on the even layers, MXFP4 experts as shipped
       set_gpt_oss_layout(c);
+      c.router_aux_loss_coef = 0;  // output_router_logits false, as the Hub's config.json
       c.sliding_window = 128;
       c.experts_stored = "mxfp4";
     }

@@ -105,12 +105,16 @@ struct LlamaConfig {
   bool moe() const { return n_experts > 0; }
   // The format the checkpoint ships its experts in ("mxfp4": gpt-oss), "" = as the other weights.
   std::string experts_stored;
-  // Non-empty: what the engine does not implement for this model, which `qlora plan` plans and
-  // training refuses with this text (gpt-oss: its attention sinks, biases, clamped SwiGLU, YaRN).
-  std::string not_trained;
-  // Parameters the engine's buffers do not hold (gpt-oss's sinks and its o_proj, expert and router
-  // biases), per layer and per expert of a layer: counted by n_params (an idle expert's not by
-  // active_params), too small to matter in a memory plan.
+  // gpt-oss (GptOssForCausalLM): a learned logit per attention head that joins each row's softmax
+  // and attends to nothing (self_attn.sinks); a bias on o_proj besides q/k/v's; biases on the
+  // router's logits and on each expert's gate, up and down outputs (the checkpoint's
+  // gate_up_proj_bias interleaves gate's and up's, as its gate_up_proj does); the experts'
+  // activation is then Activation::ClampedSwiglu with these constants.
+  bool attention_sinks = false, o_proj_bias = false, moe_biases = false;
+  ClampedSwigluParams swiglu_clamp;
+  // Parameters besides the projections, norms and experts' weights (gpt-oss's sinks and its o_proj,
+  // expert and router biases), per layer and per expert of a layer: counted by n_params (an idle
+  // expert's not by active_params).
   int64_t extra_params_per_layer = 0, extra_params_per_expert = 0;
   int64_t bos_token_id = -1, eos_token_id = -1;
   std::string torch_dtype = "float32";

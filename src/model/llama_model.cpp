@@ -16,6 +16,7 @@
 #include "model/experts.h"
 #include "model/fused_projections.h"
 #include "model/gemm_dtype.h"
+#include "model/mxfp4_experts.h"
 #include "model/quant_bytes.h"
 #include "quant/fp4_gemm.h"
 
@@ -50,10 +51,12 @@ struct LlamaModel::LayerViews {
   Tensor w[7];                   // float base weights (out,in); empty when quantized
   const void* packed[7] = {};    // quantized base: the packed projection
   const void* gemm_scales[7] = {};  // gemm_dtype fp4: the projection's GEMM scales (quant/fp4_gemm.h)
-  Tensor bias[3];                // q/k/v biases (attention_bias models)
-  Tensor router;                 // mixture of experts: (E,C)
+  Tensor bias[4];                // q/k/v biases (attention_bias models), o's (o_proj_bias); empty: none
+  Tensor sinks;                  // (Hq) F32 attention sinks (gpt-oss)
+  Tensor router, router_bias;    // mixture of experts: (E,C) and, moe_biases, (E)
   Tensor experts[3];             // gate_proj, up_proj, down_proj stacked over the experts: (E,out,in)
-  const uint8_t* experts_packed[3] = {};  // quantized base: the stacks of packed experts
+  Tensor expert_bias[3];         // moe_biases: their output biases, (E,out)
+  const uint8_t* experts_packed[3] = {};  // quantized experts: the stacks of packed experts
 };
 struct LlamaModel::StepViews {
   Tensor dres, dln, tmp, dgate, dup, datt, dq, dk, dv, lora_dh, lora_xd, dequant, inv_freq;
@@ -86,13 +89,6 @@ static Tensor as_matrix(Tensor t, int64_t rows, int64_t cols) {
 LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& o, const LoraSpec& lora)
     : cfg_(cfg), be_(be), opts_(o), lora_(lora), quant_io_(be) {
   cfg_.validate(cfg_.name);
-  if (!cfg_.not_trained.empty())  // planned by qlora plan, not trained
-    fail(ErrorKind::Unsupported, "model '" + cfg_.name + "' (" + cfg_.model_type + ")",
-         cfg_.not_trained + " are not implemented: the engine plans this model but does not train it",
-         "qlora plan --model " + cfg_.name + " gives its memory and speed plan");
-  if (o.expert_precision && *o.expert_precision != base_of(o))
-    fail(ErrorKind::Unsupported, "expert_precision", "experts stored in another precision than the base are planned only",
-         "leave the experts' precision to the base's");
   lora_.targets = lora_targets_for(cfg_, lora_.targets);  // in the model's modules (fused qkv_proj ...)
   // Each projection's LoRA module: the projections it spans and this one's rows of its B (itself
   // alone unless a module spans it; a MoE layer's MLP projections are in none and take no adapter).
@@ -137,6 +133,11 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
     base_quant_ = base_quant_params(base_of(opts_), opts_.quant_blocksize, opts_.double_quant);
     base_quant_.blocksize = quant_blocksize(base_quant_);
   }
+  if (const BasePrecision ep = opts_.expert_precision.value_or(base_of(opts_)); cfg_.moe() && is_quantized(ep)) {
+    quantized_experts_ = true;
+    expert_quant_ = base_quant_params(ep, opts_.quant_blocksize, opts_.double_quant);
+    expert_quant_.blocksize = quant_blocksize(expert_quant_);
+  }
   fsdp_ = opts_.base_shards > 0;
   if (fsdp_) {
     blob_ = layer_base_blob(cfg_, opts_);
@@ -158,7 +159,10 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
       const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share
       lp.m = arena_->get(lp.name + ".adam_m" + shard);
       lp.v = arena_->get(lp.name + ".adam_v" + shard);
-      if (std::string(ab) == "lora_B") lp.experts = experts;
+      if (std::string(ab) == "lora_B") {
+        lp.experts = experts;
+        lp.interleaved = experts > 0 && cfg_.model_type == "gpt_oss" && base.find(".gate_up_proj.") != std::string::npos;
+      }
       lora_params_.push_back(lp);
     }
   };
@@ -272,10 +276,12 @@ void LlamaModel::resolve_views() {
         if (expert_lora_[size_t(l * 2 + k)] >= 0)
           a.moe_lora_h[k] = ar.get(ap + "experts." + expert_lora_kinds()[size_t(k)] + ".lora_h");
       L.router = ar.get(lp + "router");
+      if (cfg_.moe_biases) L.router_bias = ar.get(lp + "router.bias");
       for (int k = 0; k < 3; k++) {
         const std::string stack = lp + "experts." + expert_kinds()[size_t(k)];
-        if (is_quantized(base_of(opts_))) L.experts_packed[k] = static_cast<const uint8_t*>(ar.raw(stack));
+        if (quantized_experts_) L.experts_packed[k] = static_cast<const uint8_t*>(ar.raw(stack));
         else L.experts[k] = ar.get(stack);
+        if (cfg_.moe_biases) L.expert_bias[k] = ar.get(stack + ".bias");
       }
     }
     if (cfg_.sandwich_norms) {
@@ -314,6 +320,8 @@ void LlamaModel::resolve_views() {
     }
     if (cfg_.attention_bias)
       for (int p = 0; p <= V; p++) L.bias[p] = ar.get(lp + kProj[p] + ".bias");
+    if (cfg_.o_proj_bias) L.bias[O] = ar.get(lp + "o_proj.bias");
+    if (cfg_.attention_sinks) L.sinks = ar.get(lp + "sinks");
   }
   kv_k_.clear();
   kv_v_.clear();
@@ -332,6 +340,8 @@ static bool same_quant(QuantParams a, QuantParams b) {
 }
 
 void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
+  if (!o.expert_precision && src.stored_expert_quant)  // gpt-oss: its MXFP4 experts as shipped
+    o.expert_precision = base_precision_of(*src.stored_expert_quant);
   if (o.base_precision || !src.stored_quant) return;
   const QuantParams& p = *src.stored_quant;
   const std::optional<BasePrecision> b = base_precision_of(p);
@@ -480,18 +490,29 @@ void LlamaModel::load_base(const TensorSource& checkpoint) {
   }
 }
 
-// "layers.<l>.experts.<kind>" of a quantized base: each expert read in f32 (a checkpoint stored
-// quantized is dequantized by its source), quantized and stored at its stride, one at a time.
+// "layers.<l>.experts.<kind>" stored quantized: a checkpoint that ships the stack in exactly that
+// format (gpt-oss's MXFP4) is copied expert by expert; else each expert is read in f32 (a
+// checkpoint stored quantized is dequantized by its source), quantized and stored at its stride,
+// one at a time (gpt-oss's fused stack: read once, whole).
 void LlamaModel::load_expert_stack(const TensorSource& src, const std::string& buffer) {
-  const int64_t l = std::stoll(buffer.substr(7));
-  const std::string kind = buffer.substr(buffer.rfind('.') + 1);
+  const int64_t l = std::stoll(buffer.substr(7)), E = cfg_.n_experts;
+  const std::string kind = buffer.substr(buffer.rfind('.') + 1), stack = hf_weight_name(buffer);
   const auto [rows, cols] = expert_shape(cfg_, kind);
-  const int64_t stride = expert_stride_bytes(cfg_, kind, base_quant_);
-  std::vector<float> host(size_t(rows * cols));
+  const int64_t stride = expert_stride_bytes(cfg_, kind, expert_quant_);
   auto* dst = static_cast<uint8_t*>(arena_->raw(buffer));
-  for (int64_t e = 0; e < cfg_.n_experts; e++) {
-    src.read_f32(hf_expert_name(cfg_, l, e, kind), {rows, cols}, host.data());
-    quant_io_.store(quantize_ref(host.data(), rows, cols, base_quant_), dst + e * stride);
+  QuantizedTensor all;
+  if (src.stored_expert_quant && same_quant(*src.stored_expert_quant, expert_quant_) && src.read_quantized &&
+      src.read_quantized(stack, E * rows, cols, all)) {
+    for (int64_t e = 0; e < E; e++) quant_io_.store(mxfp4_rows(all, e * rows, rows), dst + e * stride);
+    return;
+  }
+  const bool per_expert = src.has(hf_expert_name(cfg_, l, 0, kind));
+  std::vector<float> host(size_t((per_expert ? 1 : E) * rows * cols));
+  if (!per_expert) src.read_f32(stack, {E, rows, cols}, host.data());
+  for (int64_t e = 0; e < E; e++) {
+    const float* w = host.data() + (per_expert ? 0 : e * rows * cols);
+    if (per_expert) src.read_f32(hf_expert_name(cfg_, l, e, kind), {rows, cols}, host.data());
+    quant_io_.store(quantize_ref(w, rows, cols, expert_quant_), dst + e * stride);
   }
 }
 
@@ -654,8 +675,7 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   } else {
     be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
   }
-  if (p <= V && cfg_.attention_bias)
-    be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
+  if (p <= O && layers_[size_t(l)].bias[p].data) be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
   const int li = adapters_on_ ? lora_index(l, p) : -1;
   if (li < 0) return;
   const LoraParam& B = lora_params_[size_t(li) + 1];
@@ -802,7 +822,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   const float scale = cfg_.attn_scale();
   be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
-                     scale, t_kv, n_docs_, cfg_.window_of(l), float(cfg_.attn_logit_softcapping)});
+                     scale, t_kv, n_docs_, cfg_.window_of(l), float(cfg_.attn_logit_softcapping), L.sinks});
   if (cfg_.sandwich_norms) {
     linear_fwd(a.attn_out, a.att, l, O, a, train, seed);  // xmid = norm(o_proj(att)) ...
     be_.rmsnorm_fwd({a.xmid, a.rstd_pa, a.attn_out, L.post_attn_w, n, cfg_.hidden_size, eps, w_off});
@@ -822,7 +842,7 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   }
   linear_fwd(a.gate, a.ln2, l, G, a, train, seed);
   linear_fwd(a.up, a.ln2, l, U, a, train, seed);
-  be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel(), cfg_.hidden_act});
+  be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel(), cfg_.hidden_act, cfg_.swiglu_clamp});
   mlp_out_fwd(a, next, a.h, l, 0, train, seed);  // next = [norm](down_proj(h)) ...
   be_.add({next, a.xmid, next.numel()});         // ... + xmid
 }
@@ -845,7 +865,7 @@ LlamaModel::MlpTile LlamaModel::mlp_tile_fwd(const Acts& a, int64_t l, int64_t t
   MlpTile t{row_slice(a.ln2, t0, m), with_rows(a.gate, m), with_rows(a.up, m), with_rows(a.h, m)};
   linear_fwd(t.gate, t.ln2, l, G, a, train, seed, t0);
   linear_fwd(t.up, t.ln2, l, U, a, train, seed, t0);
-  be_.swiglu_fwd({t.h, t.gate, t.up, t.h.numel(), cfg_.hidden_act});
+  be_.swiglu_fwd({t.h, t.gate, t.up, t.h.numel(), cfg_.hidden_act, cfg_.swiglu_clamp});
   return t;
 }
 
@@ -885,7 +905,7 @@ void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t see
       lora_h_fwd(h, l, D, a, true, seed, t0);
     }
     linear_bwd(dh, false, dy, h, l, D, a, seed, true, t0);  // dh = ; dA,dB +=
-    be_.swiglu_bwd({dgate, dup, dh, gate, up, m * F, cfg_.hidden_act});  // dgate, dup =
+    be_.swiglu_bwd({dgate, dup, dh, gate, up, m * F, cfg_.hidden_act, cfg_.swiglu_clamp});  // dgate, dup =
     linear_bwd(dln, false, dgate, ln2, l, G, a, seed, true, t0);                                  // dln =
     linear_bwd(dln, true, dup, ln2, l, U, a, seed, true, t0);                                     // dln +=
   }
@@ -893,7 +913,7 @@ void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t see
 
 Tensor LlamaModel::expert_weight(int64_t l, int k, int64_t e, int slot) const {
   const auto [out, in] = expert_shape(cfg_, expert_kinds()[size_t(k)]);
-  if (quantized_base_) {  // slot: gate, up, down, each F x C
+  if (quantized_experts_) {  // slot: gate, up, down, each F x C
     Tensor w = views_->expert_dequant;
     w.data = static_cast<char*>(w.data) + (slot * views_->expert_dequant.dim(1) + k * out * in) * dtype_size(w.dtype);
     return as_matrix(w, out, in);
@@ -904,12 +924,12 @@ Tensor LlamaModel::expert_weight(int64_t l, int k, int64_t e, int slot) const {
 }
 
 void LlamaModel::prepare_expert(int64_t l, int64_t e, int slot, bool ahead) {
-  if (!quantized_base_) return;
+  if (!quantized_experts_) return;
   for (int k = 0; k < 3; k++) {
     const std::string& kind = expert_kinds()[size_t(k)];
     const auto [out, in] = expert_shape(cfg_, kind);
-    const uint8_t* src = layers_[size_t(l)].experts_packed[k] + e * expert_stride_bytes(cfg_, kind, base_quant_);
-    DequantizeArgs d{expert_weight(l, k, e, slot), src, base_quant_, out, in};
+    const uint8_t* src = layers_[size_t(l)].experts_packed[k] + e * expert_stride_bytes(cfg_, kind, expert_quant_);
+    DequantizeArgs d{expert_weight(l, k, e, slot), src, expert_quant_, out, in};
     d.prefetch = ahead;
     be_.dequantize(d);
   }
@@ -943,6 +963,7 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
   const int64_t E = cfg_.n_experts, K = cfg_.experts_per_tok, C = cfg_.hidden_size, F = cfg_.expert_intermediate_size;
   const int64_t M = n * K;
   be_.matmul({a.moe_logits, a.ln2, L.router, n, E, C, false, true, 1.0f, 0.0f});  // logits = ln2 Wr^T  (N,E)
+  if (L.router_bias.data) be_.bias_add({a.moe_logits, L.router_bias, n, E});      // (+ b: gpt-oss)
   be_.moe_route_fwd({a.moe_logits, a.moe_expert, a.moe_weight, a.moe_row, a.moe_token, a.moe_row_weight, a.moe_offsets,
                      n, E, K, cfg_.norm_topk_prob});
   const auto* token = static_cast<const int32_t*>(a.moe_token.data);
@@ -965,14 +986,19 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
     const Tensor h = row_slice(a.h, r0, m), y = row_slice(a.moe_y, r0, m);
     be_.matmul({gate, x, expert_weight(l, 0, e, slot), m, F, C, false, true, 1.0f, 0.0f});
     be_.matmul({up, x, expert_weight(l, 1, e, slot), m, F, C, false, true, 1.0f, 0.0f});
+    if (cfg_.moe_biases) {  // expert e's rows of the output biases (gpt-oss)
+      be_.bias_add({gate, row_slice(L.expert_bias[0], e, 1), m, F});
+      be_.bias_add({up, row_slice(L.expert_bias[1], e, 1), m, F});
+    }
     if (gu >= 0) {  // one A for both; B's first F rows are gate's, the next F up's
       const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), B = lora_params_[size_t(gu) + 1].w;
       be_.matmul({xa, x, row_slice(lora_params_[size_t(gu)].w, e * r, r), m, r, C, false, true, 1.0f, 0.0f});
       be_.matmul({gate, xa, row_slice(B, 2 * e * F, F), m, F, r, false, true, s, 1.0f});
       be_.matmul({up, xa, row_slice(B, 2 * e * F + F, F), m, F, r, false, true, s, 1.0f});
     }
-    be_.swiglu_fwd({h, gate, up, m * F, cfg_.hidden_act});
+    be_.swiglu_fwd({h, gate, up, m * F, cfg_.hidden_act, cfg_.swiglu_clamp});
     be_.matmul({y, h, expert_weight(l, 2, e, slot), m, C, F, false, true, 1.0f, 0.0f});
+    if (cfg_.moe_biases) be_.bias_add({y, row_slice(L.expert_bias[2], e, 1), m, C});  // weighted with the rest
     if (dn >= 0) {
       const Tensor ha = row_slice(a.moe_lora_h[1], r0, m);
       be_.matmul({ha, h, row_slice(lora_params_[size_t(dn)].w, e * r, r), m, r, F, false, true, 1.0f, 0.0f});
@@ -1015,7 +1041,8 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
       be_.matmul({row_slice(A.g, e * r, r), dd, row_slice(a.h, r0, m), r, F, m, true, false, 1.0f, 1.0f});  // dA_e += dd^T h
       be_.matmul({dh_e, dd, row_slice(A.w, e * r, r), m, F, r, false, false, 1.0f, 1.0f});       // dh += dd A_e
     }
-    be_.swiglu_bwd({dg, du, dh_e, row_slice(a.gate, r0, m), row_slice(a.up, r0, m), m * F, cfg_.hidden_act});
+    be_.swiglu_bwd({dg, du, dh_e, row_slice(a.gate, r0, m), row_slice(a.up, r0, m), m * F, cfg_.hidden_act,
+                   cfg_.swiglu_clamp});
     const Tensor d = row_slice(dx, r0, m);
     be_.matmul({d, dg, expert_weight(l, 0, e, slot), m, C, F, false, false, 1.0f, 0.0f});
     be_.matmul({d, du, expert_weight(l, 1, e, slot), m, C, F, false, false, 1.0f, 1.0f});
@@ -1081,7 +1108,7 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   const float scale = cfg_.attn_scale();
   be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
                      cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l),
-                     float(cfg_.attn_logit_softcapping), opts_.attn_dq});  // dq, dk, dv =
+                     float(cfg_.attn_logit_softcapping), L.sinks.data != nullptr, opts_.attn_dq});  // dq, dk, dv =
   be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0

@@ -24,7 +24,9 @@
 namespace qlora {
 
 // Makes the plan store the base as the checkpoint does when the options leave base_precision unset,
-// so a pre-quantized checkpoint is trained as QLoRA on its own bytes instead of being dequantized.
+// so a pre-quantized checkpoint is trained as QLoRA on its own bytes instead of being dequantized;
+// likewise the experts' precision (expert_precision unset) of a checkpoint that ships its experts
+// quantized (gpt-oss's MXFP4), which keep their bytes beside the float attention.
 void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src);
 
 // Wall time of forward_backward split at the forward/backward boundary (see set_step_times).
@@ -42,6 +44,9 @@ struct LoraParam {
   // e * out; PEFT's tensor is (out, r * experts) with expert e's column j at j * experts + e
   // (model/peft_io.h converts). 0 for every other parameter, whose layout is PEFT's.
   int64_t experts = 0;
+  // gpt-oss's gate_up_proj: PEFT's output o is gate's row o/2 (even o) or up's (odd o), where the
+  // engine holds each expert's gate rows, then its up rows.
+  bool interleaved = false;
 };
 
 class LlamaModel {
@@ -240,6 +245,10 @@ class LlamaModel {
   int64_t cur_b_ = 0, cur_t_ = 0;
   bool quantized_base_ = false;
   QuantParams base_quant_;          // blocksize resolved
+  // Mixture of experts stored quantized (ModelPlanOptions::expert_precision, else the base's), and
+  // how (blocksize resolved): gpt-oss's MXFP4 experts beside a float attention.
+  bool quantized_experts_ = false;
+  QuantParams expert_quant_;
   QuantizedWeightIo quant_io_;
   std::array<int64_t, 2> slot_layer_{-1, -1};  // the layer each ws.dequant slot holds (layer l: slot l % 2), -1 none
   int64_t dequantized_layers_ = 0;              // layers dequantized so far (dequantized_layers())

@@ -191,6 +191,7 @@ std::string hf_weight_name(const std::string& n) {
     return "model.layers." + std::to_string(l) + "." + rest + ".weight";
   // A mixture-of-experts layer's router and expert stacks (model/experts.h reads them).
   if (rest == "router") return "model.layers." + std::to_string(l) + ".mlp.router.weight";
+  if (rest == "sinks") return "model.layers." + std::to_string(l) + ".self_attn.sinks";  // gpt-oss
   if (rest.rfind("experts.", 0) == 0) return "model.layers." + std::to_string(l) + ".mlp." + rest;
   auto dot = rest.find('.');
   std::string proj = rest.substr(0, dot);

@@ -37,8 +37,33 @@ std::string lora_module_of(const std::string& hf_name) {
   return "layers." + layer + "." + rest.substr(p + 1, rest.size() - p - 1 - std::string(".weight").size());
 }
 
+// gpt-oss's tensors besides the Llama ones: its sinks, o_proj's and the router's biases and its fused
+// expert stacks, stored (experts, in, out) as GptOssExperts holds them; nullopt for any other name.
+static std::optional<std::vector<int64_t>> gpt_oss_tensor_shape(const LlamaConfig& c, const std::string& name) {
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  if (c.model_type != "gpt_oss") return std::nullopt;
+  if (name.ends_with("self_attn.sinks")) return std::vector<int64_t>{c.n_head};
+  if (name.ends_with("self_attn.o_proj.bias")) return std::vector<int64_t>{C};
+  if (name.ends_with("mlp.router.weight")) return std::vector<int64_t>{E, C};
+  if (name.ends_with("mlp.router.bias")) return std::vector<int64_t>{E};
+  if (name.ends_with("mlp.experts.gate_up_proj")) return std::vector<int64_t>{E, C, 2 * F};
+  if (name.ends_with("mlp.experts.gate_up_proj_bias")) return std::vector<int64_t>{E, 2 * F};
+  if (name.ends_with("mlp.experts.down_proj")) return std::vector<int64_t>{E, F, C};
+  if (name.ends_with("mlp.experts.down_proj_bias")) return std::vector<int64_t>{E, C};
+  return std::nullopt;
+}
+
+// gpt-oss's fused expert stack `name` names, "gate_up_proj" or "down_proj"; "" for any other tensor.
+static std::string gpt_oss_stack(const LlamaConfig& c, const std::string& name) {
+  if (c.model_type != "gpt_oss") return "";
+  for (const char* k : {"gate_up_proj", "down_proj"})
+    if (name.ends_with(std::string("mlp.experts.") + k)) return k;
+  return "";
+}
+
 std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& c, const std::string& name) {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {c.vocab_size, c.hidden_size};
+  if (const auto g = gpt_oss_tensor_shape(c, name)) return *g;
   if (const auto moe = hf_moe_tensor_shape(c, name)) return {moe->first, moe->second};  // a router or an expert
   if (name == "model.norm.weight" || name.ends_with("layernorm.weight")) return {c.hidden_size};
   if (name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight")) return {c.head_dim};
@@ -109,6 +134,10 @@ static std::string expert_lora_kind(const std::string& kind) { return kind == "d
 
 bool MergedModel::merged(const std::string& hf_name) const {
   if (!adapter_) return false;
+  if (const std::string k = gpt_oss_stack(cfg_, hf_name); !k.empty()) {
+    const auto& t = adapter_->spec.expert_targets;
+    return std::find(t.begin(), t.end(), k) != t.end();
+  }
   if (const auto ex = hf_expert_of(cfg_, hf_name)) {
     const auto& t = adapter_->spec.expert_targets;
     return std::find(t.begin(), t.end(), expert_lora_kind(ex->kind)) != t.end();
@@ -144,8 +173,28 @@ void MergedModel::read(const std::string& hf_name, float* dst) const {
   const std::vector<int64_t> shape = this->shape(hf_name);
   base_.read_f32(hf_name, shape, dst);
   if (!merged(hf_name)) return;
-  const int64_t out = shape[0], in = shape[1], r = adapter_->spec.r;
+  const int64_t r = adapter_->spec.r;
   const double scale = double(adapter_->spec.scale());
+  if (const std::string kind = gpt_oss_stack(cfg_, hf_name); !kind.empty()) {
+    // The stack (E, in, out) in GptOssExperts' own layout (gate_up's outputs interleaved, as PEFT's
+    // B rows are): expert e's delta^T, W[e][i][o] += s sum_j B[o][j*E + e] A[e*r + j][i].
+    const int64_t E = shape[0], in = shape[1], out = shape[2];
+    const std::string key = peft_expert_module_name(cfg_, std::stoll(hf_name.substr(13)), kind, adapter_->spec);
+    const std::vector<float> a = adapter_->weights->read_f32(key + ".lora_A.weight", {r * E, in});
+    const std::vector<float> bt = adapter_->weights->read_f32(key + ".lora_B.weight", {out, r * E});
+    std::vector<float> delta(size_t(out * in)), b(size_t(out * r));
+    for (int64_t e = 0; e < E; e++) {
+      for (int64_t o = 0; o < out; o++)
+        for (int64_t j = 0; j < r; j++) b[size_t(o * r + j)] = bt[size_t(o * r * E + j * E + e)];
+      std::fill(delta.begin(), delta.end(), 0.0f);
+      add_scaled_product(delta.data(), a.data() + e * r * in, b.data(), out, in, r, scale);  // (out, in)
+      float* w = dst + e * in * out;
+      for (int64_t o = 0; o < out; o++)
+        for (int64_t i = 0; i < in; i++) w[i * out + o] += delta[size_t(o * in + i)];
+    }
+    return;
+  }
+  const int64_t out = shape[0], in = shape[1];
   if (const auto ex = hf_expert_of(cfg_, hf_name)) {
     // Expert e's pair of the stack's adapter: A's rows e*r.., B's columns j*E + e (PEFT's layout);
     // gate_proj and up_proj take gate_up_proj's first and second F rows of B. The stack's A and B are

@@ -99,6 +99,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
     }
     if (moe) {  // the router (frozen, in the compute dtype) and the experts, stacked per weight
       plan.add(p + "router", MC::Weights, cd, {c.n_experts, C});
+      if (c.moe_biases) plan.add(p + "router.bias", MC::Weights, cd, {c.n_experts});
       const BasePrecision eb = o.expert_precision.value_or(base);
       const QuantParams eq = is_quantized(eb) ? base_quant_params(eb, o.quant_blocksize, o.double_quant) : QuantParams{};
       for (const auto& k : expert_kinds()) {
@@ -107,6 +108,7 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
           plan.add(p + "experts." + k, MC::Weights, storage_dtype(eb), {c.n_experts, out, in});
         else  // each expert's packed weight at a 256-byte aligned stride
           plan.add_bytes(p + "experts." + k, MC::Weights, c.n_experts * expert_stride_bytes(c, k, eq));
+        if (c.moe_biases) plan.add(p + "experts." + k + ".bias", MC::Weights, cd, {c.n_experts, out});
       }
     }
     // FP4 base GEMMs: each projection's GEMM scales (decode scale, tiled e4m3 per 16), made at load.
@@ -124,6 +126,8 @@ void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanO
       plan.add(p + "k_proj.bias", MC::Weights, cd, {c.kv_dim()});
       plan.add(p + "v_proj.bias", MC::Weights, cd, {c.kv_dim()});
     }
+    if (c.o_proj_bias) plan.add(p + "o_proj.bias", MC::Weights, cd, {C});
+    if (c.attention_sinks) plan.add(p + "sinks", MC::Weights, DType::F32, {c.n_head});  // gpt-oss
   }
   plan.add("norm", MC::Weights, cd, {C});
   if (!c.tie_word_embeddings) plan.add("lm_head", MC::Weights, cd, {V, C});

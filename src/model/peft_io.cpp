@@ -64,15 +64,17 @@ std::vector<int64_t> peft_shape(const LoraParam& p) {
   return {p.w.dim(0) / p.experts, p.w.dim(1) * p.experts};
 }
 
-// An expert stack's lora_B between the layouts: engine index (e*out + o)*r + j, PEFT's o*r*E + j*E + e.
+// An expert stack's lora_B between the layouts: engine index (e*out + o)*r + j, PEFT's
+// po*r*E + j*E + e, po = o, or with interleaved gate/up rows 2o (gate's) and 2(o - out/2) + 1 (up's).
 static std::vector<float> convert_expert_b(const LoraParam& p, const std::vector<float>& src, bool to_peft) {
   if (p.experts == 0) return src;
-  const int64_t E = p.experts, out = p.w.dim(0) / E, r = p.w.dim(1);
+  const int64_t E = p.experts, out = p.w.dim(0) / E, r = p.w.dim(1), half = out / 2;
   std::vector<float> dst(src.size());
   for (int64_t e = 0; e < E; e++)
     for (int64_t o = 0; o < out; o++)
       for (int64_t j = 0; j < r; j++) {
-        const size_t engine = size_t((e * out + o) * r + j), peft = size_t(o * r * E + j * E + e);
+        const int64_t po = !p.interleaved ? o : o < half ? 2 * o : 2 * (o - half) + 1;
+        const size_t engine = size_t((e * out + o) * r + j), peft = size_t(po * r * E + j * E + e);
         if (to_peft) dst[peft] = src[engine];
         else dst[engine] = src[peft];
       }

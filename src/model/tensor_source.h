@@ -24,6 +24,10 @@ struct TensorSource {
   // when that tensor is stored as plain floats (a module the quantizer skipped). Null when
   // stored_quant is nullopt.
   std::function<bool(const std::string& hf_name, int64_t rows, int64_t cols, QuantizedTensor& q)> read_quantized;
+  // A mixture of experts whose checkpoint ships the experts quantized and the rest as floats
+  // (gpt-oss's MXFP4, model/mxfp4_experts.h): how the experts are stored (read_quantized hands
+  // them over); nullopt otherwise.
+  std::optional<QuantParams> stored_expert_quant;
   // A source over a memory-mapped file drops each tensor's pages from the process once a read has
   // copied them (a later read faults them in again), so loading never holds the checkpoint twice.
 };

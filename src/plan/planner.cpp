@@ -51,12 +51,6 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, const ModelPlanOpti
     for (const EngineLimit& l : engine_limits(c, opts, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda))
       w.push_back("the engine refuses this run: " + l.where + ": " + l.what + " (" + l.hint +
                   "); this is the plan an equivalent runtime would need");
-  if (!c.not_trained.empty())
-    w.push_back("the engine does not train " + c.model_type + " yet (" + c.not_trained +
-                "): this is the plan an equivalent runtime would need");
-  if (r.expert_precision && *r.expert_precision != r.base())
-    w.push_back(std::string("experts in ") + base_precision_name(*r.expert_precision) + " beside a " +
-                base_precision_name(r.base()) + " base are planned, not trained by the engine");
   if (c.moe()) {
     w.push_back("mixture of experts: " + std::to_string(c.experts_per_tok) + " of " + std::to_string(c.n_experts) +
                 " experts per token, " + fmt_params(double(c.active_params())) + " of the " + fmt_params(double(c.n_params())) +

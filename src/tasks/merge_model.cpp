@@ -222,10 +222,6 @@ void merge_model(const MergeOptions& o) {
 
   ModelSource src = open_model_source(o.model);
   const LlamaConfig& cfg = src.config;
-  if (!cfg.not_trained.empty())  // gpt-oss: its checkpoint's tensors are not the ones the engine names
-    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
-         "`qlora merge` does not write this model (" + cfg.not_trained + " are not implemented)",
-         "load the adapter with PEFT onto the base model and merge there (merge_and_unload)");
   PeftAdapter adapter = open_peft_adapter(o.adapter, cfg);
   const LoraSpec spec = adapter.spec;
   MergedModel m(cfg, src.tensors, std::move(adapter));
@@ -246,6 +242,9 @@ void merge_model(const MergeOptions& o) {
   else if (odt.torch != bp.torch)
     std::fprintf(stderr, "note: the base is %s; the merged weights are written in %s\n", bp.torch.c_str(),
                  odt.torch.c_str());
+  if (src.tensors.stored_expert_quant)  // gpt-oss: the experts' adapters change every expert weight
+    std::fprintf(stderr, "note: the experts are stored in %s; the merged model holds them dequantized in %s\n",
+                 quant_format_name(src.tensors.stored_expert_quant->format), odt.short_name.c_str());
 
   const std::vector<Shard> shards = plan_shards(tensors, odt.dtype, max_shard);
   int64_t total = 0;

@@ -11,6 +11,7 @@
 #include "io/safetensors.h"
 #include "model/bnb_checkpoint.h"
 #include "model/gguf_model.h"
+#include "model/mxfp4_experts.h"
 
 namespace fs = std::filesystem;
 
@@ -79,9 +80,16 @@ static ModelSource open_hf_dir(const std::string& path) {
     ar->release_pages(n);  // copied: the mapped pages need not stay beside the copy
   };
   // Pre-quantized checkpoints (bitsandbytes 4-bit, `qlora quantize` output) name their layout in config.json.
-  if (auto cq = read_checkpoint_quant(read_json_file(path + "/config.json"), *ar, path + "/config.json"))
-    src.tensors = quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
-                                                           quant_format_name(cq->params.format) + ")");
+  // gpt-oss ships its experts as MXFP4 blocks beside float weights.
+  if (auto cq = read_checkpoint_quant(read_json_file(path + "/config.json"), *ar, path + "/config.json")) {
+    if (cq->method == "mxfp4" && src.config.model_type != "gpt_oss")
+      fail(ErrorKind::Unsupported, path + "/config.json: quantization_config: key 'quant_method'",
+           "'mxfp4' checkpoints are read for gpt-oss only (its experts' blocks), not for " + src.config.model_type);
+    src.tensors = cq->method == "mxfp4"
+                      ? mxfp4_experts_source(ar, "model dir " + path + " (MXFP4 experts)")
+                      : quantized_checkpoint_source(ar, *cq, "model dir " + path + " (" + cq->method + " " +
+                                                                 quant_format_name(cq->params.format) + ")");
+  }
   if (!src.config.multimodal.empty()) {
     src.file_name = text_model_names(src.tensors);
     src.tensors = renamed_source(src.tensors, src.file_name, src.tensors.description + " (its text model)");

@@ -10,6 +10,7 @@ struct Attn {
   std::vector<int32_t> seg;  // (B,T) or empty
   Vec q, k, v;
   int64_t window = 0;  // sliding window (0: none)
+  Vec sinks{};         // (Hq) attention sinks, or empty
   float scale() const { return 1.0f / std::sqrt(float(d)); }
   int64_t nq() const { return b * t * hq * d; }
   int64_t nkv() const { return b * t * hkv * d; }
@@ -37,6 +38,7 @@ void run_fwd(Backend& be, Attn& a, Vec& out, Vec& lse) {
   f.seg = a.seg_ptr();
   f.b = a.b, f.t = a.t, f.n_head = a.hq, f.n_head_kv = a.hkv, f.head_dim = a.d, f.scale = a.scale();
   f.window = a.window;
+  if (!a.sinks.empty()) f.sinks = view(a.sinks, {a.hq});
   be.attention_fwd(f);
 }
 
@@ -58,6 +60,7 @@ void run_bwd(Backend& be, Attn& a, Vec& dout, Vec& out, Vec& lse, Vec& dq, Vec& 
   g.seg = a.seg_ptr();
   g.b = a.b, g.t = a.t, g.n_head = a.hq, g.n_head_kv = a.hkv, g.head_dim = a.d, g.scale = a.scale();
   g.window = a.window;
+  g.sinks = !a.sinks.empty();
   be.attention_bwd(g);
 }
 
@@ -81,9 +84,10 @@ void naive_attention(const Attn& a, std::vector<double>& out, std::vector<double
           s[size_t(i * a.t + j)] = mask ? dot * a.scale() : -INFINITY;
         }
       for (int64_t i = 0; i < a.t; i++) {
-        double mx = -INFINITY, z = 0;
+        double mx = a.sinks.empty() ? -INFINITY : double(a.sinks[size_t(h)]), z = 0;
         for (int64_t j = 0; j < a.t; j++) mx = std::max(mx, s[size_t(i * a.t + j)]);
         for (int64_t j = 0; j < a.t; j++) z += std::exp(s[size_t(i * a.t + j)] - mx);
+        if (!a.sinks.empty()) z += std::exp(double(a.sinks[size_t(h)]) - mx);  // a logit that attends to nothing
         lse[size_t((b * a.hq + h) * a.t + i)] = mx + std::log(z);
         for (int64_t j = 0; j < a.t; j++) {
           const double p = std::exp(s[size_t(i * a.t + j)] - mx) / z;
@@ -220,6 +224,10 @@ void check_bwd_fd(Attn a, uint64_t seed, size_t max_checks = 1u << 30) {
 TEST(CpuOps, attention_bwd_GqaMatchesFiniteDifferences) {
   check_bwd_fd(make_attn(2, 7, 4, 2, 8, {}, 21), 22);
   check_bwd_fd(make_attn(2, 7, 4, 2, 8, {0, 0, 0, 1, 1, 2, 2, 4, 4, 4, 4, 7, 7, 7}, 23), 24);
+  Attn s = make_attn(2, 7, 4, 2, 8, {0, 0, 0, 1, 1, 2, 2, 4, 4, 4, 4, 7, 7, 7}, 25);  // attention sinks
+  s.sinks = {0.5f, -1.0f, 2.0f, 1.0f};
+  s.window = 3;
+  check_bwd_fd(s, 26);
 }
 
 // Textbook backward in double from the same explicit mask: P, dV = P^T dO, dP = dO V^T,
@@ -236,7 +244,7 @@ void naive_attention_bwd(const Attn& a, const Vec& dout, std::vector<double>& dq
     for (int64_t h = 0; h < a.hq; h++) {
       std::vector<double> p(size_t(T * T), 0.0), dp(size_t(T * T), 0.0);
       for (int64_t i = 0; i < T; i++) {
-        double mx = -INFINITY;
+        double mx = a.sinks.empty() ? -INFINITY : double(a.sinks[size_t(h)]);
         std::vector<double> s(size_t(T), -INFINITY);
         for (int64_t j = 0; j <= i; j++) {
           if (!a.seg.empty() && a.seg[size_t(b * T + i)] != a.seg[size_t(b * T + j)]) continue;
@@ -246,7 +254,7 @@ void naive_attention_bwd(const Attn& a, const Vec& dout, std::vector<double>& dq
           s[size_t(j)] = dot * a.scale();
           mx = std::max(mx, s[size_t(j)]);
         }
-        double z = 0;
+        double z = a.sinks.empty() ? 0.0 : std::exp(double(a.sinks[size_t(h)]) - mx);
         for (int64_t j = 0; j < T; j++) z += std::exp(s[size_t(j)] - mx);
         double rowdot = 0;
         for (int64_t j = 0; j < T; j++) {
@@ -332,6 +340,25 @@ TEST(CpuOps, attention_SlidingWindowMatchesExplicitMask) {
         EXPECT_EQ(out, full_out) << tag;
       }
     }
+}
+
+// gpt-oss's attention sinks: per head, one more logit in each row's softmax that attends to
+// nothing, with sliding windows and packed documents over several tiles, against the explicit
+// reference; the sinks take a visible share (the output moves by O(1) against no sinks).
+TEST(CpuOps, attention_SinksMatchExplicitMask) {
+  for (int64_t window : {int64_t(0), int64_t(100)}) {
+    Attn a = make_attn(2, 300, 4, 2, 16, packed_rows_300(), 80 + uint64_t(window));
+    a.window = window;
+    a.sinks = {1.5f, -0.5f, 3.0f, 0.0f};
+    Vec out, plain_out, plain_lse;
+    check_fwd_bwd_against_naive(a, " (sinks, window " + std::to_string(window) + ")", out);
+    Attn plain = a;
+    plain.sinks.clear();
+    run_fwd(*cpu(), plain, plain_out, plain_lse);
+    double gap = 0;
+    for (size_t i = 0; i < out.size(); i++) gap = std::max(gap, double(std::fabs(out[i] - plain_out[i])));
+    EXPECT_GT(gap, 0.1) << "the sinks change nothing";
+  }
 }
 
 // Above the OpenMP threshold and over many key tiles. The forward is the same bits for any thread

@@ -322,19 +322,22 @@ int64_t ew_n() { return small_shapes() ? 77 * 96 + 3 : 77 * 14336 + 3; }  // +3:
 // Elementwise f32 math that differs from the CPU only in exp/div ulps; then the output rounding.
 Tol ew_tol(DType out) { return out == BF ? Tol{kBf16U + 1e-6, 1e-7, kBf16U} : Tol{4e-6, 1e-7, 4e-6}; }
 
+constexpr ClampedSwigluParams kClamp{1.702f, 1.5f};  // gpt-oss's alpha; a limit inside the inputs' range
+
 CUDA_OP_TEST(swiglu_fwd, bf16_and_f32) {
   QLORA_REQUIRE_CUDA(cu);
   const int64_t n = ew_n();
-  for (Activation act : {Activation::Silu, Activation::GeluTanh})  // SwiGLU and Gemma's GeGLU
+  // SwiGLU, Gemma's GeGLU and gpt-oss's clamped SwiGLU (a limit the inputs cross on both sides)
+  for (Activation act : {Activation::Silu, Activation::GeluTanh, Activation::ClampedSwiglu})
   for (DType dt : {BF, F32}) {
     SCOPED_TRACE(activation_name(act));
     Vec g = randn(51, size_t(n), 3.0f), u = randn(52, size_t(n));
     if (dt == BF) g = round_bf16(std::move(g)), u = round_bf16(std::move(u));
     Vec ref(static_cast<size_t>(n));
-    cpu()->swiglu_fwd({f32_view(ref.data(), {n}), f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, act});
+    cpu()->swiglu_fwd({f32_view(ref.data(), {n}), f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, act, kClamp});
     DBuf dg(*cu, dt, g), du(*cu, dt, u), out(*cu, dt, n);
     out.poison();
-    cu->swiglu_fwd({out.t(), dg.t(), du.t(), n, act});
+    cu->swiglu_fwd({out.t(), dg.t(), du.t(), n, act, kClamp});
     expect_close(std::string("swiglu_fwd ") + dtype_name(dt), out.download(), ref, ew_tol(dt));
   }
 }
@@ -358,10 +361,39 @@ TEST(CpuOps, GegluMatchesTheTanhGeluFormula) {
   }
 }
 
+// The CPU's clamped SwiGLU against gpt-oss's formula in double, and its backward against finite
+// differences of that away from the clamps' kinks (where the gradient is 0 past each limit).
+TEST(CpuOps, ClampedSwigluMatchesGptOssFormula) {
+  const int64_t n = 2001;
+  Vec g = randn(59, size_t(n), 3.0f), u = randn(60, size_t(n), 3.0f), d = randn(61, size_t(n)), out(g.size());
+  const double a = kClamp.alpha, lim = kClamp.limit;
+  auto f = [&](double x, double y) {
+    const double gc = std::min(x, lim), uc = std::clamp(y, -lim, lim);
+    return (uc + 1) * gc / (1 + std::exp(-a * gc));
+  };
+  auto v = [](Vec& x) { return f32_view(x.data(), {int64_t(x.size())}); };
+  cpu()->swiglu_fwd({v(out), v(g), v(u), n, Activation::ClampedSwiglu, kClamp});
+  Vec dg(g.size()), du(g.size());
+  cpu()->swiglu_bwd({v(dg), v(du), v(d), v(g), v(u), n, Activation::ClampedSwiglu, kClamp});
+  int clamped_g = 0, clamped_u = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const size_t k = size_t(i);
+    const double x = g[k], y = u[k], h = 1e-4;
+    EXPECT_NEAR(out[k], f(x, y), 2e-6 * (1 + std::fabs(f(x, y)))) << i;
+    if (std::fabs(x - lim) < 2 * h || std::fabs(std::fabs(y) - lim) < 2 * h) continue;  // a kink
+    clamped_g += x > lim, clamped_u += std::fabs(y) > lim;
+    const double fg = (f(x + h, y) - f(x - h, y)) / (2 * h) * d[k], fu = (f(x, y + h) - f(x, y - h)) / (2 * h) * d[k];
+    EXPECT_NEAR(dg[k], fg, 1e-5 * (1 + std::fabs(fg))) << i;
+    EXPECT_NEAR(du[k], fu, 1e-5 * (1 + std::fabs(fu))) << i;
+  }
+  EXPECT_GT(clamped_g, n / 10);  // both clamps are exercised
+  EXPECT_GT(clamped_u, n / 10);
+}
+
 CUDA_OP_TEST(swiglu_bwd, bf16_f32_and_in_place) {
   QLORA_REQUIRE_CUDA(cu);
   const int64_t n = ew_n();
-  for (Activation act : {Activation::Silu, Activation::GeluTanh})
+  for (Activation act : {Activation::Silu, Activation::GeluTanh, Activation::ClampedSwiglu})
   for (int variant = 0; variant < 3; variant++) {  // bf16, f32, bf16 with dgate/dup aliasing gate/up
     SCOPED_TRACE(activation_name(act));
     const DType dt = variant == 1 ? F32 : BF;
@@ -369,12 +401,12 @@ CUDA_OP_TEST(swiglu_bwd, bf16_f32_and_in_place) {
     if (dt == BF) g = round_bf16(std::move(g)), u = round_bf16(std::move(u)), d = round_bf16(std::move(d));
     Vec rg(static_cast<size_t>(n)), ru(static_cast<size_t>(n));
     cpu()->swiglu_bwd({f32_view(rg.data(), {n}), f32_view(ru.data(), {n}), f32_view(d.data(), {n}),
-                       f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, act});
+                       f32_view(g.data(), {n}), f32_view(u.data(), {n}), n, act, kClamp});
     DBuf dg(*cu, dt, g), du(*cu, dt, u), dd(*cu, dt, d), og(*cu, dt, n), ou(*cu, dt, n);
     og.poison();
     ou.poison();
     const bool alias = variant == 2;
-    cu->swiglu_bwd({alias ? dg.t() : og.t(), alias ? du.t() : ou.t(), dd.t(), dg.t(), du.t(), n, act});
+    cu->swiglu_bwd({alias ? dg.t() : og.t(), alias ? du.t() : ou.t(), dd.t(), dg.t(), du.t(), n, act, kClamp});
     expect_close("dgate v" + std::to_string(variant), alias ? dg.download() : og.download(), rg, ew_tol(dt));
     expect_close("dup v" + std::to_string(variant), alias ? du.download() : ou.download(), ru, ew_tol(dt));
   }

@@ -16,12 +16,14 @@ struct AttnCase {
   int64_t b, t, hq, hkv, d;
   int docs;  // 0: no segment ids; else documents per sequence (uneven lengths)
   int64_t window = 0;  // sliding window (0: none)
+  bool sinks = false;  // gpt-oss's attention sinks (one logit per head)
 };
 
 struct AttnData {
   AttnCase c;
   std::vector<int32_t> seg;
   Vec q, k, v, dout;  // bf16-representable
+  Vec sinks;          // (Hq) f32, or empty
   int64_t nq() const { return c.b * c.t * c.hq * c.d; }
   int64_t nkv() const { return c.b * c.t * c.hkv * c.d; }
   float scale() const { return 1.0f / std::sqrt(float(c.d)); }
@@ -29,7 +31,11 @@ struct AttnData {
 };
 
 AttnData make_data(const AttnCase& c, uint64_t seed) {
-  AttnData a{c, {}, {}, {}, {}, {}};
+  AttnData a{c, {}, {}, {}, {}, {}, {}};
+  if (c.sinks) {  // around the scores' own range, so they take a visible share
+    a.sinks = randn(seed + 5, size_t(c.hq));
+    for (float& x : a.sinks) x *= 1.5f;
+  }
   a.q = round_bf16(randn(seed, size_t(a.nq())));
   a.k = round_bf16(randn(seed + 1, size_t(a.nkv())));
   a.v = round_bf16(randn(seed + 2, size_t(a.nkv())));
@@ -61,7 +67,8 @@ void cpu_fwd(const AttnData& a, Vec& out, Vec& lse) {
   make_cpu_backend()->attention_fwd({f32_view(out.data(), {c.b, c.t, c.hq, c.d}), f32_view(lse.data(), {c.b, c.hq, c.t}),
                                      f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
                                      f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d,
-                                     a.scale(), 0, 0, c.window});
+                                     a.scale(), 0, 0, c.window, 0.0f,
+                                     a.sinks.empty() ? Tensor() : f32_view(const_cast<float*>(a.sinks.data()), {c.hq})});
 }
 
 std::vector<AttnCase> cases() {
@@ -71,7 +78,9 @@ std::vector<AttnCase> cases() {
             {"small_d80", 1, 40, 2, 2, 80, 0},   {"small_d64_t200_docs", 1, 200, 2, 1, 64, 2},
             // Sliding windows: across key tiles (70 of 200 keys, packed), and shorter than a tile.
             {"small_d64_t200_docs_w70", 1, 200, 2, 1, 64, 2, 70}, {"small_d128_t77_w5", 1, 77, 4, 2, 128, 0, 5},
-            {"small_d16_t12_w4", 2, 12, 4, 2, 16, 0, 4}};
+            {"small_d16_t12_w4", 2, 12, 4, 2, 16, 0, 4},
+            // gpt-oss's attention sinks, with and without its windows
+            {"small_d64_t200_docs_w70_sinks", 1, 200, 4, 1, 64, 2, 70, true}, {"small_d16_t12_sinks", 2, 12, 4, 2, 16, 0, 0, true}};
   return {
       {"llama8b_t77", 1, 77, 32, 8, 128, 0},          // Llama-3-8B heads, odd length
       {"llama8b_t1024_docs", 1, 1024, 32, 8, 128, 4},  // packed documents
@@ -89,6 +98,9 @@ std::vector<AttnCase> cases() {
       {"d64_t256_w17", 2, 256, 4, 2, 64, 0, 17},
       {"d32_t130_w64_docs", 1, 130, 4, 1, 32, 2, 64},
       {"d16_t12_w4", 2, 12, 4, 2, 16, 0, 4},  // the qwen3_sw fixture's windowed layer
+      // gpt-oss (head_dim 64, 64 query heads of 8 kv heads, windows of 128 on alternate layers) with sinks
+      {"gptoss_d64_t300_w128_sinks_docs", 1, 300, 16, 2, 64, 3, 128, true},
+      {"gptoss_d64_t200_sinks", 2, 200, 8, 1, 64, 0, 0, true},
   };
 }
 
@@ -102,12 +114,13 @@ CUDA_OP_TEST(attention_fwd, causal_gqa_docs) {
     cpu_fwd(a, ref_out, ref_lse);
     DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v);
     DBuf out(*cu, DType::BF16, a.nq()), lse(*cu, DType::F32, c.b * c.hq * c.t), seg(*cu, DType::I32, c.b * c.t);
+    DBuf sinks(*cu, DType::F32, c.sinks ? a.sinks : Vec{0.0f});
     if (c.docs) seg.upload_i32(a.seg);
     out.poison();
     lse.poison();
     cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
                        k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), c.docs ? seg.i32() : nullptr, c.b, c.t,
-                       c.hq, c.hkv, c.d, a.scale(), 0, 0, c.window});
+                       c.hq, c.hkv, c.d, a.scale(), 0, 0, c.window, 0.0f, c.sinks ? sinks.t({c.hq}) : Tensor()});
     expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
     expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
   }
@@ -121,6 +134,7 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
     const char* name;
     int64_t b, t, t_kv, hq, hkv, d;
     int64_t window = 0;
+    bool sinks = false;  // gpt-oss's decoding: its sinks and its windows of 128
   };
   // One decoded token over a cache that ends inside a key tile; a prompt chunk whose 70 queries
   // cross the cache's tile edges; a cache several key tiles long (both K/V stages refilled).
@@ -128,7 +142,8 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
                              {"decode_d64_t200", 2, 1, 200, 2, 1, 64}, {"chunk_d32", 1, 9, 130, 4, 2, 32},
                              // Sliding windows counted from each query's cache position.
                              {"chunk_d64_w20", 2, 70, 150, 3, 1, 64, 20}, {"decode_d64_t200_w5", 2, 1, 200, 2, 1, 64, 5},
-                             {"chunk_d32_w100", 1, 9, 130, 4, 2, 32, 100}};
+                             {"chunk_d32_w100", 1, 9, 130, 4, 2, 32, 100},
+                             {"decode_d64_t200_w128_sinks", 2, 1, 200, 8, 1, 64, 128, true}, {"chunk_d64_sinks", 1, 9, 130, 4, 2, 64, 0, true}};
   uint64_t seed = 900;
   for (const auto& c : kv_cases) {
     SCOPED_TRACE(c.name);
@@ -136,6 +151,7 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
     const Vec hk = round_bf16(randn(seed + 1, size_t(c.b * c.t_kv * c.hkv * c.d)));
     const Vec hv = round_bf16(randn(seed + 2, size_t(c.b * c.t_kv * c.hkv * c.d)));
     const float scale = 1.0f / std::sqrt(float(c.d));
+    Vec sinks = randn(seed + 3, size_t(c.hq));
     Vec ref_out(hq_.size()), ref_lse(size_t(c.b * c.hq * c.t));
     {
       Vec q = hq_, k = hk, v = hv;
@@ -143,15 +159,16 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
                          f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t_kv, c.hkv, c.d}),
                          f32_view(v.data(), {c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv, c.d, scale, c.t_kv,
                          0, c.window};
+      if (c.sinks) f.sinks = f32_view(sinks.data(), {c.hq});
       make_cpu_backend()->attention_fwd(f);
     }
     DBuf q(*cu, DType::BF16, hq_), k(*cu, DType::BF16, hk), v(*cu, DType::BF16, hv);
-    DBuf out(*cu, DType::BF16, int64_t(hq_.size())), lse(*cu, DType::F32, c.b * c.hq * c.t);
+    DBuf out(*cu, DType::BF16, int64_t(hq_.size())), lse(*cu, DType::F32, c.b * c.hq * c.t), ds(*cu, DType::F32, sinks);
     out.poison();
     lse.poison();
     cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
                        k.t({c.b, c.t_kv, c.hkv, c.d}), v.t({c.b, c.t_kv, c.hkv, c.d}), nullptr, c.b, c.t, c.hq, c.hkv,
-                       c.d, scale, c.t_kv, 0, c.window});
+                       c.d, scale, c.t_kv, 0, c.window, 0.0f, c.sinks ? ds.t({c.hq}) : Tensor()});
     expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
     expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
   }
@@ -193,6 +210,7 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
                             v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
                             c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window};
       args.dq_mode = mode;
+      args.sinks = c.sinks;  // lse carries them (from the CPU's forward above)
       cu->attention_bwd(args);
       // With one visible key dS = P (dP - delta) is exactly 0; f32 dP and delta then differ by
       // ~1e-6 of sqrt(D) |dout| |v| (inputs are N(0,1)): the 1e-4 floor covers that cancellation.

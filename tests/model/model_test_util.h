@@ -13,6 +13,7 @@
 #include "model/batch.h"
 #include "model/llama_model.h"
 #include "model/peft_io.h"
+#include "model/quant_bytes.h"
 #include "model/modes.h"
 #include "text/dataset.h"
 #include "train/model_source.h"
@@ -35,7 +36,10 @@ inline TestModel make_model_on(std::unique_ptr<Backend> be, const std::string& v
   TestModel t;
   t.be = std::move(be);
   t.src = open_model_source(fixtures() + "/models/" + variant);
-  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
+  ModelPlanOptions o = po;  // gpt-oss: its MXFP4 experts as shipped, as the trainer takes them
+  if (!o.expert_precision && t.src.tensors.stored_expert_quant)
+    o.expert_precision = base_precision_of(*t.src.tensors.stored_expert_quant);
+  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, o, lora);
   t.model->load_base(t.src.tensors);
   t.model->init_lora(1);
   if (!adapter.empty()) load_peft_adapter(fixtures() + "/" + adapter, *t.model);
@@ -67,6 +71,10 @@ inline LoraSpec fixture_lora(const std::string& variant) {
     s.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
   if (variant == "qwen3_moe_experts") {  // LoRA on the stacked experts too (PEFT's target_parameters)
     s.targets = {"q_proj", "v_proj"};
+    s.expert_targets = {"gate_up_proj", "down_proj"};
+  }
+  if (variant == "gpt_oss") {  // the attention's q, v and o (biased) and both expert stacks
+    s.targets = {"q_proj", "v_proj", "o_proj"};
     s.expert_targets = {"gate_up_proj", "down_proj"};
   }
   return s;

@@ -31,12 +31,13 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
 }
 
 TestModel make(const Case& c, int64_t seq_len = kSeq) {
-  LoraSpec lora = fixture_lora();
+  LoraSpec lora = fixture_lora(c.variant);  // a mixture of experts: the attention (and gpt-oss's expert stacks)
   lora.use_rslora = c.rslora;
   TestModel t;
   t.be = make_cpu_backend();
   t.src = open_model_source(fixtures() + "/models/" + c.variant);
   ModelPlanOptions po;
+  adopt_stored_quantization(po, t.src.tensors);  // gpt-oss: its MXFP4 experts as shipped
   po.micro_batch = 1;
   po.seq_len = seq_len;
   po.kv_cache_tokens = kSeq;
@@ -123,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GenerateParity,
                                            Case{"llama_tied", "nf4", true}, Case{"mistral", ""},
                                            Case{"qwen2", ""}, Case{"qwen2", "nf4"}, Case{"qwen3", ""}, Case{"qwen3", "nf4", true},
                                            Case{"mistral_sw", ""}, Case{"qwen3_sw", "nf4"},
-                                           Case{"tiny_byte", ""}),
+                                           Case{"mixtral", ""}, Case{"gpt_oss", ""}, Case{"tiny_byte", ""}),
                          case_name);
 
 TEST(Generate, StopIdsEndGeneration) {

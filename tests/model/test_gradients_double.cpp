@@ -83,6 +83,10 @@ struct RefModel {
   // up take gate_up_proj's first and second F rows of B_e.
   Mat expert(const Mat& x, int l, int64_t e, const std::string& kind, int64_t in, int64_t out) const {
     Mat y = linear(x, w(hf_expert_name(c, l, e, kind)), 1, in, out);
+    if (c.moe_biases) {  // gpt-oss: expert e's output bias (stored by the engine's stack names)
+      const Mat& b = w("model.layers." + std::to_string(l) + ".mlp.experts." + kind + ".bias");
+      for (int64_t i = 0; i < out; i++) y[size_t(i)] += b[size_t(e * out + i)];
+    }
     const std::string stack = kind == "down_proj" ? "down_proj" : "gate_up_proj";
     const std::string key = "layers." + std::to_string(l) + ".experts." + stack;
     const auto a = lora.find(key + ".lora_A");
@@ -95,6 +99,13 @@ struct RefModel {
     const Mat bax = linear(linear(x, ae, 1, in, r), be, 1, r, out);
     for (int64_t i = 0; i < out; i++) y[size_t(i)] += lora_scale * bax[size_t(i)];
     return y;
+  }
+
+  // The experts' gated activation of gate value a and up value u: SwiGLU, or gpt-oss's clamped one.
+  double act(double a, double u) const {
+    if (c.hidden_act != Activation::ClampedSwiglu) return a / (1.0 + std::exp(-a)) * u;
+    const double lim = c.swiglu_clamp.limit, gc = std::min(a, lim), uc = std::clamp(u, -lim, lim);
+    return (uc + 1.0) * gc / (1.0 + std::exp(-double(c.swiglu_clamp.alpha) * gc));
   }
 
   // Each of the n rows of d values (d = hidden_size unless given: head_dim for Qwen3's q/k norms).
@@ -186,7 +197,9 @@ struct RefModel {
           const int64_t kvh = head / (H / KV);
           for (int64_t i = 0; i < T; i++) {
             std::vector<double> s(size_t(i + 1));
-            double mx = -INFINITY;
+            // gpt-oss: the head's sink joins the softmax and attends to nothing
+            const double sink = c.attention_sinks ? w(L + "self_attn.sinks")[size_t(head)] : -INFINITY;
+            double mx = sink;
             const int64_t W = c.window_of(l);  // sliding window: keys j with i - j < W
             for (int64_t j = 0; j <= i; j++) {
               const bool other_doc = !batch.seg.empty() && batch.seg[size_t(b * T + i)] != batch.seg[size_t(b * T + j)];
@@ -200,7 +213,7 @@ struct RefModel {
               if (const double cap = c.attn_logit_softcapping; cap > 0) s[size_t(j)] = cap * std::tanh(s[size_t(j)] / cap);
               mx = std::max(mx, s[size_t(j)]);
             }
-            double z = 0;
+            double z = std::exp(sink - mx);
             for (auto& e : s) z += (e = std::exp(e - mx));
             for (int64_t j = 0; j <= i; j++)
               for (int64_t e = 0; e < hd; e++)
@@ -213,7 +226,10 @@ struct RefModel {
         h = rms_norm(x, T, w(L + (c.sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")));
         if (c.moe()) {  // the router's top-k of softmax(h Wr^T), each chosen expert's SwiGLU times its weight
           const int64_t E = c.n_experts, K = c.experts_per_tok, Fe = c.expert_intermediate_size;
-          const Mat logits = linear(h, w(hf_router_name(c, l)), T, C, E);
+          Mat logits = linear(h, w(hf_router_name(c, l)), T, C, E);
+          if (c.moe_biases)  // gpt-oss's router bias
+            for (int64_t t = 0; t < T; t++)
+              for (int64_t e = 0; e < E; e++) logits[size_t(t * E + e)] += w(L + "mlp.router.bias")[size_t(e)];
           for (int64_t t = 0; t < T; t++) {
             std::vector<double> p(static_cast<size_t>(E));
             double mx = -INFINITY, z = 0;
@@ -240,7 +256,7 @@ struct RefModel {
               const double wt = p[size_t(e)] / (c.norm_topk_prob ? zk : 1.0);
               Mat g = expert(ht, l, e, "gate_proj", C, Fe);
               const Mat u = expert(ht, l, e, "up_proj", C, Fe);
-              for (size_t i = 0; i < g.size(); i++) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+              for (size_t i = 0; i < g.size(); i++) g[i] = act(g[i], u[i]);
               const Mat d = expert(g, l, e, "down_proj", Fe, C);
               for (int64_t i = 0; i < C; i++) x[size_t(t * C + i)] += wt * d[size_t(i)];
             }
@@ -321,7 +337,23 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
   if (cfg.rope_local_theta > 0)
     for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
   SafetensorsArchive ar(fixtures() + "/models/" + variant);
-  for (const auto& name : ar.names()) ref.base[name] = to_double(floats(ar, name));
+  for (const auto& name : ar.names())
+    if (ar.get(name).dtype != DType::U8) ref.base[name] = to_double(floats(ar, name));
+  if (cfg.model_type == "gpt_oss") {  // its fused, interleaved (MXFP4) experts, per expert by the stacks' names
+    const TensorSource src = experts_source(cfg, t.src.tensors);
+    const int64_t E = cfg.n_experts;
+    for (int64_t l = 0; l < cfg.n_layer; l++)
+      for (const auto& kind : expert_kinds()) {
+        const auto [out, in] = expert_shape(cfg, kind);
+        const std::string stack = "model.layers." + std::to_string(l) + ".mlp.experts." + kind;
+        std::vector<float> wv(size_t(E * out * in)), bv(size_t(E * out));
+        src.read_f32(stack, {E, out, in}, wv.data());
+        src.read_f32(stack + ".bias", {E, out}, bv.data());
+        ref.base[stack + ".bias"] = to_double(bv);
+        for (int64_t e = 0; e < E; e++)
+          ref.base[hf_expert_name(cfg, l, e, kind)] = Mat(wv.begin() + e * out * in, wv.begin() + (e + 1) * out * in);
+      }
+  }
   for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
 
   const double ref_loss = ref.loss(batch);
@@ -492,6 +524,11 @@ TEST(LoraGradientsDouble, Qwen3MoeExperts) { check_model("qwen3_moe", 3); }
 // per expert, through gate's and up's rows of one B and the routed rows of each expert; Qwen3-MoE
 // renormalised, and Mixtral with its attention's adapters too.
 TEST(LoraGradientsDouble, Qwen3MoeExpertLora) { check_model("qwen3_moe_experts", 3); }
+// gpt-oss layout: attention sinks, biases on q/k/v/o, the router and every expert, the clamped
+// SwiGLU (a limit the fixture's values cross), alternating sliding windows, YaRN, MXFP4 experts
+// (dequantized, as held), the load-balancing loss; LoRA on q, v, o and both expert stacks; every
+// fifth parameter.
+TEST(LoraGradientsDouble, GptOss) { check_model("gpt_oss", 5); }
 TEST(LoraGradientsDouble, MixtralExpertLora) {
   LoraSpec s = fixture_lora("mixtral");
   s.expert_targets = {"gate_up_proj", "down_proj"};

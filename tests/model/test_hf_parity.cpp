@@ -2,6 +2,10 @@
 // logits, loss, LoRA gradients and 3 AdamW steps with accumulation, clipping and a cosine schedule.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "model/experts.h"
+#include "model/mxfp4_experts.h"
 #include "model/peft_io.h"
 #include "model_test_util.h"
 #include "train/step.h"
@@ -100,7 +104,49 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
 INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::Values("llama_gqa", "mistral", "qwen2", "llama_tied", "qwen3",
                                                                    "mistral_sw", "qwen3_sw", "gemma3", "phi3", "gemma2", "mixtral",
                                                                    "qwen3_moe", "gemma3_mm", "phi3_longrope", "qwen3_yarn",
-                                                                   "mixtral_aux", "qwen3_moe_norm", "qwen3_moe_experts"));
+                                                                   "mixtral_aux", "qwen3_moe_norm", "qwen3_moe_experts",
+                                                                   "gpt_oss"));
+
+// gpt-oss ships its experts as MXFP4 blocks: the engine keeps those bytes (its expert stacks are
+// packed MXFP4, the gate/up rows de-interleaved), and each expert it dequantizes for its GEMMs
+// equals transformers' own dequantization of the checkpoint (convert_moe_packed_tensors) bit for bit.
+TEST(HfParity, GptOssMxfp4ExpertsAreTransformersDequantization) {
+  SafetensorsArchive fx(fixtures() + "/parity/gpt_oss.safetensors");
+  TestModel t = make_model("gpt_oss", fixture_lora("gpt_oss"), 2, 12);
+  const LlamaConfig& c = t.model->config();
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  const QuantParams q = mxfp4_expert_params();
+  int64_t compared = 0, nonzero = 0;
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    const std::string lp = "layers." + std::to_string(l) + ".";
+    const std::vector<float> gate_up = floats(fx, "mxfp4." + lp + "gate_up_proj");  // (E, C, 2F)
+    const std::vector<float> down = floats(fx, "mxfp4." + lp + "down_proj");         // (E, F, C)
+    ASSERT_EQ(gate_up.size(), size_t(E * C * 2 * F));
+    for (int k = 0; k < 3; k++) {
+      const std::string kind = expert_kinds()[size_t(k)];
+      const auto [out, in] = expert_shape(c, kind);
+      const PlannedBuffer* buf = t.model->plan().find(lp + "experts." + kind);
+      ASSERT_TRUE(buf != nullptr && buf->dtype == DType::U8) << "the experts are held quantized";
+      const auto* stack = static_cast<const uint8_t*>(t.model->arena().raw(lp + "experts." + kind));
+      std::vector<float> w(size_t(out * in));
+      for (int64_t e = 0; e < E; e++) {
+        t.be->dequantize({Tensor(w.data(), DType::F32, {out, in}), stack + e * expert_stride_bytes(c, kind, q), q, out, in});
+        for (int64_t o = 0; o < out; o++)
+          for (int64_t i = 0; i < in; i++) {
+            const float ref = k == 2 ? down[size_t((e * F + i) * C + o)]                      // down_proj[e][i][o]
+                                     : gate_up[size_t((e * C + i) * 2 * F + 2 * o + k)];      // gate 2o, up 2o + 1
+            const float got = w[size_t(o * in + i)];
+            ASSERT_EQ(std::memcmp(&got, &ref, 4), 0) << lp << kind << " expert " << e << " (" << o << ", " << i << "): "
+                                                     << got << " vs transformers' " << ref;
+            compared++;
+            nonzero += ref != 0;
+          }
+      }
+    }
+  }
+  EXPECT_EQ(compared, c.n_layer * E * 3 * F * C);
+  EXPECT_GT(nonzero, compared / 2);
+}
 
 // LongRoPE picks its factors per forward by the largest position (transformers: max(position_ids)
 // + 1 > original_max_position_embeddings): on one model, 8-token rows (within the original 8)
@@ -187,6 +233,13 @@ TEST(HfParity, EngineTrainedQwen3MoeAdapterGivesPeftLogits) { expect_engine_adap
 // LoRA on the experts: 12 steps of `qlora train` (r 8, rsLoRA, q_proj and v_proj, and
 // target_parameters on both expert stacks); PEFT loads the adapter's ParamWrapper tensors onto
 // Qwen3MoeForCausalLM's stacked experts and gives the engine's logits.
+// gpt-oss: the same run (12 steps, r 8, rsLoRA) on q, v, o and both expert stacks over the MXFP4
+// experts as shipped; PEFT loads gate_up_proj's B with gate's and up's rows interleaved as
+// GptOssExperts holds them and gives the engine's logits.
+TEST(HfParity, EngineTrainedGptOssAdapterGivesPeftLogits) {
+  expect_engine_adapter_gives_peft_logits("gpt_oss", 3);
+  EXPECT_EQ(read_peft_adapter_config(fixtures() + "/parity/engine_adapter_gpt_oss/adapter_config.json").expert_targets.size(), 2u);
+}
 TEST(HfParity, EngineTrainedExpertAdapterGivesPeftLogits) {
   expect_engine_adapter_gives_peft_logits("qwen3_moe_experts", 2);
   EXPECT_EQ(read_peft_adapter_config(fixtures() + "/parity/engine_adapter_qwen3_moe_experts/adapter_config.json").expert_targets,

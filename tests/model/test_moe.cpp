@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/json_util.h"
 #include "model/llama_config.h"
 #include "model_test_util.h"
@@ -378,7 +379,7 @@ TEST(Moe, RoutedTokensCountEachTrainingChoiceOnce) {
 // gpt-oss is parsed and planned, never trained: its config.json as the Hub ships it (sinks, biases,
 // clamped SwiGLU are what the engine lacks), its presets' totals, and qlora plan's answer
 // to whether the 20B model with its MXFP4 experts trains on a 24 GB GPU.
-TEST(Moe, GptOssIsPlannedNotTrained) {
+TEST(Moe, GptOssConfigAndPlan) {
   const LlamaConfig c = parse_hf_config(R"({
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
     "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
@@ -402,7 +403,11 @@ TEST(Moe, GptOssIsPlannedNotTrained) {
   EXPECT_EQ(c.window_of(0), 128);
   EXPECT_EQ(c.window_of(1), 0);
   EXPECT_EQ(c.rope_scaling.type, "yarn");
-  EXPECT_FALSE(c.not_trained.empty());
+  EXPECT_TRUE(c.attention_sinks && c.o_proj_bias && c.moe_biases && c.attention_bias);
+  EXPECT_EQ(c.hidden_act, Activation::ClampedSwiglu);
+  EXPECT_FLOAT_EQ(c.swiglu_clamp.limit, 7.0f);
+  EXPECT_FLOAT_EQ(c.swiglu_clamp.alpha, 1.702f);
+  EXPECT_EQ(c.router_aux_loss_coef, 0.0);  // output_router_logits false
   // The preset is the same model: 20.9B parameters, 3.61B active without the input embedding
   // (OpenAI's model card counts the unembedding, not the embedding).
   const LlamaConfig p = preset_config("gpt-oss-20b");
@@ -412,21 +417,9 @@ TEST(Moe, GptOssIsPlannedNotTrained) {
   const LlamaConfig big = preset_config("gpt-oss-120b");  // 116.8B, 5.13B active
   EXPECT_NEAR(double(big.n_params()) / 1e9, 116.8, 0.1);
   EXPECT_NEAR(double(big.active_params() - big.vocab_size * big.hidden_size) / 1e9, 5.13, 0.01);
-  // Training refuses it before anything is allocated, naming what is missing.
-  ModelPlanOptions po;
-  po.micro_batch = 1;
-  po.seq_len = 16;
-  auto be = make_cpu_backend();
-  LoraSpec lora = fixture_lora("mixtral");
-  try {
-    LlamaModel m(c, *be, po, lora);
-    FAIL() << "gpt-oss was accepted for training";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_NE(e.message().find("attention sinks"), std::string::npos) << e.message();
-  }
   // LoRA on the 20B model over its MXFP4 experts (bf16 attention) at 2k tokens with checkpointing
-  // fits a 24 GB GPU, and the plan says that the engine does not run it; bf16 experts do not fit.
+  // fits a 24 GB GPU, and the plan raises no warning that the engine would not run it; bf16
+  // experts do not fit.
   PlanRequest r;
   r.model = p;
   r.model_label = "gpt-oss-20b";
@@ -439,9 +432,68 @@ TEST(Moe, GptOssIsPlannedNotTrained) {
   ASSERT_TRUE(plan.req.expert_precision.has_value());
   EXPECT_EQ(*plan.req.expert_precision, BasePrecision::Mxfp4);
   EXPECT_TRUE(plan.fits);
-  bool warned = false;
-  for (const auto& w : plan.warnings) warned = warned || w.find("does not train gpt_oss") != std::string::npos;
-  EXPECT_TRUE(warned);
+  for (const auto& w : plan.warnings) EXPECT_EQ(w.find("engine"), std::string::npos) << w;
   r.expert_precision = BasePrecision::Bf16;
   EXPECT_FALSE(make_plan(r).fits);
+}
+
+// What a gpt-oss checkpoint may carry that the engine does not implement, or that is malformed, is
+// refused naming the key or tensor: dropout inside the model, a clamp limit that is no limit, an
+// `mxfp4` quantization_config on another family, MXFP4 blocks whose shape disagrees with their
+// scales.
+TEST(Moe, GptOssCheckpointErrors) {
+  namespace fs = std::filesystem;
+  const std::string fixture = fixtures() + "/models/gpt_oss";
+  const json cfg = read_json_file(fixture + "/config.json");
+  auto expect_error = [](const std::function<void()>& f, ErrorKind kind, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected an error naming " << part;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), kind) << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  auto with = [&](const char* key, const json& value) {
+    json j = cfg;
+    j[key] = value;
+    return j.dump();
+  };
+  expect_error([&] { parse_hf_config(with("attention_dropout", 0.1), "c.json"); }, ErrorKind::Unsupported,
+               "key 'attention_dropout'");
+  expect_error([&] { parse_hf_config(with("swiglu_limit", -1.0), "c.json"); }, ErrorKind::Config, "key 'swiglu_limit'");
+
+  const fs::path dir = fs::temp_directory_path() / "qlora-gpt-oss-errors";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {  // another family's config beside an mxfp4 quantization_config
+    json llama = read_json_file(fixtures() + "/models/llama_gqa/config.json");
+    llama["quantization_config"] = cfg.at("quantization_config");
+    fs::copy(fixtures() + "/models/llama_gqa/model.safetensors", dir / "model.safetensors");
+    write_file_atomic((dir / "config.json").string(), llama.dump());
+    expect_error([&] { open_model_source(dir.string()); }, ErrorKind::Unsupported, "'mxfp4' checkpoints are read for gpt-oss only");
+  }
+  {  // the first layer's gate_up blocks declared (E, rows, 4, 8): the same bytes, a shape the scales contradict
+    SafetensorsArchive ar(fixture);
+    SafetensorsWriter w;
+    const std::string bad = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+    for (const auto& n : ar.names()) {
+      const TensorInfo& t = ar.get(n);
+      std::vector<int64_t> shape = t.shape;
+      if (n == bad) shape = {shape[0], shape[1], shape[2] * 2, 8};
+      w.add_ref(n, t.dtype, shape, t.data);
+    }
+    w.write((dir / "model.safetensors").string());
+    write_file_atomic((dir / "config.json").string(), cfg.dump());
+    ModelPlanOptions po;
+    po.micro_batch = 1;
+    po.seq_len = 8;
+    const ModelSource src = open_model_source(dir.string());
+    adopt_stored_quantization(po, src.tensors);  // the experts as shipped, as the trainer takes them
+    ASSERT_TRUE(po.expert_precision.has_value());
+    auto be = make_cpu_backend();
+    LlamaModel m(src.config, *be, po, fixture_lora("gpt_oss"));
+    expect_error([&] { m.load_base(src.tensors); }, ErrorKind::Format, bad + "': has shape");
+  }
+  fs::remove_all(dir);
 }

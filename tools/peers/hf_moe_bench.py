@@ -5,7 +5,8 @@ transformers + peft on the CPU, fp32, from a config.json (random weights, random
     hf_moe_bench.py --config DIR --seq-len 512 --micro-batch 2 --steps 3 --warmup-steps 1 --threads 2
 
 As `qlora bench` runs it: the model built from the config with random weights (std 0.02),
-attn_implementation "sdpa", transformers' default experts implementation (recorded in the JSON),
+attn_implementation "sdpa" (gpt-oss: "eager": transformers has no sdpa path for its sinks), its default experts
+implementation (both recorded in the JSON),
 LoRA r=16 alpha 32 on the attention's four projections (PEFT's all-linear would also wrap the
 router), and with --target-parameters on the stacked experts too (PEFT's lora.ParamWrapper, one pair
 per expert), no dropout, AdamW (lr 2e-4,
@@ -42,7 +43,9 @@ def main():
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     cfg = AutoConfig.from_pretrained(a.config)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    # gpt-oss has no sdpa path in transformers (its sinks): eager, its default.
+    attn = "eager" if cfg.model_type == "gpt_oss" else "sdpa"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
@@ -73,6 +76,7 @@ def main():
         "tool": "tools/peers/hf_moe_bench.py",
         "model_type": cfg.model_type,
         "experts_implementation": getattr(model.base_model.model.config, "_experts_implementation", None),
+        "attn_implementation": attn,
         "seq_len": a.seq_len, "micro_batch": a.micro_batch, "threads": torch.get_num_threads(),
         "steps": a.steps, "step_times_s": times,
         "tokens_per_second": tokens * len(times) / sum(times),

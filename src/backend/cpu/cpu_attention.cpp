@@ -138,7 +138,9 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
   cpu::check_f32(op, "q", a.q, nq);
   cpu::check_f32(op, "k", a.k, nkv);
   cpu::check_f32(op, "v", a.v, nkv);
+  if (a.sinks.data) cpu::check_f32(op, "sinks", a.sinks, g.hq);
   if (nq == 0) return;
+  const float* sinks = a.sinks.data ? a.sinks.f32() : nullptr;  // (Hq)
   float* out = a.out.f32();    // (B,T,Hq,D)
   float* lse = a.lse.f32();    // (B,Hq,T)
   const float* q = a.q.f32();  // (B,T,Hq,D)
@@ -162,8 +164,9 @@ void CpuBackend::attention_fwd(const AttentionFwdArgs& a) {
       const int64_t q0 = qt * kFwdQ, q1 = std::min(g.t, q0 + kFwdQ), m = q1 - q0;
       const float* qp = q + ((bi * g.t + q0) * g.hq + h) * g.d;
       std::fill(o.begin(), o.end(), 0.0f);
-      std::fill(mrow.begin(), mrow.end(), kNegInf);
-      std::fill(lrow.begin(), lrow.end(), 0.0f);
+      // A sink starts each row's softmax as one more logit that attends to nothing: max sinks[h], sum e^0.
+      std::fill(mrow.begin(), mrow.end(), sinks ? sinks[h] : kNegInf);
+      std::fill(lrow.begin(), lrow.end(), sinks ? 1.0f : 0.0f);
       for (int64_t k0 = rv.tile_first(q0, q1); k0 < q1 + off; k0 += kFwdK) {
         const int64_t k1 = std::min(q1 + off, k0 + kFwdK), n = k1 - k0;
         const int64_t kvo = ((bi * tk + k0) * g.hkv + hk) * g.d;

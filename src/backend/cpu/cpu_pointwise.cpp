@@ -26,7 +26,9 @@ void CpuBackend::swiglu_fwd(const SwigluFwdArgs& a) {
   for (int64_t i = 0; i < a.n; i += kChunk) {
     const int64_t m = std::min(kChunk, a.n - i);
     if (a.act == Activation::Silu) cpu::swiglu_fwd_row(out + i, gate + i, up + i, m);
-    else cpu::geglu_fwd_row(out + i, gate + i, up + i, m);
+    else if (a.act == Activation::GeluTanh) cpu::geglu_fwd_row(out + i, gate + i, up + i, m);
+    else
+      for (int64_t j = i; j < i + m; j++) out[j] = clamped_swiglu(gate[j], up[j], a.clamp);
   }
 }
 
@@ -48,7 +50,13 @@ void CpuBackend::swiglu_bwd(const SwigluBwdArgs& a) {
   for (int64_t i = 0; i < a.n; i += kChunk) {
     const int64_t m = std::min(kChunk, a.n - i);
     if (a.act == Activation::Silu) cpu::swiglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, m);
-    else cpu::geglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, m);
+    else if (a.act == Activation::GeluTanh) cpu::geglu_bwd_row(dgate + i, dup + i, dout + i, gate + i, up + i, m);
+    else
+      for (int64_t j = i; j < i + m; j++) {
+        float dg, du;
+        clamped_swiglu_bwd(dout[j], gate[j], up[j], a.clamp, dg, du);
+        dgate[j] = dg, dup[j] = du;
+      }
   }
 }
 

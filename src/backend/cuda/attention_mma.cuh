@@ -224,6 +224,7 @@ struct AttnParams {
   // forward
   bf16* out;           // (B,T,Hq,D)
   float* lse;          // (B,Hq,T)
+  const float* sinks;  // (Hq) attention sinks (natural-log logits), or null
   // backward
   const bf16* dout;    // (B,T,Hq,D)
   const float* lse_in; // (B,Hq,T)

@@ -118,12 +118,15 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   check_tensor(op, "v", a.v, nkv, true, false);
   if (g.b == 0 || g.t == 0) return;
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
-  if (cudnn_attention_fwd(*this, a, tk)) return;  // sm_90/sm_100: cuDNN's fused attention
+  if (a.sinks.data) check_tensor(op, "sinks", a.sinks, g.hq, false, true);
+  // sm_90/sm_100: cuDNN's fused attention (its graphs have no sinks: those run on the own kernel)
+  if (!a.sinks.data && cudnn_attention_fwd(*this, a, tk)) return;
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
   p.t_kv = tk;
   p.window = a.window < tk ? int(a.window) : 0;  // a window as long as the keys hides nothing
   p.out = static_cast<attn::bf16*>(a.out.data);
   p.lse = a.lse.f32();
+  p.sinks = a.sinks.data ? a.sinks.f32() : nullptr;
   attention_fwd_launch(p, g.b, stream_);
 }
 
@@ -145,7 +148,7 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dout", &a.dout}, {"q", &a.q},
                          {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
     check_vec_aligned(op, name, *t);
-  if (cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention
+  if (!a.sinks && cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention (no sinks)
 
   const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
   const bool accumulate = a.dq_mode == AttnDq::Accumulate;

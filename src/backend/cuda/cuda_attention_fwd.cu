@@ -62,6 +62,10 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // running max (log2 domain) of rows g, g+8
   float l_run[2] = {0.0f, 0.0f};            // this thread's part of the running sum
+  if (p.sinks) {  // the sink is one more logit per row, attending to nothing: max it, sum e^0 (once per quad)
+    m_run[0] = m_run[1] = p.sinks[h] * kLog2e;
+    l_run[0] = l_run[1] = q4 == 0 ? 1.0f : 0.0f;
+  }
   const int64_t row_t[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const int seg_row[2] = {seg && row_t[0] < T ? seg[row_t[0]] : -1, seg && row_t[1] < T ? seg[row_t[1]] : -1};
 

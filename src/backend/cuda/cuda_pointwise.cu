@@ -90,6 +90,14 @@ struct GegluBwdF {  // in: dout, gate, up; out: dgate, dup
     y[1] = d * (0.5f * g * (1.0f + t));
   }
 };
+struct ClampedSwigluFwdF {  // gpt-oss (core/activation.h, as the CPU backend)
+  ClampedSwigluParams p;
+  __device__ void operator()(const float* x, float* y, int64_t) const { y[0] = clamped_swiglu(x[0], x[1], p); }
+};
+struct ClampedSwigluBwdF {  // in: dout, gate, up; out: dgate, dup
+  ClampedSwigluParams p;
+  __device__ void operator()(const float* x, float* y, int64_t) const { clamped_swiglu_bwd(x[0], x[1], x[2], p, y[0], y[1]); }
+};
 struct DropoutF {
   float p, keep_scale;
   uint64_t seed, stream, offset;
@@ -174,7 +182,8 @@ void CudaBackend::swiglu_fwd(const SwigluFwdArgs& a) {
   check_tensor(op, "gate", a.gate, a.n, true, true);
   check_tensor(op, "up", a.up, a.n, true, true);
   if (a.act == Activation::Silu) launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, SwigluFwdF{});
-  else launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, GegluFwdF{});
+  else if (a.act == Activation::GeluTanh) launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, GegluFwdF{});
+  else launch_map<2, 1>(*this, {&a.gate, &a.up}, {&a.out}, a.n, ClampedSwigluFwdF{a.clamp});
 }
 
 void CudaBackend::swiglu_bwd(const SwigluBwdArgs& a) {
@@ -186,7 +195,9 @@ void CudaBackend::swiglu_bwd(const SwigluBwdArgs& a) {
   check_tensor(op, "gate", a.gate, a.n, true, true);
   check_tensor(op, "up", a.up, a.n, true, true);
   if (a.act == Activation::Silu) launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, SwigluBwdF{});
-  else launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, GegluBwdF{});
+  else if (a.act == Activation::GeluTanh)
+    launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, GegluBwdF{});
+  else launch_map<3, 2>(*this, {&a.dout, &a.gate, &a.up}, {&a.dgate, &a.dup}, a.n, ClampedSwigluBwdF{a.clamp});
 }
 
 // Same mask as the CPU backend: keep element i iff hash_uniform(seed, stream, i) >= p.
