@@ -8,10 +8,6 @@ namespace qlora {
 std::vector<EngineLimit> engine_limits(const LlamaConfig& c, const ModelPlanOptions& o, DeviceKind device) {
   std::vector<EngineLimit> out;
   const bool cuda = device == DeviceKind::Cuda;
-  if (cuda && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
-    out.push_back({"model '" + c.name + "', logit soft-capping",
-                   "the cuda backend does not implement Gemma 2's soft-capping of attention scores and logits",
-                   "use device: cpu for this model"});
   // Both GPU attention paths (the own flash kernel, cuDNN's fused attention) take head dims that
   // are multiples of 8 up to 128.
   if (cuda && (c.head_dim % 8 != 0 || c.head_dim > 128))

@@ -10,11 +10,11 @@ bool gpu_runs_cudnn_attention(const GpuSpec& gpu) {
   return std::any_of(std::begin(kSm9xOr10x), std::end(kSm9xOr10x), [&](const char* n) { return gpu.name == n; });
 }
 
-AttentionPath attention_path(const GpuSpec& gpu, const PlanAssumptions& a, AttnDq dq) {
+AttentionPath attention_path(const GpuSpec& gpu, const PlanAssumptions& a, AttnDq dq, bool own_only) {
   if (gpu.is_cpu) return {"cpu", "CPU tiled attention (calibrated rate)", 1.0};
   if (dq == AttnDq::Recompute)
     return {"own", "own flash-attention kernels (mma.sync), dq in its own pass", a.own_attention_efficiency};
-  if (gpu_runs_cudnn_attention(gpu))
+  if (gpu_runs_cudnn_attention(gpu) && !own_only)
     return {"cudnn", "cuDNN fused attention (sm_90/sm_100)", a.attention_efficiency};
   return {"own", "own flash-attention kernel (mma.sync)", a.own_attention_efficiency};
 }

@@ -62,9 +62,12 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   if (is_preference(r.objective)) fo.attn_len = std::max<int64_t>(1, r.seq_len / 2);
   fo.recompute = recompute;
   fo.reference = uses_reference(r.objective) && !r.reference_precomputed;
-  fo.dq_recompute = opts.attn_dq == AttnDq::Recompute && !r.gpu.is_cpu;
+  // Soft-capped scores (Gemma 2) take dq in its own pass on the GPU whatever the mode; they and
+  // gpt-oss's sinks run on the own kernels (cuDNN's graphs have neither).
+  const bool capped = c.attn_logit_softcapping > 0, own_only = capped || c.attention_sinks;
+  fo.dq_recompute = (opts.attn_dq == AttnDq::Recompute || capped) && !r.gpu.is_cpu;
   e.per_token = flops_per_token(c, fo);
-  const AttentionPath path = attention_path(r.gpu, a, opts.attn_dq);
+  const AttentionPath path = attention_path(r.gpu, a, capped ? AttnDq::Recompute : opts.attn_dq, own_only);
   e.attention_path = path.description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // cuDNN's diagonal band, or the own kernel's window mask
     int64_t windowed = 0;

@@ -518,19 +518,22 @@ CUDA_OP_TEST(cross_entropy_fwd_bwd, f32_in_place_and_bf16) {
   labels[2] = labels[5] = -100;  // ignored rows
   labels[3] = int32_t(v - 1);
   const float gs = 1.0f / float(n - 2);
+  // Also with Gemma 2's final soft-capping (a cap of 3 bends logits of sd 2).
+  for (float cap : {0.0f, 3.0f})
   for (DType dt : {F32, BF}) {
+    SCOPED_TRACE("softcap " + std::to_string(cap));
     Vec logits = randn(102, size_t(n * v), 2.0f);
     if (dt == BF) logits = round_bf16(std::move(logits));
     Vec ref_d(static_cast<size_t>(n * v)), ref_loss(static_cast<size_t>(n));
     Vec lcopy = logits;
     cpu()->cross_entropy_fwd_bwd({f32_view(lcopy.data(), {n, v}), f32_view(ref_d.data(), {n, v}),
-                                  f32_view(ref_loss.data(), {n}), labels.data(), n, v, gs});
+                                  f32_view(ref_loss.data(), {n}), labels.data(), n, v, gs, cap});
     DBuf dl(*cu, dt, logits), dd(*cu, dt, n * v), loss(*cu, F32, n), dy(*cu, DType::I32, n);
     dy.upload_i32(labels);
     loss.poison();
     dd.poison();
     const bool in_place = dt == F32;  // the model passes dlogits == logits
-    cu->cross_entropy_fwd_bwd({dl.t({n, v}), in_place ? dl.t({n, v}) : dd.t({n, v}), loss.t({n}), dy.i32(), n, v, gs});
+    cu->cross_entropy_fwd_bwd({dl.t({n, v}), in_place ? dl.t({n, v}) : dd.t({n, v}), loss.t({n}), dy.i32(), n, v, gs, cap});
     // Losses: f32 log-sum-exp over V terms against the CPU's double (~1e-6 relative).
     expect_close(std::string("losses ") + dtype_name(dt), loss.download(), ref_loss, {2e-5, 1e-5, 1e-5});
     expect_close(std::string("dlogits ") + dtype_name(dt), in_place ? dl.download() : dd.download(), ref_d,

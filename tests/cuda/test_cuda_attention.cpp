@@ -17,6 +17,7 @@ struct AttnCase {
   int docs;  // 0: no segment ids; else documents per sequence (uneven lengths)
   int64_t window = 0;  // sliding window (0: none)
   bool sinks = false;  // gpt-oss's attention sinks (one logit per head)
+  float softcap = 0;   // Gemma 2's attention soft-capping (0: none)
 };
 
 struct AttnData {
@@ -67,7 +68,7 @@ void cpu_fwd(const AttnData& a, Vec& out, Vec& lse) {
   make_cpu_backend()->attention_fwd({f32_view(out.data(), {c.b, c.t, c.hq, c.d}), f32_view(lse.data(), {c.b, c.hq, c.t}),
                                      f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
                                      f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d,
-                                     a.scale(), 0, 0, c.window, 0.0f,
+                                     a.scale(), 0, 0, c.window, c.softcap,
                                      a.sinks.empty() ? Tensor() : f32_view(const_cast<float*>(a.sinks.data()), {c.hq})});
 }
 
@@ -80,7 +81,9 @@ std::vector<AttnCase> cases() {
             {"small_d64_t200_docs_w70", 1, 200, 2, 1, 64, 2, 70}, {"small_d128_t77_w5", 1, 77, 4, 2, 128, 0, 5},
             {"small_d16_t12_w4", 2, 12, 4, 2, 16, 0, 4},
             // gpt-oss's attention sinks, with and without its windows
-            {"small_d64_t200_docs_w70_sinks", 1, 200, 4, 1, 64, 2, 70, true}, {"small_d16_t12_sinks", 2, 12, 4, 2, 16, 0, 0, true}};
+            {"small_d64_t130_docs_w40_sinks", 1, 130, 2, 1, 64, 2, 40, true}, {"small_d16_t12_sinks", 2, 12, 4, 2, 16, 0, 0, true},
+            // Gemma 2's soft-capping (caps the scores of N(0,1) q, k cross), with its windows
+            {"small_d128_t70_docs_w30_cap", 1, 70, 2, 1, 128, 2, 30, false, 2.0f}, {"small_d32_t70_cap", 1, 70, 2, 1, 32, 0, 0, false, 0.5f}};
   return {
       {"llama8b_t77", 1, 77, 32, 8, 128, 0},          // Llama-3-8B heads, odd length
       {"llama8b_t1024_docs", 1, 1024, 32, 8, 128, 4},  // packed documents
@@ -101,6 +104,9 @@ std::vector<AttnCase> cases() {
       // gpt-oss (head_dim 64, 64 query heads of 8 kv heads, windows of 128 on alternate layers) with sinks
       {"gptoss_d64_t300_w128_sinks_docs", 1, 300, 16, 2, 64, 3, 128, true},
       {"gptoss_d64_t200_sinks", 2, 200, 8, 1, 64, 0, 0, true},
+      // Gemma 2 27B (head_dim 128, 32 query heads of 16 kv heads, windows of 4096 on alternate layers)
+      {"gemma2_27b_d128_t300_w100_cap_docs", 1, 300, 8, 4, 128, 3, 100, false, 2.0f},
+      {"d64_t256_cap", 2, 256, 4, 2, 64, 0, 0, false, 1.0f},
   };
 }
 
@@ -120,7 +126,7 @@ CUDA_OP_TEST(attention_fwd, causal_gqa_docs) {
     lse.poison();
     cu->attention_fwd({out.t({c.b, c.t, c.hq, c.d}), lse.t({c.b, c.hq, c.t}), q.t({c.b, c.t, c.hq, c.d}),
                        k.t({c.b, c.t, c.hkv, c.d}), v.t({c.b, c.t, c.hkv, c.d}), c.docs ? seg.i32() : nullptr, c.b, c.t,
-                       c.hq, c.hkv, c.d, a.scale(), 0, 0, c.window, 0.0f, c.sinks ? sinks.t({c.hq}) : Tensor()});
+                       c.hq, c.hkv, c.d, a.scale(), 0, 0, c.window, c.softcap, c.sinks ? sinks.t({c.hq}) : Tensor()});
     expect_close(std::string(c.name) + " out", out.download(), ref_out, {4 * kBf16U, 4 * kBf16U, 2 * kBf16U});
     expect_close(std::string(c.name) + " lse", lse.download(), ref_lse, {1e-5, 1e-4, 1e-5});
   }
@@ -143,7 +149,7 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
                              // Sliding windows counted from each query's cache position.
                              {"chunk_d64_w20", 2, 70, 150, 3, 1, 64, 20}, {"decode_d64_t200_w5", 2, 1, 200, 2, 1, 64, 5},
                              {"chunk_d32_w100", 1, 9, 130, 4, 2, 32, 100},
-                             {"decode_d64_t200_w128_sinks", 2, 1, 200, 8, 1, 64, 128, true}, {"chunk_d64_sinks", 1, 9, 130, 4, 2, 64, 0, true}};
+                             {"decode_d64_t200_w128_sinks", 1, 1, 200, 2, 1, 64, 128, true}, {"chunk_d64_sinks", 1, 9, 70, 2, 1, 64, 0, true}};
   uint64_t seed = 900;
   for (const auto& c : kv_cases) {
     SCOPED_TRACE(c.name);
@@ -191,7 +197,8 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
            f32_view(rdv.data(), {c.b, c.t, c.hkv, c.d}), f32_view(d.data(), {c.b, c.t, c.hq, c.d}),
            f32_view(q.data(), {c.b, c.t, c.hq, c.d}), f32_view(k.data(), {c.b, c.t, c.hkv, c.d}),
            f32_view(v.data(), {c.b, c.t, c.hkv, c.d}), f32_view(out.data(), {c.b, c.t, c.hq, c.d}),
-           f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window});
+           f32_view(lse.data(), {c.b, c.hq, c.t}), a.seg_host(), c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window,
+           c.softcap});
     }
     DBuf q(*cu, DType::BF16, a.q), k(*cu, DType::BF16, a.k), v(*cu, DType::BF16, a.v), d(*cu, DType::BF16, a.dout);
     DBuf o(*cu, DType::BF16, out), l(*cu, DType::F32, lse), seg(*cu, DType::I32, c.b * c.t);
@@ -208,7 +215,7 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
       AttentionBwdArgs args{dq.t({c.b, c.t, c.hq, c.d}), dk.t({c.b, c.t, c.hkv, c.d}), dv.t({c.b, c.t, c.hkv, c.d}),
                             d.t({c.b, c.t, c.hq, c.d}), q.t({c.b, c.t, c.hq, c.d}), k.t({c.b, c.t, c.hkv, c.d}),
                             v.t({c.b, c.t, c.hkv, c.d}), o.t({c.b, c.t, c.hq, c.d}), l.t({c.b, c.hq, c.t}),
-                            c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window};
+                            c.docs ? seg.i32() : nullptr, c.b, c.t, c.hq, c.hkv, c.d, a.scale(), 0, c.window, c.softcap};
       args.dq_mode = mode;
       args.sinks = c.sinks;  // lse carries them (from the CPU's forward above)
       cu->attention_bwd(args);

@@ -8,10 +8,12 @@ std::vector<DynamicSmem> attention_dynamic_smem() {
   using namespace qlora::cuda::attn;
   return {{"qlora::cuda::attn::attn_fwd_kernel<64>(", FwdTraits<64>::kSmemBytes},
           {"qlora::cuda::attn::attn_fwd_kernel<128>(", FwdTraits<128>::kSmemBytes},
-          {"qlora::cuda::attn::attn_bwd_kernel<64, true>(", BwdTraits<64>::kSmemBytes},
-          {"qlora::cuda::attn::attn_bwd_kernel<128, true>(", BwdTraits<128>::kSmemBytes},
-          {"qlora::cuda::attn::attn_bwd_kernel<64, false>(", BwdTraits<64>::kSmemBytes},
-          {"qlora::cuda::attn::attn_bwd_kernel<128, false>(", BwdTraits<128>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<64, true, false>(", BwdTraits<64>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<128, true, false>(", BwdTraits<128>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<64, false, false>(", BwdTraits<64>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<128, false, false>(", BwdTraits<128>::kSmemBytes},
+          {"qlora::cuda::attn::attn_bwd_kernel<64, false, true>(", BwdTraits<64>::kSmemBytes},  // soft-capped
+          {"qlora::cuda::attn::attn_bwd_kernel<128, false, true>(", BwdTraits<128>::kSmemBytes},
           {"qlora::cuda::attn::attn_bwd_dq_kernel<64>(", DqTraits<64>::kSmemBytes},
           {"qlora::cuda::attn::attn_bwd_dq_kernel<128>(", DqTraits<128>::kSmemBytes}};
 }

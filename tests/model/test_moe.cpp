@@ -497,3 +497,30 @@ TEST(Moe, GptOssCheckpointErrors) {
   }
   fs::remove_all(dir);
 }
+
+// QLoRA on gpt-oss: the attention in NF4 (base_precision) beside the experts in the checkpoint's
+// own MXFP4 bytes: both stored quantized, and the loss within NF4's rounding of the float
+// attention's (the experts' bytes are the same in both runs).
+TEST(Moe, GptOssNf4AttentionBesideMxfp4Experts) {
+  SafetensorsArchive fx(fixtures() + "/parity/gpt_oss.safetensors");
+  const Batch b = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
+  ModelPlanOptions po;
+  po.micro_batch = 2;
+  po.seq_len = 12;
+  TestModel f = make_model_on(make_cpu_backend(), "gpt_oss", po, fixture_lora("gpt_oss"));
+  po.method = Method::Qlora;
+  po.base_precision = BasePrecision::Nf4;
+  TestModel q = make_model_on(make_cpu_backend(), "gpt_oss", po, fixture_lora("gpt_oss"));
+  ASSERT_TRUE(q.model->quantized_base());
+  const PlannedBuffer* stack = q.model->plan().find("layers.0.experts.gate_proj");
+  const PlannedBuffer* attn = q.model->plan().find("layers.0.q_proj");
+  ASSERT_TRUE(stack && attn);
+  EXPECT_EQ(stack->bytes, f.model->plan().find("layers.0.experts.gate_proj")->bytes) << "MXFP4 in both";
+  EXPECT_EQ(q.model->base_quantized(0, "q_proj").params.format, QuantFormat::NF4);
+  const double lf = f.model->forward_loss(b) / double(b.n_trained()), lq = q.model->forward_loss(b) / double(b.n_trained());
+  EXPECT_NEAR(lq, double(floats(fx, "loss")[0]), 0.05 * lf);  // NF4 moves the loss a little
+  EXPECT_NE(lq, lf);                                           // but it does move it: the attention is NF4
+  q.model->zero_grads();
+  const double l = q.model->forward_backward(b, 1.0f, 0);
+  EXPECT_TRUE(std::isfinite(l));
+}

@@ -49,3 +49,27 @@ TEST(AttentionPath, SpeedModelUsesThePathsEfficiency) {
     EXPECT_EQ(p.speed.attention_path, own ? "own flash-attention kernel (mma.sync)" : "cuDNN fused attention (sm_90/sm_100)");
   }
 }
+
+// What cuDNN's graphs lack runs on the own kernels on every GPU: gpt-oss's sinks, and Gemma 2's
+// soft-capping, whose dq also takes its own pass (priced as such: more backward attention FLOPs).
+TEST(AttentionPath, SinksAndSoftCappingArePlannedOnTheOwnKernels) {
+  const PlanAssumptions& a = plan_assumptions();
+  EXPECT_EQ(attention_path(resolve_gpu("h100"), a, AttnDq::Accumulate, true).name, "own");
+  for (const char* model : {"gemma-2-27b", "gpt-oss-20b"}) {
+    PlanRequest r = request("h100");
+    r.model = preset_config(model);
+    r.model_label = model;
+    const PlanResult p = make_plan(r);
+    EXPECT_EQ(p.speed.attention_path.rfind("own flash-attention kernel", 0), 0u) << model << ": " << p.speed.attention_path;
+  }
+  PlanRequest r = request("h100");
+  r.model = preset_config("gemma-2-27b");
+  r.method = Method::Qlora;  // room for the dq accumulator: the uncapped run below keeps it
+  r.seq_len = 1024;
+  const PlanResult capped = make_plan(r);
+  EXPECT_NE(capped.speed.attention_path.find("dq in its own pass"), std::string::npos) << capped.speed.attention_path;
+  r.model.attn_logit_softcapping = 0;  // the same shape uncapped: cuDNN, fewer backward FLOPs
+  const PlanResult plain = make_plan(r);
+  EXPECT_EQ(plain.speed.attention_path.rfind("cuDNN", 0), 0u) << plain.speed.attention_path << " / " << capped.speed.attention_path;
+  EXPECT_GT(capped.speed.per_token.bwd.attn, plain.speed.per_token.bwd.attn);
+}

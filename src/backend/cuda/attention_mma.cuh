@@ -225,6 +225,7 @@ struct AttnParams {
   bf16* out;           // (B,T,Hq,D)
   float* lse;          // (B,Hq,T)
   const float* sinks;  // (Hq) attention sinks (natural-log logits), or null
+  float softcap;       // Gemma 2's attn_logit_softcapping: scores become softcap tanh(score / softcap); 0: none
   // backward
   const bf16* dout;    // (B,T,Hq,D)
   const float* lse_in; // (B,Hq,T)
@@ -236,6 +237,26 @@ struct AttnParams {
   bf16* dv;            // (B,T,Hkv,D)
   float scale;
 };
+
+// Score s = q.k of one element in the log2 domain: s scale, soft-capped (softcap tanh(s scale /
+// softcap), as the CPU backend) when p.softcap > 0, times log2 e. dcap (optional) "=" the cap's
+// derivative 1 - tanh^2 (1 without a cap), which the backward's dS carries.
+__device__ __forceinline__ float score_log2(const AttnParams& p, float s, float* dcap = nullptr) {
+  if (p.softcap <= 0.0f) {
+    if (dcap) *dcap = 1.0f;
+    return s * p.scale_log2;
+  }
+  const float t = tanhf(s * p.scale / p.softcap);
+  if (dcap) *dcap = 1.0f - t * t;
+  return t * p.softcap * kLog2e;
+}
+// The cap's derivative 1 - tanh^2 at an element whose P = exp2(score - lse2) is pv > 0 (the score
+// recovered from P: the key-major backward keeps no copy of S); 1 without a cap.
+__device__ __forceinline__ float cap_derivative_from_p(const AttnParams& p, float pv, float lse2) {
+  if (p.softcap <= 0.0f || pv <= 0.0f) return 1.0f;
+  const float t = (log2f(pv) + lse2) / (p.softcap * kLog2e);
+  return 1.0f - t * t;
+}
 
 }  // namespace qlora::cuda::attn
 

@@ -104,7 +104,7 @@ void attention_set_smem_limits() {
 void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   const char* op = "attention_fwd";
   const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
-  refuse_softcap(op, a.softcap);
+  check_softcap(op, a.softcap);
   const int64_t tk = a.t_kv == 0 ? g.t : a.t_kv;  // keys per sequence (more than t with a KV cache)
   if (tk < g.t || (tk > g.t && a.seg))
     fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 't_kv'",
@@ -119,21 +119,23 @@ void CudaBackend::attention_fwd(const AttentionFwdArgs& a) {
   if (g.b == 0 || g.t == 0) return;
   for (auto [name, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}}) check_vec_aligned(op, name, *t);
   if (a.sinks.data) check_tensor(op, "sinks", a.sinks, g.hq, false, true);
-  // sm_90/sm_100: cuDNN's fused attention (its graphs have no sinks: those run on the own kernel)
-  if (!a.sinks.data && cudnn_attention_fwd(*this, a, tk)) return;
+  // sm_90/sm_100: cuDNN's fused attention (its graphs have no sinks and no soft-capping: those run
+  // on the own kernel)
+  if (!a.sinks.data && a.softcap == 0.0f && cudnn_attention_fwd(*this, a, tk)) return;
   attn::AttnParams p = base_params(g, a.q, a.k, a.v, a.seg, a.scale);
   p.t_kv = tk;
   p.window = a.window < tk ? int(a.window) : 0;  // a window as long as the keys hides nothing
   p.out = static_cast<attn::bf16*>(a.out.data);
   p.lse = a.lse.f32();
   p.sinks = a.sinks.data ? a.sinks.f32() : nullptr;
+  p.softcap = a.softcap;
   attention_fwd_launch(p, g.b, stream_);
 }
 
 void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   const char* op = "attention_bwd";
   const AttnDims g = attn_dims(op, a.b, a.t, a.n_head, a.n_head_kv, a.head_dim, a.scale, a.window);
-  refuse_softcap(op, a.softcap);
+  check_softcap(op, a.softcap);
   const int64_t nq = g.b * g.t * g.hq * g.d, nkv = g.b * g.t * g.hkv * g.d;
   check_tensor(op, "dq", a.dq, nq, true, false);
   check_tensor(op, "dk", a.dk, nkv, true, false);
@@ -148,10 +150,12 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   for (auto [name, t] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dout", &a.dout}, {"q", &a.q},
                          {"k", &a.k}, {"v", &a.v}, {"out", &a.out}})
     check_vec_aligned(op, name, *t);
-  if (!a.sinks && cudnn_attention_bwd(*this, a)) return;  // sm_90/sm_100: cuDNN's fused attention (no sinks)
+  // sm_90/sm_100: cuDNN's fused attention (not with sinks or soft-capping)
+  if (!a.sinks && a.softcap == 0.0f && cudnn_attention_bwd(*this, a)) return;
 
   const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
-  const bool accumulate = a.dq_mode == AttnDq::Accumulate;
+  // Soft-capped scores: dQ in its own pass (the key-major kernel with the cap and the dQ part spills).
+  const bool accumulate = a.dq_mode == AttnDq::Accumulate && a.softcap == 0.0f;
   float* dq_acc = nullptr;  // (B,T,Hq,Dp)
   if (accumulate) {
     dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(rows * dp) * 4));
@@ -167,6 +171,7 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   p.window = a.window < g.t ? int(a.window) : 0;
   p.dout = static_cast<const attn::bf16*>(a.dout.data);
   p.lse_in = a.lse.f32();
+  p.softcap = a.softcap;
   p.delta = delta;
   p.dq_acc = dq_acc;
   p.dq = static_cast<attn::bf16*>(a.dq.data);

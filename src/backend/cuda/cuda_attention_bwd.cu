@@ -20,8 +20,9 @@ namespace qlora::cuda {
 
 namespace attn {
 
-// kDq false: dK and dV only (AttnDq::Recompute; p.dq_acc unused).
-template <int D, bool kDq>
+// kDq false: dK and dV only (AttnDq::Recompute; p.dq_acc unused). kCap: the scores soft-capped
+// (p.softcap > 0, Gemma 2), instantiated without dQ only (with it the tile-128 variant spills).
+template <int D, bool kDq, bool kCap = false>
 __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(const AttnParams p) {
   using Tr = BwdTraits<D>;
   QLORA_DYNAMIC_SMEM(smem, 128);
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int tl = nt * 8 + 2 * q4 + (e & 1);
-        float pv = exp2f(st[nt][e] * p.scale_log2 - lse2[tl]);
+        float pv = exp2f((kCap ? score_log2(p, st[nt][e]) : st[nt][e] * p.scale_log2) - lse2[tl]);
         if (need_mask) {
           const int64_t t = q0 + tl, key = key_r[e >> 1];
           const bool vis = key <= t && t < T && (seg == nullptr || seg[t] == seg_key[e >> 1]) &&
@@ -159,11 +160,16 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
       }
     }
 
-    // dS^T = P^T (dP^T - delta), kept in st.
+    // dS^T = P^T (dP^T - delta), kept in st (soft-capped: times the cap's derivative).
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) st[nt][e] *= dpt[nt][e] - dlt[nt * 8 + 2 * q4 + (e & 1)];
+      for (int e = 0; e < 4; e++) {
+        const int tl = nt * 8 + 2 * q4 + (e & 1);
+        float f = dpt[nt][e] - dlt[tl];
+        if constexpr (kCap) f *= cap_derivative_from_p(p, st[nt][e], lse2[tl]);
+        st[nt][e] *= f;
+      }
 
     // dK += dS^T Q   (unscaled; the epilogue applies `scale`)
     mma_c_by_tile<Tr::kBq / 16, D>(dk_acc, st, q_tile, lane);
@@ -245,21 +251,29 @@ size_t attention_bwd_smem_bytes(int64_t head_dim) {
   return attention_tile_width(head_dim) == 64 ? attn::BwdTraits<64>::kSmemBytes : attn::BwdTraits<128>::kSmemBytes;
 }
 
-// The four instantiations by tile width (64, 128) and whether the block adds its dQ part.
+// The four instantiations by tile width (64, 128) and whether the block adds its dQ part, and the
+// two with soft-capped scores (dQ in its own pass).
 static void (*const kBwdKernels[2][2])(attn::AttnParams) = {
     {attn::attn_bwd_kernel<64, false>, attn::attn_bwd_kernel<64, true>},
     {attn::attn_bwd_kernel<128, false>, attn::attn_bwd_kernel<128, true>}};
+static void (*const kBwdCapKernels[2])(attn::AttnParams) = {attn::attn_bwd_kernel<64, false, true>,
+                                                            attn::attn_bwd_kernel<128, false, true>};
 
 void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
   static_assert(attn::BwdTraits<64>::kThreads == attn::BwdTraits<128>::kThreads && attn::BwdTraits<64>::kBc == 64);
   const dim3 grid(unsigned(ceil_div64(p.t, attn::BwdTraits<64>::kBc)), unsigned(p.n_head_kv), unsigned(b));
-  launch(kBwdKernels[attention_tile_width(p.d) == 64 ? 0 : 1][p.dq_acc != nullptr],
+  const int w = attention_tile_width(p.d) == 64 ? 0 : 1;
+  if (p.softcap > 0.0f && p.dq_acc)
+    fail(ErrorKind::Internal, "attention_bwd", "soft-capped scores take dQ in its own pass (no accumulator)");
+  launch(p.softcap > 0.0f ? kBwdCapKernels[w] : kBwdKernels[w][p.dq_acc != nullptr],
          {grid, dim3(attn::BwdTraits<64>::kThreads), attention_bwd_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_bwd_set_smem_limits() {
-  for (int w = 0; w < 2; w++)
+  for (int w = 0; w < 2; w++) {
     for (int dq = 0; dq < 2; dq++) allow_dynamic_smem(kBwdKernels[w][dq], attention_bwd_smem_bytes(w == 0 ? 64 : 128));
+    allow_dynamic_smem(kBwdCapKernels[w], attention_bwd_smem_bytes(w == 0 ? 64 : 128));
+  }
 }
 
 }  // namespace qlora::cuda

@@ -114,14 +114,15 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2) attn_bwd_dq_kernel(c
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int r = e >> 1;
-        float pv = exp2f(s[nt][e] * p.scale_log2 - lse2[r]);
+        float dcap;
+        float pv = exp2f(score_log2(p, s[nt][e], &dcap) - lse2[r]);
         if (need_mask) {
           const int64_t key = k0 + nt * 8 + 2 * q4 + (e & 1), t = row_t[r];
           const bool vis = key <= t && key < T && (seg == nullptr || seg[key] == seg_row[r]) &&
                            (p.window == 0 || int(t - key) < p.window);
           if (!vis) pv = 0.0f;
         }
-        s[nt][e] = pv * (dp[nt][e] - dlt[r]);
+        s[nt][e] = pv * (dp[nt][e] - dlt[r]) * dcap;
       }
 
     // dQ += dS K: dS's C fragments become A fragments; K arrives transposed through ldmatrix.trans.

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        float x = s[nt][e] * p.scale_log2;
+        float x = score_log2(p, s[nt][e]);
         if (need_mask) {
           const int64_t key = k0 + nt * 8 + 2 * q4 + (e & 1), t = row_t[e >> 1];
           const bool vis = key <= t + off && key < Tk && (seg == nullptr || seg[key] == seg_row[e >> 1]) &&

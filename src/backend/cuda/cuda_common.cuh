@@ -84,8 +84,8 @@ void check_tensor(const char* op, const char* name, const Tensor& t, int64_t num
 void check_dim(const char* op, const char* dim, int64_t value);
 void check_ptr(const char* op, const char* what, const void* p);
 [[noreturn]] void unsupported(const char* op, const std::string& what, const std::string& hint = "");
-// Logit soft-capping (Gemma 2) is a CPU-backend feature: any nonzero softcap is Error(Unsupported).
-void refuse_softcap(const char* op, float softcap);
+// Logit soft-capping (Gemma 2): 0 (none) or a positive, finite cap, else Error(Internal).
+void check_softcap(const char* op, float softcap);
 
 // A float tensor as a kernel sees it: pointer plus whether its elements are BF16 (else F32).
 // The flag is uniform across a launch, so the branch in ldf/stf costs one predicate, and one

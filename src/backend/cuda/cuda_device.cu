@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -151,9 +152,10 @@ void check_tensor(const char* op, const char* name, const Tensor& t, int64_t num
          "check the op's dimension arguments against the tensor view");
 }
 
-void refuse_softcap(const char* op, float softcap) {
-  if (softcap != 0.0f)
-    unsupported(op, "logit soft-capping (Gemma 2) is not implemented by the cuda backend", "use device: cpu");
+void check_softcap(const char* op, float softcap) {
+  if (!(softcap >= 0.0f) || !std::isfinite(softcap))
+    fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'softcap'",
+         "must be 0 or positive and finite, got " + std::to_string(softcap));
 }
 
 void check_dim(const char* op, const char* dim, int64_t value) {

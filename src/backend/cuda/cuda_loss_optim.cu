@@ -33,13 +33,26 @@ __device__ __forceinline__ void push(MaxSum& a, float x) {
   }
 }
 
+// Gemma 2's final soft-capping of one logit: cap tanh(x / cap) as the CPU backend computes it, and
+// the factor 1 - tanh^2 its gradient carries (cap 0: x itself, factor 1).
+__device__ __forceinline__ float capped(float x, float cap, float* dfactor = nullptr) {
+  if (cap <= 0.0f) {
+    if (dfactor) *dfactor = 1.0f;
+    return x;
+  }
+  const float t = tanhf(x / cap);
+  if (dfactor) *dfactor = 1.0f - t * t;
+  return t * cap;
+}
+
 // One block per row. Pass 1 reads the row once with an online max/sum; pass 2 writes
-// dlogits = (softmax - onehot) * grad_scale. dlogits may alias logits: the label's logit and all
+// dlogits = (softmax - onehot) * grad_scale (times 1 - tanh^2 under soft-capping). dlogits may alias logits: the label's logit and all
 // pass-1 reads happen before the barrier inside the reduction, and pass 2 reads each element in
 // the thread that overwrites it.
 __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(FPtr logits, FPtr dlogits, float* __restrict__ losses,
                                                                    const int32_t* __restrict__ labels, int64_t vocab,
-                                                                   float grad_scale, int vec, DeviceErrorRecord* err) {
+                                                                   float grad_scale, float cap, int vec,
+                                                                   DeviceErrorRecord* err) {
   QLORA_SHARED(MaxSum[32], red);
   const int64_t row = int64_t(blockIdx.x) * vocab;
   const int32_t y = labels[blockIdx.x];
@@ -57,12 +70,12 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(FPtr logits, 
       float v[8];
       ld8(logits, row + j, v);
 #pragma unroll
-      for (int e = 0; e < 8; e++) push(acc, v[e]);
+      for (int e = 0; e < 8; e++) push(acc, capped(v[e], cap));
     }
   } else {
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) push(acc, ldf(logits, row + j));
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) push(acc, capped(ldf(logits, row + j), cap));
   }
-  const float x_label = ldf(logits, row + y);  // every thread, before any write
+  const float x_label = capped(ldf(logits, row + y), cap);  // every thread, before any write
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const MaxSum other{__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o)};
@@ -80,12 +93,19 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(FPtr logits, 
       float v[8];
       ld8(logits, row + j, v);
 #pragma unroll
-      for (int e = 0; e < 8; e++) v[e] = (expf(v[e] - lse) - (j + e == y ? 1.0f : 0.0f)) * grad_scale;
+      for (int e = 0; e < 8; e++) {
+        float f;
+        const float x = capped(v[e], cap, &f);
+        v[e] = (expf(x - lse) - (j + e == y ? 1.0f : 0.0f)) * grad_scale * f;
+      }
       st8(dlogits, row + j, v);
     }
   } else {
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-      stf(dlogits, row + j, (expf(ldf(logits, row + j) - lse) - (j == y ? 1.0f : 0.0f)) * grad_scale);
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      float f;
+      const float x = capped(ldf(logits, row + j), cap, &f);
+      stf(dlogits, row + j, (expf(x - lse) - (j == y ? 1.0f : 0.0f)) * grad_scale * f);
+    }
   }
 }
 
@@ -149,7 +169,7 @@ double decimal_value(float f) {
 
 void CudaBackend::cross_entropy_fwd_bwd(const CrossEntropyArgs& a) {
   const char* op = "cross_entropy_fwd_bwd";
-  refuse_softcap(op, a.softcap);
+  check_softcap(op, a.softcap);
   check_dim(op, "n", a.n);
   check_dim(op, "vocab", a.vocab);
   check_tensor(op, "logits", a.logits, a.n * a.vocab, true, true);
@@ -162,7 +182,7 @@ void CudaBackend::cross_entropy_fwd_bwd(const CrossEntropyArgs& a) {
   check_ptr(op, "labels", a.labels);
   const int vec = a.vocab % 8 == 0 && aligned16(a.logits.data) && aligned16(a.dlogits.data);
   launch(cross_entropy_kernel, {unsigned(a.n), kCeThreads, 0, stream_}, fptr(a.logits), fptr(a.dlogits), a.losses.f32(),
-         a.labels, a.vocab, a.grad_scale, vec, d_err_);
+         a.labels, a.vocab, a.grad_scale, a.softcap, vec, d_err_);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 
