@@ -24,6 +24,8 @@ std::string method_text(const PlanRequest& r) {
   std::string m = r.method == Method::Full ? "full fine-tune" : r.method == Method::Lora ? "LoRA" : "QLoRA";
   m += std::string(", base ") + base_precision_name(r.base());
   if (r.double_quant.value_or(false)) m += " + double quant";
+  if (r.expert_precision && *r.expert_precision != r.base())  // gpt-oss: its MXFP4 experts as shipped
+    m += std::string(", experts ") + base_precision_name(*r.expert_precision);
   if (r.method != Method::Full) {
     m += ", r=" + std::to_string(r.lora.r) + " on ";
     const bool all = !r.model.moe() && r.lora.targets == lora_modules(r.model);  // a MoE model's are the attention's
@@ -91,6 +93,7 @@ json request_json(const PlanResult& p) {
           {"method", method_name(r.method)},
           {"objective", objective_name(r.objective)},
           {"base_precision", base_precision_name(r.base())},
+          {"expert_precision", r.expert_precision ? json(base_precision_name(*r.expert_precision)) : json(nullptr)},
           {"double_quant", r.double_quant.value_or(false)},
           {"lora_r", r.method == Method::Full ? 0 : r.lora.r},
           {"targets", r.lora.targets},

@@ -13,6 +13,7 @@
 #include "plan/flops.h"
 #include "plan/gpu_catalog.h"
 #include "plan/planner.h"
+#include "plan/report.h"
 #include "quant/quantize.h"
 
 using namespace qlora;
@@ -431,6 +432,7 @@ TEST(Moe, GptOssConfigAndPlan) {
   PlanResult plan = make_plan(r);
   ASSERT_TRUE(plan.req.expert_precision.has_value());
   EXPECT_EQ(*plan.req.expert_precision, BasePrecision::Mxfp4);
+  EXPECT_NE(plan_text(plan).find("base bf16, experts mxfp4"), std::string::npos) << plan_text(plan);
   EXPECT_TRUE(plan.fits);
   for (const auto& w : plan.warnings) EXPECT_EQ(w.find("engine"), std::string::npos) << w;
   r.expert_precision = BasePrecision::Bf16;
