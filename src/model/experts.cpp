@@ -78,6 +78,30 @@ std::optional<std::pair<int64_t, int64_t>> hf_moe_tensor_shape(const LlamaConfig
   return std::nullopt;
 }
 
+// gpt-oss's tensors besides the Llama ones: its sinks, o_proj's and the router's biases and its fused
+// expert stacks, stored (experts, in, out) as GptOssExperts holds them; nullopt for any other name.
+std::optional<std::vector<int64_t>> gpt_oss_tensor_shape(const LlamaConfig& c, const std::string& name) {
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  if (c.model_type != "gpt_oss") return std::nullopt;
+  if (name.ends_with("self_attn.sinks")) return std::vector<int64_t>{c.n_head};
+  if (name.ends_with("self_attn.o_proj.bias")) return std::vector<int64_t>{C};
+  if (name.ends_with("mlp.router.weight")) return std::vector<int64_t>{E, C};
+  if (name.ends_with("mlp.router.bias")) return std::vector<int64_t>{E};
+  if (name.ends_with("mlp.experts.gate_up_proj")) return std::vector<int64_t>{E, C, 2 * F};
+  if (name.ends_with("mlp.experts.gate_up_proj_bias")) return std::vector<int64_t>{E, 2 * F};
+  if (name.ends_with("mlp.experts.down_proj")) return std::vector<int64_t>{E, F, C};
+  if (name.ends_with("mlp.experts.down_proj_bias")) return std::vector<int64_t>{E, C};
+  return std::nullopt;
+}
+
+// gpt-oss's fused expert stack `name` names, "gate_up_proj" or "down_proj"; "" for any other tensor.
+std::string gpt_oss_stack(const LlamaConfig& c, const std::string& name) {
+  if (c.model_type != "gpt_oss") return "";
+  for (const char* k : {"gate_up_proj", "down_proj"})
+    if (name.ends_with(std::string("mlp.experts.") + k)) return k;
+  return "";
+}
+
 namespace {
 
 struct Stack {
@@ -134,7 +158,7 @@ TensorSource gpt_oss_experts_source(const LlamaConfig& c, const TensorSource& sr
     if (shape != (s->bias ? std::vector<int64_t>{E, rows} : std::vector<int64_t>{E, rows, cols}))
       fail(ErrorKind::Internal, "experts", "stack '" + n + "' read with another shape");
     std::vector<float> buf(size_t(E * all_out * (s->bias ? 1 : cols)));
-    src.read_f32(fused(*s), s->bias ? std::vector<int64_t>{E, all_out} : std::vector<int64_t>{E, cols, all_out}, buf.data());
+    src.read_f32(fused(*s), *gpt_oss_tensor_shape(c, fused(*s)), buf.data());
     for (int64_t e = 0; e < E; e++)
       for (int64_t o = 0; o < rows; o++) {
         const int64_t fo = first + o * step;
@@ -149,23 +173,16 @@ TensorSource gpt_oss_experts_source(const LlamaConfig& c, const TensorSource& sr
     const auto s = stack_of(n);
     if (!s || s->kind.empty() || s->bias) return src.read_quantized ? src.read_quantized(n, rows, cols, q) : false;
     if (!src.read_quantized) return false;
-    const int64_t E = c.n_experts, out_e = rows / E;  // the engine's rows per expert
     const int64_t all_out = s->kind == "down_proj" ? c.hidden_size : 2 * c.expert_intermediate_size;
     QuantizedTensor all;
-    if (!src.read_quantized(fused(*s), E * all_out, cols, all)) return false;
-    const auto [first, step] = pick(*s);
+    if (!src.read_quantized(fused(*s), c.n_experts * all_out, cols, all)) return false;
     if (all.params.format != QuantFormat::MXFP4)
       fail(ErrorKind::Unsupported, src.description + ": tensor '" + fused(*s) + "'",
            "gpt-oss experts are read as stored in MXFP4 only");
-    q = QuantizedTensor{};
-    q.params = all.params;
-    q.rows = rows;
-    q.cols = cols;
-    for (int64_t e = 0; e < E; e++) {  // expert e's outputs of this kind, in order
-      const QuantizedTensor part = mxfp4_rows(all, e * all_out + first, out_e, step);
-      q.data.insert(q.data.end(), part.data.begin(), part.data.end());
-      q.scales.insert(q.scales.end(), part.scales.begin(), part.scales.end());
-    }
+    // Expert e's gate row i is the stack's row e 2F + 2i = 2 (e F + i), its up row that + 1: over
+    // all experts, every other row from 0 or 1 (down: every row).
+    const auto [first, step] = pick(*s);
+    q = mxfp4_rows(all, first, rows, step);
     return true;
   };
   return out;

@@ -37,6 +37,12 @@ std::optional<ExpertTensor> hf_expert_of(const LlamaConfig& c, const std::string
 // The (out,in) shape of a checkpoint tensor those two name; nullopt for any other name.
 std::optional<std::pair<int64_t, int64_t>> hf_moe_tensor_shape(const LlamaConfig& c, const std::string& hf_name);
 
+// gpt-oss (GptOssForCausalLM): the shape of its tensors besides the Llama ones (sinks, o_proj's and
+// the router's biases, the fused expert stacks (E, in, out) and their biases); nullopt for any
+// other name or model. And which fused stack a name is ("gate_up_proj", "down_proj"; "" if none).
+std::optional<std::vector<int64_t>> gpt_oss_tensor_shape(const LlamaConfig& c, const std::string& hf_name);
+std::string gpt_oss_stack(const LlamaConfig& c, const std::string& hf_name);
+
 // src itself for a dense model; else a source that also answers the engine's names
 // "model.layers.<l>.mlp.experts.<kind>" (the stack, (n_experts, out, in), read expert by expert) and
 // "model.layers.<l>.mlp.router.weight" (the router under the family's name). A quantized expert is

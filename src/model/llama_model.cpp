@@ -149,7 +149,8 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
   }
 
   // A module's lora_A and lora_B (planned under `base`), with their gradients and AdamW moments.
-  auto add_lora_pair = [&](const std::string& base, const std::string& peft_module, int64_t experts) {
+  auto add_lora_pair = [&](const std::string& base, const std::string& peft_module, int64_t experts,
+                           bool interleaved = false) {
     for (const char* ab : {"lora_A", "lora_B"}) {
       LoraParam lp;
       lp.name = base + ab;
@@ -159,10 +160,7 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
       const std::string shard = opts_.optimizer_shards > 1 ? ".shard" : "";  // ZeRO-1: this rank's share
       lp.m = arena_->get(lp.name + ".adam_m" + shard);
       lp.v = arena_->get(lp.name + ".adam_v" + shard);
-      if (std::string(ab) == "lora_B") {
-        lp.experts = experts;
-        lp.interleaved = experts > 0 && cfg_.model_type == "gpt_oss" && base.find(".gate_up_proj.") != std::string::npos;
-      }
+      if (std::string(ab) == "lora_B") lp.experts = experts, lp.interleaved = interleaved;
       lora_params_.push_back(lp);
     }
   };
@@ -188,7 +186,9 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg, Backend& be, const ModelPlanOptio
       const std::string base = "layers." + std::to_string(l) + ".experts." + kind + ".";
       if (!arena_->has(base + "lora_A")) continue;
       expert_lora_[size_t(l * 2 + k)] = int(lora_params_.size());
-      add_lora_pair(base, peft_expert_module_name(cfg_, l, kind, lora_), cfg_.n_experts);
+      // gpt-oss's gate_up_proj interleaves gate's and up's outputs (PEFT's B rows follow it).
+      add_lora_pair(base, peft_expert_module_name(cfg_, l, kind, lora_), cfg_.n_experts,
+                    cfg_.model_type == "gpt_oss" && kind == "gate_up_proj");
     }
   std::vector<float> inv = rope_inv_freq(cfg_);  // LongRoPE: the short factors until a batch needs the long
   be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);

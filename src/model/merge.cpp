@@ -37,30 +37,6 @@ std::string lora_module_of(const std::string& hf_name) {
   return "layers." + layer + "." + rest.substr(p + 1, rest.size() - p - 1 - std::string(".weight").size());
 }
 
-// gpt-oss's tensors besides the Llama ones: its sinks, o_proj's and the router's biases and its fused
-// expert stacks, stored (experts, in, out) as GptOssExperts holds them; nullopt for any other name.
-static std::optional<std::vector<int64_t>> gpt_oss_tensor_shape(const LlamaConfig& c, const std::string& name) {
-  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
-  if (c.model_type != "gpt_oss") return std::nullopt;
-  if (name.ends_with("self_attn.sinks")) return std::vector<int64_t>{c.n_head};
-  if (name.ends_with("self_attn.o_proj.bias")) return std::vector<int64_t>{C};
-  if (name.ends_with("mlp.router.weight")) return std::vector<int64_t>{E, C};
-  if (name.ends_with("mlp.router.bias")) return std::vector<int64_t>{E};
-  if (name.ends_with("mlp.experts.gate_up_proj")) return std::vector<int64_t>{E, C, 2 * F};
-  if (name.ends_with("mlp.experts.gate_up_proj_bias")) return std::vector<int64_t>{E, 2 * F};
-  if (name.ends_with("mlp.experts.down_proj")) return std::vector<int64_t>{E, F, C};
-  if (name.ends_with("mlp.experts.down_proj_bias")) return std::vector<int64_t>{E, C};
-  return std::nullopt;
-}
-
-// gpt-oss's fused expert stack `name` names, "gate_up_proj" or "down_proj"; "" for any other tensor.
-static std::string gpt_oss_stack(const LlamaConfig& c, const std::string& name) {
-  if (c.model_type != "gpt_oss") return "";
-  for (const char* k : {"gate_up_proj", "down_proj"})
-    if (name.ends_with(std::string("mlp.experts.") + k)) return k;
-  return "";
-}
-
 std::vector<int64_t> llama_hf_tensor_shape(const LlamaConfig& c, const std::string& name) {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {c.vocab_size, c.hidden_size};
   if (const auto g = gpt_oss_tensor_shape(c, name)) return *g;
@@ -179,7 +155,8 @@ void MergedModel::read(const std::string& hf_name, float* dst) const {
     // The stack (E, in, out) in GptOssExperts' own layout (gate_up's outputs interleaved, as PEFT's
     // B rows are): expert e's delta^T, W[e][i][o] += s sum_j B[o][j*E + e] A[e*r + j][i].
     const int64_t E = shape[0], in = shape[1], out = shape[2];
-    const std::string key = peft_expert_module_name(cfg_, std::stoll(hf_name.substr(13)), kind, adapter_->spec);
+    const int64_t layer = std::stoll(hf_name.substr(std::string("model.layers.").size()));
+    const std::string key = peft_expert_module_name(cfg_, layer, kind, adapter_->spec);
     const std::vector<float> a = adapter_->weights->read_f32(key + ".lora_A.weight", {r * E, in});
     const std::vector<float> bt = adapter_->weights->read_f32(key + ".lora_B.weight", {out, r * E});
     std::vector<float> delta(size_t(out * in)), b(size_t(out * r));
