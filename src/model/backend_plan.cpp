@@ -118,9 +118,11 @@ void plan_cuda_backend_buffers(MemoryPlan& plan, const LlamaConfig& c, const Mod
   }
 
   // attention_bwd on micro_batch x seq_len tokens: dq accumulated in f32 at the kernel's tile
-  // width (none when dq has its own pass, AttnDq::Recompute), and delta per (token, query head).
+  // width (none when dq has its own pass: AttnDq::Recompute, soft-capped scores, head dims over
+  // 128), and delta per (token, query head).
+  const bool dq_acc = o.attn_dq == AttnDq::Accumulate && !cp::attention_dq_own_pass(c.head_dim, c.attn_logit_softcapping > 0);
   plan.add(cp::scratch_buffer_name(cp::ScratchSlot::AttnDqAcc), MC::Workspace, DType::F32,
-           {o.attn_dq == AttnDq::Accumulate ? N : 0, c.n_head, cp::attention_dq_cols(c.head_dim)}, Lifetime::Layer);
+           {dq_acc ? N : 0, c.n_head, cp::attention_dq_cols(c.head_dim)}, Lifetime::Layer);
   plan.buffers.back().owner = BufferOwner::ArenaScratch;
   // On sm_90/sm_100 the cuDNN path runs instead (no plan knows the device): its workspace goes
   // to the dq slot (a larger request is an Internal error) and its ragged offsets to the delta slot.

@@ -48,8 +48,8 @@ FlopCounts flops_per_token(const LlamaConfig& c, const FlopOptions& o) {
   const double A = 4.0 * double(c.q_dim()) * pairs;
 
   // The backward's five products (S, dP, dV, dK, dQ) are 2.5 A; with dq in its own pass S and dP
-  // run twice: 3.5 A.
-  const double attn_bwd = (o.dq_recompute ? 3.5 : 2.5) * A;
+  // run twice: 3.5 A; with dK/dV split over warp pairs once more: 4.5 A.
+  const double attn_bwd = (2.5 + (o.dq_recompute ? 1.0 : 0.0) + (o.dkv_split ? 1.0 : 0.0)) * A;
   FlopCounts f;
   f.fwd = {2 * s.n_lin, 2 * s.n_head, 2 * r * s.p_l, A};
   if (full)

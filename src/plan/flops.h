@@ -19,6 +19,9 @@ struct FlopOptions {
   bool recompute = false;            // activation checkpointing re-runs each layer's forward
   bool reference = false;            // DPO/KTO: one more forward, the adapters off, nothing kept
   bool dq_recompute = false;         // the attention backward's dq in its own pass (AttnDq::Recompute)
+  // The key-major backward's dK/dV split over two warps per key rows, each computing S^T and dP^T
+  // (the GPU's own kernels at head dims over 128): S and dP once more.
+  bool dkv_split = false;
 };
 
 // FLOPs of one pass, split by where they run (base GEMMs may use fp8/fp4 tensor cores).

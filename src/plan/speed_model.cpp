@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "backend/cuda_scratch.h"
+
 #include "model/backend_plan.h"
 #include "model/experts.h"
 #include "model/model_plan.h"
@@ -62,12 +64,15 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   if (is_preference(r.objective)) fo.attn_len = std::max<int64_t>(1, r.seq_len / 2);
   fo.recompute = recompute;
   fo.reference = uses_reference(r.objective) && !r.reference_precomputed;
-  // Soft-capped scores (Gemma 2) take dq in its own pass on the GPU whatever the mode; they and
-  // gpt-oss's sinks run on the own kernels (cuDNN's graphs have neither).
-  const bool capped = c.attn_logit_softcapping > 0, own_only = capped || c.attention_sinks;
-  fo.dq_recompute = (opts.attn_dq == AttnDq::Recompute || capped) && !r.gpu.is_cpu;
+  // Soft-capped scores (Gemma 2) and head dims over 128 take dq in its own pass on the GPU
+  // whatever the mode; they and gpt-oss's sinks run on the own kernels (cuDNN's graphs have no
+  // cap and no sinks, and take head dims up to 128).
+  const bool capped = c.attn_logit_softcapping > 0, own_only = capped || c.attention_sinks || c.head_dim > 128;
+  const bool dq_own = opts.attn_dq == AttnDq::Recompute || cuda_plan::attention_dq_own_pass(c.head_dim, capped);
+  fo.dq_recompute = dq_own && !r.gpu.is_cpu;
+  fo.dkv_split = c.head_dim > 128 && !r.gpu.is_cpu;
   e.per_token = flops_per_token(c, fo);
-  const AttentionPath path = attention_path(r.gpu, a, capped ? AttnDq::Recompute : opts.attn_dq, own_only);
+  const AttentionPath path = attention_path(r.gpu, a, dq_own ? AttnDq::Recompute : opts.attn_dq, own_only);
   e.attention_path = path.description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // cuDNN's diagonal band, or the own kernel's window mask
     int64_t windowed = 0;

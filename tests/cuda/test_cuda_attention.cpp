@@ -1,5 +1,5 @@
 // Flash-attention forward and backward on the GPU against the CPU reference: causal, GQA, packed
-// documents, head dims 64 and 128, sequence lengths that do and do not fill the tiles.
+// documents, head dims 64, 128 and 256, sequence lengths that do and do not fill the tiles.
 //
 // Tolerances (bf16-derived, u = 2^-8): the kernels round P (fwd) and P, dS (bwd) to bf16 before
 // their tensor-core products, a relative error of up to u per term, plus one rounding of each
@@ -83,7 +83,10 @@ std::vector<AttnCase> cases() {
             // gpt-oss's attention sinks, with and without its windows
             {"small_d64_t130_docs_w40_sinks", 1, 130, 2, 1, 64, 2, 40, true}, {"small_d16_t12_sinks", 2, 12, 4, 2, 16, 0, 0, true},
             // Gemma 2's soft-capping (caps the scores of N(0,1) q, k cross), with its windows
-            {"small_d128_t70_docs_w30_cap", 1, 70, 2, 1, 128, 2, 30, false, 2.0f}, {"small_d32_t70_cap", 1, 70, 2, 1, 32, 0, 0, false, 0.5f}};
+            {"small_d128_t70_docs_w30_cap", 1, 70, 2, 1, 128, 2, 30, false, 2.0f}, {"small_d32_t70_cap", 1, 70, 2, 1, 32, 0, 0, false, 0.5f},
+            // Tile width 256 (Gemma's head dim) with a window and documents (192 zero-padded into
+            // it, and the cap, run in the full list).
+            {"small_d256_t45_docs_w30", 1, 45, 2, 1, 256, 2, 30}};
   return {
       {"llama8b_t77", 1, 77, 32, 8, 128, 0},          // Llama-3-8B heads, odd length
       {"llama8b_t1024_docs", 1, 1024, 32, 8, 128, 4},  // packed documents
@@ -107,6 +110,11 @@ std::vector<AttnCase> cases() {
       // Gemma 2 27B (head_dim 128, 32 query heads of 16 kv heads, windows of 4096 on alternate layers)
       {"gemma2_27b_d128_t300_w100_cap_docs", 1, 300, 8, 4, 128, 3, 100, false, 2.0f},
       {"d64_t256_cap", 2, 256, 4, 2, 64, 0, 0, false, 1.0f},
+      // Head dim 256: Gemma 3 1B-12B (windows of 512-1024 on 5 of 6 layers), Gemma 2 2B/9B (caps
+      // and windows); 192 zero-padded into the 256 tile.
+      {"gemma3_d256_t200_gqa_w64_docs", 1, 200, 4, 2, 256, 3, 64},
+      {"gemma2_9b_d256_t130_w50_cap", 1, 130, 2, 1, 256, 0, 50, false, 2.0f},
+      {"d192_t100_docs", 1, 100, 2, 2, 192, 2},
   };
 }
 
@@ -149,7 +157,9 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
                              // Sliding windows counted from each query's cache position.
                              {"chunk_d64_w20", 2, 70, 150, 3, 1, 64, 20}, {"decode_d64_t200_w5", 2, 1, 200, 2, 1, 64, 5},
                              {"chunk_d32_w100", 1, 9, 130, 4, 2, 32, 100},
-                             {"decode_d64_t200_w128_sinks", 1, 1, 200, 2, 1, 64, 128, true}, {"chunk_d64_sinks", 1, 9, 70, 2, 1, 64, 0, true}};
+                             {"decode_d64_t200_w128_sinks", 1, 1, 200, 2, 1, 64, 128, true}, {"chunk_d64_sinks", 1, 9, 70, 2, 1, 64, 0, true},
+                             // Gemma's head dim 256 (key tiles of 32), with its local layers' window
+                             {"decode_d256_t100_w50", 1, 1, 100, 2, 1, 256, 50}, {"chunk_d256", 1, 9, 70, 2, 1, 256}};
   uint64_t seed = 900;
   for (const auto& c : kv_cases) {
     SCOPED_TRACE(c.name);
@@ -244,7 +254,7 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
 
 CUDA_OP_TEST(attention_fwd, unsupported_head_dim_is_an_error) {
   QLORA_REQUIRE_CUDA(cu);
-  for (int64_t d : {100, 136}) {  // not a multiple of 8; wider than the widest tile
+  for (int64_t d : {100, 264}) {  // not a multiple of 8; wider than the widest tile
     DBuf buf(*cu, DType::BF16, 4 * d), lse(*cu, DType::F32, 4);
     const Tensor x = buf.t({1, 4, 1, d});
     try {

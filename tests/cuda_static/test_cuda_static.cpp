@@ -72,10 +72,14 @@ std::vector<DynamicSmem> dynamic_smem_table() {
 // The flash-attention kernels that must use tensor cores; each must be present for every arch.
 const std::vector<std::string> kAttentionKernels = {
     "qlora::cuda::attn::attn_fwd_kernel<64>(", "qlora::cuda::attn::attn_fwd_kernel<128>(",
+    "qlora::cuda::attn::attn_fwd_kernel<256>(",
     "qlora::cuda::attn::attn_bwd_kernel<64, true, false>(", "qlora::cuda::attn::attn_bwd_kernel<128, true, false>(",
     "qlora::cuda::attn::attn_bwd_kernel<64, false, false>(", "qlora::cuda::attn::attn_bwd_kernel<128, false, false>(",
+    "qlora::cuda::attn::attn_bwd_kernel<256, false, false>(",
     "qlora::cuda::attn::attn_bwd_kernel<64, false, true>(", "qlora::cuda::attn::attn_bwd_kernel<128, false, true>(",
-    "qlora::cuda::attn::attn_bwd_dq_kernel<64>(", "qlora::cuda::attn::attn_bwd_dq_kernel<128>("};
+    "qlora::cuda::attn::attn_bwd_kernel<256, false, true>(",
+    "qlora::cuda::attn::attn_bwd_dq_kernel<64>(", "qlora::cuda::attn::attn_bwd_dq_kernel<128>(",
+    "qlora::cuda::attn::attn_bwd_dq_kernel<256>("};
 
 // ---- Configuration ------------------------------------------------------------------------------
 

@@ -92,24 +92,42 @@ TEST(PlanBackend, ScratchFollowsTheShape) {
   EXPECT_EQ(make_plan(r).plan.find("cuda.matmul_cvt_b")->bytes, 8 * 14336 * 2);
 }
 
-// A model the CUDA backend refuses (head dim above 128: Gemma 3 1B-12B) is still planned on a GPU,
-// and the plan says so; Gemma 3 27B (head dim 128) and the CPU plan carry no such warning.
+// A model the CUDA backend refuses (a head dim above 256 or not a multiple of 8) is still planned
+// on a GPU, and the plan says so; Gemma's head dims (256: Gemma 3 1B-12B, Gemma 2 2B/9B; 128: the
+// 27Bs) and the CPU plan carry no such warning.
 TEST(PlanBackend, HeadDimsTheCudaAttentionRefusesAreNamed) {
-  auto warned = [](const std::string& model, const std::string& gpu) {
+  auto warned = [](const std::string& model, const std::string& gpu, int64_t head_dim = 0) {
     PlanRequest r = request(gpu);
     r.model = preset_config(model);
+    if (head_dim) r.model.head_dim = head_dim;
     r.model_label = model;
     for (const auto& w : make_plan(r).warnings)
       if (w.find("head dims") != std::string::npos) return true;
     return false;
   };
-  EXPECT_TRUE(warned("gemma-3-4b", "h100-sxm"));
-  EXPECT_FALSE(warned("gemma-3-27b", "h100-sxm"));
-  EXPECT_FALSE(warned("gemma-3-4b", "cpu"));
-  // Gemma 2 27B (head dim 128, soft-capping on the own flash kernels) carries none either; 9B
-  // (head dim 256) does.
-  EXPECT_FALSE(warned("gemma-2-27b", "h100-sxm"));
-  EXPECT_TRUE(warned("gemma-2-9b", "h100-sxm"));
+  for (const char* m : {"gemma-3-4b", "gemma-3-12b", "gemma-3-27b", "gemma-2-9b", "gemma-2-27b"})
+    EXPECT_FALSE(warned(m, "h100-sxm")) << m;
+  EXPECT_TRUE(warned("gemma-3-4b", "h100-sxm", 288));
+  EXPECT_TRUE(warned("gemma-3-4b", "h100-sxm", 100));
+  EXPECT_FALSE(warned("gemma-3-4b", "cpu", 288));
+}
+
+// Head dims over 128 run on the own flash kernels with dq in its own pass on every GPU (cuDNN's
+// graphs are taken up to 128), so the plan holds no dq accumulator for them and names that path;
+// Gemma 3 27B (head dim 128) on an H100 takes cuDNN with the accumulator.
+TEST(PlanBackend, HeadDim256IsPlannedOnTheOwnKernels) {
+  auto plan_of = [](const std::string& model) {
+    PlanRequest r = request("h100-sxm");
+    r.model = preset_config(model);
+    r.model_label = model;
+    return make_plan(r);
+  };
+  const PlanResult wide = plan_of("gemma-3-4b"), narrow = plan_of("gemma-3-27b");
+  EXPECT_EQ(wide.plan.find("cuda.attn_dq_acc")->bytes, 0);
+  EXPECT_GT(narrow.plan.find("cuda.attn_dq_acc")->bytes, 0);
+  EXPECT_NE(wide.speed.attention_path.find("own flash-attention kernels (mma.sync), dq in its own pass"), std::string::npos)
+      << wide.speed.attention_path;
+  EXPECT_NE(narrow.speed.attention_path.find("cuDNN"), std::string::npos) << narrow.speed.attention_path;
 }
 
 // --targets in the model's LoRA modules: Phi-4's all-linear is its four fused modules (the LoRA

@@ -18,18 +18,25 @@ namespace qlora::cuda::attn {
 
 using bf16 = __nv_bfloat16;
 
-// Tile traits: the two tile widths with kernels, and the block shapes chosen for them. A head dim
-// d (a multiple of 8, at most 128) runs on the smallest tile width D >= d: the columns past d are
-// loaded as zeros (they add nothing to Q K^T) and never stored.
+// Tile traits: the three tile widths with kernels, and the block shapes chosen for them. A head
+// dim d (a multiple of 8, at most 256) runs on the smallest tile width D >= d: the columns past d
+// are loaded as zeros (they add nothing to Q K^T) and never stored. Width 256 (Gemma's head dim)
+// keeps a thread's accumulators (16 rows x 256 columns per warp: 128 f32 registers) in the
+// register file by narrower key steps, Q re-read from shared memory and, in the key-major
+// backward, dK and dV split by columns over two warps (BwdTraits::kDSplit).
+template <int D>
+inline constexpr bool kTileWidth = D == 64 || D == 128 || D == 256;
+
 template <int D>
 struct FwdTraits {
-  static_assert(D == 64 || D == 128, "attention kernels exist for tile widths 64 and 128");
+  static_assert(kTileWidth<D>, "attention kernels exist for tile widths 64, 128 and 256");
   static constexpr int kHeadDim = D;
-  static constexpr int kBr = 128;            // queries per block (8 warps x 16 rows)
-  static constexpr int kBc = 64;             // keys per main-loop step
+  static constexpr int kBr = 128;              // queries per block (8 warps x 16 rows)
+  static constexpr int kBc = D == 256 ? 32 : 64;  // keys per main-loop step
+  static constexpr bool kQInRegs = D <= 128;   // Q's A fragments held for the whole loop (256: re-read per step)
   static constexpr int kWarps = kBr / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kChunks = D / 8;      // 16-byte chunks per row
+  static constexpr int kChunks = D / 8;        // 16-byte chunks per row
   static constexpr int kQBytes = kBr * D * 2;
   static constexpr int kKVBytes = kBc * D * 2;  // one K (or V) stage
   static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q + 2 stages of K and V
@@ -37,12 +44,18 @@ struct FwdTraits {
 
 template <int D>
 struct BwdTraits {
-  static_assert(D == 64 || D == 128, "attention kernels exist for tile widths 64 and 128");
+  static_assert(kTileWidth<D>, "attention kernels exist for tile widths 64, 128 and 256");
   static constexpr int kHeadDim = D;
-  static constexpr int kBc = 64;             // keys per block (4 warps x 16 rows of S^T)
+  static constexpr int kBc = 64;             // keys per block (4 key warps x 16 rows of S^T)
   static constexpr int kBq = 32;             // queries per main-loop step
-  static constexpr int kWarps = kBc / 16;
+  // Warps that share 16 keys: each computes their whole S^T and dP^T and accumulates D / kDSplit
+  // columns of dK and dV (width 256: 2, the price being S^T and dP^T computed twice).
+  static constexpr int kDSplit = D == 256 ? 2 : 1;
+  static constexpr int kCols = D / kDSplit;  // dK/dV columns per warp
+  static constexpr int kKeyWarps = kBc / 16;
+  static constexpr int kWarps = kKeyWarps * kDSplit;
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMinBlocks = D == 256 ? 1 : 2;  // __launch_bounds__: 256 threads at 1 block keep 255 registers
   static constexpr int kChunks = D / 8;
   static constexpr int kKVBytes = kBc * D * 2;
   static constexpr int kQBytes = kBq * D * 2;   // one Q (or dO) stage
@@ -56,10 +69,10 @@ struct BwdTraits {
 // dO held in shared memory, two stages of K and V.
 template <int D>
 struct DqTraits {
-  static_assert(D == 64 || D == 128, "attention kernels exist for tile widths 64 and 128");
+  static_assert(kTileWidth<D>, "attention kernels exist for tile widths 64, 128 and 256");
   static constexpr int kHeadDim = D;
   static constexpr int kBr = 64;             // queries per block
-  static constexpr int kBc = 64;             // keys per main-loop step
+  static constexpr int kBc = D == 256 ? 32 : 64;  // keys per main-loop step
   static constexpr int kWarps = kBr / 16;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = D / 8;
@@ -186,10 +199,12 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], c
 // acc += A B for one warp's 16 rows: A (16 x 16kK) is held as the f32 C fragments c[0..2kK) of
 // 8-column n-tiles (each pair packed into the A fragment of one 16-wide k-slice), B is the
 // (16kK, D) swizzled tile `b` in shared memory, read transposed through ldmatrix.trans into the B
-// fragments of acc's 8-column tiles. The softmax-side products of the attention kernels: P V and
-// dS K (rows = queries), P^T dO and dS^T Q (rows = keys).
-template <int kK, int D>
-__device__ __forceinline__ void mma_c_by_tile(float (&acc)[D / 8][4], const float (&c)[2 * kK][4], uint32_t b, int lane) {
+// fragments of acc's 8-column tiles; acc holds N of B's columns from 16-byte chunk `chunk0` on (all
+// D by default). The softmax-side products of the attention kernels: P V and dS K (rows =
+// queries), P^T dO and dS^T Q (rows = keys).
+template <int kK, int D, int N = D>
+__device__ __forceinline__ void mma_c_by_tile(float (&acc)[N / 8][4], const float (&c)[2 * kK][4], uint32_t b, int lane,
+                                              int chunk0 = 0) {
   int lr, lc;
   lane_rows16(lane, lr, lc);
 #pragma unroll
@@ -197,9 +212,9 @@ __device__ __forceinline__ void mma_c_by_tile(float (&acc)[D / 8][4], const floa
     uint32_t a[4];
     c_to_a(a, c[2 * kk], c[2 * kk + 1]);
 #pragma unroll
-    for (int dt = 0; dt < D / 16; dt++) {
+    for (int dt = 0; dt < N / 16; dt++) {
       uint32_t bf[4];
-      ldsm_x4_t(bf, b + swz(kk * 16 + lr, dt * 2 + lc, D / 8));
+      ldsm_x4_t(bf, b + swz(kk * 16 + lr, chunk0 + dt * 2 + lc, D / 8));
       mma16816(acc[2 * dt], a, bf[0], bf[1]);
       mma16816(acc[2 * dt + 1], a, bf[2], bf[3]);
     }
@@ -261,9 +276,15 @@ __device__ __forceinline__ float cap_derivative_from_p(const AttnParams& p, floa
 }  // namespace qlora::cuda::attn
 
 namespace qlora::cuda {
-// Kernel launchers (cuda_attention_fwd.cu / cuda_attention_bwd.cu); p.d is a multiple of 8 in [8, 128].
+// Kernel launchers (cuda_attention_fwd.cu / cuda_attention_bwd.cu); p.d is a multiple of 8 in [8, 256].
 // The tile width a head dim runs on.
-inline int attention_tile_width(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+inline int attention_tile_width(int64_t head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
+// Of three per-width values (a kernel instance, its shared memory, its block), the one a head dim runs on.
+template <class T>
+T by_tile_width(int64_t head_dim, T w64, T w128, T w256) {
+  const int w = attention_tile_width(head_dim);
+  return w == 64 ? w64 : w == 128 ? w128 : w256;
+}
 void attention_fwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
 void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);
 void attention_bwd_dq_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s);

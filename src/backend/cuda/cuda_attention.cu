@@ -62,8 +62,8 @@ AttnDims attn_dims(const char* op, int64_t b, int64_t t, int64_t hq, int64_t hkv
   if (!(scale > 0.0f) || !std::isfinite(scale))
     fail(ErrorKind::Internal, std::string("cuda op ") + op + ", argument 'scale'",
          "scale must be positive and finite, got " + std::to_string(scale), "normally 1/sqrt(head_dim)");
-  if (d % 8 != 0 || d > 128)
-    unsupported(op, "head_dim " + std::to_string(d) + " has no flash-attention kernel (head dims that are multiples of 8 up to 128 do)",
+  if (d % 8 != 0 || d > 256)
+    unsupported(op, "head_dim " + std::to_string(d) + " has no flash-attention kernel (head dims that are multiples of 8 up to 256 do)",
                 "use device=cpu for this model");
   if (hq > 65535 || b > 65535) unsupported(op, "more than 65535 heads or sequences in one call");
   return {b, t, hq, hkv, d};
@@ -153,9 +153,9 @@ void CudaBackend::attention_bwd(const AttentionBwdArgs& a) {
   // sm_90/sm_100: cuDNN's fused attention (not with sinks or soft-capping)
   if (!a.sinks && a.softcap == 0.0f && cudnn_attention_bwd(*this, a)) return;
 
-  const int64_t rows = g.b * g.t * g.hq, dp = attention_tile_width(g.d);
-  // Soft-capped scores: dQ in its own pass (the key-major kernel with the cap and the dQ part spills).
-  const bool accumulate = a.dq_mode == AttnDq::Accumulate && a.softcap == 0.0f;
+  const int64_t rows = g.b * g.t * g.hq, dp = cuda_plan::attention_dq_cols(g.d);
+  // Soft-capped scores and head dims over 128: dQ in its own pass (cuda_scratch.h).
+  const bool accumulate = a.dq_mode == AttnDq::Accumulate && !cuda_plan::attention_dq_own_pass(g.d, a.softcap > 0.0f);
   float* dq_acc = nullptr;  // (B,T,Hq,Dp)
   if (accumulate) {
     dq_acc = static_cast<float*>(scratch(Scratch::AttnDq, size_t(rows * dp) * 4));

@@ -9,7 +9,9 @@
 // accumulator with atomics (dq is reproducible to rounding only). Instantiated with kDq false
 // (AttnDq::Recompute, p.dq_acc null) the block skips dQ, which attn_bwd_dq_kernel
 // (cuda_attention_dq.cu) computes in a query-major pass of its own. Instantiated for tile widths
-// D = 64, 128; smaller head dims run zero-padded (attention_mma.cuh).
+// D = 64, 128 and 256; smaller head dims run zero-padded (attention_mma.cuh). At 256 two warps
+// share each 16 keys, each holding half of dK's and dV's columns (BwdTraits::kDSplit), and dQ
+// always takes its own pass.
 #include <climits>
 #include <cmath>
 
@@ -23,10 +25,14 @@ namespace attn {
 // kDq false: dK and dV only (AttnDq::Recompute; p.dq_acc unused). kCap: the scores soft-capped
 // (p.softcap > 0, Gemma 2), instantiated without dQ only (with it the tile-128 variant spills).
 template <int D, bool kDq, bool kCap = false>
-__global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(BwdTraits<D>::kThreads, BwdTraits<D>::kMinBlocks) attn_bwd_kernel(const AttnParams p) {
   using Tr = BwdTraits<D>;
+  static_assert(!kDq || Tr::kDSplit == 1, "with dK/dV split over warps, dQ takes its own pass");
   QLORA_DYNAMIC_SMEM(smem, 128);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+  const int lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+  // warp: this warp's 16 keys (rows warp*16 of the block's); dh: its part of dK's and dV's columns
+  const int warp = Tr::kDSplit == 1 ? threadIdx.x >> 5 : (threadIdx.x >> 5) % Tr::kKeyWarps;
+  const int dh = Tr::kDSplit == 1 ? 0 : (threadIdx.x >> 5) / Tr::kKeyWarps;
   const int64_t T = p.t;
   const int hk = blockIdx.y, b = blockIdx.z;
   const int64_t k0 = int64_t(blockIdx.x) * Tr::kBc;
@@ -72,9 +78,10 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
     cp_async_commit();
   };
 
-  float dk_acc[D / 8][4], dv_acc[D / 8][4];  // rows g, g+8 of this warp's 16 keys
+  // rows g, g+8 of this warp's 16 keys; columns [dh kCols, (dh + 1) kCols)
+  float dk_acc[Tr::kCols / 8][4], dv_acc[Tr::kCols / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; i++)
+  for (int i = 0; i < Tr::kCols / 8; i++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
   const int64_t key_r[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
@@ -138,7 +145,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
       }
 
     // dV += P^T dO   (k = queries; dO arrives transposed through ldmatrix.trans)
-    mma_c_by_tile<Tr::kBq / 16, D>(dv_acc, st, do_tile, lane);
+    mma_c_by_tile<Tr::kBq / 16, D, Tr::kCols>(dv_acc, st, do_tile, lane, dh * Tr::kCols / 8);
 
     // dP^T = V dO^T. The k-slices run as a loop, not unrolled: unrolled, the tile width 128
     // variants sit at 255 registers and spill on sm_80/sm_100 (checked by ptxas -warn-spills).
@@ -172,7 +179,7 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
       }
 
     // dK += dS^T Q   (unscaled; the epilogue applies `scale`)
-    mma_c_by_tile<Tr::kBq / 16, D>(dk_acc, st, q_tile, lane);
+    mma_c_by_tile<Tr::kBq / 16, D, Tr::kCols>(dk_acc, st, q_tile, lane, dh * Tr::kCols / 8);
 
     // dS^T -> shared (bf16, padded rows), for dQ = dS K; without an accumulator dQ has its own pass.
     if constexpr (kDq) {
@@ -234,10 +241,10 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
   for (int r = 0; r < 2; r++) {
     const int64_t key = key_r[r];
     if (key >= T) continue;
-    const int64_t off = ((int64_t(b) * T + key) * p.n_head_kv + hk) * p.d + 2 * q4;
+    const int64_t off = ((int64_t(b) * T + key) * p.n_head_kv + hk) * p.d + dh * Tr::kCols + 2 * q4;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-      if (dt * 8 >= p.d) continue;
+    for (int dt = 0; dt < Tr::kCols / 8; dt++) {
+      if (dh * Tr::kCols + dt * 8 >= p.d) continue;
       *reinterpret_cast<uint32_t*>(p.dk + off + dt * 8) =
           pack_bf16(dk_acc[dt][2 * r] * p.scale, dk_acc[dt][2 * r + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(p.dv + off + dt * 8) = pack_bf16(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
@@ -248,31 +255,41 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads, 2) attn_bwd_kernel(con
 }  // namespace attn
 
 size_t attention_bwd_smem_bytes(int64_t head_dim) {
-  return attention_tile_width(head_dim) == 64 ? attn::BwdTraits<64>::kSmemBytes : attn::BwdTraits<128>::kSmemBytes;
+  using namespace attn;
+  return by_tile_width<size_t>(head_dim, BwdTraits<64>::kSmemBytes, BwdTraits<128>::kSmemBytes, BwdTraits<256>::kSmemBytes);
+}
+static int bwd_threads(int64_t head_dim) {
+  using namespace attn;
+  return by_tile_width(head_dim, BwdTraits<64>::kThreads, BwdTraits<128>::kThreads, BwdTraits<256>::kThreads);
 }
 
-// The four instantiations by tile width (64, 128) and whether the block adds its dQ part, and the
-// two with soft-capped scores (dQ in its own pass).
-static void (*const kBwdKernels[2][2])(attn::AttnParams) = {
-    {attn::attn_bwd_kernel<64, false>, attn::attn_bwd_kernel<64, true>},
-    {attn::attn_bwd_kernel<128, false>, attn::attn_bwd_kernel<128, true>}};
-static void (*const kBwdCapKernels[2])(attn::AttnParams) = {attn::attn_bwd_kernel<64, false, true>,
-                                                            attn::attn_bwd_kernel<128, false, true>};
+// The instantiations by tile width (64, 128, 256) and whether the block adds its dQ part (width
+// 256 never does: null), and those with soft-capped scores (dQ in its own pass).
+using BwdKernel = void (*)(attn::AttnParams);
+static const BwdKernel kBwdKernels[3][2] = {{attn::attn_bwd_kernel<64, false>, attn::attn_bwd_kernel<64, true>},
+                                            {attn::attn_bwd_kernel<128, false>, attn::attn_bwd_kernel<128, true>},
+                                            {attn::attn_bwd_kernel<256, false>, nullptr}};
+static const BwdKernel kBwdCapKernels[3] = {attn::attn_bwd_kernel<64, false, true>, attn::attn_bwd_kernel<128, false, true>,
+                                            attn::attn_bwd_kernel<256, false, true>};
+static int width_index(int64_t head_dim) { return by_tile_width(head_dim, 0, 1, 2); }
 
 void attention_bwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
-  static_assert(attn::BwdTraits<64>::kThreads == attn::BwdTraits<128>::kThreads && attn::BwdTraits<64>::kBc == 64);
+  static_assert(attn::BwdTraits<64>::kBc == 64 && attn::BwdTraits<128>::kBc == 64 && attn::BwdTraits<256>::kBc == 64);
   const dim3 grid(unsigned(ceil_div64(p.t, attn::BwdTraits<64>::kBc)), unsigned(p.n_head_kv), unsigned(b));
-  const int w = attention_tile_width(p.d) == 64 ? 0 : 1;
-  if (p.softcap > 0.0f && p.dq_acc)
-    fail(ErrorKind::Internal, "attention_bwd", "soft-capped scores take dQ in its own pass (no accumulator)");
+  const int w = width_index(p.d);
+  if (p.dq_acc && cuda_plan::attention_dq_own_pass(p.d, p.softcap > 0.0f))
+    fail(ErrorKind::Internal, "attention_bwd",
+         "soft-capped scores and head dims over 128 take dQ in its own pass (no accumulator)");
   launch(p.softcap > 0.0f ? kBwdCapKernels[w] : kBwdKernels[w][p.dq_acc != nullptr],
-         {grid, dim3(attn::BwdTraits<64>::kThreads), attention_bwd_smem_bytes(p.d), s}, p);
+         {grid, dim3(bwd_threads(p.d)), attention_bwd_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_bwd_set_smem_limits() {
-  for (int w = 0; w < 2; w++) {
-    for (int dq = 0; dq < 2; dq++) allow_dynamic_smem(kBwdKernels[w][dq], attention_bwd_smem_bytes(w == 0 ? 64 : 128));
-    allow_dynamic_smem(kBwdCapKernels[w], attention_bwd_smem_bytes(w == 0 ? 64 : 128));
+  for (int w = 0; w < 3; w++) {
+    const int64_t d = int64_t(64) << w;
+    for (int dq = 0; dq < 2; dq++)
+      if (kBwdKernels[w][dq]) allow_dynamic_smem(kBwdKernels[w][dq], attention_bwd_smem_bytes(d));
+    allow_dynamic_smem(kBwdCapKernels[w], attention_bwd_smem_bytes(d));
   }
 }
 

@@ -8,8 +8,9 @@
 // S and dP computed a second time (7 products per tile pair instead of 5); what it saves is the
 // (tokens x heads x head_dim) f32 accumulator, the largest buffer of a long-context backward. dQ
 // is then reproducible bit for bit. Each warp owns 16 query rows; Q and dO stay in shared memory
-// and K/V tiles stream through a two-stage cp.async pipeline. Tile widths D = 64, 128 as the other
-// kernels (smaller head dims zero-padded, attention_mma.cuh).
+// and K/V tiles of kBc keys (64; 32 at width 256) stream through a two-stage cp.async pipeline.
+// Tile widths D = 64, 128 and 256 as the other kernels (smaller head dims zero-padded,
+// attention_mma.cuh).
 #include <climits>
 #include <cmath>
 
@@ -23,6 +24,7 @@ namespace attn {
 template <int D>
 __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2) attn_bwd_dq_kernel(const AttnParams p) {
   using Tr = DqTraits<D>;
+  constexpr int kN = Tr::kBc / 8;  // 8-key n-tiles per step
   QLORA_DYNAMIC_SMEM(smem, 128);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
   const int64_t T = p.t;
@@ -81,10 +83,10 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2) attn_bwd_dq_kernel(c
     const int64_t k0 = int64_t(j) * Tr::kBc;
     int lr, lc;
 
-    // S = Q K^T and dP = dO V^T for 16 rows x 64 keys: 8 n-tiles of 8 keys each.
-    float s[8][4], dp[8][4];
+    // S = Q K^T and dP = dO V^T for 16 rows x kBc keys: kN n-tiles of 8 keys each.
+    float s[kN][4], dp[kN][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < kN; i++)
 #pragma unroll
       for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
 #pragma unroll
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2) attn_bwd_dq_kernel(c
       ldsm_x4(ao, sDO + swz(warp * 16 + lr, kk * 2 + lc, Tr::kChunks));
       lane_rows8x2(lane, lr, lc);
 #pragma unroll
-      for (int np = 0; np < 4; np++) {
+      for (int np = 0; np < kN / 2; np++) {
         uint32_t bk[4], bv[4];
         ldsm_x4(bk, k_tile + swz(np * 16 + lr, kk * 2 + lc, Tr::kChunks));
         mma16816(s[2 * np], aq, bk[0], bk[1]);
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2) attn_bwd_dq_kernel(c
     const bool need_mask = seg != nullptr || k0 + Tr::kBc - 1 > q0 + warp * 16 || k0 + Tr::kBc > T ||
                            (p.window > 0 && int(q0 - k0) + warp * 16 + 15 >= p.window);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < kN; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int r = e >> 1;
@@ -146,20 +148,24 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2) attn_bwd_dq_kernel(c
 }  // namespace attn
 
 size_t attention_bwd_dq_smem_bytes(int64_t head_dim) {
-  return attention_tile_width(head_dim) == 64 ? attn::DqTraits<64>::kSmemBytes : attn::DqTraits<128>::kSmemBytes;
+  using namespace attn;
+  return by_tile_width<size_t>(head_dim, DqTraits<64>::kSmemBytes, DqTraits<128>::kSmemBytes, DqTraits<256>::kSmemBytes);
+}
+static void (*dq_kernel(int64_t head_dim))(attn::AttnParams) {
+  using namespace attn;
+  return by_tile_width(head_dim, attn_bwd_dq_kernel<64>, attn_bwd_dq_kernel<128>, attn_bwd_dq_kernel<256>);
 }
 
 void attention_bwd_dq_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
-  using Tr = attn::DqTraits<64>;  // both widths' block shape
-  static_assert(Tr::kBr == attn::DqTraits<128>::kBr && Tr::kThreads == attn::DqTraits<128>::kThreads);
+  using Tr = attn::DqTraits<64>;  // every width's block shape
+  static_assert(Tr::kBr == attn::DqTraits<128>::kBr && Tr::kThreads == attn::DqTraits<128>::kThreads &&
+                Tr::kBr == attn::DqTraits<256>::kBr && Tr::kThreads == attn::DqTraits<256>::kThreads);
   const dim3 grid(unsigned(ceil_div64(p.t, Tr::kBr)), unsigned(p.n_head), unsigned(b));
-  launch(attention_tile_width(p.d) == 64 ? attn::attn_bwd_dq_kernel<64> : attn::attn_bwd_dq_kernel<128>,
-         {grid, dim3(Tr::kThreads), attention_bwd_dq_smem_bytes(p.d), s}, p);
+  launch(dq_kernel(p.d), {grid, dim3(Tr::kThreads), attention_bwd_dq_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_bwd_dq_set_smem_limits() {
-  allow_dynamic_smem(attn::attn_bwd_dq_kernel<64>, attention_bwd_dq_smem_bytes(64));
-  allow_dynamic_smem(attn::attn_bwd_dq_kernel<128>, attention_bwd_dq_smem_bytes(128));
+  for (int w : {64, 128, 256}) allow_dynamic_smem(dq_kernel(w), attention_bwd_dq_smem_bytes(w));
 }
 
 }  // namespace qlora::cuda

@@ -3,10 +3,11 @@
 //
 // Split as tile traits (attention_mma.cuh: FwdTraits<D>), main loop and epilogue. One block owns
 // kBr=128 queries of one (batch, head); each of its 8 warps owns 16 query rows and keeps them in
-// registers (Q fragments, O accumulators, running max and sum). K/V tiles of kBc=64 keys stream
+// registers (Q fragments, O accumulators, running max and sum). K/V tiles of kBc keys (64; 32 at
+// width 256, where Q's fragments are re-read from shared memory each step instead of held) stream
 // through a two-stage cp.async pipeline. Scores never leave registers: S = Q K^T (mma), mask,
 // online softmax in the exp2 domain, P (bf16) V (mma). No (T,T) matrix exists anywhere.
-// Instantiated for tile widths 64 and 128; smaller head dims run zero-padded (attention_mma.cuh).
+// Instantiated for tile widths 64, 128 and 256; smaller head dims run zero-padded (attention_mma.cuh).
 #include <cmath>
 
 #include "backend/cuda/attention_mma.cuh"
@@ -51,11 +52,16 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
   cp_async_wait<1>();  // Q landed (K/V stage 0 may still be in flight)
   __syncthreads();
 
-  int lr, lc;
-  uint32_t qf[D / 16][4];  // this warp's 16 query rows as A fragments, one per 16-wide k-slice
-  lane_rows16(lane, lr, lc);
+  int lr, lc, qr, qc;
+  constexpr int kN = Tr::kBc / 8;  // 8-key n-tiles per step
+  // This warp's 16 query rows as A fragments, one per 16-wide k-slice (width 256: one slice at a
+  // time, loaded where it is used).
+  uint32_t qf[Tr::kQInRegs ? D / 16 : 1][4];
+  lane_rows16(lane, qr, qc);
+  if constexpr (Tr::kQInRegs) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], sQ + swz(warp * 16 + lr, kk * 2 + lc, Tr::kChunks));
+    for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], sQ + swz(warp * 16 + qr, kk * 2 + qc, Tr::kChunks));
+  }
 
   float o[D / 8][4];  // O accumulators: rows g, g+8 of the warp; 8-column tiles of D
 #pragma unroll
@@ -83,20 +89,23 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
     const uint32_t k_tile = sK + stage * Tr::kKVBytes, v_tile = sV + stage * Tr::kKVBytes;
     const int64_t k0 = int64_t(j) * Tr::kBc;
 
-    // S = Q K^T for 16 rows x 64 keys: 8 n-tiles of 8 keys.
-    float s[8][4];
+    // S = Q K^T for 16 rows x kBc keys: kN n-tiles of 8 keys.
+    float s[kN][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    for (int i = 0; i < kN; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
     lane_rows8x2(lane, lr, lc);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+    for (int kk = 0; kk < D / 16; kk++) {
+      if constexpr (!Tr::kQInRegs) ldsm_x4(qf[0], sQ + swz(warp * 16 + qr, kk * 2 + qc, Tr::kChunks));
+      const uint32_t(&a)[4] = qf[Tr::kQInRegs ? kk : 0];
 #pragma unroll
-      for (int np = 0; np < 4; np++) {
+      for (int np = 0; np < kN / 2; np++) {
         uint32_t bk[4];
         ldsm_x4(bk, k_tile + swz(np * 16 + lr, kk * 2 + lc, Tr::kChunks));
-        mma16816(s[2 * np], qf[kk], bk[0], bk[1]);
-        mma16816(s[2 * np + 1], qf[kk], bk[2], bk[3]);
+        mma16816(s[2 * np], a, bk[0], bk[1]);
+        mma16816(s[2 * np + 1], a, bk[2], bk[3]);
       }
+    }
 
     // Scale into the log2 domain and mask. Only tiles that reach past the warp's first row, run
     // past the sequence end, start before the window of the warp's last row, or have documents
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
     const bool need_mask = seg != nullptr || k0 + Tr::kBc - 1 > q0 + off + warp * 16 || k0 + Tr::kBc > Tk ||
                            (p.window > 0 && int(q0 + off - k0) + warp * 16 + 15 >= p.window);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < kN; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         float x = score_log2(p, s[nt][e]);
@@ -122,7 +131,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
     for (int r = 0; r < 2; r++) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      for (int nt = 0; nt < kN; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[r], mx);
@@ -133,7 +142,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
       m_run[r] = m_new;
       float rs = 0.0f;
 #pragma unroll
-      for (int nt = 0; nt < 8; nt++) {
+      for (int nt = 0; nt < kN; nt++) {
         s[nt][2 * r] = exp2f(s[nt][2 * r] - m_use);
         s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - m_use);
         rs += s[nt][2 * r] + s[nt][2 * r + 1];
@@ -172,21 +181,24 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, 1) attn_fwd_kernel(con
 }  // namespace attn
 
 size_t attention_fwd_smem_bytes(int64_t head_dim) {
-  return attention_tile_width(head_dim) == 64 ? attn::FwdTraits<64>::kSmemBytes : attn::FwdTraits<128>::kSmemBytes;
+  using namespace attn;
+  return by_tile_width<size_t>(head_dim, FwdTraits<64>::kSmemBytes, FwdTraits<128>::kSmemBytes, FwdTraits<256>::kSmemBytes);
+}
+static void (*fwd_kernel(int64_t head_dim))(attn::AttnParams) {
+  using namespace attn;
+  return by_tile_width(head_dim, attn_fwd_kernel<64>, attn_fwd_kernel<128>, attn_fwd_kernel<256>);
 }
 
 void attention_fwd_launch(const attn::AttnParams& p, int64_t b, cudaStream_t s) {
-  const bool narrow = attention_tile_width(p.d) == 64;
-  static_assert(attn::FwdTraits<64>::kBr == attn::FwdTraits<128>::kBr && attn::FwdTraits<64>::kThreads == attn::FwdTraits<128>::kThreads);
-  using Tr = attn::FwdTraits<64>;  // both widths' block shape
+  using Tr = attn::FwdTraits<64>;  // every width's block shape
+  static_assert(Tr::kBr == attn::FwdTraits<128>::kBr && Tr::kThreads == attn::FwdTraits<128>::kThreads &&
+                Tr::kBr == attn::FwdTraits<256>::kBr && Tr::kThreads == attn::FwdTraits<256>::kThreads);
   const dim3 grid(unsigned(ceil_div64(p.t, Tr::kBr)), unsigned(p.n_head), unsigned(b));
-  launch(narrow ? attn::attn_fwd_kernel<64> : attn::attn_fwd_kernel<128>,
-         {grid, dim3(Tr::kThreads), attention_fwd_smem_bytes(p.d), s}, p);
+  launch(fwd_kernel(p.d), {grid, dim3(Tr::kThreads), attention_fwd_smem_bytes(p.d), s}, p);
   QLORA_CUDA_LAUNCH_CHECK();
 }
 void attention_fwd_set_smem_limits() {
-  allow_dynamic_smem(attn::attn_fwd_kernel<64>, attention_fwd_smem_bytes(64));
-  allow_dynamic_smem(attn::attn_fwd_kernel<128>, attention_fwd_smem_bytes(128));
+  for (int w : {64, 128, 256}) allow_dynamic_smem(fwd_kernel(w), attention_fwd_smem_bytes(w));
 }
 
 }  // namespace qlora::cuda
