@@ -125,7 +125,12 @@ json.dump({"git_sha": sha, "cuda_architectures": archs.split(";"), "cudnn": cudn
            "requires": {"glibc": glibc, "libstdcxx": glibcxx}}, open(out, "w"), indent=1)
 PY
 out="$DEST/qlora_device.tar.xz"
-tar -C "$stage" -cf - qlora-device | xz -T0 -6 >"$out.tmp"
+# The three binaries each link the CUDA backend, so each holds the same fatbinary (17 MiB of
+# kernels for three architectures, stored uncompressed: nvcc's default). One xz stream whose
+# dictionary spans the distance between them (about 24 MiB, the binaries side by side in name
+# order) stores it once: 7 MiB less than xz -6's 8 MiB window (measured at f8965b0: 34.9 -> 27.9 MB).
+# Decompression needs 48 MiB of memory.
+tar -C "$stage" --sort=name -cf - qlora-device | xz -T1 --lzma2=preset=6,dict=48MiB >"$out.tmp"
 mv "$out.tmp" "$out"
 size=$(stat -c %s "$out")
 echo "device_pack: $out $((size / 1048576)) MiB (${#bundled[@]} bundled libraries, cuDNN $have_cudnn, NCCL $have_nccl, archs $archs)"
