@@ -11,6 +11,13 @@ Runs our `qlora export` on
        tests/fixtures/parity/qwen3_adapter;
   (iv) the Hugging Face directory tests/fixtures/models/phi3_longrope (arch phi3, LongRoPE, partial
        rotary) with tests/fixtures/parity/phi3_longrope_adapter -> merged f32;
+  (vi) Gemma 2 and Gemma 3 text models, and a Llama-layout model with Llama 2's SentencePiece layout, written here (tests/fixtures/export/gemma2, gemma3: random f16
+       weights with norm gains away from 0, a SentencePiece-style tokenizer.json with byte fallback,
+       query_pre_attn_scalar = head_dim and the layer patterns llama.cpp's gemma2/gemma3 fix, Gemma
+       2's caps, Gemma 3's local/global RoPE bases and linear scaling) with rank-2 adapters on all
+       seven projections -> merged f32 (arch gemma2/gemma3, the norms stored as 1 + w, the vocabulary
+       as llama.cpp's SPM "llama" vocabulary with scores); llama.cpp tokenizes a text with spaces,
+       capitals and accented letters (byte fallback) and runs the logits;
   (v)  the mixtures of experts tests/fixtures/models/mixtral (arch llama with experts) -> merged f32
        and q8_0, and tests/fixtures/models/qwen3_moe_norm (arch qwen3moe) -> merged f32, each with
        its parity adapter; and tests/fixtures/models/qwen3_moe_experts with its adapter on the
@@ -99,6 +106,138 @@ def smollm2_adapter(path):
     with open(os.path.join(path, "adapter_config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
+
+
+SPM_SPACE = "\u2581"
+
+
+def spm_tokenizer(path, prepend=False):
+    """A SentencePiece-style vocabulary carried as BPE, as transformers converts Gemma's: <pad> <eos>
+    <bos> <unk>, the 256 byte pieces <0xNN>, single characters, then pieces learned by BPE over a
+    corpus split at spaces (each word with its leading U+2581), most frequent pair first (ties: the
+    first in sorted order). Merges list every split of each learned piece into two pieces, in the
+    piece's order, as transformers' SentencePiece extractor writes them; a Replace normalizer turns
+    spaces into U+2581 and nothing pre-tokenizes (Gemma's layout); prepend: a Prepend of U+2581 first
+    (Llama 2's and Mistral's legacy layout, llama.cpp's add_space_prefix)."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPM_SPACE}
+    chars = [SPM_SPACE] + list("abcdefghijklmnopqrstuvwxyz") + list(".,!?'")
+    corpus = ("the quick brown fox jumps over the lazy dog . the dog sleeps in the sun while the fox runs "
+              "into the woods , and the birds sing over the river ! where is the dog ? it is there")
+    seqs = [[SPM_SPACE] + list(w) for w in corpus.split()]
+    learned = []
+    for _ in range(40):
+        counts = {}
+        for s in seqs:
+            for a, b in zip(s, s[1:]):
+                counts[(a, b)] = counts.get((a, b), 0) + 1
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))
+        piece = best[0] + best[1]
+        learned.append(piece)
+        for s in seqs:
+            i = 0
+            while i < len(s) - 1:
+                if (s[i], s[i + 1]) == best:
+                    s[i:i + 2] = [piece]
+                i += 1
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)] + chars + learned
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = []
+    for p in learned:
+        for k in range(1, len(p)):
+            if p[:k] in vocab and p[k:] in vocab:
+                merges.append([p[:k], p[k:]])
+    tj = {"version": "1.0", "truncation": None, "padding": None,
+          "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                            "normalized": False, "special": True} for i, t in enumerate(specials)],
+          "normalizer": ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPM_SPACE}, replace]}
+                         if prepend else replace),
+          "pre_tokenizer": None,
+          "post_processor": {"type": "TemplateProcessing",
+                             "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                             "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "<bos>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                             "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
+          "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": SPM_SPACE}, "content": " "},
+                                                       {"type": "ByteFallback"}, {"type": "Fuse"}]},
+          "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                    "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                    "vocab": vocab, "merges": merges}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    return len(pieces)
+
+
+def spm_fixture(kind):
+    """tests/fixtures/export/<kind> (gemma2 | gemma3 | llama_spm): config.json, model.safetensors (f16),
+    tokenizer.json; and <kind>_adapter: rank 2, alpha 4 on q/k/v/o/gate/up/down. Returns (model dir,
+    adapter dir). llama_spm: a Llama-layout model (untied head) with Llama 2's SentencePiece layout."""
+    d = os.path.join(OUT, kind)
+    os.makedirs(d, exist_ok=True)
+    gemma = kind != "llama_spm"
+    vocab = spm_tokenizer(os.path.join(d, "tokenizer.json"), prepend=not gemma)
+    H, L, nh, nkv, hd, F = 32, {"gemma2": 4, "gemma3": 6, "llama_spm": 2}[kind], 2, 1, 16, 64
+    cfg = {"hidden_size": H, "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": nh,
+           "num_key_value_heads": nkv, "head_dim": hd, "query_pre_attn_scalar": hd, "vocab_size": vocab,
+           "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+           "sliding_window": 4, "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
+           "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "float16"}
+    if kind == "llama_spm":
+        for k in ("head_dim", "query_pre_attn_scalar", "hidden_activation", "sliding_window"):
+            del cfg[k]
+        cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rope_theta": 10000.0,
+                    "hidden_act": "silu", "tie_word_embeddings": False})
+    elif kind == "gemma2":  # every other layer sliding, from the first; both caps on
+        cfg.update({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "rope_theta": 10000.0,
+                    "attn_logit_softcapping": 5.0, "final_logit_softcapping": 8.0,
+                    "layer_types": ["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(L)]})
+    else:  # five of every six layers sliding at base 10000; the global layer at 1e6, scaled linearly by 2
+        cfg.update({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "rope_theta": 1000000.0,
+                    "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                    "attn_logit_softcapping": None, "final_logit_softcapping": None, "sliding_window_pattern": 6,
+                    "layer_types": ["sliding_attention" if l % 6 != 5 else "full_attention" for l in range(L)]})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+        f.write("\n")
+    rng = np.random.default_rng({"gemma2": 2027, "gemma3": 2028, "llama_spm": 2029}[kind])
+    gain = 0.0 if gemma else 1.0  # Gemma's norms scale by 1 + w, Llama's by w
+    t = {"model.embed_tokens.weight": rng.standard_normal((vocab, H)) * 0.3,
+         "model.norm.weight": gain + rng.standard_normal(H) * 0.2}
+    if not gemma:
+        t["lm_head.weight"] = rng.standard_normal((vocab, H)) / np.sqrt(H)
+    shapes = {"self_attn.q_proj": (nh * hd, H), "self_attn.k_proj": (nkv * hd, H), "self_attn.v_proj": (nkv * hd, H),
+              "self_attn.o_proj": (H, nh * hd), "mlp.gate_proj": (F, H), "mlp.up_proj": (F, H), "mlp.down_proj": (H, F)}
+    norms = ["input_layernorm", "post_attention_layernorm"] + (["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+                                                                if gemma else [])
+    for l in range(L):
+        p = f"model.layers.{l}."
+        for n, (o, i) in shapes.items():
+            t[p + n + ".weight"] = rng.standard_normal((o, i)) / np.sqrt(i)
+        for n in norms:
+            t[p + n + ".weight"] = gain + rng.standard_normal(H) * 0.2
+        if kind == "gemma3":
+            t[p + "self_attn.q_norm.weight"] = rng.standard_normal(hd) * 0.2
+            t[p + "self_attn.k_norm.weight"] = rng.standard_normal(hd) * 0.2
+    write_safetensors(os.path.join(d, "model.safetensors"), t)
+    ad = os.path.join(OUT, kind + "_adapter")
+    os.makedirs(ad, exist_ok=True)
+    a = {}
+    for l in range(L):
+        for n, (o, i) in shapes.items():
+            key = f"base_model.model.model.layers.{l}.{n}"
+            a[key + ".lora_A.weight"] = rng.standard_normal((2, i)) / np.sqrt(i)
+            a[key + ".lora_B.weight"] = rng.standard_normal((o, 2)) * 0.05
+    write_safetensors(os.path.join(ad, "adapter_model.safetensors"), a)
+    acfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 2, "lora_alpha": 4, "lora_dropout": 0.0,
+            "target_modules": sorted(n.split(".")[1] for n in shapes), "bias": "none", "use_rslora": False,
+            "use_dora": False, "base_model_name_or_path": None, "fan_in_fan_out": False, "modules_to_save": None}
+    with open(os.path.join(ad, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2)
+        f.write("\n")
+    return d, ad
 
 
 def sha256(path):
@@ -203,6 +342,16 @@ def main():
     q3e_base = os.path.join(FX, "models", "qwen3_moe_experts")
     q3e_ad = os.path.join(FX, "parity", "qwen3_moe_experts_adapter")
     jobs += [("tinyqwen3moeexperts_f32", q3e_base, q3e_ad, "gguf", "f32", tiny_ids, None)]
+    # Gemma 2 and Gemma 3 (arch gemma2/gemma3; see gemma_fixture): the text crosses the windows of 4,
+    # and its capitals, accents and the snowman are not in the vocabulary (byte fallback).
+    gemma_text = "the dog runs over the river, \u00e9t\u00e9 at Where's the fox? \u2603 the sun"
+    for kind in ("gemma2", "gemma3"):
+        g_base, g_ad = spm_fixture(kind)
+        jobs += [(f"tiny{kind}_f32", g_base, g_ad, "gguf", "f32", None, gemma_text)]
+    # Llama 2 / Mistral's SentencePiece layout (a Prepend of U+2581: llama.cpp's add_space_prefix) on
+    # a Llama-layout model: the vocabulary of a real Mistral or Mixtral checkpoint's tokenizer.json.
+    l_base, l_ad = spm_fixture("llama_spm")
+    jobs += [("tinyllamaspm_f32", l_base, l_ad, "gguf", "f32", None, gemma_text)]
     if os.path.exists(SMOL):
         smol_ad = os.path.join(OUT, "smollm2_adapter")
         smollm2_adapter(smol_ad)
@@ -231,6 +380,10 @@ def main():
             probe = Llama(model_path=model, vocab_only=True, verbose=False)
             ids = probe.tokenize(text.encode(), add_bos=False, special=True)
         _, scores = llama_logits(model, ids, lora)
+        if "gemma" in name:
+            # ggml's CPU GELU (Gemma's GeGLU) reads a float16 table (GGML_GELU_FP16): its input and
+            # output are rounded to f16, so llama.cpp's logits are not the f32 model's to 1e-5.
+            checks["llama_cpp_gelu_f16_table"] = True
         case = {"name": name, "model": rel(base), "adapter": rel(ad), "format": fmt, "outtype": outtype,
                 "sha256": digest, **checks, "ids": [int(i) for i in ids], "rows": rows(scores)}
         if text is not None:

@@ -1,5 +1,5 @@
 // GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel with Mixtral's
-// experts, Qwen2Model, Qwen3Model, Qwen3MoeModel, Phi3MiniModel)
+// experts, Qwen2Model, Qwen3Model, Qwen3MoeModel, Phi3MiniModel, Gemma2Model, Gemma3Model)
 // and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
 #include "tasks/gguf_export.h"
 
@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -51,12 +52,62 @@ const OutType& find_outtype(const std::string& name, const std::string& format) 
        "allowed: " + allowed);
 }
 
+const char* const kConvertHint =
+    "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py";
+
+// What llama.cpp's gemma2 and gemma3 architectures fix instead of reading (its llama-model.cpp):
+// the attention scale, query_pre_attn_scalar^-1/2 with the scalar = head_dim, or hidden/heads for
+// the 27B sizes, which it tells apart by their layer count (46 for Gemma 2, 62 for Gemma 3); which
+// layers slide (gemma2: every other from the first; gemma3: five of every six); the sliding layers'
+// RoPE base (Gemma 3: 10000, unscaled); Gemma 2's soft-capping is always on (50 and 30 when the file
+// names none). A checkpoint that differs would compute differently there, so it is refused.
+void check_gemma_for_llama_cpp(const LlamaConfig& c) {
+  const bool g2 = c.model_type == "gemma2";
+  const std::string arch = g2 ? "gemma2" : "gemma3";
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "', " + key, why + ", so this model would compute differently there",
+         kConvertHint);
+  };
+  const bool is_27b = c.n_layer == (g2 ? 46 : 62);
+  const double scalar = is_27b ? double(c.hidden_size / c.n_head) : double(c.head_dim);
+  if (c.query_pre_attn_scalar != scalar)
+    refuse("query_pre_attn_scalar " + json(c.query_pre_attn_scalar).dump(),
+           "llama.cpp's " + arch + " scales scores by " + (is_27b ? "(hidden_size / heads)" : "head_dim") + "^-1/2 = " +
+               json(scalar).dump() + "^-1/2 for " + std::to_string(c.n_layer) + " layers");
+  if (c.sliding_window <= 0) refuse("sliding_window", "llama.cpp's " + arch + " has sliding-window layers and this model none");
+  for (int64_t l = 0; l < c.n_layer; l++) {
+    const bool slides = g2 ? l % 2 == 0 : l % 6 != 5;
+    if ((c.window_of(l) > 0) != slides)
+      refuse("layer_types", "layer " + std::to_string(l) + (slides ? " attends to every earlier key" : " slides") +
+                                ", where llama.cpp's " + arch + " has " +
+                                (g2 ? "every other layer sliding, from the first" : "five of every six layers sliding"));
+  }
+  if (g2 && (c.attn_logit_softcapping <= 0 || c.final_logit_softcapping <= 0))
+    refuse("attn_logit_softcapping / final_logit_softcapping", "llama.cpp's gemma2 always soft-caps scores and logits");
+  if (!g2 && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
+    refuse("attn_logit_softcapping / final_logit_softcapping", "llama.cpp's gemma3 has no soft-capping");
+  if (!g2 && c.rope_local_theta != 10000.0)
+    refuse("rope_local_base_freq " + json(c.rope_local_theta).dump(), "llama.cpp's gemma3 rotates its sliding layers at base 10000");
+  if (c.rope_scaling.type != "none" && c.rope_scaling.type != "linear")
+    refuse("rope_scaling", "llama.cpp's " + arch + " takes linear RoPE scaling only");
+}
+
 // llama.cpp's architecture for the model: Mistral and Mixtral are written as llama (convert_hf_to_gguf.py
-// does too), Qwen3-MoE as qwen3moe.
+// does too), Qwen3-MoE as qwen3moe, Gemma 3's text model as gemma3.
 std::string gguf_arch(const LlamaConfig& c) {
-  if (c.model_type == "gemma2" || c.model_type == "gemma3_text" || c.model_type == "gpt_oss")
+  if (c.model_type == "gpt_oss")
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
-         "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
+         kConvertHint);
+  if (!c.multimodal.empty())
+    fail(ErrorKind::Unsupported, "model_type '" + c.multimodal + "' (multimodal)",
+         "GGUF export of a multimodal checkpoint is not implemented (llama.cpp takes its text model and its vision "
+         "tower as two files)",
+         "merge with `qlora merge`, then convert with llama.cpp's convert_hf_to_gguf.py (the text model) and its "
+         "--mmproj option (the tower)");
+  if (c.model_type == "gemma2" || c.model_type == "gemma3_text") {
+    check_gemma_for_llama_cpp(c);
+    return c.model_type == "gemma2" ? "gemma2" : "gemma3";
+  }
   // llama.cpp's llama and qwen3moe graphs renormalise the chosen experts' weights (build_moe_ffn's
   // norm_w is fixed to true there), which transformers does only with norm_topk_prob.
   if (c.moe() && !c.norm_topk_prob)
@@ -107,6 +158,47 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
        "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2); "
        "export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), which names its "
        "pre-tokenizer, else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
+}
+
+// A SentencePiece vocabulary carried as BPE with byte fallback, the way llama.cpp's SPM tokenizer
+// ("llama" vocabulary) runs it: spaces become U+2581 by a Replace normalizer (Gemma), optionally
+// after a Prepend of U+2581 (Llama 2's legacy layout: llama.cpp's add_space_prefix), and nothing
+// pre-tokenizes. Returns add_space_prefix; nullopt for any other pipeline.
+std::optional<bool> sentencepiece_layout(const json& tj) {
+  const json& model = tj["model"];
+  if (!model.value("byte_fallback", false) || (tj.contains("pre_tokenizer") && !tj["pre_tokenizer"].is_null()))
+    return std::nullopt;
+  if (!tj.contains("normalizer") || !tj["normalizer"].is_object()) return std::nullopt;
+  auto is_space_replace = [](const json& n) {
+    return n.is_object() && n.value("type", "") == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
+           n["pattern"].value("String", "") == " " && n.value("content", "") == "\xe2\x96\x81";
+  };
+  const json& n = tj["normalizer"];
+  if (is_space_replace(n)) return false;
+  if (n.value("type", "") == "Sequence" && n.contains("normalizers") && n["normalizers"].size() == 2 &&
+      n["normalizers"][0].value("type", "") == "Prepend" && n["normalizers"][0].value("prepend", "") == "\xe2\x96\x81" &&
+      is_space_replace(n["normalizers"][1]))
+    return true;
+  return std::nullopt;
+}
+
+// llama.cpp's SPM tokenizer merges, among adjacent pieces, the pair whose concatenation has the
+// highest score; transformers' BPE the pair of lowest merge rank. A piece's score is minus the rank
+// of the first merge that makes it, so both pick the same pair (a SentencePiece vocabulary's merges,
+// as transformers converts them, list every split of a piece into two pieces, by the piece's own
+// score). Pieces no merge makes are never the result of a merge there: they score below every merge.
+std::vector<float> sentencepiece_scores(const std::vector<std::string>& tokens, const std::vector<std::string>& merges) {
+  std::unordered_map<std::string, size_t> first;
+  for (size_t r = 0; r < merges.size(); r++) {
+    const size_t sp = merges[r].find(' ');
+    first.emplace(merges[r].substr(0, sp) + merges[r].substr(sp + 1), r);
+  }
+  std::vector<float> scores(tokens.size());
+  for (size_t i = 0; i < tokens.size(); i++) {
+    const auto it = first.find(tokens[i]);
+    scores[i] = it != first.end() ? -float(it->second) : -float(merges.size() + i);
+  }
+  return scores;
 }
 
 bool looks_special(const std::string& t) {  // convert_hf_to_gguf.py does_token_look_special
@@ -203,7 +295,8 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
   w.set(a + ".attention.head_count_kv", gguf_u32(uint32_t(c.n_head_kv)));
   w.set(a + ".rope.freq_base", gguf_f32(float(c.rope_theta)));
   w.set(a + ".attention.layer_norm_rms_epsilon", gguf_f32(float(c.rms_norm_eps)));
-  const bool explicit_hd = c.head_dim != c.hidden_size / c.n_head ||
+  const bool gemma = a == "gemma2" || a == "gemma3";
+  const bool explicit_hd = gemma || c.head_dim != c.hidden_size / c.n_head ||
                            (base && base->has(a + ".attention.key_length"));
   if (explicit_hd) {
     w.set(a + ".attention.key_length", gguf_u32(uint32_t(c.head_dim)));
@@ -219,6 +312,13 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
           gguf_u32(uint32_t(rs.type == "longrope" ? rs.original_max_position_embeddings : c.max_position_embeddings)));
     w.set(a + ".attention.sliding_window", gguf_u32(uint32_t(c.sliding_window)));  // 0: none
     if (rs.type == "longrope") w.set(a + ".rope.scaling.attn_factor", gguf_f32(float(rs.attention_factor)));
+  }
+  if (gemma) {  // Gemma2Model / Gemma3Model.set_gguf_parameters (check_gemma_for_llama_cpp took the rest)
+    w.set(a + ".attention.sliding_window", gguf_u32(uint32_t(c.sliding_window)));
+    if (a == "gemma2") {
+      w.set(a + ".attn_logit_softcapping", gguf_f32(float(c.attn_logit_softcapping)));
+      w.set(a + ".final_logit_softcapping", gguf_f32(float(c.final_logit_softcapping)));
+    }
   }
   if (c.moe()) {  // TextModel.set_gguf_parameters; Qwen2MoeModel adds the experts' own width
     w.set(a + ".expert_count", gguf_u32(uint32_t(c.n_experts)));
@@ -244,6 +344,21 @@ PeftAdapter open_adapter(const std::string& dir, const LlamaConfig& cfg) {
     fail(ErrorKind::Io, dir, "adapter directory does not exist",
          "pass a directory with adapter_config.json and adapter_model.safetensors (a run's output_dir)");
   return open_peft_adapter(dir, cfg);
+}
+
+// llama.cpp's name of a merged-model tensor. Gemma's four norms per layer have names of their own
+// there: its post_attention_layernorm is the attention's output norm (post_attention_norm), not the
+// MLP's input norm (ffn_norm, Gemma's pre_feedforward_layernorm) it is on Llama.
+std::string gguf_tensor_name(const LlamaConfig& c, const std::string& hf) {
+  if (c.sandwich_norms && hf.rfind("model.layers.", 0) == 0) {
+    const size_t dot = hf.find('.', 13);
+    const std::string layer = hf.substr(13, dot - 13), rest = dot == std::string::npos ? "" : hf.substr(dot + 1);
+    for (const auto& [from, to] : {std::pair<const char*, const char*>{"post_attention_layernorm.weight", "post_attention_norm.weight"},
+                                   {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+                                   {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}})
+      if (rest == from) return "blk." + layer + "." + to;
+  }
+  return hf_to_gguf_name(hf);
 }
 
 bool permuted_qk(const LlamaConfig& c, const std::string& hf_name, int64_t& n_head) {
@@ -282,7 +397,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     res.notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
                         ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "
                         "sequences longer than the window differ from the trained model");
-  else if (c.sliding_window > 0)  // convert_hf_to_gguf.py writes no window for these architectures either
+  else if (c.sliding_window > 0 && !c.sandwich_norms)  // convert_hf_to_gguf.py writes no window for these architectures either
     res.notes.push_back("sliding window " + std::to_string(c.sliding_window) + ": llama.cpp's " + gguf_arch(c) +
                         " architecture has none and runs full attention, so sequences longer than the window "
                         "differ from the trained model");
@@ -337,7 +452,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
       }
       continue;
     }
-    const std::string g = hf_to_gguf_name(hf);
+    const std::string g = gguf_tensor_name(c, hf);
     if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
     const std::vector<int64_t> shape = merged->shape(hf);
     std::vector<int64_t> ne(shape.rbegin(), shape.rend());
@@ -350,10 +465,18 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     }
     w.add_tensor(g, ne, t);
     auto m = merged;
-    plan.push_back({g, [m, hf, shape, c](std::vector<float>& v) {
+    // Gemma's norms multiply by (1 + w); llama.cpp's by the stored weight, so the file holds 1 + w
+    // (Gemma2Model/Gemma3Model.modify_tensors).
+    const bool unit_offset = norm && c.norm_unit_offset;
+    plan.push_back({g, [m, hf, shape, c, unit_offset](std::vector<float>& v) {
                       int64_t n = 1;
                       for (int64_t d : shape) n *= d;
                       v.resize(size_t(n));
+                      if (unit_offset) {
+                        m->read(hf, v.data());
+                        for (float& x : v) x += 1.0f;
+                        return;
+                      }
                       int64_t n_head = 0;
                       if (!permuted_qk(c, hf, n_head)) return m->read(hf, v.data());
                       std::vector<float> tmp(v.size());
@@ -438,10 +561,14 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
   const json tj = read_json_file(path);
   const Tokenizer tok = Tokenizer::from_file(path);
   if (!tj.contains("model") || tj["model"].value("type", "") != "BPE")
-    fail(ErrorKind::Unsupported, path + ": model.type", "only BPE vocabularies are exported",
-         "SentencePiece (Llama 2, Mistral, Mixtral) vocabularies: export from a GGUF of the model where the engine "
-         "reads one (llama, qwen2, qwen3), else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
-  const std::string pre = pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
+    fail(ErrorKind::Unsupported, path + ": model.type",
+         "only BPE vocabularies are exported (byte-level, or SentencePiece's carried as BPE with byte fallback)",
+         "a Unigram vocabulary: export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), "
+         "else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
+  // SentencePiece-style (Gemma, Llama 2): llama.cpp's "llama" vocabulary with scores; else byte-level
+  // BPE under one of the pre-tokenizers llama.cpp names.
+  const std::optional<bool> spm = sentencepiece_layout(tj);
+  const std::string pre = spm ? "" : pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
 
   std::vector<std::string> tokens(static_cast<size_t>(vocab_size), std::string());
   std::vector<int32_t> types(size_t(vocab_size), 5);  // unused until filled
@@ -454,11 +581,18 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
     types[size_t(id)] = type;
     set[size_t(id)] = true;
   };
-  for (const auto& [t, id] : tj["model"]["vocab"].items()) put(id.get<int64_t>(), t, 1);
+  const std::string unk = tj["model"].contains("unk_token") && tj["model"]["unk_token"].is_string()
+                              ? tj["model"]["unk_token"].get<std::string>()
+                              : std::string();
+  for (const auto& [t, id] : tj["model"]["vocab"].items()) {
+    // SentencePiece's byte pieces "<0xNN>" are llama.cpp's BYTE tokens (6), its unknown piece UNKNOWN (2).
+    const bool byte = spm && t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>';
+    put(id.get<int64_t>(), t, byte ? 6 : spm && t == unk ? 2 : 1);
+  }
   if (tj.contains("added_tokens"))
     for (const json& at : tj["added_tokens"]) {
       const std::string t = at.value("content", "");
-      put(at.value("id", int64_t(-1)), t, at.value("special", false) || looks_special(t) ? 3 : 4);
+      put(at.value("id", int64_t(-1)), t, spm && t == unk ? 2 : at.value("special", false) || looks_special(t) ? 3 : 4);
     }
   for (int64_t i = 0; i < vocab_size; i++)
     if (!set[size_t(i)]) tokens[size_t(i)] = "[PAD" + std::to_string(i) + "]";
@@ -467,11 +601,19 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
     for (const json& m : tj["model"]["merges"])
       merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
 
-  w.set("tokenizer.ggml.model", gguf_str("gpt2"));
-  w.set("tokenizer.ggml.pre", gguf_str(pre));
-  w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
-  w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
-  w.set("tokenizer.ggml.merges", gguf_str_array(merges));
+  if (spm) {  // convert_hf_to_gguf.py's _set_vocab_sentencepiece: no merges, a score per token
+    w.set("tokenizer.ggml.model", gguf_str("llama"));
+    w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
+    w.set("tokenizer.ggml.scores", gguf_f32_array(sentencepiece_scores(tokens, merges)));
+    w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
+    w.set("tokenizer.ggml.add_space_prefix", gguf_bool(*spm));
+  } else {
+    w.set("tokenizer.ggml.model", gguf_str("gpt2"));
+    w.set("tokenizer.ggml.pre", gguf_str(pre));
+    w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
+    w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
+    w.set("tokenizer.ggml.merges", gguf_str_array(merges));
+  }
   if (auto id = tok.bos_id()) w.set("tokenizer.ggml.bos_token_id", gguf_u32(uint32_t(*id)));
   if (auto id = tok.eos_id()) w.set("tokenizer.ggml.eos_token_id", gguf_u32(uint32_t(*id)));
   if (auto id = tok.unk_id()) w.set("tokenizer.ggml.unknown_token_id", gguf_u32(uint32_t(*id)));
