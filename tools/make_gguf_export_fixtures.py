@@ -39,6 +39,7 @@ Run:  /opt/llamaenv/bin/python tools/make_gguf_export_fixtures.py   (llama-cpp-p
 """
 import hashlib
 import json
+import shutil
 import os
 import struct
 import subprocess
@@ -51,6 +52,9 @@ import gguf
 import llama_cpp
 import numpy as np
 from llama_cpp import Llama, __version__ as llama_cpp_version
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_gguf_fixtures import load_safetensors  # noqa: E402
 
 _default_model_params = llama_cpp.llama_model_default_params
 
@@ -240,6 +244,54 @@ def spm_fixture(kind):
     return d, ad
 
 
+def gemma3_multimodal_fixture(text_dir, text_ad):
+    """tests/fixtures/export/gemma3_mm: the gemma3 text fixture inside a Gemma3ForConditionalGeneration
+    checkpoint as the Hub ships Gemma 3 4B-27B: config.json with text_config and vision_config, the
+    text weights under language_model.model., a (random, 1-layer) SigLIP tower and projector beside
+    them that the export must leave out; gemma3_mm_adapter: the gemma3 adapter under PEFT's
+    multimodal keys (model.language_model.layers) with its target regex."""
+    d = os.path.join(OUT, "gemma3_mm")
+    os.makedirs(d, exist_ok=True)
+    shutil.copyfile(os.path.join(text_dir, "tokenizer.json"), os.path.join(d, "tokenizer.json"))
+    text_cfg = json.load(open(os.path.join(text_dir, "config.json")))
+    for k in ("architectures", "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
+        text_cfg.pop(k, None)
+    V = 16  # vision width
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "tie_word_embeddings": True,
+           "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "mm_tokens_per_image": 4,
+           "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144, "torch_dtype": "float16",
+           "text_config": text_cfg,
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": V, "intermediate_size": 32,
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "num_channels": 3, "image_size": 16,
+                             "patch_size": 8, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
+                             "vision_use_head": False}}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+        f.write("\n")
+    src = load_safetensors(os.path.join(text_dir, "model.safetensors"))
+    t = {"language_model." + k: v for k, v in src.items()}
+    rng = np.random.default_rng(2030)
+    vt = "vision_tower.vision_model."
+    t[vt + "embeddings.patch_embedding.weight"] = rng.standard_normal((V, 3, 8, 8)) * 0.1
+    t[vt + "embeddings.position_embedding.weight"] = rng.standard_normal((4, V)) * 0.1
+    for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        t[vt + f"encoder.layers.0.self_attn.{n}.weight"] = rng.standard_normal((V, V)) * 0.1
+    t["multi_modal_projector.mm_input_projection_weight"] = rng.standard_normal((V, 32)) * 0.1
+    write_safetensors(os.path.join(d, "model.safetensors"), t)
+    ad = os.path.join(OUT, "gemma3_mm_adapter")
+    os.makedirs(ad, exist_ok=True)
+    a = load_safetensors(os.path.join(text_ad, "adapter_model.safetensors"))
+    write_safetensors(os.path.join(ad, "adapter_model.safetensors"),
+                      {k.replace("base_model.model.model.layers.", "base_model.model.model.language_model.layers."): v
+                       for k, v in a.items()})
+    acfg = json.load(open(os.path.join(text_ad, "adapter_config.json")))
+    acfg["target_modules"] = ".*language_model.*\\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+    with open(os.path.join(ad, "adapter_config.json"), "w") as f:
+        json.dump(acfg, f, indent=2)
+        f.write("\n")
+    return d, ad
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -348,6 +400,10 @@ def main():
     for kind in ("gemma2", "gemma3"):
         g_base, g_ad = spm_fixture(kind)
         jobs += [(f"tiny{kind}_f32", g_base, g_ad, "gguf", "f32", None, gemma_text)]
+    # Gemma 3 4B-27B as shipped (Gemma3ForConditionalGeneration): its text model, the tower left out
+    # (llama.cpp reads that from the separate --mmproj file convert_hf_to_gguf.py writes).
+    mm_base, mm_ad = gemma3_multimodal_fixture(*spm_fixture("gemma3"))
+    jobs += [("tinygemma3mm_f32", mm_base, mm_ad, "gguf", "f32", None, gemma_text)]
     # Llama 2 / Mistral's SentencePiece layout (a Prepend of U+2581: llama.cpp's add_space_prefix) on
     # a Llama-layout model: the vocabulary of a real Mistral or Mixtral checkpoint's tokenizer.json.
     l_base, l_ad = spm_fixture("llama_spm")

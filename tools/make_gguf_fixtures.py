@@ -130,9 +130,10 @@ def load_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", (name, info["dtype"])
+        dt = {"F32": "<f4", "F16": "<f2"}.get(info["dtype"])
+        assert dt, (name, info["dtype"])
         a, b = info["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(info["shape"]).copy()
+        out[name] = np.frombuffer(data[a:b], dtype=dt).reshape(info["shape"]).astype(np.float32)
     return out
 
 

@@ -79,6 +79,22 @@ def hf_loss(model, ids, labels):
     return model(input_ids=ids, labels=labels).loss
 
 
+def save_checkpoint(model, ck):
+    """The model as transformers saves it, without generation_config.json and the version stamp
+    (reruns stay byte-identical across transformers patch releases)."""
+    shutil.rmtree(ck, ignore_errors=True)
+    model.save_pretrained(ck)
+    gen = os.path.join(ck, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    cfg_path = os.path.join(ck, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg.pop("transformers_version", None)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def make_reference():
     torch.manual_seed(0)
     torch.set_num_threads(1)  # one summation order, so reruns are byte-identical
@@ -94,6 +110,8 @@ def make_reference():
     # check that before trusting it.
     plain = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
     deq = dequantized_linears(m4)
+    for name, w in deq.items():  # the layout's own reading, which the engine's is
+        assert torch.equal(w, flattened_dequantize(m4.get_submodule(name).weight)), name
     with torch.no_grad():
         for name, w in deq.items():
             plain.get_submodule(name).weight.copy_(w)
@@ -130,22 +148,88 @@ def make_reference():
 
     # The 4-bit model as transformers saves it (nf4 + double quant, blocksize 64).
     ck = os.path.join(OUT, "llama_gqa_bnb_nf4")
-    shutil.rmtree(ck, ignore_errors=True)
-    m4.save_pretrained(ck)
-    gen = os.path.join(ck, "generation_config.json")
-    if os.path.exists(gen):
-        os.remove(gen)
-    cfg_path = os.path.join(ck, "config.json")
-    cfg = json.load(open(cfg_path))
-    cfg.pop("transformers_version", None)
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
-        f.write("\n")
+    save_checkpoint(m4, ck)
     again = load_4bit(ck, None)
     with torch.no_grad():
         d = (again(ids).logits - t["logits"]).abs().max().item()
     assert d == 0.0, f"reloaded checkpoint changes the logits by {d}"
     print("wrote", OUT, {k: os.path.getsize(os.path.join(ck, k)) for k in os.listdir(ck)})
+
+
+MM_MODEL = os.path.join(FIX, "models", "gemma3_mm")
+
+
+def portable_cpu_dequantize():
+    """bitsandbytes 0.50.2's native CPU dequantize_4bit kernel (taken on AVX512 CPUs) reads the blocks
+    of a row that is not whole blocks (in_features % blocksize != 0: the fixture's o_proj 64x96 and
+    down_proj 64x160) differently from how quantize_4bit wrote them (blocks over the flattened weight,
+    as its CUDA kernels read them); its portable kernel reads them as written. Registers the portable
+    one for CPU tensors."""
+    import bitsandbytes.backends.default.ops as default_ops
+    from bitsandbytes.backends.utils import _get_4bit_code
+
+    @torch.library.register_kernel("bitsandbytes::dequantize_4bit", "cpu")
+    def _(A, absmax, blocksize, quant_type, shape, dtype):
+        if A.dtype != torch.uint8:
+            A = A.view(torch.uint8)
+        return default_ops._dequantize_4bit_compute(A.reshape(-1), absmax, _get_4bit_code(quant_type, A.device),
+                                                    blocksize, shape, dtype)
+
+
+def flattened_dequantize(weight):
+    """NF4 + double quant dequantized by the layout's definition: code[nibble] * absmax of the
+    element's block over the flattened weight, absmax = code8[q] * nested_absmax + offset."""
+    qs = weight.quant_state
+    s2 = qs.state2
+    absmax = s2.code[qs.absmax.long()] * s2.absmax.repeat_interleave(s2.blocksize)[: qs.absmax.numel()] + qs.offset
+    b = weight.data.flatten()
+    nib = torch.stack([b >> 4, b & 15], 1).flatten().long()
+    n = int(torch.Size(qs.shape).numel())
+    return (qs.code[nib][:n] * absmax.repeat_interleave(qs.blocksize)[:n]).reshape(qs.shape)
+
+
+def make_multimodal():
+    """tests/fixtures/qlora/gemma3_mm_bnb_nf4/: the multimodal Gemma 3 fixture (Gemma3ForConditionalGeneration,
+    a SigLIP tower) quantized on load by transformers + bitsandbytes (nf4 + double quant, blocksize 64) and
+    saved as transformers saves it (the layout of the Hub's "-bnb-4bit" Gemma 3 checkpoints); and
+    gemma3_mm_nf4.safetensors: its text-only logits on the parity batch of gemma3_mm, checked equal to
+    the reloaded checkpoint's and to an f32 model whose quantized projections are bnb's dequantized weights."""
+    from transformers import AutoModelForImageTextToText
+    portable_cpu_dequantize()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    f = safe_open(os.path.join(FIX, "parity", "gemma3_mm.safetensors"), "pt")
+    ids = f.get_tensor("input_ids").long()
+
+    def load(path, quant):
+        kw = {"quantization_config": bnb_config("nf4", True)} if quant else {}
+        m = AutoModelForImageTextToText.from_pretrained(path, device_map="cpu", attn_implementation="eager",
+                                                        dtype=torch.float32, **kw)
+        return cpu_default_path(m).eval()
+
+    m4 = load(MM_MODEL, True)
+    with torch.no_grad():
+        logits = m4(input_ids=ids).logits.float().contiguous()
+    plain = load(MM_MODEL, False)
+    deq = dequantized_linears(m4)
+    for name, w in deq.items():  # the layout's own reading, which the engine's is
+        assert torch.equal(w, flattened_dequantize(m4.get_submodule(name).weight)), name
+    with torch.no_grad():
+        for name, w in deq.items():
+            plain.get_submodule(name).weight.copy_(w)
+        d = (plain(input_ids=ids).logits - logits).abs().max().item()
+    assert d < 1e-5, f"4-bit logits differ from the dequantized f32 model by {d}"
+    n_text = sum(1 for n in deq if "language_model" in n)
+    ck = os.path.join(OUT, "gemma3_mm_bnb_nf4")
+    save_checkpoint(m4, ck)
+    again = load(ck, False)
+    with torch.no_grad():
+        d = (again(input_ids=ids).logits - logits).abs().max().item()
+    assert d == 0.0, f"reloaded checkpoint changes the logits by {d}"
+    save_file({"input_ids": ids.int(), "logits": logits}, os.path.join(OUT, "gemma3_mm_nf4.safetensors"), metadata={
+        "generator": f"tools/make_qlora_fixtures.py --multimodal (bitsandbytes {bnb.__version__}, torch {torch.__version__}, "
+                     f"transformers {transformers.__version__}; {len(deq)} Linear4bit, {n_text} in the language model)"})
+    print("wrote", ck, {k: os.path.getsize(os.path.join(ck, k)) for k in os.listdir(ck)}, "quantized linears", len(deq), n_text)
 
 
 def check_quantize(binary):
@@ -194,9 +278,13 @@ def check_quantize(binary):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check-quantize", metavar="QLORA_BIN", help="check `qlora quantize` output instead")
+    ap.add_argument("--multimodal", action="store_true", help="write only the multimodal Gemma 3 checkpoint")
     a = ap.parse_args()
     if a.check_quantize:
         return check_quantize(os.path.abspath(a.check_quantize))
+    if a.multimodal:
+        make_multimodal()
+        return 0
     make_reference()
     return 0
 

@@ -98,12 +98,11 @@ std::string gguf_arch(const LlamaConfig& c) {
   if (c.model_type == "gpt_oss")
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
          kConvertHint);
-  if (!c.multimodal.empty())
+  if (!c.multimodal.empty() && c.multimodal != "gemma3")
     fail(ErrorKind::Unsupported, "model_type '" + c.multimodal + "' (multimodal)",
-         "GGUF export of a multimodal checkpoint is not implemented (llama.cpp takes its text model and its vision "
-         "tower as two files)",
-         "merge with `qlora merge`, then convert with llama.cpp's convert_hf_to_gguf.py (the text model) and its "
-         "--mmproj option (the tower)");
+         "GGUF export of this multimodal checkpoint is not implemented", kConvertHint);
+  // A multimodal Gemma 3 (Gemma3ForConditionalGeneration) is written as its text model, as
+  // convert_hf_to_gguf.py does; llama.cpp reads the tower from a second (--mmproj) file.
   if (c.model_type == "gemma2" || c.model_type == "gemma3_text") {
     check_gemma_for_llama_cpp(c);
     return c.model_type == "gemma2" ? "gemma2" : "gemma3";
@@ -393,6 +392,9 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     }
   }
   set_model_metadata(w, c, ot, default_name(o, base.get()), base.get());
+  if (c.multimodal == "gemma3")
+    res.notes.push_back("the text model of a multimodal Gemma 3: its vision tower and projector are not written "
+                        "(llama.cpp reads them from the file convert_hf_to_gguf.py --mmproj writes)");
   if (c.model_type == "phi3" && c.sliding_window > 0)
     res.notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
                         ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "

@@ -147,6 +147,33 @@ TEST(QloraCheckpoint, TransformersSavedNf4CheckpointLoadsAsStored) {
   EXPECT_LT(max_abs_diff(logits, floats(f.fx, "logits")), kBnbTol);
 }
 
+// A multimodal Gemma 3 as the Hub's "-bnb-4bit" checkpoints ship it (Gemma3ForConditionalGeneration
+// saved 4-bit by transformers + bitsandbytes, its SigLIP tower quantized too; tools/
+// make_qlora_fixtures.py --multimodal): the language model's projections load as stored from under
+// language_model., the tower is skipped, and the text-only logits equal transformers +
+// bitsandbytes' on the same checkpoint; loaded into a float base (dequantized on load) too.
+TEST(QloraCheckpoint, MultimodalGemma3Bnb4bitCheckpointLoadsItsLanguageModel) {
+  SafetensorsArchive fx(fixtures() + "/qlora/gemma3_mm_nf4.safetensors");
+  const auto ids = ints(fx, "input_ids");
+  const Batch batch = Batch::from_hf(2, 12, ids, ids);
+  const auto ref = floats(fx, "logits");
+  const std::string dir = fixtures() + "/qlora/gemma3_mm_bnb_nf4";
+  QModel q = make_qmodel(dir, qopts("", true, 64), /*adopt=*/true);
+  EXPECT_EQ(q.src.config.multimodal, "gemma3");
+  ASSERT_TRUE(q.model->quantized_base());
+  EXPECT_EQ(q.model->base_quant().format, QuantFormat::NF4);
+  EXPECT_TRUE(q.model->base_quant().double_quant);
+  EXPECT_LT(max_abs_diff(q.model->logits(batch), ref), kBnbTol);
+  ModelPlanOptions po = qopts("fp32", false, 64);
+  po.method = Method::Lora;
+  QModel f = make_qmodel(dir, po);
+  EXPECT_FALSE(f.model->quantized_base());
+  EXPECT_LT(max_abs_diff(f.model->logits(batch), ref), kBnbTol);
+  // The check can fail: the float multimodal model's logits are far from the 4-bit ones.
+  SafetensorsArchive fp32(fixtures() + "/parity/gemma3_mm.safetensors");
+  EXPECT_GT(max_abs_diff(floats(fp32, "logits"), ref), 1000 * kBnbTol);
+}
+
 // The same checkpoint also loads into a float base (dequantized on load): same numbers.
 TEST(QloraCheckpoint, PreQuantizedCheckpointLoadsIntoAFloatBase) {
   Fixture f;
