@@ -79,6 +79,53 @@ def hf_loss(model, ids, labels):
     return model(input_ids=ids, labels=labels).loss
 
 
+MM_MODEL = os.path.join(FIX, "models", "gemma3_mm")
+
+
+def portable_cpu_dequantize():
+    """bitsandbytes 0.50.2's native CPU dequantize_4bit kernel (taken on AVX512 CPUs) reads the blocks
+    of a row that is not whole blocks (in_features % blocksize != 0: the fixture's o_proj 64x96 and
+    down_proj 64x160) differently from how quantize_4bit wrote them (blocks over the flattened weight,
+    as its CUDA kernels read them); its portable kernel reads them as written. Registers the portable
+    one for CPU tensors."""
+    import bitsandbytes.backends.default.ops as default_ops
+    from bitsandbytes.backends.utils import _get_4bit_code
+
+    @torch.library.register_kernel("bitsandbytes::dequantize_4bit", "cpu")
+    def _(A, absmax, blocksize, quant_type, shape, dtype):
+        if A.dtype != torch.uint8:
+            A = A.view(torch.uint8)
+        return default_ops._dequantize_4bit_compute(A.reshape(-1), absmax, _get_4bit_code(quant_type, A.device),
+                                                    blocksize, shape, dtype)
+
+
+def flattened_dequantize(weight):
+    """NF4 + double quant dequantized by the layout's definition: code[nibble] * absmax of the
+    element's block over the flattened weight, absmax = code8[q] * nested_absmax + offset."""
+    qs = weight.quant_state
+    s2 = qs.state2
+    absmax = s2.code[qs.absmax.long()] * s2.absmax.repeat_interleave(s2.blocksize)[: qs.absmax.numel()] + qs.offset
+    b = weight.data.flatten()
+    nib = torch.stack([b >> 4, b & 15], 1).flatten().long()
+    n = int(torch.Size(qs.shape).numel())
+    return (qs.code[nib][:n] * absmax.repeat_interleave(qs.blocksize)[:n]).reshape(qs.shape)
+
+
+def check_against_dequantized(m4, plain, run, logits):
+    """The 4-bit model's `logits` are those of the f32 model `plain` holding bitsandbytes' dequantized
+    weights, and those weights are the layout's own reading (flattened_dequantize), which the engine's
+    is. Returns {module name: dequantized weight}."""
+    deq = dequantized_linears(m4)
+    for name, w in deq.items():
+        assert torch.equal(w, flattened_dequantize(m4.get_submodule(name).weight)), name
+    with torch.no_grad():
+        for name, w in deq.items():
+            plain.get_submodule(name).weight.copy_(w)
+        d = (run(plain) - logits).abs().max().item()
+    assert d < 1e-5, f"4-bit logits differ from the dequantized f32 model by {d}"
+    return deq
+
+
 def save_checkpoint(model, ck):
     """The model as transformers saves it, without generation_config.json and the version stamp
     (reruns stay byte-identical across transformers patch releases)."""
@@ -109,14 +156,7 @@ def make_reference():
     # The reference means "f32 model whose projections are bitsandbytes' dequantized weights":
     # check that before trusting it.
     plain = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, attn_implementation="eager").eval()
-    deq = dequantized_linears(m4)
-    for name, w in deq.items():  # the layout's own reading, which the engine's is
-        assert torch.equal(w, flattened_dequantize(m4.get_submodule(name).weight)), name
-    with torch.no_grad():
-        for name, w in deq.items():
-            plain.get_submodule(name).weight.copy_(w)
-        d = (plain(ids).logits - t["logits"]).abs().max().item()
-    assert d < 1e-5, f"4-bit logits differ from the dequantized f32 model by {d}"
+    deq = check_against_dequantized(m4, plain, lambda m: m(ids).logits, t["logits"])
     assert len(deq) == 14, len(deq)
 
     m_fp4 = load_4bit(MODEL, "fp4", False)
@@ -156,38 +196,6 @@ def make_reference():
     print("wrote", OUT, {k: os.path.getsize(os.path.join(ck, k)) for k in os.listdir(ck)})
 
 
-MM_MODEL = os.path.join(FIX, "models", "gemma3_mm")
-
-
-def portable_cpu_dequantize():
-    """bitsandbytes 0.50.2's native CPU dequantize_4bit kernel (taken on AVX512 CPUs) reads the blocks
-    of a row that is not whole blocks (in_features % blocksize != 0: the fixture's o_proj 64x96 and
-    down_proj 64x160) differently from how quantize_4bit wrote them (blocks over the flattened weight,
-    as its CUDA kernels read them); its portable kernel reads them as written. Registers the portable
-    one for CPU tensors."""
-    import bitsandbytes.backends.default.ops as default_ops
-    from bitsandbytes.backends.utils import _get_4bit_code
-
-    @torch.library.register_kernel("bitsandbytes::dequantize_4bit", "cpu")
-    def _(A, absmax, blocksize, quant_type, shape, dtype):
-        if A.dtype != torch.uint8:
-            A = A.view(torch.uint8)
-        return default_ops._dequantize_4bit_compute(A.reshape(-1), absmax, _get_4bit_code(quant_type, A.device),
-                                                    blocksize, shape, dtype)
-
-
-def flattened_dequantize(weight):
-    """NF4 + double quant dequantized by the layout's definition: code[nibble] * absmax of the
-    element's block over the flattened weight, absmax = code8[q] * nested_absmax + offset."""
-    qs = weight.quant_state
-    s2 = qs.state2
-    absmax = s2.code[qs.absmax.long()] * s2.absmax.repeat_interleave(s2.blocksize)[: qs.absmax.numel()] + qs.offset
-    b = weight.data.flatten()
-    nib = torch.stack([b >> 4, b & 15], 1).flatten().long()
-    n = int(torch.Size(qs.shape).numel())
-    return (qs.code[nib][:n] * absmax.repeat_interleave(qs.blocksize)[:n]).reshape(qs.shape)
-
-
 def make_multimodal():
     """tests/fixtures/qlora/gemma3_mm_bnb_nf4/: the multimodal Gemma 3 fixture (Gemma3ForConditionalGeneration,
     a SigLIP tower) quantized on load by transformers + bitsandbytes (nf4 + double quant, blocksize 64) and
@@ -195,7 +203,6 @@ def make_multimodal():
     gemma3_mm_nf4.safetensors: its text-only logits on the parity batch of gemma3_mm, checked equal to
     the reloaded checkpoint's and to an f32 model whose quantized projections are bnb's dequantized weights."""
     from transformers import AutoModelForImageTextToText
-    portable_cpu_dequantize()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     f = safe_open(os.path.join(FIX, "parity", "gemma3_mm.safetensors"), "pt")
@@ -210,15 +217,7 @@ def make_multimodal():
     m4 = load(MM_MODEL, True)
     with torch.no_grad():
         logits = m4(input_ids=ids).logits.float().contiguous()
-    plain = load(MM_MODEL, False)
-    deq = dequantized_linears(m4)
-    for name, w in deq.items():  # the layout's own reading, which the engine's is
-        assert torch.equal(w, flattened_dequantize(m4.get_submodule(name).weight)), name
-    with torch.no_grad():
-        for name, w in deq.items():
-            plain.get_submodule(name).weight.copy_(w)
-        d = (plain(input_ids=ids).logits - logits).abs().max().item()
-    assert d < 1e-5, f"4-bit logits differ from the dequantized f32 model by {d}"
+    deq = check_against_dequantized(m4, load(MM_MODEL, False), lambda m: m(input_ids=ids).logits, logits)
     n_text = sum(1 for n in deq if "language_model" in n)
     ck = os.path.join(OUT, "gemma3_mm_bnb_nf4")
     save_checkpoint(m4, ck)
@@ -280,6 +279,7 @@ def main():
     ap.add_argument("--check-quantize", metavar="QLORA_BIN", help="check `qlora quantize` output instead")
     ap.add_argument("--multimodal", action="store_true", help="write only the multimodal Gemma 3 checkpoint")
     a = ap.parse_args()
+    portable_cpu_dequantize()
     if a.check_quantize:
         return check_quantize(os.path.abspath(a.check_quantize))
     if a.multimodal:
