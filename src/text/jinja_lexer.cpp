@@ -278,6 +278,7 @@ class Lexer {
         if (c >= '0' && c <= '9') d = c - '0';
         else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f') d = (c | 0x20) - 'a' + 10;
         if (d < 0 || d >= base) break;
+        if (v > (INT64_MAX - d) / base) fail(p, "integer literal out of range", "integers are 64-bit here");
         v = v * base + d;
         ++q;
       }

@@ -88,3 +88,26 @@ TEST(JinjaCases, MatchJinja2) {
 
 }  // namespace
 }  // namespace qlora
+
+namespace qlora {
+// Integers are 64-bit here (jinja2's are unbounded): a literal past int64, decimal or hex, octal
+// and binary, is an error naming the limit, not an overflow (found by fuzz_jinja:
+// fuzz/regressions/jinja/hex_literal_past_int64); the largest one still parses.
+TEST(JinjaLexer, IntegerLiteralsPastInt64AreAnError) {
+  for (const std::string& lit : std::vector<std::string>{"9223372036854775808", "0x8000000000000000", "0o1000000000000000000000",
+                                "0b1" + std::string(63, '0'), "0xFFFFFFFFFFFFFFFFFFFF"}) {
+    SCOPED_TRACE(lit);
+    try {
+      jinja::Template::parse("{{ " + lit + " }}", "t");
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("integer literal out of range"), std::string::npos) << e.what();
+    }
+  }
+  jinja::RenderOptions opts;
+  for (const std::string& lit : std::vector<std::string>{"9223372036854775807", "0x7FFFFFFFFFFFFFFF", "0o777777777777777777777", "0b" + std::string(63, '1')})
+    EXPECT_EQ(jinja::Template::parse("{{ " + lit + " }}", "t").render(jinja::Value::from_json(json::object()), opts),
+              "9223372036854775807")
+        << lit;
+}
+}  // namespace qlora
