@@ -86,9 +86,11 @@ inline constexpr int64_t kAttnMaxEntries = 2048;
 inline int64_t attention_ragged_bytes(int64_t entries) { return 4 * (entries + 3 * (entries + 1)); }
 // Columns of one (row, head) of attention_bwd's dq accumulator: the backward kernel's tile width.
 inline int64_t attention_dq_cols(int64_t head_dim) { return head_dim <= 64 ? 64 : 128; }
+// Whether the key-major backward splits dK/dV over two warps per 16 keys (its 256-column tile,
+// BwdTraits<256>::kDSplit), each computing S^T and dP^T: head dims over 128.
+inline bool attention_dkv_split(int64_t head_dim) { return head_dim > 128; }
 // Whether the own kernels take dQ in its own query-major pass whatever AttnDq asks, with no
-// accumulator: soft-capped scores (Gemma 2) and head dims over 128 (whose key-major kernel splits
-// dK/dV over warps and has no dQ part).
-inline bool attention_dq_own_pass(int64_t head_dim, bool softcapped) { return softcapped || head_dim > 128; }
+// accumulator: soft-capped scores (Gemma 2) and a split key-major kernel (which has no dQ part).
+inline bool attention_dq_own_pass(int64_t head_dim, bool softcapped) { return softcapped || attention_dkv_split(head_dim); }
 
 }  // namespace qlora::cuda_plan

@@ -202,6 +202,22 @@ const LayerName kExportLayerNames[] = {
     {"ffn_down_exps.weight", "mlp.experts.down_proj"},
 };
 
+// Export only: Gemma's four norms per layer (LlamaConfig::sandwich_norms) as llama.cpp's gemma2 and
+// gemma3 name them. Its post_attention_layernorm is the attention's output norm there, not the MLP's
+// input norm it is on Llama (kLayerNames' ffn_norm), which is Gemma's pre_feedforward_layernorm.
+const LayerName kSandwichNormNames[] = {
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+};
+
+std::string hf_to_gguf_name(const LlamaConfig& cfg, const std::string& h) {
+  if (auto l = split_layer(h, "model.layers."); l && cfg.sandwich_norms)
+    for (const auto& n : kSandwichNormNames)
+      if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
+  return hf_to_gguf_name(h);
+}
+
 std::string hf_to_gguf_name(const std::string& h) {
   for (const auto& n : kGlobalNames)
     if (h == n.hf) return n.gguf;
@@ -243,7 +259,7 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
       for (int64_t e = 0; e < cfg.n_experts; e++)
         for (const auto& k : expert_kinds()) out.push_back(hf_expert_name(cfg, l, e, k));
     }
-    if (cfg.sandwich_norms)  // Gemma: the MLP's input norm and the norm on its output (no GGUF mapping)
+    if (cfg.sandwich_norms)  // Gemma: the MLP's input norm and the norm on its output
       for (const char* n : {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"}) out.push_back(p + n);
   }
   out.push_back("model.norm.weight");

@@ -23,6 +23,9 @@ std::string gguf_to_hf_name(const std::string& gguf_name);
 // "model.layers.N.mlp.experts.<kind>" (blk.N.ffn_gate_exps, ffn_up_exps, ffn_down_exps), which
 // gguf_to_hf_name does not read back.
 std::string hf_to_gguf_name(const std::string& hf_name);
+// The same for a tensor of the model `cfg` describes: Gemma's four norms per layer under llama.cpp's
+// gemma2/gemma3 names (post_attention_norm, ffn_norm, post_ffw_norm), every other name as above.
+std::string hf_to_gguf_name(const LlamaConfig& cfg, const std::string& hf_name);
 
 // HF names of every base-model tensor for cfg, in HF state-dict order (lm_head only when untied).
 std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg);

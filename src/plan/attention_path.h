@@ -22,7 +22,7 @@ bool gpu_runs_cudnn_attention(const GpuSpec& gpu);
 
 // With dq in its own pass (AttnDq::Recompute) the plan holds no dq slot, which cuDNN's graphs take
 // as their workspace: the own kernels are priced. own_only: the model's attention has what cuDNN's
-// graphs lack (gpt-oss's sinks, Gemma 2's soft-capping, whose dq also takes its own pass).
+// graphs lack (gpt-oss's sinks).
 AttentionPath attention_path(const GpuSpec& gpu, const PlanAssumptions& a, AttnDq dq = AttnDq::Accumulate,
                              bool own_only = false);
 

@@ -65,14 +65,14 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   fo.recompute = recompute;
   fo.reference = uses_reference(r.objective) && !r.reference_precomputed;
   // Soft-capped scores (Gemma 2) and head dims over 128 take dq in its own pass on the GPU
-  // whatever the mode; they and gpt-oss's sinks run on the own kernels (cuDNN's graphs have no
-  // cap and no sinks, and take head dims up to 128).
-  const bool capped = c.attn_logit_softcapping > 0, own_only = capped || c.attention_sinks || c.head_dim > 128;
-  const bool dq_own = opts.attn_dq == AttnDq::Recompute || cuda_plan::attention_dq_own_pass(c.head_dim, capped);
+  // whatever the mode, which prices the own kernels; gpt-oss's sinks run on them too (cuDNN's
+  // graphs have no sinks).
+  const bool dq_own =
+      opts.attn_dq == AttnDq::Recompute || cuda_plan::attention_dq_own_pass(c.head_dim, c.attn_logit_softcapping > 0);
   fo.dq_recompute = dq_own && !r.gpu.is_cpu;
-  fo.dkv_split = c.head_dim > 128 && !r.gpu.is_cpu;
+  fo.dkv_split = cuda_plan::attention_dkv_split(c.head_dim) && !r.gpu.is_cpu;
   e.per_token = flops_per_token(c, fo);
-  const AttentionPath path = attention_path(r.gpu, a, dq_own ? AttnDq::Recompute : opts.attn_dq, own_only);
+  const AttentionPath path = attention_path(r.gpu, a, dq_own ? AttnDq::Recompute : opts.attn_dq, c.attention_sinks);
   e.attention_path = path.description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // cuDNN's diagonal band, or the own kernel's window mask
     int64_t windowed = 0;

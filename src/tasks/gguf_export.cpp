@@ -345,21 +345,6 @@ PeftAdapter open_adapter(const std::string& dir, const LlamaConfig& cfg) {
   return open_peft_adapter(dir, cfg);
 }
 
-// llama.cpp's name of a merged-model tensor. Gemma's four norms per layer have names of their own
-// there: its post_attention_layernorm is the attention's output norm (post_attention_norm), not the
-// MLP's input norm (ffn_norm, Gemma's pre_feedforward_layernorm) it is on Llama.
-std::string gguf_tensor_name(const LlamaConfig& c, const std::string& hf) {
-  if (c.sandwich_norms && hf.rfind("model.layers.", 0) == 0) {
-    const size_t dot = hf.find('.', 13);
-    const std::string layer = hf.substr(13, dot - 13), rest = dot == std::string::npos ? "" : hf.substr(dot + 1);
-    for (const auto& [from, to] : {std::pair<const char*, const char*>{"post_attention_layernorm.weight", "post_attention_norm.weight"},
-                                   {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
-                                   {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}})
-      if (rest == from) return "blk." + layer + "." + to;
-  }
-  return hf_to_gguf_name(hf);
-}
-
 bool permuted_qk(const LlamaConfig& c, const std::string& hf_name, int64_t& n_head) {
   n_head = 0;
   if (!gguf_qk_permuted(c)) return false;
@@ -454,7 +439,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
       }
       continue;
     }
-    const std::string g = gguf_tensor_name(c, hf);
+    const std::string g = hf_to_gguf_name(c, hf);
     if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
     const std::vector<int64_t> shape = merged->shape(hf);
     std::vector<int64_t> ne(shape.rbegin(), shape.rend());
@@ -474,13 +459,13 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
                       int64_t n = 1;
                       for (int64_t d : shape) n *= d;
                       v.resize(size_t(n));
-                      if (unit_offset) {
+                      int64_t n_head = 0;
+                      if (!permuted_qk(c, hf, n_head)) {
                         m->read(hf, v.data());
-                        for (float& x : v) x += 1.0f;
+                        if (unit_offset)
+                          for (float& x : v) x += 1.0f;
                         return;
                       }
-                      int64_t n_head = 0;
-                      if (!permuted_qk(c, hf, n_head)) return m->read(hf, v.data());
                       std::vector<float> tmp(v.size());
                       m->read(hf, tmp.data());
                       const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;

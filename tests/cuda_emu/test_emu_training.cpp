@@ -40,9 +40,8 @@ using TrainRun = testing_util::TestModel;
 // The fixture model `variant` (tests/fixtures/models) with its trained parity adapter.
 // mlp_tile: the MLP's tile under checkpointing (0: untiled).
 // attn_dq: how the CUDA attention backward forms dq.
-TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt,
-                  int64_t kv_cache_tokens = 0, const std::string& variant = "llama_gqa", int64_t mlp_tile = 0,
-                  AttnDq attn_dq = AttnDq::Accumulate) {
+// The runs' options: the method, base and checkpointing under test, micro-batches of 2 x 12 tokens.
+ModelPlanOptions run_options(const std::string& method, const std::string& precision, const std::string& ckpt) {
   ModelPlanOptions po;
   po.method = parse_method(method, "method");
   po.base_precision = optional_base_precision(precision, "base_precision");
@@ -51,6 +50,13 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
   po.micro_batch = 2;
   po.seq_len = 12;
   po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
+  return po;
+}
+
+TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const std::string& precision, const std::string& ckpt,
+                  int64_t kv_cache_tokens = 0, const std::string& variant = "llama_gqa", int64_t mlp_tile = 0,
+                  AttnDq attn_dq = AttnDq::Accumulate) {
+  ModelPlanOptions po = run_options(method, precision, ckpt);
   po.kv_cache_tokens = kv_cache_tokens;
   po.mlp_tile = mlp_tile;
   po.attn_dq = attn_dq;
@@ -370,14 +376,8 @@ TEST(CudaEmuTraining, HeadDim256MatchesTheCpu) {
     t.src = open_model_source(fixtures() + "/models/" + variant);
     t.src.config.head_dim = 256;
     t.src.config.query_pre_attn_scalar = 256;  // as Gemma 2 2B/9B and Gemma 3 1B-12B ship
-    ModelPlanOptions po;
-    po.method = parse_method(method, "method");
-    po.base_precision = optional_base_precision(precision, "base_precision");
-    po.quant_blocksize = 64;
-    po.micro_batch = 2;
-    po.seq_len = 12;
-    po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
-    t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, testing_util::fixture_lora(variant));
+    t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, run_options(method, precision, ckpt),
+                                           testing_util::fixture_lora(variant));
     // Gemma's (1 + w) norms start at w = 0 in transformers (random_tensor_source's gains are 1).
     TensorSource w = random_tensor_source(7);
     w.read_f32 = [f = w.read_f32](const std::string& name, const std::vector<int64_t>& shape, float* dst) {
