@@ -79,7 +79,8 @@ def bnb_seeds():
 
 def gguf_seeds():
     d = target_dir("gguf")
-    for name in ("meta.gguf", "bad/valid.gguf", "bad/misaligned_offset.gguf", "bad/offset_out_of_range.gguf"):
+    for name in ("meta.gguf", "bad/valid.gguf", "bad/misaligned_offset.gguf", "bad/offset_out_of_range.gguf",
+                 "spm_vocab.gguf"):
         copy(os.path.join("gguf", name), d, name.replace("/", "_"))
     # The tiny Llama's metadata (architecture, sizes, gpt2 tokenizer) with two small tensors.
     raw = open(os.path.join(FIX, "gguf", "tiny_llama.gguf"), "rb").read()

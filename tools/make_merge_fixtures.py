@@ -59,6 +59,12 @@ CASES = {
     # expert's delta; transformers loads them as plain GptOssExperts (quantization_config dropped).
     "gpt_oss_fp32": ("models/gpt_oss", "parity/gpt_oss_adapter", [], "gpt_oss"),
     "gguf_llama_fp32": ("gguf/tiny_llama.gguf", "parity/llama_gqa_adapter", [], "llama_gqa"),
+    # Gemma 2, Gemma 3 and Phi-3 GGUFs (`qlora export --outtype f32` of export/gemma2, export/gemma3 and
+    # models/phi3_longrope): the family's own config.json and a SentencePiece / BPE tokenizer.json
+    # written from the GGUF; the reference is PEFT on the Hugging Face directory they were exported from.
+    "gguf_gemma2_fp32": ("gguf/tiny_gemma2.gguf", "export/gemma2_adapter", [], "export/gemma2"),
+    "gguf_gemma3_fp32": ("gguf/tiny_gemma3.gguf", "export/gemma3_adapter", [], "export/gemma3"),
+    "gguf_phi3_fp32": ("gguf/tiny_phi3.gguf", "parity/phi3_longrope_adapter", [], "phi3_longrope"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
     "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),
 }
@@ -69,7 +75,20 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+# A reference "name" is models/name with parity/name_adapter and the input_ids of parity/name.safetensors;
+# "dir/name" (a model outside models/) is dir/name with dir/name_adapter and fixed ids.
+FIXED_IDS = [[2, 17, 42, 5, 88, 63, 9, 30, 71, 1, 55, 12]]
+
+
+def ref_dirs(ref):
+    if "/" in ref:
+        return ref, ref + "_adapter"
+    return f"models/{ref}", f"parity/{ref}_adapter"
+
+
 def inputs(ref):
+    if "/" in ref:
+        return torch.tensor(FIXED_IDS, dtype=torch.long), None
     name = "qlora/llama_gqa_nf4.safetensors" if ref == "nf4" else f"parity/{ref}.safetensors"
     with safe_open(os.path.join(FIX, name), "pt") as f:
         return f.get_tensor("input_ids").long(), (f.get_tensor("lora_logits") if ref == "nf4" else None)
@@ -82,8 +101,9 @@ def load(path, dtype):
 @torch.no_grad()
 def peft_reference(ref):
     """PEFT's base + adapter logits, and merge_and_unload()'s fp32 state dict."""
-    base = load(os.path.join(FIX, "models", ref), torch.float32)
-    m = PeftModel.from_pretrained(base, os.path.join(FIX, "parity", f"{ref}_adapter")).eval()
+    model_dir, adapter_dir = ref_dirs(ref)
+    base = load(os.path.join(FIX, model_dir), torch.float32)
+    m = PeftModel.from_pretrained(base, os.path.join(FIX, adapter_dir)).eval()
     ids, _ = inputs(ref)
     logits = m(input_ids=ids).logits
     merged = m.merge_and_unload().state_dict()
@@ -128,7 +148,7 @@ def main():
             case = {"args": ["merge", "--model", base, "--adapter", adapter] + extra,
                     "dtype": str(want_dtype).replace("torch.", ""),
                     "reference": "parity/llama_gqa_nf4 lora_logits (transformers + bitsandbytes + PEFT)" if ref == "nf4"
-                    else f"PeftModel.from_pretrained(models/{ref}, parity/{ref}_adapter)",
+                    else "PeftModel.from_pretrained(%s, %s)" % ref_dirs(ref),
                     "logits_max_abs_err": float(f"{err:.3e}"), "logits_max_abs": round(scale, 4),
                     "files": {f: sha256(os.path.join(out, f)) for f in sorted(os.listdir(out))}}
             if not bf16:

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/experts.h"
+#include "model/merge.h"
 
 namespace qlora {
 
@@ -78,7 +79,9 @@ struct ArchInfo {
   bool qkv_bias;
   bool qk_norm;
 };
-const ArchInfo kArchs[] = {{"llama", "llama", false, false}, {"qwen2", "qwen2", true, false}, {"qwen3", "qwen3", false, true}};
+const ArchInfo kArchs[] = {{"llama", "llama", false, false},       {"qwen2", "qwen2", true, false},
+                           {"qwen3", "qwen3", false, true},        {"gemma2", "gemma2", false, false},
+                           {"gemma3", "gemma3_text", false, true}, {"phi3", "phi3", false, false}};
 
 // llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
 // (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
@@ -175,6 +178,87 @@ void expect_shape(const GgufFile& f, const std::string& name, const std::vector<
     fail(ErrorKind::Format, f.path() + ": tensor '" + name + "'",
          "ggml shape " + str(t.ne) + " does not match the metadata, expected " + str(ne));
   }
+}
+
+// Phi-3's LongRoPE as convert_hf_to_gguf.py writes it (Phi3MiniModel): the long and short factors
+// as tensors of rope_dim/2, the pretraining context as rope.scaling.original_context_length and
+// the cos/sin factor as rope.scaling.attn_factor. The scaling factor is then context_length over
+// the original context, as transformers resolves a config without one.
+void read_longrope(const GgufFile& f, const std::string& k, bool phi3, LlamaConfig& c) {
+  const bool has_long = f.has_tensor("rope_factors_long.weight"), has_short = f.has_tensor("rope_factors_short.weight");
+  if (!has_long && !has_short) return;
+  const std::string first = has_long ? "rope_factors_long.weight" : "rope_factors_short.weight";
+  if (!phi3)
+    fail(ErrorKind::Unsupported, f.path() + ": tensor '" + first + "'",
+         "LongRoPE factors are read for the phi3 architecture only");
+  if (!has_long || !has_short)
+    fail(ErrorKind::Format, f.path() + ": tensor '" + std::string(has_long ? "rope_factors_short.weight" : "rope_factors_long.weight") + "'",
+         "missing: LongRoPE needs both the long and the short factors");
+  if (c.rope_scaling.type != "none")
+    fail(ErrorKind::Unsupported, f.path() + ": tensor '" + first + "'", "LongRoPE factors together with " + c.rope_scaling.type + " scaling");
+  RopeScaling rs;
+  rs.type = "longrope";
+  for (auto [name, out] : {std::pair{"rope_factors_long.weight", &rs.long_factor}, std::pair{"rope_factors_short.weight", &rs.short_factor}}) {
+    expect_shape(f, name, {c.rope_dim() / 2});
+    for (float v : f.read_tensor_f32(name)) {
+      if (!(v > 0.0f) || !std::isfinite(v))
+        fail(ErrorKind::Format, f.path() + ": tensor '" + std::string(name) + "'", "factor " + std::to_string(v) + ", expected > 0");
+      out->push_back(f32_decimal(v));
+    }
+  }
+  const std::string orig_key = k + "rope.scaling.original_context_length";
+  if (!f.has(orig_key))
+    fail(ErrorKind::Format, f.path() + ": key '" + orig_key + "'", "missing: LongRoPE switches factors past the original context");
+  rs.original_max_position_embeddings = key_i64(f, orig_key);
+  if (rs.original_max_position_embeddings <= 0)
+    fail(ErrorKind::Format, f.path() + ": key '" + orig_key + "'", "must be positive");
+  rs.factor = double(c.max_position_embeddings) / double(rs.original_max_position_embeddings);
+  if (f.has(k + "rope.scaling.attn_factor"))
+    rs.attention_factor = f32_decimal(f.get_f32(k + "rope.scaling.attn_factor"));
+  else
+    rs.attention_factor = rs.factor <= 1.0 ? 1.0
+                                           : std::sqrt(1.0 + std::log(rs.factor) / std::log(double(rs.original_max_position_embeddings)));
+  c.rope_scaling = std::move(rs);
+}
+
+// Gemma 2 and Gemma 3 as llama.cpp's gemma2/gemma3 run them (its llama-model.cpp): the (1 + w)
+// norms on both sides of each block (stored as 1 + w), embeddings scaled by sqrt(hidden), GeGLU;
+// scores scaled by head_dim^-1/2, or (hidden / heads)^-1/2 for the 27B sizes (46 and 62 layers),
+// which is transformers' query_pre_attn_scalar of those checkpoints; the sliding window
+// (attention.sliding_window; gemma2: 4096 when absent) on the layers of the pattern
+// (attention.sliding_window_pattern, a period or one flag per layer; else every other layer from
+// the first for gemma2, five of every six for gemma3). Gemma 2: soft-capping (50 and 30 when the
+// file names none). Gemma 3: q/k norms, the sliding layers rotated at rope.freq_base_swa (10000
+// when absent), unscaled.
+void read_gemma_layout(const GgufFile& f, const std::string& k, bool gemma2, LlamaConfig& c) {
+  c.norm_unit_offset = c.sandwich_norms = c.scale_embeddings = true;
+  c.hidden_act = Activation::GeluTanh;
+  c.sliding_window = f.has(k + "attention.sliding_window") ? key_i64(f, k + "attention.sliding_window") : gemma2 ? 4096 : 0;
+  if (c.sliding_window < 0)
+    fail(ErrorKind::Format, f.path() + ": key '" + k + "attention.sliding_window'", "must not be negative");
+  if (c.sliding_window > 0) {
+    c.sliding_layers.assign(size_t(c.n_layer), false);
+    const std::string pk = k + "attention.sliding_window_pattern";
+    if (f.has(pk) && f.type_of(pk) == GgufType::ARRAY) {
+      const std::vector<int64_t> flags = f.get_array_i64(pk);
+      if (int64_t(flags.size()) != c.n_layer)
+        fail(ErrorKind::Format, f.path() + ": key '" + pk + "'",
+             std::to_string(flags.size()) + " flags for " + std::to_string(c.n_layer) + " layers");
+      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = flags[size_t(l)] != 0;
+    } else {
+      const int64_t period = f.has(pk) ? f.get_i64(pk) : gemma2 ? 2 : 6;
+      if (period < 0) fail(ErrorKind::Format, f.path() + ": key '" + pk + "'", "must not be negative");
+      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = period == 0 || l % period < period - 1;
+    }
+  }
+  if (gemma2) {
+    c.attn_logit_softcapping = f.has(k + "attn_logit_softcapping") ? f32_decimal(f.get_f32(k + "attn_logit_softcapping")) : 50.0;
+    c.final_logit_softcapping = f.has(k + "final_logit_softcapping") ? f32_decimal(f.get_f32(k + "final_logit_softcapping")) : 30.0;
+  } else {
+    c.rope_local_theta = f.has(k + "rope.freq_base_swa") ? f32_decimal(f.get_f32(k + "rope.freq_base_swa")) : 10000.0;
+  }
+  const bool is_27b = c.n_layer == (gemma2 ? 46 : 62);
+  c.query_pre_attn_scalar = is_27b ? double(c.hidden_size / c.n_head) : double(c.head_dim);
 }
 
 }  // namespace
@@ -274,15 +358,17 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     if (arch == a.arch) ai = &a;
   if (!ai)
     fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
-         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2), qwen2, qwen3");
+         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2), qwen2, qwen3, gemma2, gemma3, phi3");
   const std::string k = arch + ".";
   if (f.has(k + "expert_count") && f.get_i64(k + "expert_count") > 0)
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "expert_count'", "mixture-of-experts models are not supported");
+  const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
 
   LlamaConfig c;
   c.model_type = ai->model_type;
   c.attention_bias = ai->qkv_bias;
   c.qk_norm = ai->qk_norm;
+  c.fused_qkv = c.fused_gate_up = phi3;  // llama.cpp's attn_qkv and ffn_up (gate rows, then up rows)
   c.name = f.path();
   c.hidden_size = key_i64(f, k + "embedding_length");
   c.intermediate_size = key_i64(f, k + "feed_forward_length");
@@ -300,22 +386,31 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "attention.value_length'", "differs from the key length");
   if (c.head_dim <= 0 || c.head_dim % 2 != 0)
     fail(ErrorKind::Format, f.path() + ": key '" + k + "attention.key_length'", "head dim " + std::to_string(c.head_dim) + " must be even and > 0");
-  if (f.has(k + "rope.dimension_count") && f.get_i64(k + "rope.dimension_count") != c.head_dim)
-    fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "rope.dimension_count'",
-         "partial rotary embedding (" + std::to_string(f.get_i64(k + "rope.dimension_count")) + " of " +
-             std::to_string(c.head_dim) + " dims) is not supported");
+  if (f.has(k + "rope.dimension_count") && f.get_i64(k + "rope.dimension_count") != c.head_dim) {
+    const int64_t n_rot = f.get_i64(k + "rope.dimension_count");
+    const std::string where = f.path() + ": key '" + k + "rope.dimension_count'";
+    if (!phi3)  // Phi-4-mini's partial_rotary_factor; llama.cpp's other architectures here rotate all dims
+      fail(ErrorKind::Unsupported, where,
+           "partial rotary embedding (" + std::to_string(n_rot) + " of " + std::to_string(c.head_dim) +
+               " dims) is not supported on " + arch, "partial rotary embeddings are read for phi3");
+    if (n_rot < 2 || n_rot > c.head_dim || n_rot % 2 != 0)
+      fail(ErrorKind::Format, where, std::to_string(n_rot) + " rotary dims of a head of " + std::to_string(c.head_dim) +
+                                         ": expected an even count between 2 and the head dim");
+    c.rotary_dim = n_rot;
+  }
   if (f.has(k + "context_length")) c.max_position_embeddings = f.get_i64(k + "context_length");
   if (f.has(k + "attention.layer_norm_rms_epsilon")) c.rms_norm_eps = f32_decimal(f.get_f32(k + "attention.layer_norm_rms_epsilon"));
   if (f.has(k + "rope.freq_base")) c.rope_theta = f32_decimal(f.get_f32(k + "rope.freq_base"));
 
-  // Rope scaling: linear/none in metadata (older files: rope.scale_linear), llama3 as a tensor.
+  // Rope scaling: linear/none in metadata (older files: rope.scale_linear), llama3 as a tensor,
+  // Phi-3's LongRoPE as two tensors.
   std::string st = f.has(k + "rope.scaling.type") ? f.get_string(k + "rope.scaling.type") : "none";
   if (st == "linear") {
     c.rope_scaling.type = "linear";
     c.rope_scaling.factor = f32_decimal(f.get_f32(k + "rope.scaling.factor"));
   } else if (st != "none") {
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "rope.scaling.type'", "rope scaling '" + st + "' is not supported",
-         "supported: none, linear, llama3");
+         "supported: none, linear, llama3 (rope_freqs), longrope (phi3's rope_factors_long/short)");
   } else if (f.has(k + "rope.scale_linear") && f.get_f32(k + "rope.scale_linear") != 1.0f) {
     c.rope_scaling.type = "linear";
     c.rope_scaling.factor = f32_decimal(f.get_f32(k + "rope.scale_linear"));
@@ -328,6 +423,10 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     c.rope_scaling = recover_llama3(f.read_tensor_f32("rope_freqs.weight"), c.rope_theta, c.head_dim, orig,
                                     f.path() + ": tensor 'rope_freqs.weight'");
   }
+  read_longrope(f, k, phi3, c);
+  if (gemma) read_gemma_layout(f, k, arch == "gemma2", c);
+  if (phi3 && f.has(k + "attention.sliding_window"))  // 0: none (Phi-4)
+    c.sliding_window = key_i64(f, k + "attention.sliding_window");
 
   // Vocabulary: the embedding defines it; the token list must not be longer.
   const GgufTensorInfo& emb = f.tensor("token_embd.weight");
@@ -338,39 +437,22 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     fail(ErrorKind::Format, f.path() + ": key 'tokenizer.ggml.tokens'",
          std::to_string(f.get_array_size("tokenizer.ggml.tokens")) + " tokens but token_embd.weight has " +
              std::to_string(c.vocab_size) + " rows");
-  if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_i64("tokenizer.ggml.bos_token_id");
-  if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_id = f.get_i64("tokenizer.ggml.eos_token_id");
+  // A SentencePiece ("llama") vocabulary without the keys has llama.cpp's ids 1 and 2.
+  const bool spm = f.has("tokenizer.ggml.model") && f.get_string("tokenizer.ggml.model") == "llama";
+  c.bos_token_id = f.has("tokenizer.ggml.bos_token_id") ? f.get_i64("tokenizer.ggml.bos_token_id") : spm ? 1 : -1;
+  c.eos_token_id = f.has("tokenizer.ggml.eos_token_id") ? f.get_i64("tokenizer.ggml.eos_token_id") : spm ? 2 : -1;
+  if (f.has("tokenizer.ggml.padding_token_id")) c.pad_token_id = f.get_i64("tokenizer.ggml.padding_token_id");
   c.tie_word_embeddings = !f.has_tensor("output.weight");
 
   // Every tensor the decoder needs, with ggml shapes (ne = HF shape reversed).
-  const int64_t C = c.hidden_size, F = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
-  expect_shape(f, "token_embd.weight", {C, c.vocab_size});
-  expect_shape(f, "output_norm.weight", {C});
-  if (!c.tie_word_embeddings) expect_shape(f, "output.weight", {C, c.vocab_size});
-  for (int64_t l = 0; l < c.n_layer; l++) {
-    std::string b = "blk." + std::to_string(l) + ".";
-    expect_shape(f, b + "attn_norm.weight", {C});
-    expect_shape(f, b + "ffn_norm.weight", {C});
-    expect_shape(f, b + "attn_q.weight", {C, Q});
-    expect_shape(f, b + "attn_k.weight", {C, KV});
-    expect_shape(f, b + "attn_v.weight", {C, KV});
-    expect_shape(f, b + "attn_output.weight", {Q, C});
-    expect_shape(f, b + "ffn_gate.weight", {C, F});
-    expect_shape(f, b + "ffn_up.weight", {C, F});
-    expect_shape(f, b + "ffn_down.weight", {F, C});
-    if (c.qk_norm) {
-      expect_shape(f, b + "attn_q_norm.weight", {c.head_dim});
-      expect_shape(f, b + "attn_k_norm.weight", {c.head_dim});
-    }
-    if (c.attention_bias) {
-      expect_shape(f, b + "attn_q.bias", {Q});
-      expect_shape(f, b + "attn_k.bias", {KV});
-      expect_shape(f, b + "attn_v.bias", {KV});
-    }
+  for (const std::string& hf : llama_hf_tensor_names(c)) {
+    std::vector<int64_t> ne = llama_hf_tensor_shape(c, hf);
+    std::reverse(ne.begin(), ne.end());
+    expect_shape(f, hf_to_gguf_name(c, hf), ne);
   }
-  if (f.has_tensor("blk." + std::to_string(c.n_layer) + ".attn_q.weight"))
-    fail(ErrorKind::Format, f.path() + ": tensor 'blk." + std::to_string(c.n_layer) + ".attn_q.weight'",
-         "layer index beyond block_count " + std::to_string(c.n_layer));
+  for (const GgufTensorInfo& t : f.tensors())
+    if (const auto l = split_layer(t.name, "blk."); l && l->first >= c.n_layer)
+      fail(ErrorKind::Format, f.path() + ": tensor '" + t.name + "'", "layer index beyond block_count " + std::to_string(c.n_layer));
   return c;
 }
 
@@ -398,8 +480,8 @@ void gguf_unpermute_qk_rows(const float* gguf, float* hf, int64_t n_head, int64_
 
 namespace {
 
-std::string gguf_source(const GgufFile& f, const std::string& hf_name) {
-  std::string g = hf_to_gguf_name(hf_name);
+std::string gguf_source(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
+  std::string g = hf_to_gguf_name(cfg, hf_name);
   if (hf_name == "lm_head.weight" && !f.has_tensor("output.weight")) g = "token_embd.weight";  // tied
   if (g.empty())
     fail(ErrorKind::Format, f.path() + ": tensor '" + hf_name + "'", "no GGUF tensor corresponds to this HF name",
@@ -409,18 +491,33 @@ std::string gguf_source(const GgufFile& f, const std::string& hf_name) {
 
 }  // namespace
 
-std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const std::string& hf_name) {
-  return f.tensor(gguf_source(f, hf_name)).shape();
+bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
+  const std::string g = hf_to_gguf_name(cfg, hf_name);
+  return !g.empty() && f.has_tensor(g);
+}
+
+std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
+  return f.tensor(gguf_source(f, cfg, hf_name)).shape();
 }
 
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst) {
-  const std::string g = gguf_source(f, hf_name);
+  const std::string g = gguf_source(f, cfg, hf_name);
   int64_t n_head = 0;
   if (gguf_qk_permuted(cfg)) {
     if (hf_name.find(".self_attn.q_proj.") != std::string::npos) n_head = cfg.n_head;
     if (hf_name.find(".self_attn.k_proj.") != std::string::npos) n_head = cfg.n_head_kv;
   }
-  if (n_head == 0) return f.read_tensor_f32(g, dst);
+  if (n_head == 0) {
+    f.read_tensor_f32(g, dst);
+    // Gemma's converter stores every norm as 1 + w; the checkpoint's w comes back exactly wherever
+    // 1 + w was exact, and 1 + (stored - 1) is the stored value bit for bit (Sterbenz), which is
+    // what the norm multiplies by in f32 on both sides.
+    if (cfg.norm_unit_offset && hf_name.ends_with("norm.weight")) {
+      const size_t n = size_t(f.tensor(g).n_elements());
+      for (size_t i = 0; i < n; i++) dst[i] -= 1.0f;
+    }
+    return;
+  }
   const GgufTensorInfo& t = f.tensor(g);
   const int64_t rows = t.ne.size() == 2 ? t.ne[1] : t.ne[0], cols = t.ne.size() == 2 ? t.ne[0] : 1;
   if (t.ne.size() > 2 || rows % (2 * n_head) != 0)

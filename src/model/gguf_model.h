@@ -9,10 +9,13 @@
 
 namespace qlora {
 
-// Reads the decoder shape from `{arch}.*` and `tokenizer.ggml.*` metadata (arch: llama or qwen2) and
-// checks that every tensor the model needs is present with the expected shape. Errors: Unsupported
-// (other architectures, MoE, partial rotary, yarn/longrope scaling, rope factors that do not follow
-// llama3 scaling), Format (missing keys, missing/misshaped tensors; `where` names key or tensor).
+// Reads the decoder shape from `{arch}.*` and `tokenizer.ggml.*` metadata (arch: llama, qwen2,
+// qwen3, gemma2, gemma3 or phi3) and checks that every tensor the model needs is present with the
+// expected shape. What llama.cpp fixes for an architecture instead of reading it (Gemma's attention
+// scale and layer pattern, Gemma 3's local RoPE base, Gemma 2's default caps) becomes the config
+// field transformers reads, so the model computes as llama.cpp runs the file. Errors: Unsupported
+// (other architectures, MoE, partial rotary outside phi3, yarn scaling, rope factors that do not
+// follow llama3 scaling), Format (missing keys, missing/misshaped tensors; `where` names key or tensor).
 LlamaConfig gguf_llama_config(const GgufFile& f);
 
 // "model.layers.3.self_attn.q_proj.weight" <-> "blk.3.attn_q.weight". "" when there is no counterpart
@@ -38,10 +41,13 @@ bool gguf_qk_permuted(const LlamaConfig& cfg);
 void gguf_permute_qk_rows(const float* hf, float* gguf, int64_t n_head, int64_t rows, int64_t cols);    // as the converter
 void gguf_unpermute_qk_rows(const float* gguf, float* hf, int64_t n_head, int64_t rows, int64_t cols);  // its inverse
 
+// Whether the GGUF holds the tensor the model `cfg` calls `hf_name`.
+bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
 // HF shape of `hf_name` as stored in the GGUF (lm_head.weight of a tied model: the embedding's).
-std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const std::string& hf_name);
-// Dequantizes `hf_name` into dst (f32, HF layout, Q/K un-permuted for llama). For tied models
-// lm_head.weight reads the token embedding. Error(Format) for names with no GGUF tensor.
+std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
+// Dequantizes `hf_name` into dst (f32, HF layout, Q/K un-permuted for llama, Gemma's norms back to
+// the checkpoint's w from the stored 1 + w). For tied models lm_head.weight reads the token
+// embedding. Error(Format) for names with no GGUF tensor.
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst);
 
 }  // namespace qlora

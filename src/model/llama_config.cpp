@@ -834,7 +834,54 @@ bool rope_uses_long_factors(const LlamaConfig& c, int64_t max_position) {
   return c.rope_scaling.type == "longrope" && max_position + 1 > c.rope_scaling.original_max_position_embeddings;
 }
 
+// Gemma 2 / Gemma 3 text: the keys Gemma2Config / Gemma3TextConfig read (Hub layout: rope_theta,
+// rope_local_base_freq and rope_scaling for the global layers), the sliding layers as layer_types.
+static void gemma_config_json(const LlamaConfig& c, json& j) {
+  const bool gemma2 = c.model_type == "gemma2";
+  j["architectures"] = json::array({gemma2 ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM"});
+  j.erase("hidden_act");
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  const double q = c.query_pre_attn_scalar;  // an int to transformers' Gemma configs (strictly typed)
+  j["query_pre_attn_scalar"] = q == std::floor(q) && std::fabs(q) < 9e15 ? json(int64_t(q)) : json(q);
+  j["attention_bias"] = false;
+  auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
+  j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
+  j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  json types = json::array();
+  for (int64_t l = 0; l < c.n_layer; l++) types.push_back(c.window_of(l) > 0 ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  if (!gemma2) j["rope_local_base_freq"] = c.rope_local_theta > 0 ? c.rope_local_theta : c.rope_theta;
+}
+
+// Phi-3 / Phi-4: Phi3Config's keys, partial_rotary_factor so that int(head_dim * factor) is the
+// rotary dims, LongRoPE's factors with the pretraining context at the top level, and its
+// attention_factor only where it is not the one transformers derives.
+static void phi3_config_json(const LlamaConfig& c, json& j) {
+  j["architectures"] = json::array({"Phi3ForCausalLM"});
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) j[k] = 0.0;
+  j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  j.erase("head_dim");
+  if (c.rotary_dim > 0) {
+    double p = double(c.rotary_dim) / double(c.head_dim);
+    while (int64_t(double(c.head_dim) * p) < c.rotary_dim) p = std::nextafter(p, 2.0);
+    j["partial_rotary_factor"] = p;
+  }
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type != "longrope") return;
+  j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  json rs = {{"type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
+  const double f = double(c.max_position_embeddings) / double(r.original_max_position_embeddings);
+  const double derived = f <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(f) / std::log(double(r.original_max_position_embeddings)));
+  if (std::fabs(r.factor - f) > 1e-12 * f) rs["factor"] = r.factor;
+  if (std::fabs(r.attention_factor - derived) > 1e-6 * derived) rs["attention_factor"] = r.attention_factor;
+  j["rope_scaling"] = rs;
+}
+
 json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
+  if (c.moe() || !c.multimodal.empty() || c.attention_sinks || (c.rope_scaling.type == "yarn"))
+    fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'",
+         "writing a config.json for this model is not implemented", "keep the base model's own config.json");
   const std::string arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
                            : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
                            : c.model_type == "mistral" ? "MistralForCausalLM"
@@ -850,7 +897,9 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
   if (c.model_type == "qwen3") j["attention_bias"] = false, j["use_sliding_window"] = false;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
-  if (c.rope_scaling.type == "none") {
+  // null rather than a class default past a small vocabulary (Phi3Config's is 32000)
+  j["pad_token_id"] = c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? json(c.pad_token_id) : json(nullptr);
+  if (c.rope_scaling.type == "none" || c.rope_scaling.type == "longrope") {
     j["rope_scaling"] = nullptr;
   } else if (c.rope_scaling.type == "linear") {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
@@ -860,6 +909,8 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
                          {"high_freq_factor", c.rope_scaling.high_freq_factor},
                          {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
   }
+  if (c.model_type == "gemma2" || c.model_type == "gemma3_text") gemma_config_json(c, j);
+  if (c.model_type == "phi3") phi3_config_json(c, j);
   return j;
 }
 

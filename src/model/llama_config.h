@@ -117,6 +117,7 @@ struct LlamaConfig {
   // expert's not by active_params).
   int64_t extra_params_per_layer = 0, extra_params_per_expert = 0;
   int64_t bos_token_id = -1, eos_token_id = -1;
+  int64_t pad_token_id = -1;  // a GGUF's tokenizer.ggml.padding_token_id, for the config.json hf_config_json writes
   std::string torch_dtype = "float32";
   std::string name;                // preset name or source path, for messages
   // The text model of a multimodal checkpoint (its config.json's model_type, "gemma3":

@@ -601,10 +601,27 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
     w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
     w.set("tokenizer.ggml.merges", gguf_str_array(merges));
   }
-  if (auto id = tok.bos_id()) w.set("tokenizer.ggml.bos_token_id", gguf_u32(uint32_t(*id)));
-  if (auto id = tok.eos_id()) w.set("tokenizer.ggml.eos_token_id", gguf_u32(uint32_t(*id)));
-  if (auto id = tok.unk_id()) w.set("tokenizer.ggml.unknown_token_id", gguf_u32(uint32_t(*id)));
-  if (auto id = tok.pad_id()) w.set("tokenizer.ggml.padding_token_id", gguf_u32(uint32_t(*id)));
+  // The tokenizer's special ids, else config.json's <kind>_token_id (at its top, else in its
+  // text_config), as gguf-py's SpecialVocab falls back to them.
+  json config;
+  if (fs::exists(dir + "/config.json")) config = read_json_file(dir + "/config.json");
+  auto config_id = [&](const std::string& kind) -> std::optional<int32_t> {
+    for (const json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr})
+      if (c && c->is_object() && c->contains(kind + "_token_id") && (*c)[kind + "_token_id"].is_number_integer()) {
+        const int64_t id = (*c)[kind + "_token_id"].get<int64_t>();
+        if (id >= 0 && id < vocab_size) return int32_t(id);
+        return std::nullopt;
+      }
+    return std::nullopt;
+  };
+  auto special = [&](const char* key, const std::string& kind, std::optional<int32_t> id) {
+    if (!id) id = config_id(kind);
+    if (id) w.set(key, gguf_u32(uint32_t(*id)));
+  };
+  special("tokenizer.ggml.bos_token_id", "bos", tok.bos_id());
+  special("tokenizer.ggml.eos_token_id", "eos", tok.eos_id());
+  special("tokenizer.ggml.unknown_token_id", "unk", tok.unk_id());
+  special("tokenizer.ggml.padding_token_id", "pad", tok.pad_id());
   const bool add_bos = tok.add_bos_token().value_or(!tok.special_prefix().empty());
   const bool add_eos = tok.add_eos_token().value_or(!tok.special_suffix().empty());
   w.set("tokenizer.ggml.add_bos_token", gguf_bool(add_bos));

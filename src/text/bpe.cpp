@@ -15,7 +15,12 @@ static uint64_t pair_key(int32_t a, int32_t b) {
 
 BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
                    BpeOptions opt, const std::string& where)
+    : BpeModel(std::move(vocab), merges, {}, std::move(opt), where) {}
+
+BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
+                   const std::vector<uint32_t>& ranks, BpeOptions opt, const std::string& where)
     : vocab_(std::move(vocab)), opt_(std::move(opt)) {
+  QLORA_ASSERT(ranks.empty() || ranks.size() == merges.size());
   int32_t max_id = -1;
   for (const auto& [tok, id] : vocab_) {
     if (id < 0) fail(ErrorKind::Format, where + ".vocab", "negative id for token '" + tok + "'");
@@ -39,7 +44,7 @@ BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::st
     if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end())
       fail(ErrorKind::Format, where + ".merges[" + std::to_string(i) + "]",
            "merge '" + a + " " + b + "' uses '" + missing + "', which is not in the vocab");
-    merges_.set(pair_key(ia->second, ib->second), {static_cast<uint32_t>(i), im->second});
+    merges_.set(pair_key(ia->second, ib->second), {ranks.empty() ? static_cast<uint32_t>(i) : ranks[i], im->second});
   }
 
   if (!opt_.unk_token.empty()) {

@@ -31,6 +31,11 @@ class BpeModel {
   // are missing from the vocab are Error(Format) naming the merge index.
   BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
            BpeOptions opt, const std::string& where);
+  // The same with each merge's rank given (ranks[i] for merges[i]) instead of its index: merges
+  // of equal rank compete by position, the leftmost first (a SentencePiece vocabulary, ranked by
+  // the score of the merged piece, runs as llama.cpp's SPM tokenizer does).
+  BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
+           const std::vector<uint32_t>& ranks, BpeOptions opt, const std::string& where);
 
   // Appends the ids for one pre-tokenized word. Thread-safe; results are cached per word (words
   // shorter than kCacheMaxWord bytes, as HF caches only those).

@@ -196,13 +196,18 @@ std::string config_chat_template(const json* cfg, const std::string& where) {
 
 }  // namespace
 
-// The tokenizer.json part, shared by all loaders.
-static void build_impl(Tokenizer::Impl& im, const json& root) {
+// The tokenizer.json part, shared by all loaders; `model`: one built already (the root's "model"
+// is then not read).
+static void build_impl(Tokenizer::Impl& im, const json& root, std::unique_ptr<BpeModel> model = nullptr) {
   const std::string& n = im.name;
   tokjson::need_object(root, n);
-  const json* model = tokjson::find(root, "model");
-  if (!model) fail(ErrorKind::Format, n + ": model", "missing", "is this a Hugging Face tokenizer.json?");
-  im.bpe = parse_model(*model, n + ": model");
+  if (model) {
+    im.bpe = std::move(model);
+  } else {
+    const json* jm = tokjson::find(root, "model");
+    if (!jm) fail(ErrorKind::Format, n + ": model", "missing", "is this a Hugging Face tokenizer.json?");
+    im.bpe = parse_model(*jm, n + ": model");
+  }
   im.normalizer = parse_normalizer(root.value("normalizer", json()), n + ": normalizer");
   im.pre_tokenizer = parse_pre_tokenizer(root.value("pre_tokenizer", json()), n + ": pre_tokenizer");
   im.decoder = parse_decoder(root.value("decoder", json()), n + ": decoder");
@@ -278,23 +283,160 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 
 namespace {
 
-// What from_gguf reads: the tokenizer.json fields (model, added_tokens, pre_tokenizer, decoder)
-// and the special ids, flags and chat template.
+// What from_gguf reads: the tokenizer.json fields (model, added_tokens, normalizer, pre_tokenizer,
+// decoder) and the special ids, flags and chat template. A SentencePiece ("llama") vocabulary also
+// carries its merges with their ranks (spm_*), which the JSON model cannot hold.
 struct GgufVocab {
   json root;
   std::vector<std::string> tokens;
   std::optional<int32_t> bos, eos, pad, unk;
   std::optional<bool> add_bos, add_eos;
   std::string chat_template;
+  bool spm = false;
+  bool add_space_prefix = false;
+  std::vector<std::pair<std::string, std::string>> spm_merges;
+  std::vector<uint32_t> spm_ranks;
 };
+
+const char* const kSpmSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
+
+// llama.cpp's SPM tokenizer starts from the text's UTF-8 characters (their lengths from the lead
+// byte) and repeatedly merges the adjacent pair whose concatenation is a token of the highest
+// score, the leftmost among equal scores. As BPE: every split of a token into two tokens at a
+// character boundary is a merge, ranked by the token's score (highest first, equal scores one
+// rank). A text listed twice is the later id, as llama.cpp's token_to_id keeps it.
+void spm_merges(const std::vector<std::string>& tokens, const std::vector<float>& scores, const Vocab& vocab,
+                GgufVocab& v) {
+  std::vector<float> distinct;
+  for (const auto& [text, id] : vocab) distinct.push_back(std::isnan(scores[size_t(id)]) ? -INFINITY : scores[size_t(id)]);
+  std::sort(distinct.begin(), distinct.end(), std::greater<>());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  auto rank_of = [&](float s) {
+    if (std::isnan(s)) s = -INFINITY;
+    return uint32_t(std::lower_bound(distinct.begin(), distinct.end(), s, std::greater<>()) - distinct.begin());
+  };
+  auto char_len = [](unsigned char lead) -> size_t { return lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; };
+  for (int32_t id = 0; id < int32_t(tokens.size()); id++) {
+    const std::string& t = tokens[size_t(id)];
+    const auto self = vocab.find(std::string_view(t));
+    if (self == vocab.end() || self->second != id) continue;  // a duplicate text: the later id merges
+    const uint32_t rank = rank_of(scores[size_t(id)]);
+    for (size_t k = char_len(static_cast<unsigned char>(t[0])); k < t.size(); k += char_len(static_cast<unsigned char>(t[k]))) {
+      const std::string_view l(t.data(), k), r(t.data() + k, t.size() - k);
+      if (vocab.find(l) != vocab.end() && vocab.find(r) != vocab.end()) {
+        v.spm_merges.emplace_back(std::string(l), std::string(r));
+        v.spm_ranks.push_back(rank);
+      }
+    }
+  }
+}
+
+// The special ids and flags every GGUF vocabulary names the same way; `spm`: llama.cpp's defaults
+// for a "llama" vocabulary where a key is missing (bos 1, eos 2, unk 0, add_bos).
+void read_gguf_specials(const GgufFile& g, const std::vector<std::string>& tokens, bool spm, GgufVocab& v) {
+  const std::string where = g.path();
+  auto id_of = [&](const char* key, int32_t spm_default) -> std::optional<int32_t> {
+    if (!g.has(key)) {
+      if (spm && spm_default >= 0 && size_t(spm_default) < tokens.size()) return spm_default;
+      return std::nullopt;
+    }
+    uint32_t id = g.get_u32(key);
+    if (id >= tokens.size())
+      fail(ErrorKind::Format, where + ": " + key, "id " + std::to_string(id) + " is past the vocab");
+    return static_cast<int32_t>(id);
+  };
+  auto flag = [&](const char* key) -> std::optional<bool> {
+    if (!g.has(key)) return std::nullopt;
+    return g.get_bool(key);
+  };
+  v.bos = id_of("tokenizer.ggml.bos_token_id", 1);
+  v.eos = id_of("tokenizer.ggml.eos_token_id", 2);
+  v.pad = id_of("tokenizer.ggml.padding_token_id", -1);
+  v.unk = id_of("tokenizer.ggml.unknown_token_id", 0);
+  v.add_bos = flag("tokenizer.ggml.add_bos_token");
+  v.add_eos = flag("tokenizer.ggml.add_eos_token");
+  if (spm && !v.add_bos) v.add_bos = true;
+  if (g.has("tokenizer.chat_template")) v.chat_template = g.get_string("tokenizer.chat_template");
+}
+
+std::vector<int64_t> gguf_token_types(const GgufFile& g, size_t n_tokens) {
+  std::vector<int64_t> types;
+  if (g.has("tokenizer.ggml.token_type")) types = g.get_array_i64("tokenizer.ggml.token_type");
+  if (!types.empty() && types.size() != n_tokens)
+    fail(ErrorKind::Format, g.path() + ": tokenizer.ggml.token_type",
+         std::to_string(types.size()) + " types for " + std::to_string(n_tokens) + " tokens");
+  return types;
+}
+
+// A SentencePiece vocabulary ("llama": Llama 2, Mistral, Gemma, Phi-3) as llama.cpp's SPM
+// tokenizer runs it: spaces become U+2581 (after one is put in front of each piece of text when
+// add_space_prefix, the default), nothing pre-tokenizes, the merges come from the scores
+// (spm_merges), characters no token covers fall back to the <0xNN> byte tokens. Control and
+// unknown tokens are special added tokens, user-defined ones plain added tokens.
+GgufVocab read_gguf_spm_vocab(const GgufFile& g) {
+  const std::string where = g.path();
+  GgufVocab v;
+  v.spm = true;
+  v.tokens = g.get_array_strings("tokenizer.ggml.tokens");
+  const size_t n = v.tokens.size();
+  for (size_t i = 0; i < n; i++)  // as llama.cpp names an empty token
+    if (v.tokens[i].empty()) v.tokens[i] = "[EMPTY_" + std::to_string(i) + "]";
+  std::vector<float> scores(n, 0.0f);
+  if (g.has("tokenizer.ggml.scores")) {
+    std::vector<double> s = g.get_array_f64("tokenizer.ggml.scores");
+    if (s.size() != n)
+      fail(ErrorKind::Format, where + ": tokenizer.ggml.scores", std::to_string(s.size()) + " scores for " + std::to_string(n) + " tokens");
+    for (size_t i = 0; i < n; i++) scores[i] = float(s[i]);
+  }
+  const std::vector<int64_t> types = gguf_token_types(g, n);
+  Vocab vocab;
+  vocab.reserve(n);
+  json added = json::array();
+  for (size_t i = 0; i < n; i++) {
+    vocab.insert_or_assign(v.tokens[i], int32_t(i));
+    const int64_t t = types.empty() ? 1 : types[i];
+    if (t == 2 || t == 3 || t == 4)  // unknown, control -> special added token; user_defined -> plain added token
+      added.push_back({{"id", i}, {"content", v.tokens[i]}, {"special", t != 4}, {"normalized", false}});
+  }
+  spm_merges(v.tokens, scores, vocab, v);
+  read_gguf_specials(g, v.tokens, true, v);
+  v.add_space_prefix = g.has("tokenizer.ggml.add_space_prefix") ? g.get_bool("tokenizer.ggml.add_space_prefix") : true;
+
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpmSpace}};
+  json decoders = {{{"type", "Replace"}, {"pattern", {{"String", kSpmSpace}}}, {"content", " "}},
+                   {{"type", "ByteFallback"}},
+                   {{"type", "Fuse"}}};
+  if (v.add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  v.root = {{"added_tokens", std::move(added)},
+            {"normalizer", v.add_space_prefix ? json{{"type", "Sequence"},
+                                                     {"normalizers", {{{"type", "Prepend"}, {"prepend", kSpmSpace}}, replace}}}
+                                              : replace},
+            {"pre_tokenizer", nullptr},
+            {"decoder", {{"type", "Sequence"}, {"decoders", std::move(decoders)}}}};
+  return v;
+}
+
+// The BPE model of a SentencePiece vocabulary, built straight from the token list.
+std::unique_ptr<BpeModel> spm_model(const GgufVocab& v, const std::string& where) {
+  Vocab vocab;
+  vocab.reserve(v.tokens.size());
+  for (size_t i = 0; i < v.tokens.size(); i++) vocab.insert_or_assign(v.tokens[i], int32_t(i));
+  BpeOptions opt;
+  opt.byte_fallback = true;
+  opt.fuse_unk = true;
+  if (v.unk) opt.unk_token = v.tokens[size_t(*v.unk)];
+  return std::make_unique<BpeModel>(std::move(vocab), v.spm_merges, v.spm_ranks, std::move(opt), where);
+}
 
 GgufVocab read_gguf_vocab(const GgufFile& g) {
   const std::string where = g.path();
   std::string model = g.get_string("tokenizer.ggml.model");
+  if (model == "llama") return read_gguf_spm_vocab(g);
   if (model != "gpt2")
     fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.model",
          "'" + model + "' vocabularies are not supported",
-         "only gpt2-style BPE (Llama 3, Qwen2, SmolLM2) loads from GGUF; pass the model's tokenizer.json");
+         "GGUF vocabularies load as gpt2-style BPE (Llama 3, Qwen2/3, SmolLM2) or llama (SentencePiece: Llama 2, "
+         "Mistral, Gemma, Phi-3); pass the model's tokenizer.json");
   std::string pre = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
 
   // The pre-tokenizer is named, not stored: map llama.cpp's names to the HF pipelines they stand for.
@@ -321,11 +463,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
   }
 
   std::vector<std::string> tokens = g.get_array_strings("tokenizer.ggml.tokens");
-  std::vector<int64_t> types;
-  if (g.has("tokenizer.ggml.token_type")) types = g.get_array_i64("tokenizer.ggml.token_type");
-  if (!types.empty() && types.size() != tokens.size())
-    fail(ErrorKind::Format, where + ": tokenizer.ggml.token_type",
-         std::to_string(types.size()) + " types for " + std::to_string(tokens.size()) + " tokens");
+  const std::vector<int64_t> types = gguf_token_types(g, tokens.size());
   json vocab = json::object();
   json added = json::array();
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -338,31 +476,13 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
   if (g.has("tokenizer.ggml.merges"))
     for (std::string& m : g.get_array_strings("tokenizer.ggml.merges")) merges.push_back(std::move(m));
 
-  json root = {{"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)},
-                          {"ignore_merges", ignore_merges}}},
-               {"added_tokens", std::move(added)},
-               {"pre_tokenizer", std::move(pre_json)},
-               {"decoder", {{"type", "ByteLevel"}}}};
-  auto id_of = [&](const char* key) -> std::optional<int32_t> {
-    if (!g.has(key)) return std::nullopt;
-    uint32_t v = g.get_u32(key);
-    if (v >= tokens.size())
-      fail(ErrorKind::Format, where + ": " + key, "id " + std::to_string(v) + " is past the vocab");
-    return static_cast<int32_t>(v);
-  };
-  auto flag = [&](const char* key) -> std::optional<bool> {
-    if (!g.has(key)) return std::nullopt;
-    return g.get_bool(key);
-  };
   GgufVocab v;
-  v.root = std::move(root);
-  v.bos = id_of("tokenizer.ggml.bos_token_id");
-  v.eos = id_of("tokenizer.ggml.eos_token_id");
-  v.pad = id_of("tokenizer.ggml.padding_token_id");
-  v.unk = id_of("tokenizer.ggml.unknown_token_id");
-  v.add_bos = flag("tokenizer.ggml.add_bos_token");
-  v.add_eos = flag("tokenizer.ggml.add_eos_token");
-  if (g.has("tokenizer.chat_template")) v.chat_template = g.get_string("tokenizer.chat_template");
+  v.root = {{"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)},
+                       {"ignore_merges", ignore_merges}}},
+            {"added_tokens", std::move(added)},
+            {"pre_tokenizer", std::move(pre_json)},
+            {"decoder", {{"type", "ByteLevel"}}}};
+  read_gguf_specials(g, tokens, false, v);
   v.tokens = std::move(tokens);
   return v;
 }
@@ -373,7 +493,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
   GgufVocab v = read_gguf_vocab(g);
   auto im = std::make_shared<Impl>();
   im->name = g.path() + ": tokenizer.ggml";
-  build_impl(*im, v.root);
+  build_impl(*im, v.root, v.spm ? spm_model(v, im->name) : nullptr);
   im->bos = v.bos;
   im->eos = v.eos;
   im->pad = v.pad;
@@ -389,25 +509,44 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
 Tokenizer::HfFiles Tokenizer::hf_files_from_gguf(const GgufFile& g) {
   GgufVocab v = read_gguf_vocab(g);
   json root = std::move(v.root);
+  if (v.spm) {  // the merges in rank order; merges of one rank by their pieces' ids
+    std::vector<size_t> order(v.spm_merges.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    json vocab = json::object();
+    for (size_t i = 0; i < v.tokens.size(); i++) vocab[v.tokens[i]] = int64_t(i);
+    auto id = [&](const std::string& t) { return vocab[t].get<int64_t>(); };
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (v.spm_ranks[a] != v.spm_ranks[b]) return v.spm_ranks[a] < v.spm_ranks[b];
+      const auto& [la, ra] = v.spm_merges[a];
+      const auto& [lb, rb] = v.spm_merges[b];
+      return std::pair(id(la), id(ra)) < std::pair(id(lb), id(rb));
+    });
+    json merges = json::array();
+    for (size_t i : order) merges.push_back({v.spm_merges[i].first, v.spm_merges[i].second});
+    root["model"] = {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}, {"ignore_merges", false}};
+  }
   // The fields `tokenizers` writes, so the file reads like one it saved.
   json& model = root["model"];
   for (const char* k : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) model[k] = nullptr;
-  model["fuse_unk"] = false;
-  model["byte_fallback"] = false;
+  model["fuse_unk"] = v.spm;
+  model["byte_fallback"] = v.spm;
   if (v.unk) model["unk_token"] = v.tokens[size_t(*v.unk)];
   for (json& a : root["added_tokens"]) a["single_word"] = false, a["lstrip"] = false, a["rstrip"] = false;
   root["version"] = "1.0";
   root["truncation"] = nullptr;
   root["padding"] = nullptr;
-  root["normalizer"] = nullptr;
-  root["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  if (!v.spm) {
+    root["normalizer"] = nullptr;
+    root["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  }
   // What encode(text, add_special_tokens) puts around the text: bos / eos as the GGUF says.
   std::vector<std::pair<std::string, int32_t>> prefix, suffix;
   if (v.add_bos.value_or(false) && v.bos) prefix.push_back({v.tokens[size_t(*v.bos)], *v.bos});
   if (v.add_eos.value_or(false) && v.eos) suffix.push_back({v.tokens[size_t(*v.eos)], *v.eos});
   if (prefix.empty() && suffix.empty()) {
-    root["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
-                              {"use_regex", false}};
+    root["post_processor"] = v.spm ? json(nullptr)
+                                   : json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+                                          {"use_regex", false}};
   } else {
     json single = json::array(), pair = json::array(), specials = json::object();
     auto special = [&](const std::pair<std::string, int32_t>& t, int type_id) {

@@ -111,17 +111,13 @@ static ModelSource open_gguf(const std::string& path) {
   src.config.validate(path);
   const LlamaConfig cfg = src.config;
   src.tensors.description = "GGUF " + path;
-  src.tensors.has = [g](const std::string& n) {
-    for (const auto& t : g->tensors())
-      if (t.name == hf_to_gguf_name(n)) return true;
-    return false;
-  };
+  src.tensors.has = [g, cfg](const std::string& n) { return gguf_has_hf_tensor(*g, cfg, n); };
   src.tensors.read_f32 = [g, cfg, path](const std::string& n, const std::vector<int64_t>& shape, float* dst) {
-    const auto got = gguf_hf_shape(*g, n);
+    const auto got = gguf_hf_shape(*g, cfg, n);
     if (got != shape)
       fail(ErrorKind::Shape, path + ": tensor '" + n + "'", "has shape " + shape_str(got) + ", expected " + shape_str(shape));
     gguf_read_hf_tensor(*g, cfg, n, dst);
-    g->release_pages(hf_to_gguf_name(n));  // copied: the mapped pages need not stay beside the copy
+    g->release_pages(hf_to_gguf_name(cfg, n));  // copied: the mapped pages need not stay beside the copy
   };
   attach_tokenizer(src, std::make_shared<const Tokenizer>(Tokenizer::from_gguf(*g)), "GGUF vocabulary", path);
   return src;

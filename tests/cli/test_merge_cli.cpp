@@ -17,6 +17,7 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/llama_model.h"
+#include "model/peft_io.h"
 #include "text/tokenizer.h"
 #include "train/model_source.h"
 
@@ -51,6 +52,65 @@ std::vector<float> engine_logits(const std::string& dir, const std::string& fixt
 
 std::vector<float> lora_logits(const std::string& fixture = "parity/llama_gqa.safetensors") {
   return floats(SafetensorsArchive(kFix + "/" + fixture), "lora_logits");
+}
+
+// The logits of a model (directory or GGUF) with a PEFT adapter, or with one that adds nothing.
+std::vector<float> logits_with(const std::string& model, const std::string& adapter, const std::vector<int32_t>& ids) {
+  ModelSource src = open_model_source(model);
+  auto be = make_cpu_backend();
+  LoraSpec lora;
+  if (adapter.empty()) {
+    lora.r = 2;
+    lora.alpha = 4;
+    lora.targets = LoraSpec::resolve_targets({"o_proj"});
+  } else {
+    lora = read_peft_adapter_config(adapter + "/adapter_config.json");
+  }
+  ModelPlanOptions po;
+  po.micro_batch = 1;
+  po.seq_len = int64_t(ids.size());
+  LlamaModel m(src.config, *be, po, lora);
+  m.load_base(src.tensors);
+  if (adapter.empty()) m.init_lora(1);
+  else load_peft_adapter(adapter, m);
+  return m.logits(Batch::from_hf(1, int64_t(ids.size()), ids, ids));
+}
+
+// What makes two configs compute the same.
+void expect_same_math(const LlamaConfig& a, const LlamaConfig& b) {
+  EXPECT_EQ(a.model_type, b.model_type);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.n_layer, b.n_layer);
+  EXPECT_EQ(a.n_head, b.n_head);
+  EXPECT_EQ(a.n_head_kv, b.n_head_kv);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.rope_dim(), b.rope_dim());
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(rope_inv_freq(a), rope_inv_freq(b));
+  EXPECT_EQ(rope_inv_freq(a, true), rope_inv_freq(b, true));
+  EXPECT_EQ(rope_attention_scale(a), rope_attention_scale(b));
+  EXPECT_EQ(a.rope_scaling.original_max_position_embeddings * (a.rope_scaling.type == "longrope"),
+            b.rope_scaling.original_max_position_embeddings * (b.rope_scaling.type == "longrope"));
+  EXPECT_EQ(rope_local_inv_freq(a), rope_local_inv_freq(b));
+  EXPECT_EQ(a.fused_qkv, b.fused_qkv);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.norm_unit_offset, b.norm_unit_offset);
+  EXPECT_EQ(a.sandwich_norms, b.sandwich_norms);
+  EXPECT_EQ(a.scale_embeddings, b.scale_embeddings);
+  EXPECT_EQ(a.hidden_act, b.hidden_act);
+  EXPECT_EQ(a.attn_logit_softcapping, b.attn_logit_softcapping);
+  EXPECT_EQ(a.final_logit_softcapping, b.final_logit_softcapping);
+  EXPECT_EQ(a.attn_scale(), b.attn_scale());
+  for (int64_t l = 0; l < a.n_layer; l++) {
+    EXPECT_EQ(a.window_of(l), b.window_of(l)) << "layer " << l;
+    EXPECT_EQ(a.local_rope(l), b.local_rope(l)) << "layer " << l;
+  }
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
 }
 
 std::set<std::string> entries(const std::string& dir) {
@@ -194,6 +254,40 @@ TEST(MergeCli, GgufBase) {
   EXPECT_EQ(t.bos_id(), g.bos_id());
   EXPECT_EQ(t.eos_id(), g.eos_id());
   fs::remove_all(fs::path(out).parent_path());
+}
+
+// Gemma 2, Gemma 3 and Phi-3 (LongRoPE, half the dims rotated) from the GGUF `qlora export` writes:
+// the merged directory's config.json is the family's own and reads back as the model the GGUF
+// held, its weights give the GGUF + adapter's logits (Gemma's norms back to w, Phi-3's fused
+// projections kept fused), and the tokenizer.json written from the GGUF's SentencePiece
+// vocabulary tokenizes as the GGUF does.
+TEST(MergeCli, GemmaAndPhi3GgufBasesWriteTheirFamilysFiles) {
+  struct Case {
+    std::string model, adapter, arch;
+  };
+  const std::string text = "the dog runs over the river, \xc3\xa9t\xc3\xa9 at Where's the fox? the sun";
+  for (const Case& c : {Case{kFix + "/export/gemma2", kFix + "/export/gemma2_adapter", "Gemma2ForCausalLM"},
+                        Case{kFix + "/export/gemma3", kFix + "/export/gemma3_adapter", "Gemma3ForCausalLM"},
+                        Case{kFix + "/models/phi3_longrope", kFix + "/parity/phi3_longrope_adapter", "Phi3ForCausalLM"}}) {
+    SCOPED_TRACE(c.arch);
+    const std::string dir = temp_dir("merge_gguf_family"), gguf = dir + "/base.gguf", out = dir + "/out";
+    RunResult e = run_qlora("export --format gguf --outtype f32 --model " + c.model + " --out " + gguf);
+    ASSERT_EQ(e.code, 0) << e.output;
+    RunResult r = merge("--model " + gguf + " --adapter " + c.adapter + " --out " + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const json cfg = json::parse(read_file(out + "/config.json"));
+    EXPECT_EQ(cfg["architectures"][0], c.arch);
+    const LlamaConfig from_gguf = open_model_source(gguf).config;
+    expect_same_math(from_gguf, load_hf_config(out + "/config.json"));
+    expect_same_math(from_gguf, load_hf_config(c.model + "/config.json"));  // and the model it was exported from
+    const std::vector<int32_t> ids = {2, 17, 42, 5, 88, 63, 9, 30, 71, 1, 55, 12};
+    EXPECT_LT(rel_err(logits_with(out, "", ids), logits_with(gguf, c.adapter, ids)), 2e-5);
+    EXPECT_LT(rel_err(logits_with(out, "", ids), logits_with(c.model, c.adapter, ids)), 2e-5);
+    const Tokenizer merged = Tokenizer::from_file(out + "/tokenizer.json"), g = Tokenizer::from_gguf(GgufFile(gguf));
+    EXPECT_EQ(merged.encode(text, true), g.encode(text, true));
+    EXPECT_EQ(merged.encode(text, false), Tokenizer::from_file(c.model + "/tokenizer.json").encode(text, false));
+    fs::remove_all(dir);
+  }
 }
 
 // The files `qlora merge` writes now are those transformers loaded and checked against PEFT

@@ -59,6 +59,13 @@ class GgufBuilder {
     for (const auto& s : v) put_str(b, s);
     return kv_raw(k, kArray, b);
   }
+  GgufBuilder& arr_bool(const std::string& k, const std::vector<bool>& v) {
+    std::vector<uint8_t> b;
+    put<uint32_t>(b, kBool);
+    put<uint64_t>(b, v.size());
+    for (bool x : v) put<uint8_t>(b, x ? 1 : 0);
+    return kv_raw(k, kArray, b);
+  }
   GgufBuilder& arr_u32(const std::string& k, const std::vector<uint32_t>& v) {
     std::vector<uint8_t> b;
     put<uint32_t>(b, kU32);

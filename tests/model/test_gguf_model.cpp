@@ -161,7 +161,7 @@ void check_against_hf(const std::string& gguf_file, const std::string& variant) 
   int permuted = 0;
   for (auto& [name, t] : hf) {
     SCOPED_TRACE(name);
-    EXPECT_EQ(gguf_hf_shape(f, name), t.shape);
+    EXPECT_EQ(gguf_hf_shape(f, c, name), t.shape);
     std::vector<float> got(t.data.size());
     gguf_read_hf_tensor(f, c, name, got.data());
     EXPECT_EQ(got, t.data);  // F32 all the way: exact
@@ -251,17 +251,30 @@ struct Tiny {
       b.tensor_f32(n, ne, std::vector<float>(cnt, 0.25f));
     };
     t("token_embd.weight", {C, V});
+    const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
     for (uint64_t l = 0; l < L; l++) {
       std::string p = "blk." + std::to_string(l) + ".";
       t(p + "attn_norm.weight", {C});
-      t(p + "attn_q.weight", {C, H * hd});
-      t(p + "attn_k.weight", {C, KV * hd});
-      t(p + "attn_v.weight", {C, KV * hd});
+      if (phi3) {  // fused as llama.cpp's phi3 holds them
+        t(p + "attn_qkv.weight", {C, (H + 2 * KV) * hd});
+      } else {
+        t(p + "attn_q.weight", {C, H * hd});
+        t(p + "attn_k.weight", {C, KV * hd});
+        t(p + "attn_v.weight", {C, KV * hd});
+      }
       t(p + "attn_output.weight", {H * hd, C});
       t(p + "ffn_norm.weight", {C});
-      t(p + "ffn_gate.weight", {C, F});
-      t(p + "ffn_up.weight", {C, F});
+      if (!phi3) t(p + "ffn_gate.weight", {C, F});
+      t(p + "ffn_up.weight", {C, phi3 ? 2 * F : F});
       t(p + "ffn_down.weight", {F, C});
+      if (gemma) {
+        t(p + "post_attention_norm.weight", {C});
+        t(p + "post_ffw_norm.weight", {C});
+      }
+      if (arch == "gemma3") {
+        t(p + "attn_q_norm.weight", {hd});
+        t(p + "attn_k_norm.weight", {hd});
+      }
     }
     t("output_norm.weight", {C});
     return GgufFile::from_bytes(b.build(), "tiny.gguf");
@@ -276,6 +289,143 @@ TEST(GgufModel, SyntheticDefaults) {
   EXPECT_EQ(c.vocab_size, 5);
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(c.bos_token_id, -1);
+}
+
+// What llama.cpp's gemma2, gemma3 and phi3 fix instead of reading, and what they read.
+TEST(GgufModel, Gemma2TakesLlamaCppsFixedRules) {
+  Tiny t;
+  t.arch = "gemma2";
+  t.L = 4;
+  LlamaConfig c = gguf_llama_config(t.build());
+  EXPECT_EQ(c.model_type, "gemma2");
+  EXPECT_TRUE(c.norm_unit_offset && c.sandwich_norms && c.scale_embeddings);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.hidden_act, Activation::GeluTanh);
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);  // no keys: llama.cpp's defaults
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_EQ(c.query_pre_attn_scalar, double(c.head_dim));
+  for (int64_t l = 0; l < 4; l++) EXPECT_EQ(c.window_of(l), l % 2 == 0 ? 4096 : 0) << "layer " << l;
+  t.extra = [](GgufBuilder& b) {
+    b.f32("gemma2.attn_logit_softcapping", 5.0f);
+    b.f32("gemma2.final_logit_softcapping", 8.5f);
+    b.u32("gemma2.attention.sliding_window", 16);
+    b.u32("gemma2.attention.key_length", 8);
+    b.u32("gemma2.attention.value_length", 8);
+  };
+  t.ne_of = {{"blk.0.attn_q.weight", {8, 16}}, {"blk.0.attn_k.weight", {8, 8}}, {"blk.0.attn_v.weight", {8, 8}},
+             {"blk.0.attn_output.weight", {16, 8}}};
+  t.L = 1;
+  c = gguf_llama_config(t.build());
+  EXPECT_EQ(c.attn_logit_softcapping, 5.0);
+  EXPECT_EQ(c.final_logit_softcapping, 8.5);
+  EXPECT_EQ(c.window_of(0), 16);
+  EXPECT_EQ(c.query_pre_attn_scalar, 8.0);  // head_dim, not hidden / heads = 4
+}
+
+TEST(GgufModel, Gemma27bScalesByHiddenOverHeads) {
+  for (const auto& [arch, layers] : {std::pair{"gemma2", 46}, std::pair{"gemma3", 62}}) {
+    SCOPED_TRACE(arch);
+    Tiny t;
+    t.arch = arch;
+    t.L = uint64_t(layers);
+    const std::string a = arch;
+    t.extra = [a](GgufBuilder& b) {
+      b.u32(a + ".attention.key_length", 8);
+      b.u32(a + ".attention.value_length", 8);
+    };
+    for (int l = 0; l < layers; l++) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      t.ne_of[p + "attn_q.weight"] = {8, 16};
+      t.ne_of[p + "attn_k.weight"] = {8, 8};
+      t.ne_of[p + "attn_v.weight"] = {8, 8};
+      t.ne_of[p + "attn_output.weight"] = {16, 8};
+      t.ne_of[p + "attn_q_norm.weight"] = {8};
+      t.ne_of[p + "attn_k_norm.weight"] = {8};
+    }
+    const LlamaConfig c = gguf_llama_config(t.build());
+    EXPECT_EQ(c.head_dim, 8);
+    EXPECT_EQ(c.query_pre_attn_scalar, 4.0);  // hidden_size / heads, as llama.cpp's 27B type
+  }
+}
+
+TEST(GgufModel, Gemma3LayersAndLocalRope) {
+  Tiny t;
+  t.arch = "gemma3";
+  t.L = 7;
+  LlamaConfig c = gguf_llama_config(t.build());
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.attn_logit_softcapping, 0.0);
+  for (int64_t l = 0; l < 7; l++) EXPECT_EQ(c.window_of(l), 0);  // no sliding_window key: full attention
+  t.extra = [](GgufBuilder& b) { b.u32("gemma3.attention.sliding_window", 16); };
+  c = gguf_llama_config(t.build());
+  for (int64_t l = 0; l < 7; l++) {
+    EXPECT_EQ(c.window_of(l), l == 5 ? 0 : 16) << "layer " << l;  // five of every six
+    EXPECT_EQ(c.local_rope(l), l != 5) << "layer " << l;
+  }
+  EXPECT_EQ(c.rope_local_theta, 10000.0);
+  t.extra = [](GgufBuilder& b) {
+    b.u32("gemma3.attention.sliding_window", 16);
+    b.u32("gemma3.attention.sliding_window_pattern", 3);
+    b.f32("gemma3.rope.freq_base_swa", 5000.0f);
+  };
+  c = gguf_llama_config(t.build());
+  for (int64_t l = 0; l < 7; l++) EXPECT_EQ(c.window_of(l) > 0, l % 3 != 2) << "layer " << l;
+  EXPECT_EQ(c.rope_local_theta, 5000.0);
+  t.extra = [](GgufBuilder& b) {
+    b.u32("gemma3.attention.sliding_window", 16);
+    b.arr_bool("gemma3.attention.sliding_window_pattern", {true, false, false, true, true, false, true});
+  };
+  c = gguf_llama_config(t.build());
+  const std::vector<bool> want = {true, false, false, true, true, false, true};
+  for (int64_t l = 0; l < 7; l++) EXPECT_EQ(c.window_of(l) > 0, want[size_t(l)]) << "layer " << l;
+  t.extra = [](GgufBuilder& b) {
+    b.u32("gemma3.attention.sliding_window", 16);
+    b.arr_bool("gemma3.attention.sliding_window_pattern", {true, false});
+  };
+  expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"sliding_window_pattern", "2 flags for 7 layers"});
+}
+
+TEST(GgufModel, Phi3PartialRotaryAndLongRope) {
+  Tiny t;
+  t.arch = "phi3";
+  t.extra = [](GgufBuilder& b) {
+    b.u32("phi3.rope.dimension_count", 2);
+    b.u32("phi3.context_length", 64);
+    b.u32("phi3.rope.scaling.original_context_length", 8);
+    b.u32("phi3.attention.sliding_window", 5);
+    b.tensor_f32("rope_factors_long.weight", {1}, {4.5f});
+    b.tensor_f32("rope_factors_short.weight", {1}, {1.3f});
+  };
+  LlamaConfig c = gguf_llama_config(t.build());
+  EXPECT_EQ(c.model_type, "phi3");
+  EXPECT_TRUE(c.fused_qkv && c.fused_gate_up);
+  EXPECT_EQ(c.rotary_dim, 2);
+  EXPECT_EQ(c.window_of(0), 5);
+  EXPECT_EQ(c.rope_scaling.type, "longrope");
+  EXPECT_EQ(c.rope_scaling.long_factor, std::vector<double>{4.5});
+  EXPECT_EQ(c.rope_scaling.short_factor, std::vector<double>{1.3});  // the decimal the f32 was written from
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_NEAR(c.rope_scaling.attention_factor, std::sqrt(1 + std::log(8.0) / std::log(8.0)), 1e-12);
+  auto extra = t.extra;
+  t.extra = [extra](GgufBuilder& b) {
+    extra(b);
+    b.f32("phi3.rope.scaling.attn_factor", 1.25f);
+  };
+  EXPECT_EQ(gguf_llama_config(t.build()).rope_scaling.attention_factor, 1.25);
+  t.skip = {"rope_factors_short.weight"};
+  t.extra = [](GgufBuilder& b) {
+    b.u32("phi3.rope.scaling.original_context_length", 8);
+    b.tensor_f32("rope_factors_long.weight", {2}, {4.5f, 2.0f});
+  };
+  expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"rope_factors_short.weight", "missing"});
+  Tiny l;  // LongRoPE factors or a partial rotary embedding outside phi3
+  l.extra = [](GgufBuilder& b) {
+    b.tensor_f32("rope_factors_long.weight", {2}, {4.5f, 2.0f});
+    b.tensor_f32("rope_factors_short.weight", {2}, {1.0f, 1.0f});
+  };
+  expect_error([&] { gguf_llama_config(l.build()); }, ErrorKind::Unsupported, {"rope_factors_long.weight", "phi3"});
 }
 
 TEST(GgufModel, ConfigErrorsNameKeyOrTensor) {
@@ -431,7 +581,7 @@ TEST(GgufModel, SmolLM2RealFile) {
   }
   for (auto& [hf_name, rows] : ref["hf_rows"].items()) {
     SCOPED_TRACE(hf_name);
-    std::vector<int64_t> shape = gguf_hf_shape(f, hf_name);
+    std::vector<int64_t> shape = gguf_hf_shape(f, c, hf_name);
     std::vector<float> w(size_t(shape[0] * shape[1]));
     gguf_read_hf_tensor(f, c, hf_name, w.data());
     for (auto& [row, vals] : rows.items()) {

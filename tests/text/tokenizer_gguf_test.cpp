@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@
 
 namespace qlora {
 namespace {
+using json = nlohmann::json;
 
 const std::string kDir = std::string(QLORA_FIXTURES) + "/text";
 
@@ -172,9 +174,62 @@ TEST(TokenizerGguf, HfFilesFromTheRealSmolLM2Gguf) {
   expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
 }
 
+// SentencePiece ("llama") vocabularies: tools/make_spm_vocab_fixtures.py wrote two vocabulary-only
+// GGUFs (add_space_prefix on and off) whose scores tie across different pieces, with an unused
+// piece, control, unknown and user-defined tokens, and recorded llama.cpp's ids for a set of texts
+// (special tokens parsed). The engine reads the scores as ranked merges, equal scores one rank so
+// that the leftmost pair merges first as in llama.cpp's SPM session.
+TEST(TokenizerGguf, SentencePieceVocabTokenizesAsLlamaCpp) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "spm_tokens.json");
+  std::map<std::string, Tokenizer> toks;
+  int checked = 0, bos_cases = 0;
+  for (const json& c : fx["cases"]) {
+    const std::string file = c["file"], text = c["text"];
+    SCOPED_TRACE(file + ": '" + text + "'");
+    if (!toks.count(file)) toks.emplace(file, Tokenizer::from_gguf(GgufFile(gdir + file)));
+    const Tokenizer& tok = toks.at(file);
+    const bool add_bos = c["add_bos"];
+    EXPECT_EQ(tok.encode(text, add_bos), c["ids"].get<std::vector<int32_t>>());
+    bos_cases += add_bos;
+    checked++;
+  }
+  EXPECT_EQ(checked, 76);
+  EXPECT_EQ(bos_cases, 38);
+  // What the ties decide: "abcd" merges its leftmost pair first (ab, then abc), where merging by
+  // the pieces' order in the vocabulary would take bc (listed first) and then bcd.
+  const Tokenizer& g = toks.at("spm_vocab_noprefix.gguf");
+  ASSERT_EQ(g.encode("abcd", false).size(), 2u);
+  EXPECT_EQ(g.id_to_token(g.encode("abcd", false)[0]), "abc");
+}
+
+// The tokenizer.json written for a merged model from a SentencePiece GGUF: a BPE model with byte
+// fallback, the merges in rank order, the normalizer of the add_space_prefix setting; it reloads as
+// a tokenizer that gives llama.cpp's ids on the fixture texts.
+TEST(TokenizerGguf, HfFilesFromASentencePieceGguf) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "spm_tokens.json");
+  for (const char* file : {"spm_vocab.gguf", "spm_vocab_noprefix.gguf"}) {
+    SCOPED_TRACE(file);
+    GgufFile g(gdir + file);
+    const Tokenizer tok = reloaded(g);
+    expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
+    const json tj = json::parse(Tokenizer::hf_files_from_gguf(g).tokenizer_json);
+    EXPECT_TRUE(tj["model"]["byte_fallback"].get<bool>());
+    EXPECT_EQ(tj["normalizer"]["type"], std::string(file) == "spm_vocab.gguf" ? "Sequence" : "Replace");
+    for (const json& c : fx["cases"]) {
+      if (c["file"] != file) continue;
+      SCOPED_TRACE(c["text"].get<std::string>());
+      EXPECT_EQ(tok.encode(c["text"].get<std::string>(), c["add_bos"].get<bool>()), c["ids"].get<std::vector<int32_t>>());
+    }
+    // decode: spaces back from U+2581, byte tokens fused, the prefix space stripped
+    EXPECT_EQ(tok.decode(tok.encode("the and \xc3\xa9t\xc3\xa9", false)), "the and \xc3\xa9t\xc3\xa9");
+  }
+}
+
 TEST(TokenizerGguf, UnsupportedVocabModel) {
   GgufWriter w;
-  w.str("tokenizer.ggml.model", "llama");
+  w.str("tokenizer.ggml.model", "t5");
   w.strings("tokenizer.ggml.tokens", {"<unk>", "a"});
   GgufFile g = GgufFile::from_bytes(w.bytes(), "spm.gguf");
   try {
