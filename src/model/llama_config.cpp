@@ -621,6 +621,7 @@ const Preset kPresets[] = {
   {"gemma-2-27b",    "google/gemma-2-27b",                     "gemma2",  256000, 4608,  36864, 46,  32, 16, 128, 8192,   1e-6, 10000,   "none",   1,   true,  2,      1,      "float32"},
   // Gemma 3: the text model (text_config of the multimodal 4b/12b/27b checkpoints); window and
   // query_pre_attn_scalar in kGemma below.
+  {"gemma-3-270m",   "google/gemma-3-270m",                    "gemma3_text", 262144, 640, 2048, 18, 4, 1, 256, 32768,   1e-6, 1e6,     "none",   1,   true,  2,      1,      "bfloat16"},
   {"gemma-3-1b",     "google/gemma-3-1b-pt",                   "gemma3_text", 262144, 1152, 6912, 26, 4, 1, 256, 32768,  1e-6, 1e6,     "none",   1,   true,  2,      1,      "bfloat16"},
   {"gemma-3-4b",     "google/gemma-3-4b-pt",                   "gemma3_text", 262208, 2560, 10240, 34, 8, 4, 256, 131072, 1e-6, 1e6,     "linear", 8,   true,  2,      1,      "bfloat16"},
   {"gemma-3-12b",    "google/gemma-3-12b-pt",                  "gemma3_text", 262208, 3840, 15360, 48, 16, 8, 256, 131072, 1e-6, 1e6,    "linear", 8,   true,  2,      1,      "bfloat16"},
@@ -651,7 +652,8 @@ struct GemmaExtra {
   double query_pre_attn_scalar;
 };
 const GemmaExtra kGemma[] = {
-    {"gemma-2-2b", 4096, 256}, {"gemma-2-9b", 4096, 256},   {"gemma-2-27b", 4096, 144}, {"gemma-3-1b", 512, 256},
+    {"gemma-2-2b", 4096, 256}, {"gemma-2-9b", 4096, 256},   {"gemma-2-27b", 4096, 144}, {"gemma-3-270m", 512, 256},
+    {"gemma-3-1b", 512, 256},
     {"gemma-3-4b", 1024, 256}, {"gemma-3-12b", 1024, 256}, {"gemma-3-27b", 1024, 168}};
 
 // The mixture-of-experts presets' experts (their config.json: num_local_experts / num_experts,

@@ -159,26 +159,57 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
        "pre-tokenizer, else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
 }
 
-// A SentencePiece vocabulary carried as BPE with byte fallback, the way llama.cpp's SPM tokenizer
+// A SentencePiece vocabulary carried as BPE with byte fallback, as llama.cpp's SPM tokenizer
 // ("llama" vocabulary) runs it: spaces become U+2581 by a Replace normalizer (Gemma), optionally
 // after a Prepend of U+2581 (Llama 2's legacy layout: llama.cpp's add_space_prefix), and nothing
-// pre-tokenizes. Returns add_space_prefix; nullopt for any other pipeline.
-std::optional<bool> sentencepiece_layout(const json& tj) {
+// pre-tokenizes. tokenizers' newer layout for Llama 2 and Mistral instead replaces spaces in a
+// Metaspace pre-tokenizer with no normalizer; llama.cpp has no such pipeline, and its converter
+// writes these models (from their tokenizer.model) with add_space_prefix, so that is written too,
+// with a note naming where llama.cpp then tokenizes differently. nullopt for any other pipeline.
+struct SpmLayout {
+  bool add_space_prefix = false;
+  std::string note;  // "" when llama.cpp tokenizes exactly as the tokenizer.json does
+};
+
+std::optional<SpmLayout> sentencepiece_layout(const json& tj) {
   const json& model = tj["model"];
-  if (!model.value("byte_fallback", false) || (tj.contains("pre_tokenizer") && !tj["pre_tokenizer"].is_null()))
-    return std::nullopt;
-  if (!tj.contains("normalizer") || !tj["normalizer"].is_object()) return std::nullopt;
+  if (!model.value("byte_fallback", false)) return std::nullopt;
+  const bool has_pre = tj.contains("pre_tokenizer") && !tj["pre_tokenizer"].is_null();
+  const bool has_norm = tj.contains("normalizer") && !tj["normalizer"].is_null();
   auto is_space_replace = [](const json& n) {
     return n.is_object() && n.value("type", "") == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
            n["pattern"].value("String", "") == " " && n.value("content", "") == "\xe2\x96\x81";
   };
-  const json& n = tj["normalizer"];
-  if (is_space_replace(n)) return false;
-  if (n.value("type", "") == "Sequence" && n.contains("normalizers") && n["normalizers"].size() == 2 &&
-      n["normalizers"][0].value("type", "") == "Prepend" && n["normalizers"][0].value("prepend", "") == "\xe2\x96\x81" &&
-      is_space_replace(n["normalizers"][1]))
-    return true;
-  return std::nullopt;
+  if (!has_pre && has_norm && tj["normalizer"].is_object()) {
+    const json& n = tj["normalizer"];
+    if (is_space_replace(n)) return SpmLayout{false, ""};
+    if (n.value("type", "") == "Sequence" && n.contains("normalizers") && n["normalizers"].size() == 2 &&
+        n["normalizers"][0].value("type", "") == "Prepend" && n["normalizers"][0].value("prepend", "") == "\xe2\x96\x81" &&
+        is_space_replace(n["normalizers"][1]))
+      return SpmLayout{true, ""};
+    return std::nullopt;
+  }
+  if (!has_pre || has_norm || !tj["pre_tokenizer"].is_object()) return std::nullopt;
+  const json& p = tj["pre_tokenizer"];
+  if (p.value("type", "") != "Metaspace" || p.value("replacement", "") != "\xe2\x96\x81") return std::nullopt;
+  std::string scheme = p.value("prepend_scheme", "always");
+  if (p.contains("add_prefix_space") && p["add_prefix_space"].is_boolean() && !p["add_prefix_space"].get<bool>()) scheme = "never";
+  const bool split = p.value("split", true);
+  SpmLayout l;
+  l.add_space_prefix = scheme != "never";
+  std::vector<std::string> diffs;
+  if (scheme == "first") diffs.push_back("puts a space before text that follows a special token");
+  if (scheme != "never") diffs.push_back("puts one before text that already begins with a space");
+  if (split) diffs.push_back("merges pieces across spaces, where this tokenizer splits the text at them");
+  if (!diffs.empty()) {
+    std::string d;
+    for (size_t i = 0; i < diffs.size(); i++) d += (i ? (i + 1 == diffs.size() ? " and " : ", ") : "") + diffs[i];
+    l.note = "tokenizer.json's Metaspace pre-tokenizer (prepend_scheme " + scheme + ", split " + (split ? "true" : "false") +
+             ") is written as llama.cpp's SentencePiece vocabulary with add_space_prefix " +
+             (l.add_space_prefix ? "true" : "false") + ", as convert_hf_to_gguf.py writes this model; llama.cpp " + d +
+             ", so those prompts tokenize differently there";
+  }
+  return l;
 }
 
 // llama.cpp's SPM tokenizer merges, among adjacent pieces, the pair whose concatenation has the
@@ -392,7 +423,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
       fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
            "add the base model's tokenizer.json (and tokenizer_config.json) to the directory");
-    hf_tokenizer_gguf_metadata(o.model, c.vocab_size, w);
+    hf_tokenizer_gguf_metadata(o.model, c.vocab_size, w, &res.notes);
   }
 
   std::vector<Planned> plan;
@@ -543,7 +574,7 @@ GgufExportResult export_lora(const GgufExportOptions& o, const OutType& ot, cons
 
 std::string default_export_outtype(const std::string& format) { return format == "gguf-lora" ? "f32" : "f16"; }
 
-void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w) {
+void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w, std::vector<std::string>* notes) {
   const std::string path = dir + "/tokenizer.json";
   const json tj = read_json_file(path);
   const Tokenizer tok = Tokenizer::from_file(path);
@@ -554,7 +585,8 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
          "else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
   // SentencePiece-style (Gemma, Llama 2): llama.cpp's "llama" vocabulary with scores; else byte-level
   // BPE under one of the pre-tokenizers llama.cpp names.
-  const std::optional<bool> spm = sentencepiece_layout(tj);
+  const std::optional<SpmLayout> spm = sentencepiece_layout(tj);
+  if (spm && !spm->note.empty() && notes) notes->push_back(spm->note);
   const std::string pre = spm ? "" : pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
 
   std::vector<std::string> tokens(static_cast<size_t>(vocab_size), std::string());
@@ -593,7 +625,7 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
     w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
     w.set("tokenizer.ggml.scores", gguf_f32_array(sentencepiece_scores(tokens, merges)));
     w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
-    w.set("tokenizer.ggml.add_space_prefix", gguf_bool(*spm));
+    w.set("tokenizer.ggml.add_space_prefix", gguf_bool(spm->add_space_prefix));
   } else {
     w.set("tokenizer.ggml.model", gguf_str("gpt2"));
     w.set("tokenizer.ggml.pre", gguf_str(pre));

@@ -46,6 +46,9 @@ GgufExportResult export_gguf(const GgufExportOptions& opt, const GgufExportProgr
 // to vocab_size with [PADi] (type unused), token types (normal / control / user-defined), merges,
 // special ids, add_bos/add_eos, the chat template, and tokenizer.ggml.pre named after the
 // tokenizer's pre-tokenizer (gpt-2, smollm, llama-bpe, qwen2; Error(Unsupported) for others).
-void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w);
+// A SentencePiece vocabulary in tokenizers' Metaspace layout adds a note to `notes` on where
+// llama.cpp tokenizes it differently.
+void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w,
+                                std::vector<std::string>* notes = nullptr);
 
 }  // namespace qlora

@@ -54,28 +54,6 @@ std::vector<float> lora_logits(const std::string& fixture = "parity/llama_gqa.sa
   return floats(SafetensorsArchive(kFix + "/" + fixture), "lora_logits");
 }
 
-// The logits of a model (directory or GGUF) with a PEFT adapter, or with one that adds nothing.
-std::vector<float> logits_with(const std::string& model, const std::string& adapter, const std::vector<int32_t>& ids) {
-  ModelSource src = open_model_source(model);
-  auto be = make_cpu_backend();
-  LoraSpec lora;
-  if (adapter.empty()) {
-    lora.r = 2;
-    lora.alpha = 4;
-    lora.targets = LoraSpec::resolve_targets({"o_proj"});
-  } else {
-    lora = read_peft_adapter_config(adapter + "/adapter_config.json");
-  }
-  ModelPlanOptions po;
-  po.micro_batch = 1;
-  po.seq_len = int64_t(ids.size());
-  LlamaModel m(src.config, *be, po, lora);
-  m.load_base(src.tensors);
-  if (adapter.empty()) m.init_lora(1);
-  else load_peft_adapter(adapter, m);
-  return m.logits(Batch::from_hf(1, int64_t(ids.size()), ids, ids));
-}
-
 // What makes two configs compute the same.
 void expect_same_math(const LlamaConfig& a, const LlamaConfig& b) {
   EXPECT_EQ(a.model_type, b.model_type);
@@ -281,8 +259,8 @@ TEST(MergeCli, GemmaAndPhi3GgufBasesWriteTheirFamilysFiles) {
     expect_same_math(from_gguf, load_hf_config(out + "/config.json"));
     expect_same_math(from_gguf, load_hf_config(c.model + "/config.json"));  // and the model it was exported from
     const std::vector<int32_t> ids = {2, 17, 42, 5, 88, 63, 9, 30, 71, 1, 55, 12};
-    EXPECT_LT(rel_err(logits_with(out, "", ids), logits_with(gguf, c.adapter, ids)), 2e-5);
-    EXPECT_LT(rel_err(logits_with(out, "", ids), logits_with(c.model, c.adapter, ids)), 2e-5);
+    EXPECT_LT(rel_err(source_logits(out, "", ids), source_logits(gguf, c.adapter, ids)), 2e-5);
+    EXPECT_LT(rel_err(source_logits(out, "", ids), source_logits(c.model, c.adapter, ids)), 2e-5);
     const Tokenizer merged = Tokenizer::from_file(out + "/tokenizer.json"), g = Tokenizer::from_gguf(GgufFile(gguf));
     EXPECT_EQ(merged.encode(text, true), g.encode(text, true));
     EXPECT_EQ(merged.encode(text, false), Tokenizer::from_file(c.model + "/tokenizer.json").encode(text, false));

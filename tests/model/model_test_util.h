@@ -1,11 +1,14 @@
 // Shared helpers for model tests: build a model on any backend from a fixture directory, read
 // fixture tensors, compare results.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "core/rng.h"
@@ -104,6 +107,74 @@ inline std::vector<float> host_copy(LlamaModel& m, const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   m.backend().copy_to_host(v.data(), t.data, v.size() * 4);
   return v;
+}
+
+// The CPU engine's logits for one row of `ids` on a model (directory or GGUF) with the PEFT adapter
+// in `adapter`, or with a rank-4 LoRA on o_proj (every family keeps it unfused) that adds nothing.
+inline std::vector<float> source_logits(const std::string& model, const std::string& adapter,
+                                        const std::vector<int32_t>& ids) {
+  ModelSource src = open_model_source(model);
+  auto be = make_cpu_backend();
+  LoraSpec lora;
+  if (adapter.empty()) {
+    lora.r = 4;
+    lora.alpha = 8;
+    lora.targets = LoraSpec::resolve_targets({"o_proj"});
+  } else {
+    lora = read_peft_adapter_config(adapter + "/adapter_config.json");
+  }
+  ModelPlanOptions po;
+  po.micro_batch = 1;
+  po.seq_len = int64_t(ids.size());
+  LlamaModel m(src.config, *be, po, lora);
+  m.load_base(src.tensors);
+  if (adapter.empty()) m.init_lora(7);  // B = 0: adds nothing
+  else load_peft_adapter(adapter, m);
+  return m.logits(Batch::from_hf(1, int64_t(ids.size()), ids, ids));
+}
+
+// The engine's logits (V per position) against llama.cpp's, as the fixture scripts record them per
+// position (tools/make_gguf_export_fixtures.py rows(): top_ids, top_logits, logsumexp): the largest
+// difference over the recorded logits and the logsumexp, the positions whose top token is
+// llama.cpp's, and those where llama.cpp's top two are more than `margin` apart and the engine's top
+// token is another.
+struct LlamaCppGap {
+  double max_diff = 0;
+  int top1_equal = 0;
+  std::vector<size_t> top1_wrong_with_margin;
+};
+inline LlamaCppGap llama_cpp_gap(const std::vector<float>& lg, const nlohmann::json& rows, double margin) {
+  LlamaCppGap g;
+  const size_t V = rows.empty() ? 0 : lg.size() / rows.size();
+  for (size_t t = 0; t < rows.size(); t++) {
+    const nlohmann::json& r = rows[t];
+    const float* row = lg.data() + t * V;
+    const auto top_ids = r["top_ids"].get<std::vector<int64_t>>();
+    const auto top = r["top_logits"].get<std::vector<double>>();
+    for (size_t k = 0; k < top_ids.size(); k++) g.max_diff = std::max(g.max_diff, std::abs(row[top_ids[k]] - top[k]));
+    const double m = *std::max_element(row, row + V);
+    double s = 0;
+    for (size_t v = 0; v < V; v++) s += std::exp(double(row[v]) - m);
+    g.max_diff = std::max(g.max_diff, std::abs(m + std::log(s) - r["logsumexp"].get<double>()));
+    const bool same = std::max_element(row, row + V) - row == top_ids[0];
+    g.top1_equal += same;
+    if (!same && top.size() > 1 && top[0] - top[1] > margin) g.top1_wrong_with_margin.push_back(t);
+  }
+  return g;
+}
+
+// The same between two such records of one token sequence (over the ids both list at a position).
+inline double llama_cpp_records_gap(const nlohmann::json& a, const nlohmann::json& b) {
+  double g = 0;
+  for (size_t t = 0; t < a.size(); t++) {
+    const auto ia = a[t]["top_ids"].get<std::vector<int64_t>>(), ib = b[t]["top_ids"].get<std::vector<int64_t>>();
+    const auto la = a[t]["top_logits"].get<std::vector<double>>(), lb = b[t]["top_logits"].get<std::vector<double>>();
+    for (size_t i = 0; i < ia.size(); i++)
+      for (size_t j = 0; j < ib.size(); j++)
+        if (ia[i] == ib[j]) g = std::max(g, std::abs(la[i] - lb[j]));
+    g = std::max(g, std::abs(a[t]["logsumexp"].get<double>() - b[t]["logsumexp"].get<double>()));
+  }
+  return g;
 }
 
 inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {

@@ -80,3 +80,41 @@ TEST(GgufExportTokenizer, Llama32TokenizerRoundTrips) {
   if (path.empty()) GTEST_SKIP() << testing_paths::llama3_skip_reason();
   check_round_trip(fs::path(path).parent_path().string(), "llama-bpe");
 }
+
+// tokenizers' Metaspace layout of a SentencePiece vocabulary (no normalizer; Llama 2 and Mistral
+// without legacy) is written as llama.cpp's SPM vocabulary with add_space_prefix, as
+// convert_hf_to_gguf.py writes these models, and the export says where llama.cpp tokenizes it
+// differently; prepend_scheme never writes add_space_prefix false.
+TEST(GgufExportTokenizer, MetaspaceLayoutIsWrittenWithANote) {
+  const std::string src = std::string(QLORA_FIXTURES) + "/export/llama_spm/tokenizer.json";
+  struct Case {
+    std::string scheme;
+    bool split, prefix;
+    std::vector<std::string> says;
+  };
+  for (const Case& c : {Case{"first", false, true, {"prepend_scheme first", "follows a special token", "already begins with a space"}},
+                        Case{"always", true, true, {"already begins with a space", "merges pieces across spaces"}},
+                        Case{"never", true, false, {"merges pieces across spaces"}}}) {
+    SCOPED_TRACE(c.scheme);
+    json j = read_json_file(src);
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xe2\x96\x81"}, {"prepend_scheme", c.scheme}, {"split", c.split}};
+    const fs::path dir = fs::temp_directory_path() / ("qlora_meta_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    {
+      std::ofstream(dir / "tokenizer.json") << j.dump();
+    }
+    GgufWriter w;
+    std::vector<std::string> notes;
+    hf_tokenizer_gguf_metadata(dir.string(), int64_t(j["model"]["vocab"].size()), w, &notes);
+    const fs::path out = dir / "t.gguf";
+    w.begin(out.string());
+    w.commit();
+    GgufFile g(out.string());
+    EXPECT_EQ(g.get_string("tokenizer.ggml.model"), "llama");
+    EXPECT_EQ(g.get_bool("tokenizer.ggml.add_space_prefix"), c.prefix);
+    ASSERT_EQ(notes.size(), 1u);
+    for (const auto& s : c.says) EXPECT_NE(notes[0].find(s), std::string::npos) << "'" << s << "' not in: " << notes[0];
+    fs::remove_all(dir);
+  }
+}

@@ -45,7 +45,7 @@ TEST(LlamaConfigPresets, ParameterCountsMatchPublishedTotals) {
 
 TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
   const auto& names = preset_names();
-  EXPECT_EQ(names.size(), 37u);
+  EXPECT_EQ(names.size(), 38u);
   for (const auto& n : names) {
     SCOPED_TRACE(n);
     EXPECT_TRUE(has_preset(n));
@@ -60,7 +60,7 @@ TEST(LlamaConfigPresets, AllPresetsValidAndNamed) {
     // Llama 3.1/3.2 extend context with llama3 RoPE scaling, Gemma 3 4B-27B with linear scaling
     // (factor 8) on the global layers, Phi-3.5-mini and Phi-4-mini with LongRoPE; the others use plain RoPE.
     bool scaled = n.rfind("llama3.1", 0) == 0 || n.rfind("llama3.2", 0) == 0;
-    const bool linear = gemma3 && n != "gemma-3-1b";
+    const bool linear = gemma3 && n != "gemma-3-1b" && n != "gemma-3-270m";
     const bool longrope = n == "phi-3.5-mini" || n == "phi-4-mini";
     EXPECT_EQ(c.rope_scaling.type, scaled ? "llama3" : linear ? "linear" : longrope ? "longrope"
                                    : c.model_type == "gpt_oss" ? "yarn" : "none");
