@@ -133,18 +133,18 @@ inline std::vector<float> source_logits(const std::string& model, const std::str
   return m.logits(Batch::from_hf(1, int64_t(ids.size()), ids, ids));
 }
 
-// The engine's logits (V per position) against llama.cpp's, as the fixture scripts record them per
-// position (tools/make_gguf_export_fixtures.py rows(): top_ids, top_logits, logsumexp): the largest
-// difference over the recorded logits and the logsumexp, the positions whose top token is
-// llama.cpp's, and those where llama.cpp's top two are more than `margin` apart and the engine's top
+// The engine's logits (V per position) against another implementation's (llama.cpp, transformers) as
+// the fixture scripts record them per position (top_ids, top_logits, logsumexp): the largest
+// difference over the recorded logits and the logsumexp, the positions whose top token is the
+// record's, and those where the record's top two are more than `margin` apart and the engine's top
 // token is another.
-struct LlamaCppGap {
+struct RecordedLogitsGap {
   double max_diff = 0;
   int top1_equal = 0;
   std::vector<size_t> top1_wrong_with_margin;
 };
-inline LlamaCppGap llama_cpp_gap(const std::vector<float>& lg, const nlohmann::json& rows, double margin) {
-  LlamaCppGap g;
+inline RecordedLogitsGap recorded_logits_gap(const std::vector<float>& lg, const nlohmann::json& rows, double margin) {
+  RecordedLogitsGap g;
   const size_t V = rows.empty() ? 0 : lg.size() / rows.size();
   for (size_t t = 0; t < rows.size(); t++) {
     const nlohmann::json& r = rows[t];
@@ -164,7 +164,7 @@ inline LlamaCppGap llama_cpp_gap(const std::vector<float>& lg, const nlohmann::j
 }
 
 // The same between two such records of one token sequence (over the ids both list at a position).
-inline double llama_cpp_records_gap(const nlohmann::json& a, const nlohmann::json& b) {
+inline double records_gap(const nlohmann::json& a, const nlohmann::json& b) {
   double g = 0;
   for (size_t t = 0; t < a.size(); t++) {
     const auto ia = a[t]["top_ids"].get<std::vector<int64_t>>(), ib = b[t]["top_ids"].get<std::vector<int64_t>>();

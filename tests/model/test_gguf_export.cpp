@@ -384,7 +384,7 @@ double llama_cpp_self_gap(const json& fx, const std::string& a, const std::strin
     if (c["name"] == a) ca = &c;
     if (c["name"] == b) cb = &c;
   }
-  return ca && cb ? testing_util::llama_cpp_records_gap((*ca)["rows"], (*cb)["rows"]) : 0;
+  return ca && cb ? testing_util::records_gap((*ca)["rows"], (*cb)["rows"]) : 0;
 }
 
 // A quantized export of a Hugging Face directory (from_hf) is compared with the engine on the f32
@@ -456,7 +456,7 @@ TEST(GgufExportLlamaCpp, OurExportsAreTheFilesLlamaCppRanAndOurLogitsMatch) {
     double max_diff = 0;
     for (const auto& [what, lg] : runs) {
       SCOPED_TRACE("the engine on " + what);
-      const testing_util::LlamaCppGap g = testing_util::llama_cpp_gap(lg, c["rows"], 2 * tol);
+      const testing_util::RecordedLogitsGap g = testing_util::recorded_logits_gap(lg, c["rows"], 2 * tol);
       EXPECT_TRUE(g.top1_wrong_with_margin.empty()) << "another top token at " << g.top1_wrong_with_margin.size() << " positions";
       std::printf("%s, the engine on %s: max |logit - llama.cpp| = %.3g (bound %.3g)\n", name.c_str(), what.c_str(), g.max_diff, tol);
       EXPECT_LE(g.max_diff, tol);

