@@ -266,13 +266,13 @@ def alpaca_reference(messages, add_generation_prompt, bos, eos):
 
 
 def builtins(smol):
-    refs = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "mistral": "mistral_v0_3.jinja"}
+    refs = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "mistral": "mistral_v0_3.jinja", "gemma": "gemma3.jinja"}
     tokens = {"chatml": BOS_EOS["chatml"], "llama3": BOS_EOS["llama3"], "mistral": BOS_EOS["mistral_v0_3"],
-              "alpaca": {"bos_token": "<s>", "eos_token": "</s>"}}
+              "alpaca": {"bos_token": "<s>", "eos_token": "</s>"}, "gemma": BOS_EOS["gemma3"]}
     convs = {k: CONVERSATIONS[k] for k in ("one_turn", "system_one_turn", "two_turns",
                                             "system_three_turns_unicode", "ends_with_assistant")}
     cases = []
-    for name in ("chatml", "llama3", "mistral", "alpaca"):
+    for name in ("chatml", "llama3", "mistral", "alpaca", "gemma"):
         for case, msgs in convs.items():
             for agp in (False, True):
                 ctx = tokens[name]

@@ -25,7 +25,7 @@ int cmd_generate(int argc, char** argv) {
   auto* raw = app.add_flag("--raw", o.raw, "feed the prompt text as it is, without a chat template");
   chat->excludes(raw);
   app.add_option("--chat-template", o.chat_template,
-                 "chat template when the model has none: chatml, llama3, mistral, alpaca, a .jinja file or Jinja text");
+                 "chat template when the model has none: chatml, llama3, mistral, alpaca, gemma, a .jinja file or Jinja text");
   app.add_option("--max-new-tokens", o.max_new_tokens, "most tokens per answer (stops earlier at EOS / end of turn)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

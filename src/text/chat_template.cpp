@@ -139,9 +139,56 @@ constexpr const char* kAlpaca = R"JINJA({{- bos_token }}
 {%- endif %}
 )JINJA";
 
+// Gemma 3's template (the *-it checkpoints' tokenizer_config.json), for the base checkpoints that
+// ship none (gemma-3-270m, the -pt models): BOS, each turn as <start_of_turn>user|model, a newline,
+// its text trimmed and <end_of_turn> with a newline; a system message at the head of the first user
+// turn, a blank line after it (Gemma has no system role); the generation prompt opens a model turn.
+// The format Google documents at ai.google.dev/gemma/docs/formatting.
+constexpr const char* kGemma = R"JINJA({{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+)JINJA";
+
 const std::vector<std::pair<std::string, const char*>>& builtins() {
   static const std::vector<std::pair<std::string, const char*>> b = {
-      {"chatml", kChatml}, {"llama3", kLlama3}, {"mistral", kMistral}, {"alpaca", kAlpaca}};
+      {"chatml", kChatml}, {"llama3", kLlama3}, {"mistral", kMistral}, {"alpaca", kAlpaca}, {"gemma", kGemma}};
   return b;
 }
 

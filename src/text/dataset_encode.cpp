@@ -108,7 +108,7 @@ void encode_chat(const Row& row, Builder& b, const MaskOptions& mask, const Chat
                  const std::string& where, EncodeInfo& info) {
   if (!render)
     fail(ErrorKind::Config, where, "chat rows need a chat template, but the tokenizer has none and chat_template is not set",
-         "set chat_template: chatml (or llama3, mistral, alpaca, or a path to a .jinja file)");
+         "set chat_template: chatml (or llama3, mistral, alpaca, gemma, or a path to a .jinja file)");
   const json& m = row.messages;
   const size_t n = m.size();
   const std::string full = render_or_fail(render, m, false, row.extra, where);

@@ -88,7 +88,7 @@ const std::vector<KeyRow>& key_table() {
       {.name = "message_field_content", .field = &T::message_field_content, .def = "",
        .help = "Chat formats: the message field that holds the text. Empty = content (or value)."},
       {.name = "chat_template", .field = &T::chat_template, .def = "",
-       .help = "Chat template: a built-in name (chatml, llama3, mistral, alpaca), a path to a .jinja file, or Jinja "
+       .help = "Chat template: a built-in name (chatml, llama3, mistral, alpaca, gemma), a path to a .jinja file, or Jinja "
                "text. Empty (or tokenizer_default) = the tokenizer's own; alpaca rows without any use alpaca.",
        .value_aliases = {{"tokenizer_default", ""}}},
       {.name = "train_on_inputs", .field = &T::train_on_inputs, .def = "false",

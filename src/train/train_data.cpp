@@ -205,7 +205,7 @@ ChatRenderFn lazy_render(std::shared_ptr<LazyTemplates> t, bool for_alpaca) {
     if (for_alpaca && t->alpaca) return t->alpaca(m, g, e);
     fail(ErrorKind::Config, "chat_template",
          "chat rows need a chat template, but the tokenizer has none and chat_template is not set",
-         "set chat_template: chatml (or llama3, mistral, alpaca, or a path to a .jinja file)");
+         "set chat_template: chatml (or llama3, mistral, alpaca, gemma, or a path to a .jinja file)");
   };
 }
 

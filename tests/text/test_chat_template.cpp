@@ -106,6 +106,7 @@ TEST(ChatTemplateBuiltins, SourcesAreTheModelsTemplates) {
   EXPECT_EQ(ChatTemplate::builtin("chatml").source(), read_text_file(kDir + "/chatml.jinja"));
   EXPECT_EQ(ChatTemplate::builtin("llama3").source(), read_text_file(kDir + "/llama3.jinja"));
   EXPECT_EQ(ChatTemplate::builtin("mistral").source(), read_text_file(kDir + "/mistral_v0_3.jinja"));
+  EXPECT_EQ(ChatTemplate::builtin("gemma").source(), read_text_file(kDir + "/gemma3.jinja"));
 }
 
 TEST(ChatTemplateBuiltins, WellKnownFormats) {
@@ -118,6 +119,8 @@ TEST(ChatTemplateBuiltins, WellKnownFormats) {
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>");
   EXPECT_EQ(ChatTemplate::builtin("mistral").render(msgs, false, tokens), "<s>[INST] Hi[/INST] Hello</s>");
+  EXPECT_EQ(ChatTemplate::builtin("gemma").render(msgs, true, ojson{{"bos_token", "<bos>"}}),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>model\n");
   EXPECT_EQ(ChatTemplate::builtin("alpaca").render(ojson::array({msgs[0]}), true, tokens),
             "<s>Below is an instruction that describes a task. Write a response that appropriately completes the "
             "request.\n\n### Instruction:\nHi\n\n### Response:\n");
