@@ -17,7 +17,7 @@ DEMO_PKGS := unzip ca-certificates wordnet-base
 NEED_PIP := 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps demo-deps fuzz-deps configure build test test-sanitize crash-test fuzz fuzz-build fuzz-smoke demo \
+.PHONY: all deps demo-deps fuzz-deps configure build test test-sanitize crash-test fuzz fuzz-build fuzz-smoke demo demo-gemma3 \
         demo-dpo demo-tiny real-models clean
 
 all: build
@@ -117,6 +117,11 @@ fuzz-smoke: fuzz-build
 demo: configure demo-deps
 	cmake --build $(BUILD) -j $(JOBS) --target qlora
 	QLORA=./$(BUILD)/qlora ./examples/smollm2/run_demo.sh
+
+# The same fine-tune of Gemma 3 270M from its GGUF, with Gemma 3's chat template (examples/gemma3/).
+demo-gemma3: configure demo-deps
+	cmake --build $(BUILD) -j $(JOBS) --target qlora
+	QLORA=./$(BUILD)/qlora ./examples/gemma3/run_demo.sh
 
 # DPO on the same model with preference pairs derived from the same definitions (examples/smollm2/).
 demo-dpo: configure demo-deps

@@ -15,6 +15,14 @@ std::vector<EngineLimit> engine_limits(const LlamaConfig& c, const ModelPlanOpti
                    "the cuda backend's attention (its own flash kernels) takes head dims that are multiples of 8 up "
                    "to 256",
                    "use device: cpu for this model"});
+  // The CPU backend multiplies in f32: its base is f32, or quantized and dequantized per layer; a
+  // bf16 or fp16 copy it would have to widen at every product is not implemented.
+  if (!cuda && o.base_precision && (*o.base_precision == BasePrecision::Bf16 || *o.base_precision == BasePrecision::Fp16)) {
+    const std::string name = base_precision_name(*o.base_precision);
+    out.push_back({"base_precision " + name, "a " + name + " base is not implemented on the cpu backend (it multiplies in f32)",
+                   "leave base_precision unset (the cpu holds the base in fp32) or quantize it: nf4, fp4, nvfp4, "
+                   "mxfp4 or fp8"});
+  }
   if (c.moe()) {
     const std::string where = "model '" + c.name + "' (" + c.model_type + ", mixture of experts)";
     auto refuse = [&](const std::string& what, const std::string& hint) {

@@ -150,3 +150,24 @@ TEST(ModelLoadErrors, ShardedIndexPlacesATensorInTheWrongShard) {
   EXPECT_NE(e.find(idx + " places it in " + (d / to).string() + ", which lacks it"), std::string::npos) << e;
   fs::remove_all(d);
 }
+
+// The CPU backend multiplies in f32, so a base held in bf16 (or fp16) is refused before anything is
+// allocated, naming the option and what it takes instead.
+TEST(ModelLoadErrors, Bf16BaseOnTheCpuIsRefusedByName) {
+  for (const BasePrecision b : {BasePrecision::Bf16, BasePrecision::Fp16}) {
+    auto be = make_cpu_backend();
+    const ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
+    ModelPlanOptions po;
+    po.micro_batch = 1;
+    po.seq_len = 8;
+    po.base_precision = b;
+    try {
+      LlamaModel m(src.config, *be, po, fixture_lora());
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+      EXPECT_EQ(e.where(), std::string("base_precision ") + base_precision_name(b));
+      EXPECT_NE(std::string(e.what()).find("nf4"), std::string::npos) << e.what();
+    }
+  }
+}
