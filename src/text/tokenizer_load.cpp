@@ -304,7 +304,7 @@ const char* const kSpmSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
 // byte) and repeatedly merges the adjacent pair whose concatenation is a token of the highest
 // score, the leftmost among equal scores. As BPE: every split of a token into two tokens at a
 // character boundary is a merge, ranked by the token's score (highest first, equal scores one
-// rank). A text listed twice is the later id, as llama.cpp's token_to_id keeps it.
+// rank). A text listed twice (llama.cpp refuses such a file) merges to its later id.
 void spm_merges(const std::vector<std::string>& tokens, const std::vector<float>& scores, const Vocab& vocab,
                 GgufVocab& v) {
   std::vector<float> distinct;
