@@ -213,11 +213,8 @@ void read_longrope(const GgufFile& f, const std::string& k, bool phi3, LlamaConf
   if (rs.original_max_position_embeddings <= 0)
     fail(ErrorKind::Format, f.path() + ": key '" + orig_key + "'", "must be positive");
   rs.factor = double(c.max_position_embeddings) / double(rs.original_max_position_embeddings);
-  if (f.has(k + "rope.scaling.attn_factor"))
-    rs.attention_factor = f32_decimal(f.get_f32(k + "rope.scaling.attn_factor"));
-  else
-    rs.attention_factor = rs.factor <= 1.0 ? 1.0
-                                           : std::sqrt(1.0 + std::log(rs.factor) / std::log(double(rs.original_max_position_embeddings)));
+  rs.attention_factor = f.has(k + "rope.scaling.attn_factor") ? f32_decimal(f.get_f32(k + "rope.scaling.attn_factor"))
+                                                               : longrope_attention_factor(rs.factor, rs.original_max_position_embeddings);
   c.rope_scaling = std::move(rs);
 }
 
@@ -246,19 +243,19 @@ void read_gemma_layout(const GgufFile& f, const std::string& k, bool gemma2, Lla
              std::to_string(flags.size()) + " flags for " + std::to_string(c.n_layer) + " layers");
       for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = flags[size_t(l)] != 0;
     } else {
-      const int64_t period = f.has(pk) ? f.get_i64(pk) : gemma2 ? 2 : 6;
+      const int64_t period = f.has(pk) ? f.get_i64(pk) : llama_cpp_gemma_swa_period(gemma2);
       if (period < 0) fail(ErrorKind::Format, f.path() + ": key '" + pk + "'", "must not be negative");
-      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = period == 0 || l % period < period - 1;
+      for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = llama_cpp_swa_layer(period, l);
     }
   }
   if (gemma2) {
     c.attn_logit_softcapping = f.has(k + "attn_logit_softcapping") ? f32_decimal(f.get_f32(k + "attn_logit_softcapping")) : 50.0;
     c.final_logit_softcapping = f.has(k + "final_logit_softcapping") ? f32_decimal(f.get_f32(k + "final_logit_softcapping")) : 30.0;
   } else {
-    c.rope_local_theta = f.has(k + "rope.freq_base_swa") ? f32_decimal(f.get_f32(k + "rope.freq_base_swa")) : 10000.0;
+    c.rope_local_theta = f.has(k + "rope.freq_base_swa") ? f32_decimal(f.get_f32(k + "rope.freq_base_swa"))
+                                                         : kLlamaCppGemmaLocalRopeBase;
   }
-  const bool is_27b = c.n_layer == (gemma2 ? 46 : 62);
-  c.query_pre_attn_scalar = is_27b ? double(c.hidden_size / c.n_head) : double(c.head_dim);
+  c.query_pre_attn_scalar = llama_cpp_gemma_query_pre_attn_scalar(c);
 }
 
 }  // namespace
@@ -294,6 +291,20 @@ const LayerName kSandwichNormNames[] = {
     {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
     {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
 };
+
+int64_t llama_cpp_gemma_swa_period(bool gemma2) { return gemma2 ? 2 : 6; }
+
+bool llama_cpp_swa_layer(int64_t period, int64_t layer) { return period == 0 || layer % period < period - 1; }
+
+bool llama_cpp_gemma_27b(const LlamaConfig& c) { return c.n_layer == (c.model_type == "gemma2" ? 46 : 62); }
+
+double llama_cpp_gemma_query_pre_attn_scalar(const LlamaConfig& c) {
+  return llama_cpp_gemma_27b(c) ? double(c.hidden_size / c.n_head) : double(c.head_dim);
+}
+
+bool gguf_stores_unit_offset(const LlamaConfig& cfg, const std::string& hf_name) {
+  return cfg.norm_unit_offset && hf_name.ends_with("norm.weight");
+}
 
 std::string hf_to_gguf_name(const LlamaConfig& cfg, const std::string& h) {
   if (auto l = split_layer(h, "model.layers."); l && cfg.sandwich_norms)
@@ -512,7 +523,7 @@ void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::s
     // Gemma's converter stores every norm as 1 + w; the checkpoint's w comes back exactly wherever
     // 1 + w was exact, and 1 + (stored - 1) is the stored value bit for bit (Sterbenz), which is
     // what the norm multiplies by in f32 on both sides.
-    if (cfg.norm_unit_offset && hf_name.ends_with("norm.weight")) {
+    if (gguf_stores_unit_offset(cfg, hf_name)) {
       const size_t n = size_t(f.tensor(g).n_elements());
       for (size_t i = 0; i < n; i++) dst[i] -= 1.0f;
     }

@@ -30,6 +30,22 @@ std::string hf_to_gguf_name(const std::string& hf_name);
 // gemma2/gemma3 names (post_attention_norm, ffn_norm, post_ffw_norm), every other name as above.
 std::string hf_to_gguf_name(const LlamaConfig& cfg, const std::string& hf_name);
 
+// What llama.cpp's gemma2 and gemma3 fix instead of reading (its llama-model.cpp), for the reader
+// (gguf_llama_config) and for the export's check that a model computes the same there:
+// - which layers slide: every layer but each period-th (set_swa_pattern; period 0: all), the period
+//   2 for gemma2 and 6 for gemma3 where the file names none;
+// - the scores' scale, as transformers' query_pre_attn_scalar: the head dim, or hidden / heads for
+//   the 27B sizes, told apart by their layer count (46 for gemma2, 62 for gemma3);
+// - gemma3's sliding layers rotate at base 10000, unscaled, where the file names none.
+int64_t llama_cpp_gemma_swa_period(bool gemma2);
+bool llama_cpp_swa_layer(int64_t period, int64_t layer);
+bool llama_cpp_gemma_27b(const LlamaConfig& c);
+double llama_cpp_gemma_query_pre_attn_scalar(const LlamaConfig& c);
+inline constexpr double kLlamaCppGemmaLocalRopeBase = 10000.0;
+// Whether llama.cpp's Gemma layout stores this tensor as 1 + w (every norm, as convert_hf_to_gguf.py's
+// Gemma2Model/Gemma3Model write them; the engine keeps w).
+bool gguf_stores_unit_offset(const LlamaConfig& cfg, const std::string& hf_name);
+
 // HF names of every base-model tensor for cfg, in HF state-dict order (lm_head only when untied).
 std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg);
 

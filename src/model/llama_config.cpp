@@ -206,10 +206,11 @@ static void resolve_rope_scaling(const json& j, LlamaConfig& c, const std::strin
     return;
   }
   if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / double(r.original_max_position_embeddings);
-  if (r.attention_factor <= 0)
-    r.attention_factor = r.factor <= 1.0 ? 1.0
-                                         : std::sqrt(1.0 + std::log(r.factor) /
-                                                               std::log(double(r.original_max_position_embeddings)));
+  if (r.attention_factor <= 0) r.attention_factor = longrope_attention_factor(r.factor, r.original_max_position_embeddings);
+}
+
+double longrope_attention_factor(double factor, int64_t original_max_position_embeddings) {
+  return factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(double(original_max_position_embeddings)));
 }
 
 // layer_types as transformers reads them: one "sliding_attention" / "full_attention" per layer.
@@ -716,7 +717,7 @@ LlamaConfig preset_config(const std::string& name) {
       c.rope_scaling.type = "longrope";
       c.rope_scaling.factor = p.rope_factor;
       c.rope_scaling.original_max_position_embeddings = 4096;
-      c.rope_scaling.attention_factor = std::sqrt(1.0 + std::log(p.rope_factor) / std::log(4096.0));
+      c.rope_scaling.attention_factor = longrope_attention_factor(p.rope_factor, 4096);
       c.rope_scaling.short_factor.assign(size_t(c.rope_dim() / 2), 1.0);
       c.rope_scaling.long_factor = c.rope_scaling.short_factor;
     }
@@ -874,7 +875,7 @@ static void phi3_config_json(const LlamaConfig& c, json& j) {
   j["original_max_position_embeddings"] = r.original_max_position_embeddings;
   json rs = {{"type", "longrope"}, {"short_factor", r.short_factor}, {"long_factor", r.long_factor}};
   const double f = double(c.max_position_embeddings) / double(r.original_max_position_embeddings);
-  const double derived = f <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(f) / std::log(double(r.original_max_position_embeddings)));
+  const double derived = longrope_attention_factor(f, r.original_max_position_embeddings);
   if (std::fabs(r.factor - f) > 1e-12 * f) rs["factor"] = r.factor;
   if (std::fabs(r.attention_factor - derived) > 1e-6 * derived) rs["attention_factor"] = r.attention_factor;
   j["rope_scaling"] = rs;

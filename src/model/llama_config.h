@@ -157,6 +157,9 @@ LlamaConfig preset_config(const std::string& name);  // Error(Config) with close
 // RoPE inverse frequencies (rope_dim()/2) including linear / llama3 scaling, as transformers computes
 // them; LongRoPE's short ones (`long_factors`: its long ones).
 std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors = false);
+// LongRoPE's attention_factor where the config has none, as transformers derives it:
+// sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) for factor > 1, else 1.
+double longrope_attention_factor(double factor, int64_t original_max_position_embeddings);
 // The factor RoPE multiplies cos and sin by (LongRoPE's and YaRN's attention_factor; 1 otherwise).
 float rope_attention_scale(const LlamaConfig& c);
 // Whether a forward whose largest position is `max_position` rotates with LongRoPE's long factors.

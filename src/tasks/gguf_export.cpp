@@ -68,15 +68,15 @@ void check_gemma_for_llama_cpp(const LlamaConfig& c) {
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "', " + key, why + ", so this model would compute differently there",
          kConvertHint);
   };
-  const bool is_27b = c.n_layer == (g2 ? 46 : 62);
-  const double scalar = is_27b ? double(c.hidden_size / c.n_head) : double(c.head_dim);
+  const bool is_27b = llama_cpp_gemma_27b(c);
+  const double scalar = llama_cpp_gemma_query_pre_attn_scalar(c);
   if (c.query_pre_attn_scalar != scalar)
     refuse("query_pre_attn_scalar " + json(c.query_pre_attn_scalar).dump(),
            "llama.cpp's " + arch + " scales scores by " + (is_27b ? "(hidden_size / heads)" : "head_dim") + "^-1/2 = " +
                json(scalar).dump() + "^-1/2 for " + std::to_string(c.n_layer) + " layers");
   if (c.sliding_window <= 0) refuse("sliding_window", "llama.cpp's " + arch + " has sliding-window layers and this model none");
   for (int64_t l = 0; l < c.n_layer; l++) {
-    const bool slides = g2 ? l % 2 == 0 : l % 6 != 5;
+    const bool slides = llama_cpp_swa_layer(llama_cpp_gemma_swa_period(g2), l);
     if ((c.window_of(l) > 0) != slides)
       refuse("layer_types", "layer " + std::to_string(l) + (slides ? " attends to every earlier key" : " slides") +
                                 ", where llama.cpp's " + arch + " has " +
@@ -86,7 +86,7 @@ void check_gemma_for_llama_cpp(const LlamaConfig& c) {
     refuse("attn_logit_softcapping / final_logit_softcapping", "llama.cpp's gemma2 always soft-caps scores and logits");
   if (!g2 && (c.attn_logit_softcapping > 0 || c.final_logit_softcapping > 0))
     refuse("attn_logit_softcapping / final_logit_softcapping", "llama.cpp's gemma3 has no soft-capping");
-  if (!g2 && c.rope_local_theta != 10000.0)
+  if (!g2 && c.rope_local_theta != kLlamaCppGemmaLocalRopeBase)
     refuse("rope_local_base_freq " + json(c.rope_local_theta).dump(), "llama.cpp's gemma3 rotates its sliding layers at base 10000");
   if (c.rope_scaling.type != "none" && c.rope_scaling.type != "linear")
     refuse("rope_scaling", "llama.cpp's " + arch + " takes linear RoPE scaling only");
@@ -485,7 +485,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     auto m = merged;
     // Gemma's norms multiply by (1 + w); llama.cpp's by the stored weight, so the file holds 1 + w
     // (Gemma2Model/Gemma3Model.modify_tensors).
-    const bool unit_offset = norm && c.norm_unit_offset;
+    const bool unit_offset = gguf_stores_unit_offset(c, hf);
     plan.push_back({g, [m, hf, shape, c, unit_offset](std::vector<float>& v) {
                       int64_t n = 1;
                       for (int64_t d : shape) n *= d;

@@ -294,6 +294,7 @@ struct GgufVocab {
   std::string chat_template;
   bool spm = false;
   bool add_space_prefix = false;
+  Vocab spm_vocab;  // text -> id, the later id of a text listed twice
   std::vector<std::pair<std::string, std::string>> spm_merges;
   std::vector<uint32_t> spm_ranks;
 };
@@ -305,8 +306,9 @@ const char* const kSpmSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's space
 // score, the leftmost among equal scores. As BPE: every split of a token into two tokens at a
 // character boundary is a merge, ranked by the token's score (highest first, equal scores one
 // rank). A text listed twice (llama.cpp refuses such a file) merges to its later id.
-void spm_merges(const std::vector<std::string>& tokens, const std::vector<float>& scores, const Vocab& vocab,
-                GgufVocab& v) {
+void spm_merges(const std::vector<float>& scores, GgufVocab& v) {
+  const std::vector<std::string>& tokens = v.tokens;
+  const Vocab& vocab = v.spm_vocab;
   std::vector<float> distinct;
   for (const auto& [text, id] : vocab) distinct.push_back(std::isnan(scores[size_t(id)]) ? -INFINITY : scores[size_t(id)]);
   std::sort(distinct.begin(), distinct.end(), std::greater<>());
@@ -389,16 +391,15 @@ GgufVocab read_gguf_spm_vocab(const GgufFile& g) {
     for (size_t i = 0; i < n; i++) scores[i] = float(s[i]);
   }
   const std::vector<int64_t> types = gguf_token_types(g, n);
-  Vocab vocab;
-  vocab.reserve(n);
+  v.spm_vocab.reserve(n);
   json added = json::array();
   for (size_t i = 0; i < n; i++) {
-    vocab.insert_or_assign(v.tokens[i], int32_t(i));
+    v.spm_vocab.insert_or_assign(v.tokens[i], int32_t(i));
     const int64_t t = types.empty() ? 1 : types[i];
     if (t == 2 || t == 3 || t == 4)  // unknown, control -> special added token; user_defined -> plain added token
       added.push_back({{"id", i}, {"content", v.tokens[i]}, {"special", t != 4}, {"normalized", false}});
   }
-  spm_merges(v.tokens, scores, vocab, v);
+  spm_merges(scores, v);
   read_gguf_specials(g, v.tokens, true, v);
   v.add_space_prefix = g.has("tokenizer.ggml.add_space_prefix") ? g.get_bool("tokenizer.ggml.add_space_prefix") : true;
 
@@ -416,16 +417,13 @@ GgufVocab read_gguf_spm_vocab(const GgufFile& g) {
   return v;
 }
 
-// The BPE model of a SentencePiece vocabulary, built straight from the token list.
-std::unique_ptr<BpeModel> spm_model(const GgufVocab& v, const std::string& where) {
-  Vocab vocab;
-  vocab.reserve(v.tokens.size());
-  for (size_t i = 0; i < v.tokens.size(); i++) vocab.insert_or_assign(v.tokens[i], int32_t(i));
+// The BPE model of a SentencePiece vocabulary, built straight from the token list (takes its vocab).
+std::unique_ptr<BpeModel> spm_model(GgufVocab& v, const std::string& where) {
   BpeOptions opt;
   opt.byte_fallback = true;
   opt.fuse_unk = true;
   if (v.unk) opt.unk_token = v.tokens[size_t(*v.unk)];
-  return std::make_unique<BpeModel>(std::move(vocab), v.spm_merges, v.spm_ranks, std::move(opt), where);
+  return std::make_unique<BpeModel>(std::move(v.spm_vocab), v.spm_merges, v.spm_ranks, std::move(opt), where);
 }
 
 GgufVocab read_gguf_vocab(const GgufFile& g) {
@@ -513,8 +511,8 @@ Tokenizer::HfFiles Tokenizer::hf_files_from_gguf(const GgufFile& g) {
     std::vector<size_t> order(v.spm_merges.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = i;
     json vocab = json::object();
-    for (size_t i = 0; i < v.tokens.size(); i++) vocab[v.tokens[i]] = int64_t(i);
-    auto id = [&](const std::string& t) { return vocab[t].get<int64_t>(); };
+    for (const auto& [text, i] : v.spm_vocab) vocab[text] = int64_t(i);
+    auto id = [&](const std::string& t) { return v.spm_vocab.find(std::string_view(t))->second; };
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       if (v.spm_ranks[a] != v.spm_ranks[b]) return v.spm_ranks[a] < v.spm_ranks[b];
       const auto& [la, ra] = v.spm_merges[a];
