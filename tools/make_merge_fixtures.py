@@ -65,6 +65,11 @@ CASES = {
     "gguf_gemma2_fp32": ("gguf/tiny_gemma2.gguf", "export/gemma2_adapter", [], "export/gemma2"),
     "gguf_gemma3_fp32": ("gguf/tiny_gemma3.gguf", "export/gemma3_adapter", [], "export/gemma3"),
     "gguf_phi3_fp32": ("gguf/tiny_phi3.gguf", "parity/phi3_longrope_adapter", [], "phi3_longrope"),
+    # Mixtral and Qwen3-MoE GGUFs (`qlora export --outtype f32` of models/mixtral and
+    # models/qwen3_moe_norm: llama.cpp's stacked experts): MixtralForCausalLM's / Qwen3MoeForCausalLM's
+    # config.json and each expert unstacked under the Hub names.
+    "gguf_mixtral_fp32": ("gguf/tiny_mixtral.gguf", "parity/mixtral_adapter", [], "mixtral"),
+    "gguf_qwen3moe_fp32": ("gguf/tiny_qwen3moe.gguf", "parity/qwen3_moe_norm_adapter", [], "qwen3_moe_norm"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
     "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),
 }

@@ -189,6 +189,16 @@ void GgufFile::release_pages(const std::string& tensor_name) const noexcept {
   }
 }
 
+void GgufFile::release_rows(const std::string& tensor_name, int64_t first_row, int64_t n_rows) const noexcept {
+  const auto it = tensor_index_.find(tensor_name);
+  if (!map_ || it == tensor_index_.end()) return;
+  const GgufTensorInfo& t = tensors_[it->second];
+  const int64_t row = t.ne.empty() ? 1 : t.ne[0];
+  if (row == 0 || first_row < 0 || n_rows <= 0 || first_row + n_rows > t.n_elements() / row) return;
+  const int64_t row_bytes = ggml_row_bytes(t.type, row);
+  map_->release_pages(data_ + data_offset_ + t.offset + first_row * row_bytes, size_t(n_rows * row_bytes));
+}
+
 void GgufFile::parse() {
   Reader r{data_, size_, 0, path_};
   if (size_ < 4 || std::memcmp(data_, "GGUF", 4) != 0)
@@ -423,21 +433,30 @@ const uint8_t* GgufFile::tensor_data(const std::string& name) const {
 
 void GgufFile::read_tensor_f32(const std::string& name, float* dst) const {
   const GgufTensorInfo& ti = tensor(name);
+  const int64_t row = ti.ne.empty() ? 1 : ti.ne[0];
+  if (ti.n_elements() == 0 || row == 0) return;
+  read_rows_f32(name, 0, ti.n_elements() / row, dst);
+}
+
+void GgufFile::read_rows_f32(const std::string& name, int64_t first_row, int64_t n_rows, float* dst) const {
+  const GgufTensorInfo& ti = tensor(name);
   const GgmlTypeTraits& tr = ggml_type_traits(ti.type);
   if (!tr.can_dequantize)
     fail(ErrorKind::Unsupported, path_ + ": tensor '" + name + "'",
          std::string("ggml type ") + tr.name + " cannot be dequantized yet",
          "supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K");
-  int64_t n = ti.n_elements();
-  int64_t row = ti.ne.empty() ? 1 : ti.ne[0];
-  if (n == 0 || row == 0) return;
-  int64_t n_rows = n / row;
-  int64_t row_bytes = ggml_row_bytes(ti.type, row);
-  const uint8_t* src = data_ + data_offset_ + ti.offset;
+  const int64_t row = ti.ne.empty() ? 1 : ti.ne[0];
+  const int64_t total = row == 0 ? 0 : ti.n_elements() / row;
+  if (first_row < 0 || n_rows < 0 || first_row > total || n_rows > total - first_row)
+    fail(ErrorKind::Shape, path_ + ": tensor '" + name + "'",
+         "rows " + std::to_string(first_row) + ".." + std::to_string(first_row + n_rows) + " of " + std::to_string(total));
+  if (n_rows == 0 || row == 0) return;
+  const int64_t row_bytes = ggml_row_bytes(ti.type, row);
+  const uint8_t* src = data_ + data_offset_ + ti.offset + first_row * row_bytes;
   // Rows are independent; big embeddings (~30M elements) are worth the threads. An error must not
   // leave the parallel region (that terminates the process): the first is kept and rethrown.
   std::exception_ptr error;
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 20))
+#pragma omp parallel for schedule(static) if (n_rows * row > (int64_t(1) << 20))
   for (int64_t r = 0; r < n_rows; r++) {
     try {
       dequantize_row(ti.type, src + r * row_bytes, dst + r * row, row);

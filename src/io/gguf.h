@@ -63,6 +63,8 @@ class GgufFile {
   // The mapped pages holding one tensor's bytes back to the OS (MappedFile::release_pages; a loader
   // calls it once it has copied them); no-op when absent or built from bytes.
   void release_pages(const std::string& tensor_name) const noexcept;
+  // The same for rows [first_row, first_row + n_rows) of it (rows of ne[0] elements).
+  void release_rows(const std::string& tensor_name, int64_t first_row, int64_t n_rows) const noexcept;
 
   // Metadata. Keys keep file order in keys(). Typed getters convert between integer widths when
   // the value fits and accept f32/f64 for floats; a missing key or a wrong type is Error(Format)
@@ -95,6 +97,9 @@ class GgufFile {
   // is the stored order: rows of ne[0] elements. Error(Unsupported) names tensor and type.
   void read_tensor_f32(const std::string& name, float* dst) const;
   std::vector<float> read_tensor_f32(const std::string& name) const;
+  // Rows [first_row, first_row + n_rows) of it (rows of ne[0] elements: expert e of a 3-D expert
+  // stack is rows [e * ne[1], (e + 1) * ne[1])) into dst. Error(Shape) for rows outside the tensor.
+  void read_rows_f32(const std::string& name, int64_t first_row, int64_t n_rows, float* dst) const;
 
  private:
   GgufFile() = default;

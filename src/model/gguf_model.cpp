@@ -81,7 +81,8 @@ struct ArchInfo {
 };
 const ArchInfo kArchs[] = {{"llama", "llama", false, false},       {"qwen2", "qwen2", true, false},
                            {"qwen3", "qwen3", false, true},        {"gemma2", "gemma2", false, false},
-                           {"gemma3", "gemma3_text", false, true}, {"phi3", "phi3", false, false}};
+                           {"gemma3", "gemma3_text", false, true}, {"phi3", "phi3", false, false},
+                           {"qwen3moe", "qwen3_moe", false, true}};
 
 // llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
 // (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
@@ -258,6 +259,69 @@ void read_gemma_layout(const GgufFile& f, const std::string& k, bool gemma2, Lla
   c.query_pre_attn_scalar = llama_cpp_gemma_query_pre_attn_scalar(c);
 }
 
+// A mixture of experts: llama.cpp's llama architecture with expert_count (Mixtral, as
+// convert_hf_to_gguf.py writes it) and its qwen3moe (Qwen3-MoE). Each layer holds a router
+// (ffn_gate_inp, ne [hidden, experts]) and its experts' three weights stacked as 3-D tensors
+// (ffn_gate_exps/ffn_up_exps/ffn_down_exps, ne [in, out, experts]); the expert width is read from
+// the first stack and must agree with the file's key for it. llama.cpp renormalises the chosen
+// experts' weights for both architectures (build_moe_ffn with norm_w), which is Mixtral's routing
+// and Qwen3-MoE's with norm_topk_prob. A GGUF holds no auxiliary-loss setting, and transformers adds
+// that loss only with output_router_logits, off in both families' configs by default: none is added.
+void read_experts(const GgufFile& f, const std::string& k, const std::string& arch, LlamaConfig& c) {
+  const std::string count_key = k + "expert_count";
+  const int64_t n = f.has(count_key) ? key_i64(f, count_key) : 0;
+  if (n < 0) fail(ErrorKind::Format, f.path() + ": key '" + count_key + "'", "must not be negative");
+  if (n == 0) {
+    if (arch == "qwen3moe") fail(ErrorKind::Format, f.path() + ": key '" + count_key + "'", "qwen3moe needs an expert count > 0");
+    return;
+  }
+  if (arch != "llama" && arch != "qwen3moe")
+    fail(ErrorKind::Unsupported, f.path() + ": key '" + count_key + "'",
+         "mixture-of-experts layers on architecture '" + arch + "' are not supported",
+         "mixtures of experts are read as llama (Mixtral) and qwen3moe (Qwen3-MoE)");
+  if (arch == "llama") c.model_type = "mixtral";
+  c.n_experts = n;
+  const std::string used_key = k + "expert_used_count";
+  if (!f.has(used_key)) fail(ErrorKind::Format, f.path() + ": key '" + used_key + "'", "missing: how many experts a token uses");
+  c.experts_per_tok = key_i64(f, used_key);
+  if (c.experts_per_tok < 1 || c.experts_per_tok > n)
+    fail(ErrorKind::Format, f.path() + ": key '" + used_key + "'",
+         std::to_string(c.experts_per_tok) + " experts per token of " + std::to_string(n) + ": expected 1 to " + std::to_string(n));
+  const std::string stack = "blk.0.ffn_gate_exps.weight";
+  if (!f.has_tensor(stack) && f.has_tensor("blk.0.ffn_gate.0.weight"))
+    fail(ErrorKind::Unsupported, f.path() + ": tensor 'blk.0.ffn_gate.0.weight'",
+         "experts stored one tensor each (blk.N.ffn_gate.E.weight, the layout of early Mixtral conversions) are not read",
+         "convert the checkpoint again with a current convert_hf_to_gguf.py, which stacks them as blk.N.ffn_gate_exps.weight");
+  const GgufTensorInfo& g = f.tensor(stack);
+  if (g.ne.size() != 3)
+    fail(ErrorKind::Format, f.path() + ": tensor '" + stack + "'",
+         "expected 3 dimensions [hidden, expert width, experts], got " + std::to_string(g.ne.size()));
+  if (g.ne[2] != n)
+    fail(ErrorKind::Format, f.path() + ": tensor '" + stack + "'",
+         "holds " + std::to_string(g.ne[2]) + " experts, the key '" + count_key + "' " + std::to_string(n));
+  c.expert_intermediate_size = g.ne[1];
+  const std::string width_key = k + (arch == "qwen3moe" ? "expert_feed_forward_length" : "feed_forward_length");
+  if (f.has(width_key) && key_i64(f, width_key) != c.expert_intermediate_size)
+    fail(ErrorKind::Format, f.path() + ": key '" + width_key + "'",
+         std::to_string(key_i64(f, width_key)) + " but tensor '" + stack + "' holds experts of width " +
+             std::to_string(c.expert_intermediate_size));
+  c.norm_topk_prob = true;
+  c.router_aux_loss_coef = 0;
+}
+
+// Expert e's weight of a mixture-of-experts layer, as the checkpoints name it (hf_expert_name): slice
+// e of the layer's stack, rows [e * out, (e + 1) * out) of its (experts * out) rows of `in` values.
+struct ExpertSlice {
+  std::string stack;
+  int64_t expert = 0, rows = 0;
+};
+std::optional<ExpertSlice> gguf_expert_slice(const LlamaConfig& cfg, const std::string& hf_name) {
+  const auto t = hf_expert_of(cfg, hf_name);
+  if (!t) return std::nullopt;
+  return ExpertSlice{hf_to_gguf_name("model.layers." + std::to_string(t->layer) + ".mlp.experts." + t->kind), t->expert,
+                     expert_shape(cfg, t->kind).first};
+}
+
 }  // namespace
 
 std::string gguf_to_hf_name(const std::string& g) {
@@ -269,10 +333,10 @@ std::string gguf_to_hf_name(const std::string& g) {
   return "";
 }
 
-// Export only (the engine reads neither from a GGUF): Phi-3's fused projections as llama.cpp's phi3
-// architecture names them (attn_qkv: q, k, v rows; ffn_up: gate then up rows); a mixture-of-experts
-// layer's router (Mixtral's and Qwen3-MoE's module names) and the engine's expert stacks (experts.h),
-// (n_experts, out, in), as llama.cpp's 3-D ffn_*_exps.
+// HF -> GGUF only: Phi-3's fused projections as llama.cpp's phi3 architecture names them (attn_qkv:
+// q, k, v rows; ffn_up: gate then up rows); a mixture-of-experts layer's router (Mixtral's and
+// Qwen3-MoE's module names) and the engine's expert stacks (experts.h), (n_experts, out, in), as
+// llama.cpp's 3-D ffn_*_exps, whose slices the reader hands out as the checkpoints' per-expert tensors.
 const LayerName kExportLayerNames[] = {
     {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
     {"ffn_up.weight", "mlp.gate_up_proj.weight"},
@@ -369,10 +433,8 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     if (arch == a.arch) ai = &a;
   if (!ai)
     fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
-         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2), qwen2, qwen3, gemma2, gemma3, phi3");
+         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2, Mixtral), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3");
   const std::string k = arch + ".";
-  if (f.has(k + "expert_count") && f.get_i64(k + "expert_count") > 0)
-    fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "expert_count'", "mixture-of-experts models are not supported");
   const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
 
   LlamaConfig c;
@@ -392,6 +454,9 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
          "inconsistent shape: embedding_length " + std::to_string(c.hidden_size) + ", block_count " +
              std::to_string(c.n_layer) + ", head_count " + std::to_string(c.n_head) + ", head_count_kv " +
              std::to_string(c.n_head_kv));
+  if (c.n_layer > int64_t(f.tensors().size()))  // every layer holds tensors: a count past them is a lie
+    fail(ErrorKind::Format, f.path() + ": key '" + k + "block_count'",
+         std::to_string(c.n_layer) + " layers but the file holds " + std::to_string(f.tensors().size()) + " tensors");
   c.head_dim = f.has(k + "attention.key_length") ? f.get_i64(k + "attention.key_length") : c.hidden_size / c.n_head;
   if (f.has(k + "attention.value_length") && f.get_i64(k + "attention.value_length") != c.head_dim)
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "attention.value_length'", "differs from the key length");
@@ -454,11 +519,16 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   c.eos_token_id = f.has("tokenizer.ggml.eos_token_id") ? f.get_i64("tokenizer.ggml.eos_token_id") : spm ? 2 : -1;
   if (f.has("tokenizer.ggml.padding_token_id")) c.pad_token_id = f.get_i64("tokenizer.ggml.padding_token_id");
   c.tie_word_embeddings = !f.has_tensor("output.weight");
+  read_experts(f, k, arch, c);  // before the shapes below, which it changes
 
   // Every tensor the decoder needs, with ggml shapes (ne = HF shape reversed).
   for (const std::string& hf : llama_hf_tensor_names(c)) {
     std::vector<int64_t> ne = llama_hf_tensor_shape(c, hf);
     std::reverse(ne.begin(), ne.end());
+    if (const auto x = gguf_expert_slice(c, hf)) {  // each layer's stacks once, with their expert count
+      if (x->expert == 0) expect_shape(f, x->stack, {ne[0], ne[1], c.n_experts});
+      continue;
+    }
     expect_shape(f, hf_to_gguf_name(c, hf), ne);
   }
   for (const GgufTensorInfo& t : f.tensors())
@@ -503,15 +573,32 @@ std::string gguf_source(const GgufFile& f, const LlamaConfig& cfg, const std::st
 }  // namespace
 
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
+  if (const auto x = gguf_expert_slice(cfg, hf_name))
+    return f.has_tensor(x->stack) && f.tensor(x->stack).ne.size() == 3 && x->expert < f.tensor(x->stack).ne[2];
   const std::string g = hf_to_gguf_name(cfg, hf_name);
   return !g.empty() && f.has_tensor(g);
 }
 
 std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
+  if (const auto x = gguf_expert_slice(cfg, hf_name)) {
+    const GgufTensorInfo& t = f.tensor(x->stack);
+    if (t.ne.size() != 3 || x->expert >= t.ne[2])
+      fail(ErrorKind::Shape, f.path() + ": tensor '" + x->stack + "'", "holds no expert " + std::to_string(x->expert));
+    return {t.ne[1], t.ne[0]};
+  }
   return f.tensor(gguf_source(f, cfg, hf_name)).shape();
 }
 
+void gguf_release_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
+  if (const auto x = gguf_expert_slice(cfg, hf_name)) return f.release_rows(x->stack, x->expert * x->rows, x->rows);
+  f.release_pages(hf_to_gguf_name(cfg, hf_name));
+}
+
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst) {
+  if (const auto x = gguf_expert_slice(cfg, hf_name)) {
+    gguf_hf_shape(f, cfg, hf_name);  // the expert exists
+    return f.read_rows_f32(x->stack, x->expert * x->rows, x->rows, dst);
+  }
   const std::string g = gguf_source(f, cfg, hf_name);
   int64_t n_head = 0;
   if (gguf_qk_permuted(cfg)) {

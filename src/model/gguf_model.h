@@ -10,11 +10,12 @@
 namespace qlora {
 
 // Reads the decoder shape from `{arch}.*` and `tokenizer.ggml.*` metadata (arch: llama, qwen2,
-// qwen3, gemma2, gemma3 or phi3) and checks that every tensor the model needs is present with the
+// qwen3, gemma2, gemma3, phi3; mixtures of experts as llama with expert_count (Mixtral) and
+// qwen3moe) and checks that every tensor the model needs is present with the
 // expected shape. What llama.cpp fixes for an architecture instead of reading it (Gemma's attention
 // scale and layer pattern, Gemma 3's local RoPE base, Gemma 2's default caps) becomes the config
 // field transformers reads, so the model computes as llama.cpp runs the file. Errors: Unsupported
-// (other architectures, MoE, partial rotary outside phi3, yarn scaling, rope factors that do not
+// (other architectures, experts outside llama/qwen3moe or one tensor per expert, partial rotary outside phi3, yarn scaling, rope factors that do not
 // follow llama3 scaling), Format (missing keys, missing/misshaped tensors; `where` names key or tensor).
 LlamaConfig gguf_llama_config(const GgufFile& f);
 
@@ -57,7 +58,8 @@ bool gguf_qk_permuted(const LlamaConfig& cfg);
 void gguf_permute_qk_rows(const float* hf, float* gguf, int64_t n_head, int64_t rows, int64_t cols);    // as the converter
 void gguf_unpermute_qk_rows(const float* gguf, float* hf, int64_t n_head, int64_t rows, int64_t cols);  // its inverse
 
-// Whether the GGUF holds the tensor the model `cfg` calls `hf_name`.
+// Whether the GGUF holds the tensor the model `cfg` calls `hf_name`. A mixture of experts' per-expert
+// names (hf_expert_name) are slices of llama.cpp's 3-D stacks for all three functions below.
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
 // HF shape of `hf_name` as stored in the GGUF (lm_head.weight of a tied model: the embedding's).
 std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
@@ -65,5 +67,7 @@ std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, co
 // the checkpoint's w from the stored 1 + w). For tied models lm_head.weight reads the token
 // embedding. Error(Format) for names with no GGUF tensor.
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst);
+// Hands the mapped pages gguf_read_hf_tensor read for `hf_name` back to the OS (GgufFile::release_pages).
+void gguf_release_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
 
 }  // namespace qlora

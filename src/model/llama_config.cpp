@@ -881,14 +881,42 @@ static void phi3_config_json(const LlamaConfig& c, json& j) {
   j["rope_scaling"] = rs;
 }
 
+// MixtralConfig's and Qwen3MoeConfig's experts and router, as parse_moe reads them back: every layer
+// sparse, no router noise, the load-balancing loss on exactly when the model adds it.
+static void moe_config_json(const LlamaConfig& c, json& j) {
+  const bool mixtral = c.model_type == "mixtral";
+  j[mixtral ? "num_local_experts" : "num_experts"] = c.n_experts;
+  j["num_experts_per_tok"] = c.experts_per_tok;
+  j["output_router_logits"] = c.router_aux_loss_coef > 0;
+  if (c.router_aux_loss_coef > 0) j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  if (mixtral) {  // MixtralAttention: the window on every layer
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    j["router_jitter_noise"] = 0.0;
+    return;
+  }
+  if (c.sliding_window > 0)  // Qwen3-MoE's windows (use_sliding_window, max_window_layers) are not written
+    fail(ErrorKind::Unsupported, "model_type 'qwen3_moe': sliding_window", "writing a config.json with sliding layers is not implemented",
+         "keep the base model's own config.json");
+  j["sliding_window"] = nullptr;
+  j["moe_intermediate_size"] = c.expert_intermediate_size;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array();
+  j["attention_bias"] = false;
+  j["use_sliding_window"] = false;
+}
+
 json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
-  if (c.moe() || !c.multimodal.empty() || c.attention_sinks || (c.rope_scaling.type == "yarn"))
+  const bool experts = c.model_type == "mixtral" || c.model_type == "qwen3_moe";
+  if ((c.moe() && !experts) || !c.multimodal.empty() || c.attention_sinks || (c.rope_scaling.type == "yarn"))
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'",
          "writing a config.json for this model is not implemented", "keep the base model's own config.json");
-  const std::string arch = c.model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                           : c.model_type == "qwen3"   ? "Qwen3ForCausalLM"
-                           : c.model_type == "mistral" ? "MistralForCausalLM"
-                                                       : "LlamaForCausalLM";
+  const std::string arch = c.model_type == "qwen2"       ? "Qwen2ForCausalLM"
+                           : c.model_type == "qwen3"     ? "Qwen3ForCausalLM"
+                           : c.model_type == "mistral"   ? "MistralForCausalLM"
+                           : c.model_type == "mixtral"   ? "MixtralForCausalLM"
+                           : c.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                                         : "LlamaForCausalLM";
   json j = {{"architectures", json::array({arch})}, {"model_type", c.model_type}, {"vocab_size", c.vocab_size},
             {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
             {"num_hidden_layers", c.n_layer}, {"num_attention_heads", c.n_head},
@@ -914,6 +942,7 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
   }
   if (c.model_type == "gemma2" || c.model_type == "gemma3_text") gemma_config_json(c, j);
   if (c.model_type == "phi3") phi3_config_json(c, j);
+  if (experts) moe_config_json(c, j);
   return j;
 }
 

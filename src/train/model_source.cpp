@@ -117,7 +117,7 @@ static ModelSource open_gguf(const std::string& path) {
     if (got != shape)
       fail(ErrorKind::Shape, path + ": tensor '" + n + "'", "has shape " + shape_str(got) + ", expected " + shape_str(shape));
     gguf_read_hf_tensor(*g, cfg, n, dst);
-    g->release_pages(hf_to_gguf_name(cfg, n));  // copied: the mapped pages need not stay beside the copy
+    gguf_release_hf_tensor(*g, cfg, n);  // copied: the mapped pages need not stay beside the copy
   };
   attach_tokenizer(src, std::make_shared<const Tokenizer>(Tokenizer::from_gguf(*g)), "GGUF vocabulary", path);
   return src;

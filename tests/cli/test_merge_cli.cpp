@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "model/experts.h"
 #include "model/llama_model.h"
 #include "model/peft_io.h"
 #include "text/tokenizer.h"
@@ -86,6 +87,11 @@ void expect_same_math(const LlamaConfig& a, const LlamaConfig& b) {
     EXPECT_EQ(a.window_of(l), b.window_of(l)) << "layer " << l;
     EXPECT_EQ(a.local_rope(l), b.local_rope(l)) << "layer " << l;
   }
+  EXPECT_EQ(a.n_experts, b.n_experts);
+  EXPECT_EQ(a.experts_per_tok, b.experts_per_tok);
+  EXPECT_EQ(a.moe() ? a.expert_intermediate_size : 0, b.moe() ? b.expert_intermediate_size : 0);
+  EXPECT_EQ(a.moe() && a.norm_topk_prob, b.moe() && b.norm_topk_prob);
+  EXPECT_EQ(a.router_aux_loss_coef, b.router_aux_loss_coef);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
   EXPECT_EQ(a.eos_token_id, b.eos_token_id);
@@ -234,19 +240,21 @@ TEST(MergeCli, GgufBase) {
   fs::remove_all(fs::path(out).parent_path());
 }
 
-// Gemma 2, Gemma 3 and Phi-3 (LongRoPE, half the dims rotated) from the GGUF `qlora export` writes:
-// the merged directory's config.json is the family's own and reads back as the model the GGUF
-// held, its weights give the GGUF + adapter's logits (Gemma's norms back to w, Phi-3's fused
-// projections kept fused), and the tokenizer.json written from the GGUF's SentencePiece
-// vocabulary tokenizes as the GGUF does.
-TEST(MergeCli, GemmaAndPhi3GgufBasesWriteTheirFamilysFiles) {
+// Gemma 2, Gemma 3, Phi-3 (LongRoPE, half the dims rotated), Mixtral and Qwen3-MoE from the GGUF
+// `qlora export` writes: the merged directory's config.json is the family's own and reads back as
+// the model the GGUF held, its weights give the GGUF + adapter's logits (Gemma's norms back to w,
+// Phi-3's fused projections kept fused, each expert unstacked under the checkpoint's name), and the
+// tokenizer.json written from the GGUF's vocabulary tokenizes as the GGUF does.
+TEST(MergeCli, FamilyGgufBasesWriteTheirFamilysFiles) {
   struct Case {
     std::string model, adapter, arch;
   };
   const std::string text = "the dog runs over the river, \xc3\xa9t\xc3\xa9 at Where's the fox? the sun";
   for (const Case& c : {Case{kFix + "/export/gemma2", kFix + "/export/gemma2_adapter", "Gemma2ForCausalLM"},
                         Case{kFix + "/export/gemma3", kFix + "/export/gemma3_adapter", "Gemma3ForCausalLM"},
-                        Case{kFix + "/models/phi3_longrope", kFix + "/parity/phi3_longrope_adapter", "Phi3ForCausalLM"}}) {
+                        Case{kFix + "/models/phi3_longrope", kFix + "/parity/phi3_longrope_adapter", "Phi3ForCausalLM"},
+                        Case{kFix + "/models/mixtral", kFix + "/parity/mixtral_adapter", "MixtralForCausalLM"},
+                        Case{kFix + "/models/qwen3_moe_norm", kFix + "/parity/qwen3_moe_norm_adapter", "Qwen3MoeForCausalLM"}}) {
     SCOPED_TRACE(c.arch);
     const std::string dir = temp_dir("merge_gguf_family"), gguf = dir + "/base.gguf", out = dir + "/out";
     RunResult e = run_qlora("export --format gguf --outtype f32 --model " + c.model + " --out " + gguf);
@@ -261,6 +269,12 @@ TEST(MergeCli, GemmaAndPhi3GgufBasesWriteTheirFamilysFiles) {
     const std::vector<int32_t> ids = {2, 17, 42, 5, 88, 63, 9, 30, 71, 1, 55, 12};
     EXPECT_LT(rel_err(source_logits(out, "", ids), source_logits(gguf, c.adapter, ids)), 2e-5);
     EXPECT_LT(rel_err(source_logits(out, "", ids), source_logits(c.model, c.adapter, ids)), 2e-5);
+    if (from_gguf.moe()) {  // the checkpoint's per-expert tensors, as the Hub's files name them
+      const SafetensorsArchive st(out + "/model.safetensors");
+      const std::string last = hf_expert_name(from_gguf, from_gguf.n_layer - 1, from_gguf.n_experts - 1, "down_proj");
+      EXPECT_TRUE(st.has(last)) << last;
+      EXPECT_TRUE(st.has(hf_router_name(from_gguf, 0)));
+    }
     const Tokenizer merged = Tokenizer::from_file(out + "/tokenizer.json"), g = Tokenizer::from_gguf(GgufFile(gguf));
     EXPECT_EQ(merged.encode(text, true), g.encode(text, true));
     EXPECT_EQ(merged.encode(text, false), Tokenizer::from_file(c.model + "/tokenizer.json").encode(text, false));

@@ -1,6 +1,7 @@
 // End to end: `qlora train` on a small Mixtral whose config.json sets output_router_logits, on
 // pre-tokenized rows: the run trains, metrics.jsonl carries the routing and the micro-batches' mean
-// load-balancing loss, and `loss` includes it times router_aux_loss_coef.
+// load-balancing loss, and `loss` includes it times router_aux_loss_coef. LoRA on the experts writes
+// PEFT's target_parameters layout. A mixture of experts read from its GGUF trains as its checkpoint.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -110,6 +111,52 @@ TEST(TrainMoe, ExpertLoraWritesPeftTargetParameters) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("lora_dropout"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("target_parameters"), std::string::npos) << bad.output;
+  fs::remove_all(out);
+}
+
+// A Qwen3-MoE read from a GGUF (`qlora export --outtype f32` of the checkpoint: llama.cpp's qwen3moe
+// layout, each layer's experts in three 3-D stacks) trains exactly as the checkpoint it was written
+// from: the same loss at every step and the same adapter, with LoRA on the attention and on every
+// expert (each expert's weights are a slice of a stack), on the f32 base and on an NF4 base
+// quantized on load.
+TEST(TrainMoe, AGgufMixtureOfExpertsTrainsAsItsCheckpoint) {
+  const std::string out = temp_dir("moe_gguf");
+  fs::create_directories(out);
+  const std::string model = std::string(QLORA_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe_experts";
+  const RunResult ex = run_qlora("export --format gguf --outtype f32 --model " + model + " --out " + out + "/base.gguf");
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  const std::string cfg = out + "/cfg.yaml";
+  std::ofstream(cfg) << "train_file: " << write_rows(out) << "\n"
+                     << "per_device_train_batch_size: 2\nmax_steps: 3\nlearning_rate: 2.0e-3\nr: 4\nlora_alpha: 8\n"
+                     << "lora_dropout: 0\ntarget_modules: [q_proj, v_proj]\n"
+                     << "target_parameters: [mlp.experts.down_proj, mlp.experts.gate_up_proj]\n"
+                     << "logging_steps: 1\nthreads: 1\ndevice: cpu\nseed: 5\n";
+  for (const std::string quant : {"", " load_in_4bit=true"}) {
+    SCOPED_TRACE(quant.empty() ? "f32 base" : "nf4 base");
+    std::vector<std::vector<double>> losses;
+    std::vector<std::vector<float>> b;
+    for (const std::string& base : {model, out + "/base.gguf"}) {
+      const std::string run = out + "/run" + std::to_string(losses.size());
+      const RunResult r = run_qlora("train " + cfg + " model_name_or_path=" + base + " output_dir=" + run + quant);
+      ASSERT_EQ(r.code, 0) << r.output;
+      losses.emplace_back();
+      for (const auto& rec : metrics_records(run))
+        if (rec.contains("step") && rec.contains("loss")) losses.back().push_back(rec["loss"].get<double>());
+      const std::string l1 = "base_model.model.model.layers.1.mlp.experts.lora_B.weight";
+      b.push_back(qlora::SafetensorsArchive(run + "/adapter/adapter_model.safetensors").read_f32(l1, {64, 64}));
+      fs::remove_all(run);
+    }
+    ASSERT_EQ(losses[0].size(), 3u);
+    ASSERT_EQ(losses[1].size(), 3u);
+    for (size_t i = 0; i < 3; i++) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-6 * losses[0][i]) << "step " << i + 1;
+    double moved = 0, diff = 0;
+    for (size_t i = 0; i < b[0].size(); i++) {
+      moved = std::max(moved, double(std::fabs(b[0][i])));
+      diff = std::max(diff, double(std::fabs(b[1][i] - b[0][i])));
+    }
+    EXPECT_GT(moved, 0.0) << "three steps move the experts' B away from zero";
+    EXPECT_LE(diff, 1e-5 * moved) << "the experts' adapter trained from the GGUF differs";
+  }
   fs::remove_all(out);
 }
 

@@ -190,6 +190,29 @@ TEST(GgufExport, MixtureOfExpertsStacksTheExpertsAsLlamaCppReadsThem) {
       // The adapted attention is written merged (and Mixtral's Q rows permuted as for Llama).
       const auto v = m.read("model.layers.1.self_attn.v_proj.weight");
       EXPECT_EQ(g.read_tensor_f32("blk.1.attn_v.weight"), v);
+      // Read back as a model source: the same experts and router (each expert a slice of its stack)
+      // and the same routing, so the file trains as the merged checkpoint.
+      const ModelSource back = open_model_source(out);
+      const LlamaConfig& b = back.config;
+      EXPECT_EQ(b.model_type, c.model_type);
+      EXPECT_EQ(b.n_experts, c.n_experts);
+      EXPECT_EQ(b.experts_per_tok, c.experts_per_tok);
+      EXPECT_EQ(b.expert_intermediate_size, c.expert_intermediate_size);
+      EXPECT_EQ(b.norm_topk_prob, c.norm_topk_prob);
+      EXPECT_EQ(b.qk_norm, c.qk_norm);
+      for (int64_t l = 0; l < c.n_layer; l++) {
+        const auto [rr, rc] = *hf_moe_tensor_shape(c, hf_router_name(c, l));
+        std::vector<float> router(size_t(rr * rc));
+        back.tensors.read_f32(hf_router_name(b, l), {rr, rc}, router.data());
+        EXPECT_EQ(router, m.read(hf_router_name(c, l))) << "layer " << l;
+        for (const std::string kind : {"gate_proj", "up_proj", "down_proj"})
+          for (int64_t e : {int64_t(0), c.n_experts - 1}) {
+            const auto [rows, cols] = expert_shape(c, kind);
+            std::vector<float> w(size_t(rows * cols));
+            back.tensors.read_f32(hf_expert_name(b, l, e, kind), {rows, cols}, w.data());
+            EXPECT_EQ(w, m.read(hf_expert_name(c, l, e, kind))) << kind << " expert " << e << " layer " << l;
+          }
+      }
     }
   }
 }
@@ -431,15 +454,10 @@ TEST(GgufExportLlamaCpp, OurExportsAreTheFilesLlamaCppRanAndOurLogitsMatch) {
     // A merged GGUF runs as itself: the engine reads it back (its config, its 1 + w Gemma norms, its
     // fused Phi-3 projections and LongRoPE factors, its SentencePiece vocabulary) and must compute
     // what llama.cpp computed on the same bytes. One exported from a Hugging Face directory is also
-    // compared with the engine on the base and adapter it was merged from; a mixture of experts,
-    // whose GGUF the engine does not read, only so.
+    // compared with the engine on the base and adapter it was merged from (a mixture of experts'
+    // experts are read back as slices of llama.cpp's 3-D stacks).
     const bool from_hf = fs::is_directory(base);
-    bool reads_back = c["format"] == "gguf";
-    if (reads_back) {
-      const GgufFile g(out);
-      const std::string key = g.get_string("general.architecture") + ".expert_count";
-      reads_back = !g.has(key);
-    }
+    const bool reads_back = c["format"] == "gguf";
     if (c.contains("text")) {  // our tokenizer (from the exported file, else the HF base's) agrees with llama.cpp's
       ModelSource s = open_model_source(reads_back ? out : base);
       EXPECT_EQ(s.tokenizer->encode(c["text"].get<std::string>(), false), ids);

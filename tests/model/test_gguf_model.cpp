@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/gguf.h"
+#include "model/experts.h"
 #include "model/gguf_model.h"
 #include "../io/test_gguf_builder.h"
 #include "../real_models.h"
@@ -227,6 +228,9 @@ struct Tiny {
   std::string arch = "llama";
   uint64_t C = 8, F = 12, L = 1, H = 2, KV = 1, V = 5;
   uint64_t HD = 0;  // head dim written as attention.key_length/value_length; 0: none written, C / H
+  // A mixture of experts (E > 0): E experts of width EF, EU per token, stacked as llama.cpp's
+  // ffn_*_exps (values 0.001 * their index, so that each expert's slice differs) with a router.
+  uint64_t E = 0, EU = 0, EF = 0;
   std::set<std::string> skip;                          // metadata keys / tensors to leave out
   std::map<std::string, std::vector<uint64_t>> ne_of;  // tensor shape overrides
   std::function<void(GgufBuilder&)> extra;
@@ -246,6 +250,11 @@ struct Tiny {
       b.u32(a + "attention.key_length", uint32_t(HD));
       b.u32(a + "attention.value_length", uint32_t(HD));
     }
+    if (E > 0) {
+      if (key(a + "expert_count")) b.u32(a + "expert_count", uint32_t(E));
+      if (key(a + "expert_used_count")) b.u32(a + "expert_used_count", uint32_t(EU));
+      if (arch == "qwen3moe" && key(a + "expert_feed_forward_length")) b.u32(a + "expert_feed_forward_length", uint32_t(EF));
+    }
     if (extra) extra(b);
     const uint64_t hd = HD > 0 ? HD : C / H;
     auto t = [&](const std::string& n, std::vector<uint64_t> ne) {
@@ -253,7 +262,10 @@ struct Tiny {
       if (ne_of.count(n)) ne = ne_of.at(n);
       uint64_t cnt = 1;
       for (auto d : ne) cnt *= d;
-      b.tensor_f32(n, ne, std::vector<float>(cnt, 0.25f));
+      std::vector<float> v(cnt, 0.25f);
+      if (n.ends_with("_exps.weight"))
+        for (uint64_t i = 0; i < cnt; i++) v[i] = 0.001f * float(i);
+      b.tensor_f32(n, ne, v);
     };
     t("token_embd.weight", {C, V});
     const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
@@ -269,14 +281,21 @@ struct Tiny {
       }
       t(p + "attn_output.weight", {H * hd, C});
       t(p + "ffn_norm.weight", {C});
-      if (!phi3) t(p + "ffn_gate.weight", {C, F});
-      t(p + "ffn_up.weight", {C, phi3 ? 2 * F : F});
-      t(p + "ffn_down.weight", {F, C});
+      if (E > 0) {
+        t(p + "ffn_gate_inp.weight", {C, E});
+        t(p + "ffn_gate_exps.weight", {C, EF, E});
+        t(p + "ffn_up_exps.weight", {C, EF, E});
+        t(p + "ffn_down_exps.weight", {EF, C, E});
+      } else {
+        if (!phi3) t(p + "ffn_gate.weight", {C, F});
+        t(p + "ffn_up.weight", {C, phi3 ? 2 * F : F});
+        t(p + "ffn_down.weight", {F, C});
+      }
       if (gemma) {
         t(p + "post_attention_norm.weight", {C});
         t(p + "post_ffw_norm.weight", {C});
       }
-      if (arch == "gemma3") {
+      if (arch == "gemma3" || arch == "qwen3moe") {
         t(p + "attn_q_norm.weight", {hd});
         t(p + "attn_k_norm.weight", {hd});
       }
@@ -430,8 +449,10 @@ TEST(GgufModel, ConfigErrorsNameKeyOrTensor) {
   }
   {
     Tiny t;
-    t.extra = [](GgufBuilder& b) { b.u32("llama.expert_count", 8); };
-    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported, {"expert_count", "mixture-of-experts"});
+    t.arch = "qwen2";
+    t.extra = [](GgufBuilder& b) { b.u32("qwen2.expert_count", 8); };
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported,
+                 {"qwen2.expert_count", "mixture-of-experts layers on architecture 'qwen2'", "qwen3moe"});
   }
   {
     Tiny t;
@@ -448,6 +469,12 @@ TEST(GgufModel, ConfigErrorsNameKeyOrTensor) {
     t.skip = {"llama.feed_forward_length"};
     t.extra = [](GgufBuilder& b) { b.arr_u32("llama.feed_forward_length", {12}); };
     expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported, {"feed_forward_length", "per-layer"});
+  }
+  {
+    Tiny t;  // a layer count no file of this size could hold (the names of its tensors are never built)
+    t.skip = {"llama.block_count"};
+    t.extra = [](GgufBuilder& b) { b.u32("llama.block_count", 1000000000u); };
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"llama.block_count", "1000000000 layers but the file holds"});
   }
   {
     Tiny t;
@@ -485,6 +512,101 @@ TEST(GgufModel, ConfigErrorsNameKeyOrTensor) {
     std::vector<float> out(64);
     expect_error([&] { gguf_read_hf_tensor(f, c, "model.layers.0.self_attn.rotary_emb.inv_freq", out.data()); },
                  ErrorKind::Format, {"no GGUF tensor"});
+  }
+}
+
+// Mixtures of experts: Mixtral as llama.cpp's llama architecture with expert_count, Qwen3-MoE as
+// qwen3moe. Each expert's weights are slice e of the layer's 3-D stack; the router is ffn_gate_inp;
+// the chosen experts' weights are renormalised as llama.cpp does for both; no auxiliary loss.
+TEST(GgufModel, MixtureOfExpertsReadsEachExpertFromItsStack) {
+  for (const std::string arch : {"llama", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    Tiny t;
+    t.arch = arch;
+    t.L = 2, t.E = 4, t.EU = 2, t.EF = 6;
+    t.F = arch == "llama" ? 6 : 16;  // Mixtral's feed_forward_length is its experts' width; Qwen3-MoE's a dense width
+    GgufFile f = t.build();
+    const LlamaConfig c = gguf_llama_config(f);
+    EXPECT_EQ(c.model_type, arch == "llama" ? "mixtral" : "qwen3_moe");
+    EXPECT_EQ(c.qk_norm, arch == "qwen3moe");
+    EXPECT_EQ(c.n_experts, 4);
+    EXPECT_EQ(c.experts_per_tok, 2);
+    EXPECT_EQ(c.expert_intermediate_size, 6);
+    EXPECT_EQ(c.intermediate_size, int64_t(t.F));
+    EXPECT_TRUE(c.norm_topk_prob);
+    EXPECT_EQ(c.router_aux_loss_coef, 0.0);
+    EXPECT_TRUE(gguf_has_hf_tensor(f, c, hf_router_name(c, 1)));
+    EXPECT_EQ(gguf_hf_shape(f, c, hf_router_name(c, 1)), (std::vector<int64_t>{4, 8}));
+    // down_proj of expert e in layer 1: (C, EF) = (8, 6) values at 0.001 * (e * 48 + i) in its stack.
+    for (int64_t e = 0; e < 4; e++) {
+      const std::string n = hf_expert_name(c, 1, e, "down_proj");
+      ASSERT_TRUE(gguf_has_hf_tensor(f, c, n)) << n;
+      EXPECT_EQ(gguf_hf_shape(f, c, n), (std::vector<int64_t>{8, 6}));
+      std::vector<float> got(48), want(48);
+      gguf_read_hf_tensor(f, c, n, got.data());
+      for (int64_t i = 0; i < 48; i++) want[size_t(i)] = 0.001f * float(e * 48 + i);
+      EXPECT_EQ(got, want) << n;
+    }
+    const std::string up = hf_expert_name(c, 0, 3, "up_proj");
+    EXPECT_EQ(gguf_hf_shape(f, c, up), (std::vector<int64_t>{6, 8}));
+    const std::string beyond = hf_expert_name(c, 0, 4, "gate_proj");  // the stack holds 4 experts
+    EXPECT_FALSE(gguf_has_hf_tensor(f, c, beyond));
+    std::vector<float> sink(48);
+    expect_error([&] { gguf_read_hf_tensor(f, c, beyond, sink.data()); }, ErrorKind::Shape, {"ffn_gate_exps", "no expert 4"});
+  }
+}
+
+TEST(GgufModel, MixtureOfExpertsErrorsNameKeyOrTensor) {
+  auto moe = [](const std::string& arch) {
+    Tiny t;
+    t.arch = arch;
+    t.E = 4, t.EU = 2, t.EF = 6, t.F = 6;
+    return t;
+  };
+  {
+    Tiny t = moe("llama");
+    t.skip = {"llama.expert_used_count"};
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"llama.expert_used_count", "missing"});
+  }
+  {
+    Tiny t = moe("llama");
+    t.EU = 5;
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"expert_used_count", "5 experts per token of 4"});
+  }
+  {
+    Tiny t = moe("qwen3moe");
+    t.extra = [](GgufBuilder& b) { b.u32("qwen3moe.expert_feed_forward_length", 7); };
+    t.skip = {"qwen3moe.expert_feed_forward_length"};
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format,
+                 {"qwen3moe.expert_feed_forward_length", "7 but tensor 'blk.0.ffn_gate_exps.weight'", "width 6"});
+  }
+  {
+    Tiny t = moe("qwen3moe");
+    t.skip = {"qwen3moe.expert_count"};
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"qwen3moe.expert_count", "expert count"});
+  }
+  {
+    Tiny t = moe("llama");  // one tensor per expert, as early Mixtral conversions wrote them
+    t.skip = {"blk.0.ffn_gate_exps.weight"};
+    t.extra = [](GgufBuilder& b) { b.tensor_f32("blk.0.ffn_gate.0.weight", {8, 6}, std::vector<float>(48, 0.5f)); };
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported,
+                 {"blk.0.ffn_gate.0.weight", "one tensor each", "convert_hf_to_gguf.py"});
+  }
+  {
+    Tiny t = moe("llama");
+    t.ne_of["blk.0.ffn_gate_exps.weight"] = {8, 6, 3};  // the first stack names the experts' width and count
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format,
+                 {"blk.0.ffn_gate_exps.weight", "holds 3 experts", "'llama.expert_count' 4"});
+  }
+  {
+    Tiny t = moe("llama");
+    t.ne_of["blk.0.ffn_down_exps.weight"] = {6, 8, 3};  // 3 experts in a stack of a 4-expert model
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"blk.0.ffn_down_exps.weight", "[6, 8, 3]", "[6, 8, 4]"});
+  }
+  {
+    Tiny t = moe("llama");
+    t.skip = {"blk.0.ffn_gate_inp.weight"};
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"blk.0.ffn_gate_inp.weight", "no such tensor"});
   }
 }
 
