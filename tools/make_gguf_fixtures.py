@@ -34,6 +34,7 @@ MODELS = os.path.join(ROOT, "tests", "fixtures", "models")
 SCALE_FIELDS = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.IQ4_NL: [0], T.IQ4_XS: [0], T.MXFP4: [],
 }
 ROWS, COLS = 3, 512
 
@@ -56,6 +57,9 @@ def random_raw(rng, qtype):
         for off in SCALE_FIELDS[qtype]:
             mag = rng.uniform(0.002, 0.05, size=nb) * rng.choice([-1.0, 1.0], size=nb)
             raw[:, off:off + 2] = mag.astype(np.float16).view(np.uint8).reshape(nb, 2)
+        if qtype == T.MXFP4:  # E8M0 exponents that keep 12 * 2^(e-127) finite, and the two subnormal ones
+            raw[:, 0] = rng.integers(90, 160, size=nb, dtype=np.uint8)
+            raw[:2, 0] = [0, 1]
         raw = raw.reshape(ROWS, -1)
     ref = gguf.quants.dequantize(raw, qtype).astype(np.float32)
     assert ref.shape == (ROWS, COLS) and np.isfinite(ref).all()
@@ -68,7 +72,7 @@ def make_types():
     w.add_custom_alignment(64)  # non-default alignment must be honoured by the reader
     os.makedirs(os.path.join(OUT, "types"), exist_ok=True)
     for qtype in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
-                  T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]:
+                  T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4]:
         raw, ref = random_raw(rng, qtype)
         if qtype in (T.F32, T.F16):
             w.add_tensor(qtype.name.lower(), raw)

@@ -35,10 +35,10 @@ const GgmlTypeTraits kTraits[] = {
     {GgmlType::IQ2_XS, "IQ2_XS", QK_K, 2 + QK_K / 4 + QK_K / 32, false},
     {GgmlType::IQ3_XXS, "IQ3_XXS", QK_K, 2 + QK_K / 4 + QK_K / 8, false},
     {GgmlType::IQ1_S, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16, false},
-    {GgmlType::IQ4_NL, "IQ4_NL", QK, 2 + QK / 2, false},
+    {GgmlType::IQ4_NL, "IQ4_NL", QK, 2 + QK / 2, true},
     {GgmlType::IQ3_S, "IQ3_S", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, false},
     {GgmlType::IQ2_S, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16, false},
-    {GgmlType::IQ4_XS, "IQ4_XS", QK_K, 4 + QK_K / 2 + QK_K / 64, false},
+    {GgmlType::IQ4_XS, "IQ4_XS", QK_K, 4 + QK_K / 2 + QK_K / 64, true},
     {GgmlType::I8, "I8", 1, 1, true},
     {GgmlType::I16, "I16", 1, 2, true},
     {GgmlType::I32, "I32", 1, 4, true},
@@ -48,7 +48,7 @@ const GgmlTypeTraits kTraits[] = {
     {GgmlType::BF16, "BF16", 1, 2, true},
     {GgmlType::TQ1_0, "TQ1_0", QK_K, 2 + 4 * 13, false},
     {GgmlType::TQ2_0, "TQ2_0", QK_K, 2 + 64, false},
-    {GgmlType::MXFP4, "MXFP4", QK, 1 + QK / 2, false},
+    {GgmlType::MXFP4, "MXFP4", QK, 1 + QK / 2, true},
 };
 
 inline float half(const uint8_t* p) {
@@ -243,6 +243,56 @@ void dq_q6_k(const uint8_t* b, float* y) {
   }
 }
 
+// IQ4_NL's non-linear code book (ggml's kvalues_iq4nl), shared by IQ4_XS.
+constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// IQ4_NL: d(f16) qs[16]; x = d * kIq4nl[q], element j in the low nibble of qs[j], j+16 in the high.
+void dq_iq4_nl(const uint8_t* b, float* y) {
+  const float d = half(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; j++) {
+    y[j] = d * float(kIq4nl[qs[j] & 0xF]);
+    y[j + 16] = d * float(kIq4nl[qs[j] >> 4]);
+  }
+}
+
+// IQ4_XS: d(f16) scales_h(u16) scales_l[4] qs[128]; eight 32-element sub-blocks, each with a 6-bit
+// scale (low 4 bits: nibble ib%2 of scales_l[ib/2]; high 2 bits: bits 2ib, 2ib+1 of scales_h) less
+// 32, and IQ4_NL's code book and nibble order.
+void dq_iq4_xs(const uint8_t* b, float* y) {
+  const float d = half(b);
+  uint16_t sh;
+  std::memcpy(&sh, b + 2, 2);
+  const uint8_t* sl = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int ib = 0; ib < QK_K / 32; ib++) {
+    const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+    const float dl = d * float(ls - 32);
+    for (int j = 0; j < 16; j++) {
+      y[j] = dl * float(kIq4nl[qs[j] & 0xF]);
+      y[j + 16] = dl * float(kIq4nl[qs[j] >> 4]);
+    }
+    y += 32;
+    qs += 16;
+  }
+}
+
+// MXFP4 as ggml stores it (gpt-oss's experts in its GGUFs): e (E8M0 exponent) qs[16]; x = the E2M1
+// value of the nibble times 2^(e - 127), computed as ggml does: twice the E2M1 value (an integer)
+// times 2^(e - 128), both exact. Element j in the low nibble of qs[j], j+16 in the high.
+constexpr int8_t kMxfp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+void dq_mxfp4(const uint8_t* b, float* y) {
+  const uint8_t e = b[0];
+  const uint32_t bits = e < 2 ? (uint32_t(0x00200000) << e) : (uint32_t(e - 1) << 23);  // 2^(e - 128), subnormal below e = 2
+  float d;
+  std::memcpy(&d, &bits, 4);
+  const uint8_t* qs = b + 1;
+  for (int j = 0; j < 16; j++) {
+    y[j] = float(kMxfp4Doubled[qs[j] & 0xF]) * d;
+    y[j + 16] = float(kMxfp4Doubled[qs[j] >> 4]) * d;
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_fn(GgmlType t) {
@@ -257,6 +307,9 @@ BlockFn block_fn(GgmlType t) {
     case GgmlType::Q4_K: return dq_q4_k;
     case GgmlType::Q5_K: return dq_q5_k;
     case GgmlType::Q6_K: return dq_q6_k;
+    case GgmlType::IQ4_NL: return dq_iq4_nl;
+    case GgmlType::IQ4_XS: return dq_iq4_xs;
+    case GgmlType::MXFP4: return dq_mxfp4;
     default: return nullptr;
   }
 }
@@ -293,7 +346,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   const GgmlTypeTraits& tr = ggml_type_traits(t);
   if (!tr.can_dequantize)
     fail(ErrorKind::Unsupported, std::string("ggml type ") + tr.name, "dequantization is not implemented",
-         "supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K; "
+         "supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4; "
          "re-quantize the model with llama-quantize to one of them");
   ggml_row_bytes(t, n);  // checks whole blocks
   switch (t) {

@@ -33,7 +33,7 @@ std::string ggml_type_label(uint32_t id);
 int64_t ggml_row_bytes(GgmlType t, int64_t n);
 
 // Dequantizes n elements (a whole number of blocks) of type t from src into dst.
-// Supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K.
+// Supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4.
 // Error(Unsupported) names the type otherwise; Error(Shape) when n is not a multiple of the block.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 

@@ -574,7 +574,7 @@ std::string gguf_source(const GgufFile& f, const LlamaConfig& cfg, const std::st
 
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name))
-    return f.has_tensor(x->stack) && f.tensor(x->stack).ne.size() == 3 && x->expert < f.tensor(x->stack).ne[2];
+    return f.has_tensor(x->stack) && f.tensor(x->stack).ne.size() == 3 && x->expert >= 0 && x->expert < f.tensor(x->stack).ne[2];
   const std::string g = hf_to_gguf_name(cfg, hf_name);
   return !g.empty() && f.has_tensor(g);
 }
@@ -582,7 +582,7 @@ bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::st
 std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) {
     const GgufTensorInfo& t = f.tensor(x->stack);
-    if (t.ne.size() != 3 || x->expert >= t.ne[2])
+    if (t.ne.size() != 3 || x->expert < 0 || x->expert >= t.ne[2])
       fail(ErrorKind::Shape, f.path() + ": tensor '" + x->stack + "'", "holds no expert " + std::to_string(x->expert));
     return {t.ne[1], t.ne[0]};
   }

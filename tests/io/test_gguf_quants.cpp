@@ -31,6 +31,8 @@ TEST(GgmlQuants, TraitsMatchTheBlockLayouts) {
                       {GgmlType::Q8_0, 32, 2 + 32},          {GgmlType::Q2_K, 256, 16 + 64 + 2 + 2},
                       {GgmlType::Q3_K, 256, 32 + 64 + 12 + 2}, {GgmlType::Q4_K, 256, 2 + 2 + 12 + 128},
                       {GgmlType::Q5_K, 256, 2 + 2 + 12 + 32 + 128}, {GgmlType::Q6_K, 256, 128 + 64 + 16 + 2},
+                      {GgmlType::IQ4_NL, 32, 2 + 16},        {GgmlType::IQ4_XS, 256, 2 + 2 + 4 + 128},
+                      {GgmlType::MXFP4, 32, 1 + 16},
                       {GgmlType::BF16, 1, 2},                {GgmlType::F16, 1, 2}};
   for (const auto& r : rows) {
     const GgmlTypeTraits& tr = ggml_type_traits(r.t);
@@ -72,7 +74,7 @@ TEST_P(DequantVsGgufPy, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DequantVsGgufPy,
                          ::testing::Values("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k",
-                                           "q3_k", "q4_k", "q5_k", "q6_k"));
+                                           "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4"));
 
 void put_f16(uint8_t* p, float v) {
   uint16_t h = f32_to_f16(v);
@@ -129,6 +131,50 @@ TEST(GgmlQuants, HandBuiltLegacyBlocks) {
     dequantize_row(GgmlType::Q5_1, b, y, 32);
     EXPECT_EQ(y[17], 18 * 0.5f + 1.0f);
     EXPECT_EQ(y[16], 1.0f);
+  }
+}
+
+// The non-linear and microscaling types: code book entries, the 6-bit IQ4_XS scales, the E8M0 exponent.
+TEST(GgmlQuants, HandBuiltCodeBookBlocks) {
+  std::vector<float> y(256);
+  {  // IQ4_NL: x = d * book[q]; nibble order as Q4_0
+    uint8_t b[18];
+    put_f16(b, 0.5f);
+    for (int j = 0; j < 16; j++) b[2 + j] = uint8_t(j | ((15 - j) << 4));
+    dequantize_row(GgmlType::IQ4_NL, b, y.data(), 32);
+    EXPECT_EQ(y[0], -127 * 0.5f);
+    EXPECT_EQ(y[8], 1 * 0.5f);
+    EXPECT_EQ(y[15], 113 * 0.5f);
+    EXPECT_EQ(y[16], 113 * 0.5f);  // high nibble of qs[0] = 15
+    EXPECT_EQ(y[31], -127 * 0.5f);
+  }
+  {  // IQ4_XS: sub-block 5's scale = low nibble (odd: high half of scales_l[2]) | 2 bits of scales_h << 4, less 32
+    std::vector<uint8_t> b(136, 0);
+    put_f16(b.data(), 0.25f);
+    const uint16_t sh = uint16_t(2u << 10);  // sub-block 5: high bits 2 -> scale 32 + low
+    std::memcpy(b.data() + 2, &sh, 2);
+    b[4 + 2] = 0x70;  // sub-block 5's low bits 7 (sub-block 4's 0)
+    for (int j = 0; j < 16; j++) b[8 + 5 * 16 + j] = 0x8F;  // sub-block 5: book[15] then book[8]
+    dequantize_row(GgmlType::IQ4_XS, b.data(), y.data(), 256);
+    EXPECT_EQ(y[5 * 32], 0.25f * float(32 + 7 - 32) * 113);
+    EXPECT_EQ(y[5 * 32 + 16], 0.25f * 7 * 1);
+    EXPECT_EQ(y[4 * 32], 0.25f * -32 * -127);  // scale 0 - 32, all-zero quants = book[0]
+  }
+  {  // MXFP4: x = E2M1(q) * 2^(e - 127); e = 127 is a scale of 1, e = 0 the smallest (2^-127)
+    uint8_t b[17] = {};
+    b[0] = 127;
+    b[1] = 0x87;  // element 0: 6.0; element 16: E2M1's -0, which ggml's integer table reads as +0
+    b[2] = 0xF1;  // element 1: 0.5; element 17: -6.0
+    dequantize_row(GgmlType::MXFP4, b, y.data(), 32);
+    EXPECT_EQ(y[0], 6.0f);
+    EXPECT_EQ(y[16], 0.0f);
+    EXPECT_FALSE(std::signbit(y[16]));
+    EXPECT_EQ(y[1], 0.5f);
+    EXPECT_EQ(y[17], -6.0f);
+    b[0] = 0;
+    dequantize_row(GgmlType::MXFP4, b, y.data(), 32);
+    EXPECT_EQ(y[1], std::ldexp(0.5f, -127));
+    EXPECT_EQ(y[0], std::ldexp(6.0f, -127));
   }
 }
 
