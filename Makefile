@@ -79,7 +79,7 @@ crash-test: configure
 # from its seeds (fuzz/seeds/) and the findings kept as regressions (fuzz/regressions/); the corpus
 # grows in build-fuzz/corpus/. A crash, sanitizer report, leak, timeout or out-of-memory stops it
 # and leaves the input in build-fuzz/findings/<target>/. `make fuzz-smoke` (part of `make test`)
-# runs every target for FUZZ_SMOKE_SECONDS.
+# runs every target for FUZZ_SMOKE_SECONDS, JOBS targets at a time (fuzz/smoke.sh).
 FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
               -gline-tables-only
 FUZZ_TARGETS := safetensors gguf tokenizer jinja dataset config hf_config bnb
@@ -103,14 +103,7 @@ fuzz: fuzz-build
 	done
 
 fuzz-smoke: fuzz-build
-	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p build-fuzz/smoke/$$t build-fuzz/findings/$$t; \
-	  ./build-fuzz/fuzz/fuzz_$$t $(FUZZ_OPTS) -max_total_time=$(FUZZ_SMOKE_SECONDS) -print_final_stats=1 \
-	    -artifact_prefix=build-fuzz/findings/$$t/ build-fuzz/smoke/$$t fuzz/seeds/$$t \
-	    $$( [ -d fuzz/regressions/$$t ] && echo fuzz/regressions/$$t ) > build-fuzz/smoke_$$t.log 2>&1 || \
-	    { tail -40 build-fuzz/smoke_$$t.log; echo "fuzz_$$t found a problem: see build-fuzz/smoke_$$t.log"; exit 1; }; \
-	  echo "fuzz_$$t: $$(grep -o 'number_of_executed_units: [0-9]*' build-fuzz/smoke_$$t.log | grep -o '[0-9]*') executions in $(FUZZ_SMOKE_SECONDS) s, no finding"; \
-	done
+	@FUZZ_OPTS="$(FUZZ_OPTS)" ./fuzz/smoke.sh $(FUZZ_SMOKE_SECONDS) $(JOBS) $(FUZZ_TARGETS)
 
 # QLoRA NF4 fine-tune of SmolLM2-135M-Instruct on WordNet definitions, with sample answers before
 # and after (examples/smollm2/). `make demo-tiny` trains the 4-layer fixture model in seconds.
