@@ -11,6 +11,11 @@ Writes into tests/fixtures/gguf/:
                            by llama.cpp's SPM session, which does not look at types), a control token
                            and a user-defined token; add_space_prefix true (Llama 2, Mistral, Phi-3).
   spm_vocab_noprefix.gguf  the same with add_space_prefix false (Gemma).
+  spm_vocab_phi3.gguf      the first with general.name "Phi-3 vocabulary": llama.cpp then strips the
+                           whitespace after every unknown, control and user-defined token but <unk>,
+                           <s> and <|endoftext|> (its token attributes set by model name), as Phi-3's
+                           tokenizer.json marks its chat tokens rstrip; it also holds <|endoftext|>
+                           (control), which llama.cpp requires of a Phi-3-named vocabulary.
   spm_tokens.json          llama.cpp's ids for a set of texts with and without add_bos, special tokens
                            parsed (as transformers and the engine always do), from llama_tokenize
                            through llama-cpp-python's Llama(vocab_only=True).tokenize.
@@ -45,14 +50,18 @@ TEXTS = [
     "abc", "abcd", "bcd", "xabcd abcd", "the and the", "  the  and   ", "hello\nworld", "zzz zz",
     "cd cd", "<s>the</s> and<unk>x", "a<|tool|>b the", "<start_of_turn>user\nthe dog", "dog og fog",
     "\u00e9t\u00e9 \u2603 \U0001F600", "", " ", "The AND", "hello world", "\t\ttabs  and\n\nnewlines ",
+    # whitespace after special tokens: kept, but after the Phi-3-named file's rstrip tokens
+    "<start_of_turn> \n the</s>\n\n<s> and", "x<|tool|>\t b <unk> a</s>", "<s>  the", "</s> ", "<|endoftext|> the",
 ]
 
 
-def vocab_gguf(path, add_space_prefix):
+def vocab_gguf(path, add_space_prefix, name="spm vocabulary"):
     entries = SPECIALS + [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
     entries += [(c, -100.0 - i, 1) for i, c in enumerate(CHARS)] + PIECES
+    if "phi-3" in name.lower():  # llama.cpp looks this token up by text for a Phi-3 name (and fails without it)
+        entries.append(("<|endoftext|>", 0.0, 3))
     w = gguf.GGUFWriter(path, "llama")
-    w.add_name("spm vocabulary")
+    w.add_name(name)
     w.add_context_length(64)
     w.add_embedding_length(8)
     w.add_block_count(1)
@@ -80,9 +89,11 @@ def vocab_gguf(path, add_space_prefix):
 
 def main():
     cases = []
-    for name, prefix in (("spm_vocab.gguf", True), ("spm_vocab_noprefix.gguf", False)):
+    for name, prefix, model_name in (("spm_vocab.gguf", True, "spm vocabulary"),
+                                     ("spm_vocab_noprefix.gguf", False, "spm vocabulary"),
+                                     ("spm_vocab_phi3.gguf", True, "Phi-3 vocabulary")):
         path = os.path.join(OUT, name)
-        vocab_gguf(path, prefix)
+        vocab_gguf(path, prefix, model_name)
         llm = Llama(model_path=path, vocab_only=True, verbose=False)
         for text in TEXTS:
             for add_bos in (False, True):

@@ -1,5 +1,7 @@
 // Tokenizer loaders: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json,
 // chat_template.jinja) and GGUF tokenizer.ggml.* metadata.
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 
 #include "core/error.h"
@@ -361,6 +363,22 @@ void read_gguf_specials(const GgufFile& g, const std::vector<std::string>& token
   if (g.has("tokenizer.chat_template")) v.chat_template = g.get_string("tokenizer.chat_template");
 }
 
+// The token attributes llama.cpp sets by the model's name (llama-vocab.cpp, "set attributes by
+// model/tokenizer/architecture name"), which the file does not hold: for a general.name containing
+// "phi-3" or "phi3" (any case) every unknown, control and user-defined token ("</s>" among them)
+// strips the whitespace after it (rstrip), as Phi-3's tokenizer.json marks its chat tokens, but
+// "<unk>", "<s>" and "<|endoftext|>". `added` holds those tokens as tokenizer.json added tokens (a
+// token of another type is never matched in the text, so its attribute does not matter).
+void llama_cpp_name_attributes(const GgufFile& g, const std::vector<std::string>& tokens, json& added) {
+  std::string name = g.has("general.name") && g.type_of("general.name") == GgufType::STRING ? g.get_string("general.name") : "";
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return;
+  for (json& a : added) {
+    const std::string& text = tokens[a["id"].get<size_t>()];
+    a["rstrip"] = text != "<unk>" && text != "<s>" && text != "<|endoftext|>";
+  }
+}
+
 std::vector<int64_t> gguf_token_types(const GgufFile& g, size_t n_tokens) {
   std::vector<int64_t> types;
   if (g.has("tokenizer.ggml.token_type")) types = g.get_array_i64("tokenizer.ggml.token_type");
@@ -399,6 +417,7 @@ GgufVocab read_gguf_spm_vocab(const GgufFile& g) {
     if (t == 2 || t == 3 || t == 4)  // unknown, control -> special added token; user_defined -> plain added token
       added.push_back({{"id", i}, {"content", v.tokens[i]}, {"special", t != 4}, {"normalized", false}});
   }
+  llama_cpp_name_attributes(g, v.tokens, added);
   spm_merges(scores, v);
   read_gguf_specials(g, v.tokens, true, v);
   v.add_space_prefix = g.has("tokenizer.ggml.add_space_prefix") ? g.get_bool("tokenizer.ggml.add_space_prefix") : true;
@@ -470,6 +489,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
     if (t == 3 || t == 4)  // control -> special added token; user_defined -> plain added token
       added.push_back({{"id", i}, {"content", tokens[i]}, {"special", t == 3}, {"normalized", false}});
   }
+  llama_cpp_name_attributes(g, tokens, added);
   json merges = json::array();
   if (g.has("tokenizer.ggml.merges"))
     for (std::string& m : g.get_array_strings("tokenizer.ggml.merges")) merges.push_back(std::move(m));
@@ -529,7 +549,7 @@ Tokenizer::HfFiles Tokenizer::hf_files_from_gguf(const GgufFile& g) {
   model["fuse_unk"] = v.spm;
   model["byte_fallback"] = v.spm;
   if (v.unk) model["unk_token"] = v.tokens[size_t(*v.unk)];
-  for (json& a : root["added_tokens"]) a["single_word"] = false, a["lstrip"] = false, a["rstrip"] = false;
+  for (json& a : root["added_tokens"]) a["single_word"] = false, a["lstrip"] = false, a["rstrip"] = a.value("rstrip", false);
   root["version"] = "1.0";
   root["truncation"] = nullptr;
   root["padding"] = nullptr;

@@ -174,10 +174,10 @@ TEST(TokenizerGguf, HfFilesFromTheRealSmolLM2Gguf) {
   expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
 }
 
-// SentencePiece ("llama") vocabularies: tools/make_spm_vocab_fixtures.py wrote two vocabulary-only
-// GGUFs (add_space_prefix on and off) whose scores tie across different pieces, with an unused
-// piece, control, unknown and user-defined tokens, and recorded llama.cpp's ids for a set of texts
-// (special tokens parsed). The engine reads the scores as ranked merges, equal scores one rank so
+// SentencePiece ("llama") vocabularies: tools/make_spm_vocab_fixtures.py wrote vocabulary-only
+// GGUFs (add_space_prefix on and off, and the first under a Phi-3 name) whose scores tie across
+// different pieces, with an unused piece, control, unknown and user-defined tokens, and recorded
+// llama.cpp's ids for a set of texts (special tokens parsed). The engine reads the scores as ranked merges, equal scores one rank so
 // that the leftmost pair merges first as in llama.cpp's SPM session.
 TEST(TokenizerGguf, SentencePieceVocabTokenizesAsLlamaCpp) {
   const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
@@ -194,8 +194,18 @@ TEST(TokenizerGguf, SentencePieceVocabTokenizesAsLlamaCpp) {
     bos_cases += add_bos;
     checked++;
   }
-  EXPECT_EQ(checked, 76);
-  EXPECT_EQ(bos_cases, 38);
+  EXPECT_EQ(checked, 144);
+  EXPECT_EQ(bos_cases, 72);
+  // The Phi-3-named file: llama.cpp's rstrip on its special tokens (by the model's name) takes the
+  // whitespace after them, which the same vocabulary under another name keeps.
+  const Tokenizer& phi3 = toks.at("spm_vocab_phi3.gguf");
+  const Tokenizer& plain = toks.at("spm_vocab.gguf");
+  EXPECT_LT(phi3.encode("</s> \n the", false).size(), plain.encode("</s> \n the", false).size());
+  EXPECT_EQ(phi3.encode("<s> the", false), plain.encode("<s> the", false));  // <s> keeps it
+  const std::vector<int32_t> eot = phi3.encode("<|endoftext|> the", false);  // and so does <|endoftext|>
+  ASSERT_GE(eot.size(), 2u);
+  EXPECT_EQ(phi3.id_to_token(eot[0]), "<|endoftext|>");
+  EXPECT_EQ(phi3.id_to_token(eot[1]).value_or("").substr(0, 3), "\xe2\x96\x81");  // the piece after it starts with the space
   // What the ties decide: "abcd" merges its leftmost pair first (ab, then abc), where merging by
   // the pieces' order in the vocabulary would take bc (listed first) and then bcd.
   const Tokenizer& g = toks.at("spm_vocab_noprefix.gguf");
@@ -209,14 +219,18 @@ TEST(TokenizerGguf, SentencePieceVocabTokenizesAsLlamaCpp) {
 TEST(TokenizerGguf, HfFilesFromASentencePieceGguf) {
   const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
   const json fx = read_json_file(gdir + "spm_tokens.json");
-  for (const char* file : {"spm_vocab.gguf", "spm_vocab_noprefix.gguf"}) {
+  for (const char* file : {"spm_vocab.gguf", "spm_vocab_noprefix.gguf", "spm_vocab_phi3.gguf"}) {
     SCOPED_TRACE(file);
     GgufFile g(gdir + file);
     const Tokenizer tok = reloaded(g);
     expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
     const json tj = json::parse(Tokenizer::hf_files_from_gguf(g).tokenizer_json);
     EXPECT_TRUE(tj["model"]["byte_fallback"].get<bool>());
-    EXPECT_EQ(tj["normalizer"]["type"], std::string(file) == "spm_vocab.gguf" ? "Sequence" : "Replace");
+    EXPECT_EQ(tj["normalizer"]["type"], std::string(file) == "spm_vocab_noprefix.gguf" ? "Replace" : "Sequence");
+    for (const json& a : tj["added_tokens"])  // the rstrip llama.cpp sets by name, written as tokenizer.json says it
+      EXPECT_EQ(a["rstrip"].get<bool>(), std::string(file) == "spm_vocab_phi3.gguf" && a["content"] != "<unk>" && a["content"] != "<s>" &&
+                                             a["content"] != "<|endoftext|>")
+          << a["content"];
     for (const json& c : fx["cases"]) {
       if (c["file"] != file) continue;
       SCOPED_TRACE(c["text"].get<std::string>());
