@@ -333,6 +333,16 @@ std::string ggml_type_label(uint32_t id) {
   return p ? std::string(p->name) : "type id " + std::to_string(id);
 }
 
+std::string ggml_dequantizable_types() {
+  std::string out;
+  for (const auto& t : kTraits) {
+    if (!t.can_dequantize) continue;
+    if (!out.empty()) out += ' ';
+    out += t.name;
+  }
+  return out;
+}
+
 int64_t ggml_row_bytes(GgmlType t, int64_t n) {
   const GgmlTypeTraits& tr = ggml_type_traits(t);
   if (n < 0 || n % tr.block_size != 0)
@@ -346,8 +356,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   const GgmlTypeTraits& tr = ggml_type_traits(t);
   if (!tr.can_dequantize)
     fail(ErrorKind::Unsupported, std::string("ggml type ") + tr.name, "dequantization is not implemented",
-         "supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4; "
-         "re-quantize the model with llama-quantize to one of them");
+         "supported: " + ggml_dequantizable_types() + "; re-quantize the model with llama-quantize to one of them");
   ggml_row_bytes(t, n);  // checks whole blocks
   switch (t) {
     case GgmlType::F32: convert_to_f32(DType::F32, src, dst, n); return;

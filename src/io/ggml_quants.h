@@ -32,6 +32,9 @@ std::string ggml_type_label(uint32_t id);
 // Bytes of n elements of type t; Error(Shape) when n is not a whole number of blocks.
 int64_t ggml_row_bytes(GgmlType t, int64_t n);
 
+// The types dequantize_row() handles, by name, space-separated (for messages).
+std::string ggml_dequantizable_types();
+
 // Dequantizes n elements (a whole number of blocks) of type t from src into dst.
 // Supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4.
 // Error(Unsupported) names the type otherwise; Error(Shape) when n is not a multiple of the block.

@@ -444,7 +444,7 @@ void GgufFile::read_rows_f32(const std::string& name, int64_t first_row, int64_t
   if (!tr.can_dequantize)
     fail(ErrorKind::Unsupported, path_ + ": tensor '" + name + "'",
          std::string("ggml type ") + tr.name + " cannot be dequantized yet",
-         "supported: F32 F16 BF16 F64 I8 I16 I32 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4");
+         "supported: " + ggml_dequantizable_types());
   const int64_t row = ti.ne.empty() ? 1 : ti.ne[0];
   const int64_t total = row == 0 ? 0 : ti.n_elements() / row;
   if (first_row < 0 || n_rows < 0 || first_row > total || n_rows > total - first_row)

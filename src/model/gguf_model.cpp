@@ -572,19 +572,32 @@ std::string gguf_source(const GgufFile& f, const LlamaConfig& cfg, const std::st
 
 }  // namespace
 
+namespace {
+
+// The 3-D stack that holds the slice's expert; nullptr when the file has no such stack or the
+// stack no such expert.
+const GgufTensorInfo* stack_holding(const GgufFile& f, const ExpertSlice& x) {
+  if (!f.has_tensor(x.stack)) return nullptr;
+  const GgufTensorInfo& t = f.tensor(x.stack);
+  return t.ne.size() == 3 && x.expert >= 0 && x.expert < t.ne[2] ? &t : nullptr;
+}
+
+}  // namespace
+
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
-  if (const auto x = gguf_expert_slice(cfg, hf_name))
-    return f.has_tensor(x->stack) && f.tensor(x->stack).ne.size() == 3 && x->expert >= 0 && x->expert < f.tensor(x->stack).ne[2];
+  if (const auto x = gguf_expert_slice(cfg, hf_name)) return stack_holding(f, *x) != nullptr;
   const std::string g = hf_to_gguf_name(cfg, hf_name);
   return !g.empty() && f.has_tensor(g);
 }
 
 std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) {
-    const GgufTensorInfo& t = f.tensor(x->stack);
-    if (t.ne.size() != 3 || x->expert < 0 || x->expert >= t.ne[2])
+    const GgufTensorInfo* t = stack_holding(f, *x);
+    if (!t) {
+      f.tensor(x->stack);  // a missing stack: Error(Format) naming it
       fail(ErrorKind::Shape, f.path() + ": tensor '" + x->stack + "'", "holds no expert " + std::to_string(x->expert));
-    return {t.ne[1], t.ne[0]};
+    }
+    return {t->ne[1], t->ne[0]};
   }
   return f.tensor(gguf_source(f, cfg, hf_name)).shape();
 }

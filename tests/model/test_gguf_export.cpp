@@ -163,7 +163,9 @@ TEST(GgufExport, MixtureOfExpertsStacksTheExpertsAsLlamaCppReadsThem) {
       EXPECT_EQ(g.get_u32(a + ".expert_count"), uint32_t(c.n_experts));
       EXPECT_EQ(g.get_u32(a + ".expert_used_count"), uint32_t(c.experts_per_tok));
       EXPECT_EQ(g.has(a + ".expert_feed_forward_length"), a == "qwen3moe");
-      if (a == "qwen3moe") EXPECT_EQ(g.get_u32(a + ".expert_feed_forward_length"), uint32_t(c.expert_intermediate_size));
+      if (a == "qwen3moe") {
+        EXPECT_EQ(g.get_u32(a + ".expert_feed_forward_length"), uint32_t(c.expert_intermediate_size));
+      }
       // Three stacks and a router in place of each layer's 3 * n_experts expert tensors.
       EXPECT_EQ(g.tensors().size(), m.names().size() - size_t(c.n_layer * (3 * c.n_experts - 3)));
       EXPECT_FALSE(g.has_tensor("blk.0.ffn_gate.weight"));
