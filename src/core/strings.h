@@ -12,6 +12,13 @@ inline std::string trim(std::string_view s) {
   return b == std::string_view::npos ? std::string() : std::string(s.substr(b, e - b + 1));
 }
 
+// ASCII letters lower-cased, every other byte kept (names, keys and units, not text).
+inline std::string ascii_lower(std::string s) {
+  for (char& c : s)
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+  return s;
+}
+
 // "q_proj, v_proj,,o_proj" -> {"q_proj", "v_proj", "o_proj"}: items trimmed, empty ones dropped.
 inline std::vector<std::string> split_commas(std::string_view s) {
   std::vector<std::string> out;

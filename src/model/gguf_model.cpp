@@ -582,6 +582,13 @@ const GgufTensorInfo* stack_holding(const GgufFile& f, const ExpertSlice& x) {
   return t.ne.size() == 3 && x.expert >= 0 && x.expert < t.ne[2] ? &t : nullptr;
 }
 
+// The same, an error naming the stack when it is missing or holds no such expert.
+const GgufTensorInfo& expert_stack(const GgufFile& f, const ExpertSlice& x) {
+  if (const GgufTensorInfo* t = stack_holding(f, x)) return *t;
+  f.tensor(x.stack);  // a missing stack: Error(Format) naming it
+  fail(ErrorKind::Shape, f.path() + ": tensor '" + x.stack + "'", "holds no expert " + std::to_string(x.expert));
+}
+
 }  // namespace
 
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
@@ -592,12 +599,8 @@ bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::st
 
 std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) {
-    const GgufTensorInfo* t = stack_holding(f, *x);
-    if (!t) {
-      f.tensor(x->stack);  // a missing stack: Error(Format) naming it
-      fail(ErrorKind::Shape, f.path() + ": tensor '" + x->stack + "'", "holds no expert " + std::to_string(x->expert));
-    }
-    return {t->ne[1], t->ne[0]};
+    const GgufTensorInfo& t = expert_stack(f, *x);
+    return {t.ne[1], t.ne[0]};
   }
   return f.tensor(gguf_source(f, cfg, hf_name)).shape();
 }
@@ -609,7 +612,7 @@ void gguf_release_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std
 
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) {
-    gguf_hf_shape(f, cfg, hf_name);  // the expert exists
+    expert_stack(f, *x);  // the stack holds the expert
     return f.read_rows_f32(x->stack, x->expert * x->rows, x->rows, dst);
   }
   const std::string g = gguf_source(f, cfg, hf_name);

@@ -232,8 +232,7 @@ GpuSpec parse_custom_gpu(const std::string& spec) {
     size_t eq = item.find('=');
     if (eq == std::string::npos)
       fail(ErrorKind::Config, where, "'" + item + "' is not key=value", "write e.g. custom:mem=80GB,bw=3.35TB/s,bf16=989");
-    std::string key = trim(item.substr(0, eq)), val = trim(item.substr(eq + 1));
-    std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    const std::string key = ascii_lower(trim(item.substr(0, eq))), val = trim(item.substr(eq + 1));
     if (key == "mem") { g.mem_bytes = int64_t(parse_quantity(key, val, mem_units, "mem=80GB")); has_mem = true; }
     else if (key == "bw") { g.mem_bw = parse_quantity(key, val, bw_units, "bw=3.35TB/s"); has_bw = true; }
     else if (key == "bf16") { g.bf16_tflops = parse_quantity(key, val, flop_units, "bf16=989"); has_bf16 = true; }

@@ -1,10 +1,10 @@
 // Tokenizer loaders: tokenizer.json (+ tokenizer_config.json, special_tokens_map.json,
 // chat_template.jinja) and GGUF tokenizer.ggml.* metadata.
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/gguf.h"
 #include "io/json_util.h"
 #include "text/tokenizer.h"
@@ -370,8 +370,8 @@ void read_gguf_specials(const GgufFile& g, const std::vector<std::string>& token
 // "<unk>", "<s>" and "<|endoftext|>". `added` holds those tokens as tokenizer.json added tokens (a
 // token of another type is never matched in the text, so its attribute does not matter).
 void llama_cpp_name_attributes(const GgufFile& g, const std::vector<std::string>& tokens, json& added) {
-  std::string name = g.has("general.name") && g.type_of("general.name") == GgufType::STRING ? g.get_string("general.name") : "";
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  const std::string name =
+      ascii_lower(g.has("general.name") && g.type_of("general.name") == GgufType::STRING ? g.get_string("general.name") : "");
   if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return;
   for (json& a : added) {
     const std::string& text = tokens[a["id"].get<size_t>()];

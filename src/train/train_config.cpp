@@ -307,17 +307,12 @@ struct AliasRow {
 
 std::string scalar_text(const YAML::Node& n) { return n.IsScalar() ? n.Scalar() : std::string(); }
 
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower((unsigned char)c));
-  return s;
-}
-
 Entry make_entry(const std::string& key, const std::string& value, const Loc& loc) {
   return {key, YAML::Node(value), loc};
 }
 
 std::vector<Entry> expand_lora_target_linear(const YAML::Node& v, const Loc& loc, Notes& notes) {
-  std::string s = lower(scalar_text(v));
+  std::string s = ascii_lower(scalar_text(v));
   if (s == "true") {
     notes.push_back("lora_target_linear: true -> target_modules: all-linear");
     return {make_entry("target_modules", "all-linear", loc)};
@@ -331,7 +326,7 @@ std::vector<Entry> expand_lora_target_linear(const YAML::Node& v, const Loc& loc
 }
 
 std::vector<Entry> expand_adapter(const YAML::Node& v, const Loc& loc, Notes& notes) {
-  std::string s = lower(scalar_text(v));
+  std::string s = ascii_lower(scalar_text(v));
   if (s == "lora") {
     notes.push_back("adapter: lora (the default)");
     return {};
@@ -370,7 +365,7 @@ std::vector<Entry> expand_message_property_mappings(const YAML::Node& v, const L
 
 // TRL: completion_only_loss / assistant_only_loss: true == train_on_inputs: false.
 std::vector<Entry> expand_only_loss(const YAML::Node& v, const Loc& loc, Notes& notes) {
-  const std::string s = lower(scalar_text(v));
+  const std::string s = ascii_lower(scalar_text(v));
   if (s != "true" && s != "false")
     fail(ErrorKind::Config, loc.where, loc.given + ": '" + scalar_text(v) + "' is not true/false");
   const std::string inv = s == "true" ? "false" : "true";
@@ -408,7 +403,7 @@ std::vector<Entry> expand_datasets(const YAML::Node& v, const Loc& loc, Notes& n
       } else if (k == "type") {
         type = scalar_text(it->second);
         for (const auto& [from, to] : find_row("dataset_format")->value_aliases)
-          if (lower(type) == lower(from)) type = to;
+          if (ascii_lower(type) == ascii_lower(from)) type = to;
       } else if (k == "weight") {
         weight = scalar_text(it->second);
         char* end = nullptr;
@@ -418,7 +413,7 @@ std::vector<Entry> expand_datasets(const YAML::Node& v, const Loc& loc, Notes& n
                "weight 2 = every row twice per epoch, 0.5 = a seeded half");
         weighted = true;
       } else if (k == "ds_type") {
-        std::string t = lower(scalar_text(it->second));
+        std::string t = ascii_lower(scalar_text(it->second));
         if (t != "json" && t != "jsonl")
           fail(ErrorKind::Config, loc.where, at + ".ds_type: '" + t + "' is not supported", "only JSON / JSONL files are read");
       } else if (k == "field_messages" || k == "roles_to_train" || k == "train_on_inputs") {
@@ -472,7 +467,7 @@ std::vector<Entry> expand_warmup_steps(const YAML::Node& v, const Loc& loc, Note
 
 // LLaMA-Factory's stage: sft, dpo or kto (reward modelling and PPO are not implemented).
 std::vector<Entry> expand_stage(const YAML::Node& v, const Loc& loc, Notes& notes) {
-  const std::string s = lower(scalar_text(v));
+  const std::string s = ascii_lower(scalar_text(v));
   if (s == "sft" || s == "dpo" || s == "kto") {
     notes.push_back("stage: " + s + " -> rl: " + s);
     return {make_entry("rl", s, loc)};
@@ -483,7 +478,7 @@ std::vector<Entry> expand_stage(const YAML::Node& v, const Loc& loc, Notes& note
 
 // LLaMA-Factory's pref_loss: sigmoid/hinge/ipo are DPO's loss types; orpo and simpo are methods.
 std::vector<Entry> expand_pref_loss(const YAML::Node& v, const Loc& loc, Notes& notes) {
-  const std::string s = lower(scalar_text(v));
+  const std::string s = ascii_lower(scalar_text(v));
   if (s == "sigmoid" || s == "hinge" || s == "ipo") {
     notes.push_back("pref_loss: " + s + " -> loss_type: " + s);
     return {make_entry("loss_type", s, loc)};
@@ -498,7 +493,7 @@ std::vector<Entry> expand_pref_loss(const YAML::Node& v, const Loc& loc, Notes& 
 
 // TRL's truncation_mode: keep_start cuts the end of each sequence, keep_end its start.
 std::vector<Entry> expand_truncation_mode(const YAML::Node& v, const Loc& loc, Notes& notes) {
-  const std::string s = lower(scalar_text(v));
+  const std::string s = ascii_lower(scalar_text(v));
   const char* to = s == "keep_start" ? "truncate_right" : s == "keep_end" ? "truncate_left" : nullptr;
   if (!to)
     fail(ErrorKind::Config, loc.where, "truncation_mode: '" + scalar_text(v) + "' is not keep_start or keep_end",
@@ -510,7 +505,7 @@ std::vector<Entry> expand_truncation_mode(const YAML::Node& v, const Loc& loc, N
 // LLaMA-Factory keys that only confirm what qlora does anyway.
 Expand accept_only(const char* key, const char* ok, const char* hint) {
   return [=](const YAML::Node& v, const Loc& loc, Notes& notes) -> std::vector<Entry> {
-    if (lower(scalar_text(v)) != ok)
+    if (ascii_lower(scalar_text(v)) != ok)
       fail(ErrorKind::Config, loc.where, std::string(key) + ": '" + scalar_text(v) + "' is not supported", hint);
     notes.push_back(std::string(key) + ": " + ok + " (the default)");
     return {};
@@ -660,7 +655,7 @@ struct Setter {
   std::string canonical_value(const std::string& raw) const {
     std::string v = raw;
     for (const auto& [from, to] : row.value_aliases)
-      if (lower(raw) == lower(from)) {
+      if (ascii_lower(raw) == ascii_lower(from)) {
         notes.push_back(std::string(row.name) + ": " + raw + " -> " + (to.empty() ? "\"\"" : to));
         v = to;
       }
@@ -710,11 +705,11 @@ struct Setter {
   void operator()(bool TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
     std::string s = scalar(n, "true or false");
     for (const auto& [from, to] : row.value_aliases)
-      if (lower(s) == lower(from)) {
+      if (ascii_lower(s) == ascii_lower(from)) {
         notes.push_back(std::string(row.name) + ": " + s + " -> " + to);
         s = to;
       }
-    std::string l = lower(s);
+    std::string l = ascii_lower(s);
     if (l == "true" || l == "yes" || l == "on") c.*f = true;
     else if (l == "false" || l == "no" || l == "off") c.*f = false;
     else bad("'" + s + "' is not a boolean", "write true or false");
@@ -824,7 +819,7 @@ YAML::Node parse_yaml_text(const std::string& text, const std::string& origin) {
 }
 
 bool same_value(const YAML::Node& a, const YAML::Node& b) {
-  if (a.IsScalar() && b.IsScalar()) return lower(trim(a.Scalar())) == lower(trim(b.Scalar()));
+  if (a.IsScalar() && b.IsScalar()) return ascii_lower(trim(a.Scalar())) == ascii_lower(trim(b.Scalar()));
   if (a.IsSequence() && b.IsSequence() && a.size() == b.size()) {
     for (size_t i = 0; i < a.size(); ++i)
       if (!same_value(a[i], b[i])) return false;

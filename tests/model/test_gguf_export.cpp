@@ -30,6 +30,7 @@
 #include "train/model_source.h"
 #include "../real_models.h"
 #include "../sha256_util.h"
+#include "config_expect.h"
 #include "model_test_util.h"
 
 namespace qlora {
@@ -196,12 +197,7 @@ TEST(GgufExport, MixtureOfExpertsStacksTheExpertsAsLlamaCppReadsThem) {
       // and the same routing, so the file trains as the merged checkpoint.
       const ModelSource back = open_model_source(out);
       const LlamaConfig& b = back.config;
-      EXPECT_EQ(b.model_type, c.model_type);
-      EXPECT_EQ(b.n_experts, c.n_experts);
-      EXPECT_EQ(b.experts_per_tok, c.experts_per_tok);
-      EXPECT_EQ(b.expert_intermediate_size, c.expert_intermediate_size);
-      EXPECT_EQ(b.norm_topk_prob, c.norm_topk_prob);
-      EXPECT_EQ(b.qk_norm, c.qk_norm);
+      testing_util::expect_same_math(b, c);
       for (int64_t l = 0; l < c.n_layer; l++) {
         const auto [rr, rc] = *hf_moe_tensor_shape(c, hf_router_name(c, l));
         std::vector<float> router(size_t(rr * rc));
