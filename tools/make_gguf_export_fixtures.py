@@ -18,6 +18,9 @@ Runs our `qlora export` on
        seven projections -> merged f32 (arch gemma2/gemma3, the norms stored as 1 + w, the vocabulary
        as llama.cpp's SPM "llama" vocabulary with scores); llama.cpp tokenizes a text with spaces,
        capitals and accented letters (byte fallback) and runs the logits;
+  (vii) gpt-oss (tests/fixtures/export/gpt_oss, written here from the parity fixture with llama.cpp's
+       SwiGLU limit) with its adapter on attention and experts -> merged f32 and q8_0, and Qwen3 with
+       YaRN (tests/fixtures/export/qwen3_yarn) -> merged f32;
   (v)  the mixtures of experts tests/fixtures/models/mixtral (arch llama with experts) -> merged f32
        and q8_0, and tests/fixtures/models/qwen3_moe_norm (arch qwen3moe) -> merged f32, each with
        its parity adapter; and tests/fixtures/models/qwen3_moe_experts with its adapter on the
@@ -297,6 +300,22 @@ def gemma3_multimodal_fixture(text_dir, text_ad):
     return d, ad
 
 
+def hf_fixture_with(kind, base, changes):
+    """tests/fixtures/export/<kind>: the parity fixture `base`'s weights, its config.json with `changes`,
+    and the Mixtral fixture's byte-level tokenizer.json (the same 96 ids), which a GGUF needs."""
+    d = os.path.join(OUT, kind)
+    os.makedirs(d, exist_ok=True)
+    src = os.path.join(FX, "models", base)
+    shutil.copyfile(os.path.join(src, "model.safetensors"), os.path.join(d, "model.safetensors"))
+    shutil.copyfile(os.path.join(FX, "models", "mixtral", "tokenizer.json"), os.path.join(d, "tokenizer.json"))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg.update(changes)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    return d
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -399,6 +418,20 @@ def main():
     q3e_base = os.path.join(FX, "models", "qwen3_moe_experts")
     q3e_ad = os.path.join(FX, "parity", "qwen3_moe_experts_adapter")
     jobs += [("tinyqwen3moeexperts_f32", q3e_base, q3e_ad, "gguf", "f32", tiny_ids, None)]
+    # gpt-oss (arch gpt-oss): the parity fixture (16 MXFP4 experts of 32, four per token; sinks;
+    # biases on q/k/v/o, the router and the experts; windows of 4 on the even layers; YaRN from 32
+    # positions, factor 4) with swiglu_limit 7, the constant llama.cpp's gpt-oss fixes (the fixture's
+    # is 1), and its adapter on q/v/o and on every expert's gate_up_proj and down_proj. Its config has
+    # YaRN's truncate false, which llama.cpp does not implement: its logits are the model's with
+    # truncate true (the engine reads the GGUF so).
+    go_base = hf_fixture_with("gpt_oss", "gpt_oss", {"swiglu_limit": 7.0})
+    go_ad = os.path.join(FX, "parity", "gpt_oss_adapter")
+    jobs += [("tinygptoss_f32", go_base, go_ad, "gguf", "f32", tiny_ids, None),
+             ("tinygptoss_q8_0", go_base, go_ad, "gguf", "q8_0", tiny_ids, None)]
+    # Qwen3 with YaRN (factor 4 from 4096 positions): rope.scaling.* as the converter writes them.
+    qy_base = hf_fixture_with("qwen3_yarn", "qwen3_yarn", {})
+    qy_ad = os.path.join(FX, "parity", "qwen3_yarn_adapter")
+    jobs += [("tinyqwen3yarn_f32", qy_base, qy_ad, "gguf", "f32", tiny_ids, None)]
     # Gemma 2 and Gemma 3 (arch gemma2/gemma3; see gemma_fixture): the text crosses the windows of 4,
     # and its capitals, accents and the snowman are not in the vocabulary (byte fallback).
     gemma_text = "the dog runs over the river, \u00e9t\u00e9 at Where's the fox? \u2603 the sun"
@@ -446,6 +479,11 @@ def main():
             probe = Llama(model_path=model, vocab_only=True, verbose=False)
             ids = probe.tokenize(text.encode(), add_bos=False, special=True)
         _, scores = llama_logits(model, ids, lora)
+        if "gptoss" in name:
+            # YaRN with truncate false (gpt-oss's config): llama.cpp floors and ceils the ramp's ends
+            # (ggml_rope_yarn_corr_dims), so its logits are the model's with truncate true, and the
+            # merged Hugging Face model's are not llama.cpp's (the export says so in a note).
+            checks["llama_cpp_yarn_truncates"] = True
         if "gemma" in name:
             # ggml's CPU GELU (Gemma's GeGLU) reads a float16 table (GGML_GELU_FP16): its input and
             # output are rounded to f16, so llama.cpp's logits are not the f32 model's to 1e-5.

@@ -82,7 +82,7 @@ struct ArchInfo {
 const ArchInfo kArchs[] = {{"llama", "llama", false, false},       {"qwen2", "qwen2", true, false},
                            {"qwen3", "qwen3", false, true},        {"gemma2", "gemma2", false, false},
                            {"gemma3", "gemma3_text", false, true}, {"phi3", "phi3", false, false},
-                           {"qwen3moe", "qwen3_moe", false, true}};
+                           {"qwen3moe", "qwen3_moe", false, true}, {"gpt-oss", "gpt_oss", true, false}};
 
 // llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
 // (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
@@ -272,13 +272,14 @@ void read_experts(const GgufFile& f, const std::string& k, const std::string& ar
   const int64_t n = f.has(count_key) ? key_i64(f, count_key) : 0;
   if (n < 0) fail(ErrorKind::Format, f.path() + ": key '" + count_key + "'", "must not be negative");
   if (n == 0) {
-    if (arch == "qwen3moe") fail(ErrorKind::Format, f.path() + ": key '" + count_key + "'", "qwen3moe needs an expert count > 0");
+    if (arch == "qwen3moe" || arch == "gpt-oss")
+      fail(ErrorKind::Format, f.path() + ": key '" + count_key + "'", arch + " needs an expert count > 0");
     return;
   }
-  if (arch != "llama" && arch != "qwen3moe")
+  if (arch != "llama" && arch != "qwen3moe" && arch != "gpt-oss")
     fail(ErrorKind::Unsupported, f.path() + ": key '" + count_key + "'",
          "mixture-of-experts layers on architecture '" + arch + "' are not supported",
-         "mixtures of experts are read as llama (Mixtral) and qwen3moe (Qwen3-MoE)");
+         "mixtures of experts are read as llama (Mixtral), qwen3moe (Qwen3-MoE) and gpt-oss");
   if (arch == "llama") c.model_type = "mixtral";
   c.n_experts = n;
   const std::string used_key = k + "expert_used_count";
@@ -300,13 +301,61 @@ void read_experts(const GgufFile& f, const std::string& k, const std::string& ar
     fail(ErrorKind::Format, f.path() + ": tensor '" + stack + "'",
          "holds " + std::to_string(g.ne[2]) + " experts, the key '" + count_key + "' " + std::to_string(n));
   c.expert_intermediate_size = g.ne[1];
-  const std::string width_key = k + (arch == "qwen3moe" ? "expert_feed_forward_length" : "feed_forward_length");
+  const std::string width_key = k + (arch == "llama" ? "feed_forward_length" : "expert_feed_forward_length");
   if (f.has(width_key) && key_i64(f, width_key) != c.expert_intermediate_size)
     fail(ErrorKind::Format, f.path() + ": key '" + width_key + "'",
          std::to_string(key_i64(f, width_key)) + " but tensor '" + stack + "' holds experts of width " +
              std::to_string(c.expert_intermediate_size));
   c.norm_topk_prob = true;
   c.router_aux_loss_coef = 0;
+}
+
+// gpt-oss as llama.cpp's gpt-oss architecture runs it (its llama-model.cpp): biases on q/k/v/o, the
+// router and the experts; sinks; softmax over the top-k router logits; the clamped SwiGLU with
+// llama.cpp's fixed constants (alpha 1.702, limit 7, as every gpt-oss config.json has them); the
+// window (attention.sliding_window, required there) on the even layers (its swa pattern 2, which is
+// GptOssConfig's layer_types). The experts' width is the model's intermediate size.
+void read_gpt_oss_layout(const GgufFile& f, const std::string& k, LlamaConfig& c) {
+  if (c.expert_intermediate_size != c.intermediate_size)
+    fail(ErrorKind::Format, f.path() + ": key '" + k + "feed_forward_length'",
+         std::to_string(c.intermediate_size) + " but the experts are " + std::to_string(c.expert_intermediate_size) +
+             " wide; gpt-oss's are the intermediate size");
+  const std::string wk = k + "attention.sliding_window";
+  if (!f.has(wk)) fail(ErrorKind::Format, f.path() + ": key '" + wk + "'", "missing: gpt-oss's even layers slide");
+  c.sliding_window = key_i64(f, wk);
+  if (c.sliding_window <= 0) fail(ErrorKind::Format, f.path() + ": key '" + wk + "'", "must be positive");
+  apply_gpt_oss_layout(c);
+  c.swiglu_clamp = ClampedSwigluParams{1.702f, 7.0f};
+  c.router_aux_loss_coef = 0;
+}
+
+// YaRN as llama.cpp runs it from rope.scaling.* (ggml's rope with ext_factor 1): the ramp between
+// the dims of yarn_beta_fast and yarn_beta_slow turns (32 and 1 where absent) over
+// original_context_length, its ends floored and ceiled (ggml_rope_yarn_corr_dims: transformers'
+// truncate), cos and sin times 0.1 ln(factor) + 1. The keys that change that scale or the blend are
+// refused: what llama.cpp makes of them was not checked here.
+RopeScaling read_yarn(const GgufFile& f, const std::string& k) {
+  for (const char* key : {"rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_multiplier"})
+    if (f.has(k + key))
+      fail(ErrorKind::Unsupported, f.path() + ": key '" + k + key + "'",
+           "YaRN is read with llama.cpp's default magnitude scale and blend only");
+  RopeScaling rs;
+  rs.type = "yarn";
+  const std::string fk = k + "rope.scaling.factor", ok = k + "rope.scaling.original_context_length";
+  if (!f.has(fk)) fail(ErrorKind::Format, f.path() + ": key '" + fk + "'", "missing: YaRN needs its factor");
+  if (!f.has(ok)) fail(ErrorKind::Format, f.path() + ": key '" + ok + "'", "missing: YaRN needs the original context");
+  rs.factor = f32_decimal(f.get_f32(fk));
+  rs.original_max_position_embeddings = key_i64(f, ok);
+  if (!(rs.factor > 0) || !std::isfinite(rs.factor)) fail(ErrorKind::Format, f.path() + ": key '" + fk + "'", "must be positive");
+  if (rs.original_max_position_embeddings <= 0) fail(ErrorKind::Format, f.path() + ": key '" + ok + "'", "must be positive");
+  const std::string bf = k + "rope.scaling.yarn_beta_fast", bs = k + "rope.scaling.yarn_beta_slow";
+  rs.beta_fast = f.has(bf) ? f32_decimal(f.get_f32(bf)) : 32.0;
+  rs.beta_slow = f.has(bs) ? f32_decimal(f.get_f32(bs)) : 1.0;
+  if (!(rs.beta_fast > rs.beta_slow) || !(rs.beta_slow > 0))
+    fail(ErrorKind::Format, f.path() + ": key '" + bf + "'", "YaRN needs beta_fast > beta_slow > 0");
+  rs.truncate = true;
+  rs.attention_factor = yarn_mscale(rs.factor, 1.0);
+  return rs;
 }
 
 // Expert e's weight of a mixture-of-experts layer, as the checkpoints name it (hf_expert_name): slice
@@ -356,6 +405,85 @@ const LayerName kSandwichNormNames[] = {
     {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
 };
 
+// gpt-oss (llama.cpp's gpt-oss architecture, convert_hf_to_gguf.py's GptOssModel): the tensors
+// besides the Llama ones. Its post_attention_layernorm is the MLP's input norm, named
+// post_attention_norm there; the router is ffn_gate_inp with a bias; the sinks a 1-D tensor.
+const LayerName kGptOssNames[] = {
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_output.bias", "self_attn.o_proj.bias"},
+    {"attn_sinks.weight", "self_attn.sinks"},
+    {"ffn_gate_inp.weight", "mlp.router.weight"},
+    {"ffn_gate_inp.bias", "mlp.router.bias"},
+};
+
+// gpt-oss's fused expert tensors (GptOssExperts' layout) and the stacks llama.cpp keeps them in:
+// gate_up_proj (E, C, 2F), gate's and up's outputs interleaved, from ffn_gate_exps and ffn_up_exps
+// (ne [C, F, E]); down_proj (E, F, C) from ffn_down_exps (ne [F, C, E]: each expert's transpose);
+// their biases (E, 2F) interleaved alike and (E, C) from the stacks' .bias (ne [F, E], [C, E]).
+struct FusedPart {
+  std::string gguf;
+  std::vector<int64_t> ne;
+};
+struct GptOssFused {
+  bool gate_up = false, bias = false;
+  std::vector<FusedPart> parts;  // gate_up: gate's, then up's
+};
+std::optional<GptOssFused> gpt_oss_fused(const LlamaConfig& c, const std::string& hf) {
+  if (c.model_type != "gpt_oss") return std::nullopt;
+  const auto l = split_layer(hf, "model.layers.");
+  if (!l) return std::nullopt;
+  const std::string blk = "blk." + std::to_string(l->first) + ".";
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  GptOssFused g;
+  g.gate_up = l->second.rfind("mlp.experts.gate_up_proj", 0) == 0;
+  if (!g.gate_up && l->second.rfind("mlp.experts.down_proj", 0) != 0) return std::nullopt;
+  const std::string tail = l->second.substr(l->second.find(g.gate_up ? "gate_up_proj" : "down_proj") +
+                                            (g.gate_up ? 12 : 9));
+  if (tail != "" && tail != "_bias") return std::nullopt;
+  g.bias = tail == "_bias";
+  const std::string suffix = g.bias ? "_exps.bias" : "_exps.weight";
+  if (g.gate_up)
+    for (const char* k : {"ffn_gate", "ffn_up"})
+      g.parts.push_back({blk + k + suffix, g.bias ? std::vector<int64_t>{F, E} : std::vector<int64_t>{C, F, E}});
+  else
+    g.parts.push_back({blk + "ffn_down" + suffix, g.bias ? std::vector<int64_t>{C, E} : std::vector<int64_t>{F, C, E}});
+  return g;
+}
+
+// The fused tensor in HF layout from its stacks: row-wise, one expert at a time.
+void read_gpt_oss_fused(const GgufFile& f, const LlamaConfig& c, const GptOssFused& g, float* dst) {
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  if (g.bias) {
+    if (!g.gate_up) return f.read_tensor_f32(g.parts[0].gguf, dst);  // (E, C) as stored
+    for (int64_t s = 0; s < 2; s++) {
+      const std::vector<float> b = f.read_tensor_f32(g.parts[size_t(s)].gguf);  // (E, F)
+      for (int64_t e = 0; e < E; e++)
+        for (int64_t o = 0; o < F; o++) dst[e * 2 * F + 2 * o + s] = b[size_t(e * F + o)];
+    }
+    return;
+  }
+  if (g.gate_up) {
+    std::vector<float> buf(size_t(F * C));
+    for (int64_t e = 0; e < E; e++)
+      for (int64_t s = 0; s < 2; s++) {
+        const std::string& stack = g.parts[size_t(s)].gguf;
+        f.read_rows_f32(stack, e * F, F, buf.data());  // expert e's (F, C)
+        f.release_rows(stack, e * F, F);
+        for (int64_t o = 0; o < F; o++)
+          for (int64_t i = 0; i < C; i++) dst[(e * C + i) * 2 * F + 2 * o + s] = buf[size_t(o * C + i)];
+      }
+    return;
+  }
+  std::vector<float> buf(size_t(C * F));
+  const std::string& stack = g.parts[0].gguf;
+  for (int64_t e = 0; e < E; e++) {
+    f.read_rows_f32(stack, e * C, C, buf.data());  // expert e's (C, F)
+    f.release_rows(stack, e * C, C);
+    for (int64_t o = 0; o < C; o++)
+      for (int64_t i = 0; i < F; i++) dst[(e * F + i) * C + o] = buf[size_t(o * F + i)];
+  }
+}
+
 int64_t llama_cpp_gemma_swa_period(bool gemma2) { return gemma2 ? 2 : 6; }
 
 bool llama_cpp_swa_layer(int64_t period, int64_t layer) { return period == 0 || layer % period < period - 1; }
@@ -373,6 +501,9 @@ bool gguf_stores_unit_offset(const LlamaConfig& cfg, const std::string& hf_name)
 std::string hf_to_gguf_name(const LlamaConfig& cfg, const std::string& h) {
   if (auto l = split_layer(h, "model.layers."); l && cfg.sandwich_norms)
     for (const auto& n : kSandwichNormNames)
+      if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
+  if (auto l = split_layer(h, "model.layers."); l && cfg.model_type == "gpt_oss")
+    for (const auto& n : kGptOssNames)
       if (l->second == n.hf) return "blk." + std::to_string(l->first) + "." + n.gguf;
   return hf_to_gguf_name(h);
 }
@@ -433,7 +564,8 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     if (arch == a.arch) ai = &a;
   if (!ai)
     fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
-         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2, Mixtral), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3");
+         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2, Mixtral), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
+         "gpt-oss");
   const std::string k = arch + ".";
   const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
 
@@ -484,9 +616,11 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   if (st == "linear") {
     c.rope_scaling.type = "linear";
     c.rope_scaling.factor = f32_decimal(f.get_f32(k + "rope.scaling.factor"));
+  } else if (st == "yarn") {
+    c.rope_scaling = read_yarn(f, k);
   } else if (st != "none") {
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "rope.scaling.type'", "rope scaling '" + st + "' is not supported",
-         "supported: none, linear, llama3 (rope_freqs), longrope (phi3's rope_factors_long/short)");
+         "supported: none, linear, yarn, llama3 (rope_freqs), longrope (phi3's rope_factors_long/short)");
   } else if (f.has(k + "rope.scale_linear") && f.get_f32(k + "rope.scale_linear") != 1.0f) {
     c.rope_scaling.type = "linear";
     c.rope_scaling.factor = f32_decimal(f.get_f32(k + "rope.scale_linear"));
@@ -520,6 +654,7 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   if (f.has("tokenizer.ggml.padding_token_id")) c.pad_token_id = f.get_i64("tokenizer.ggml.padding_token_id");
   c.tie_word_embeddings = !f.has_tensor("output.weight");
   read_experts(f, k, arch, c);  // before the shapes below, which it changes
+  if (arch == "gpt-oss") read_gpt_oss_layout(f, k, c);
 
   // Every tensor the decoder needs, with ggml shapes (ne = HF shape reversed).
   for (const std::string& hf : llama_hf_tensor_names(c)) {
@@ -527,6 +662,10 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
     std::reverse(ne.begin(), ne.end());
     if (const auto x = gguf_expert_slice(c, hf)) {  // each layer's stacks once, with their expert count
       if (x->expert == 0) expect_shape(f, x->stack, {ne[0], ne[1], c.n_experts});
+      continue;
+    }
+    if (const auto g = gpt_oss_fused(c, hf)) {
+      for (const FusedPart& p : g->parts) expect_shape(f, p.gguf, p.ne);
       continue;
     }
     expect_shape(f, hf_to_gguf_name(c, hf), ne);
@@ -593,6 +732,8 @@ const GgufTensorInfo& expert_stack(const GgufFile& f, const ExpertSlice& x) {
 
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) return stack_holding(f, *x) != nullptr;
+  if (const auto g = gpt_oss_fused(cfg, hf_name))
+    return std::all_of(g->parts.begin(), g->parts.end(), [&](const FusedPart& p) { return f.has_tensor(p.gguf); });
   const std::string g = hf_to_gguf_name(cfg, hf_name);
   return !g.empty() && f.has_tensor(g);
 }
@@ -602,11 +743,21 @@ std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, co
     const GgufTensorInfo& t = expert_stack(f, *x);
     return {t.ne[1], t.ne[0]};
   }
+  if (const auto g = gpt_oss_fused(cfg, hf_name)) {  // the HF shape when every stack has its shape
+    for (const FusedPart& p : g->parts) expect_shape(f, p.gguf, p.ne);
+    const auto fused_shape = gpt_oss_tensor_shape(cfg, hf_name);
+    QLORA_ASSERT(fused_shape.has_value());
+    return *fused_shape;
+  }
   return f.tensor(gguf_source(f, cfg, hf_name)).shape();
 }
 
 void gguf_release_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) return f.release_rows(x->stack, x->expert * x->rows, x->rows);
+  if (const auto g = gpt_oss_fused(cfg, hf_name)) {
+    for (const FusedPart& p : g->parts) f.release_pages(p.gguf);
+    return;
+  }
   f.release_pages(hf_to_gguf_name(cfg, hf_name));
 }
 
@@ -614,6 +765,10 @@ void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::s
   if (const auto x = gguf_expert_slice(cfg, hf_name)) {
     expert_stack(f, *x);  // the stack holds the expert
     return f.read_rows_f32(x->stack, x->expert * x->rows, x->rows, dst);
+  }
+  if (const auto fused = gpt_oss_fused(cfg, hf_name)) {
+    for (const FusedPart& p : fused->parts) expect_shape(f, p.gguf, p.ne);
+    return read_gpt_oss_fused(f, cfg, *fused, dst);
   }
   const std::string g = gguf_source(f, cfg, hf_name);
   int64_t n_head = 0;

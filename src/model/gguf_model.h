@@ -10,13 +10,15 @@
 namespace qlora {
 
 // Reads the decoder shape from `{arch}.*` and `tokenizer.ggml.*` metadata (arch: llama, qwen2,
-// qwen3, gemma2, gemma3, phi3; mixtures of experts as llama with expert_count (Mixtral) and
-// qwen3moe) and checks that every tensor the model needs is present with the
+// qwen3, gemma2, gemma3, phi3; mixtures of experts as llama with expert_count (Mixtral), qwen3moe
+// and gpt-oss) and checks that every tensor the model needs is present with the
 // expected shape. What llama.cpp fixes for an architecture instead of reading it (Gemma's attention
-// scale and layer pattern, Gemma 3's local RoPE base, Gemma 2's default caps) becomes the config
-// field transformers reads, so the model computes as llama.cpp runs the file. Errors: Unsupported
-// (other architectures, experts outside llama/qwen3moe or one tensor per expert, partial rotary outside phi3, yarn scaling, rope factors that do not
-// follow llama3 scaling), Format (missing keys, missing/misshaped tensors; `where` names key or tensor).
+// scale and layer pattern, Gemma 3's local RoPE base, Gemma 2's default caps, gpt-oss's SwiGLU
+// constants and layer pattern, YaRN's truncated ramp) becomes the config field transformers reads,
+// so the model computes as llama.cpp runs the file. Errors: Unsupported (other architectures, experts
+// outside llama/qwen3moe/gpt-oss or one tensor per expert, partial rotary outside phi3, YaRN keys
+// beyond factor, original context and betas, rope factors that do not follow llama3 scaling), Format
+// (missing keys, missing/misshaped tensors; `where` names key or tensor).
 LlamaConfig gguf_llama_config(const GgufFile& f);
 
 // "model.layers.3.self_attn.q_proj.weight" <-> "blk.3.attn_q.weight". "" when there is no counterpart
@@ -59,7 +61,8 @@ void gguf_permute_qk_rows(const float* hf, float* gguf, int64_t n_head, int64_t 
 void gguf_unpermute_qk_rows(const float* gguf, float* hf, int64_t n_head, int64_t rows, int64_t cols);  // its inverse
 
 // Whether the GGUF holds the tensor the model `cfg` calls `hf_name`. A mixture of experts' per-expert
-// names (hf_expert_name) are slices of llama.cpp's 3-D stacks for all three functions below.
+// names (hf_expert_name) are slices of llama.cpp's 3-D stacks for all three functions below, and
+// gpt-oss's fused gate_up_proj / down_proj (and biases) are put together from its stacks.
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
 // HF shape of `hf_name` as stored in the GGUF (lm_head.weight of a tied model: the embedding's).
 std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);

@@ -198,16 +198,17 @@ static void resolve_rope_scaling(const json& j, LlamaConfig& c, const std::strin
   if (r.original_max_position_embeddings <= 0)
     fail(ErrorKind::Config, where + ": key 'original_max_position_embeddings'", "must be positive");
   if (r.type == "yarn") {
-    auto mscale = [](double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; };
     if (r.attention_factor <= 0)
       r.attention_factor = r.mscale != 0 && r.mscale_all_dim != 0
-                               ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
-                               : mscale(r.factor, 1.0);
+                               ? yarn_mscale(r.factor, r.mscale) / yarn_mscale(r.factor, r.mscale_all_dim)
+                               : yarn_mscale(r.factor, 1.0);
     return;
   }
   if (r.factor <= 0) r.factor = double(c.max_position_embeddings) / double(r.original_max_position_embeddings);
   if (r.attention_factor <= 0) r.attention_factor = longrope_attention_factor(r.factor, r.original_max_position_embeddings);
 }
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 double longrope_attention_factor(double factor, int64_t original_max_position_embeddings) {
   return factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(double(original_max_position_embeddings)));
@@ -371,7 +372,7 @@ static void parse_moe(const json& j, LlamaConfig& c, const std::string& where) {
 // router and the experts, the clamped SwiGLU (alpha, limit) and alternating sliding windows; YaRN
 // RoPE, untruncated.
 // What every gpt-oss shares, from its experts and shape (config.json and the presets).
-static void set_gpt_oss_layout(LlamaConfig& c) {
+void apply_gpt_oss_layout(LlamaConfig& c) {
   c.expert_intermediate_size = c.intermediate_size;
   c.norm_topk_prob = true;
   c.attention_bias = c.o_proj_bias = c.attention_sinks = c.moe_biases = true;
@@ -385,7 +386,7 @@ static void set_gpt_oss_layout(LlamaConfig& c) {
 static void parse_gpt_oss(const json& j, LlamaConfig& c, const std::string& where) {
   c.n_experts = json_int_or(j, "num_local_experts", 128, where);
   c.experts_per_tok = json_int_or(j, "num_experts_per_tok", json_int_or(j, "experts_per_token", 4, where), where);
-  set_gpt_oss_layout(c);
+  apply_gpt_oss_layout(c);
   c.attention_bias = c.o_proj_bias = json_bool_or(j, "attention_bias", true, where);  // q/k/v/o together
   if (json_number_or(j, "attention_dropout", 0.0, where) != 0.0)
     fail(ErrorKind::Unsupported, where + ": key 'attention_dropout'",
@@ -754,7 +755,7 @@ LlamaConfig preset_config(const std::string& name) {
       for (int64_t l = 0; l < c.n_layer; l++) c.sliding_layers[size_t(l)] = (l + 1) % pattern != 0;
     }
     if (c.model_type == "gpt_oss") {  // windows of 128 on the even layers, MXFP4 experts as shipped
-      set_gpt_oss_layout(c);
+      apply_gpt_oss_layout(c);
       c.router_aux_loss_coef = 0;  // output_router_logits false, as the Hub's config.json
       c.sliding_window = 128;
       c.experts_stored = "mxfp4";

@@ -154,6 +154,15 @@ const std::vector<std::string>& preset_names();
 bool has_preset(const std::string& name);
 LlamaConfig preset_config(const std::string& name);  // Error(Config) with closest name when unknown
 
+// What every gpt-oss shares, from its experts and shape: sinks, the biases, the clamped SwiGLU
+// activation, expert width = intermediate_size, the even layers sliding (config.json, the presets
+// and a GGUF of llama.cpp's gpt-oss architecture all end with it).
+void apply_gpt_oss_layout(LlamaConfig& c);
+
+// YaRN's magnitude scale as transformers computes it (get_mscale): 0.1 m ln(factor) + 1, 1 for
+// factor <= 1. Its attention_factor, where a config names none, is yarn_mscale(factor, 1).
+double yarn_mscale(double factor, double m);
+
 // RoPE inverse frequencies (rope_dim()/2) including linear / llama3 scaling, as transformers computes
 // them; LongRoPE's short ones (`long_factors`: its long ones).
 std::vector<float> rope_inv_freq(const LlamaConfig& c, bool long_factors = false);

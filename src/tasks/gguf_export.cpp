@@ -1,5 +1,5 @@
 // GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel with Mixtral's
-// experts, Qwen2Model, Qwen3Model, Qwen3MoeModel, Phi3MiniModel, Gemma2Model, Gemma3Model)
+// experts, Qwen2Model, Qwen3Model, Qwen3MoeModel, Phi3MiniModel, Gemma2Model, Gemma3Model, GptOssModel)
 // and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
 #include "tasks/gguf_export.h"
 
@@ -92,12 +92,46 @@ void check_gemma_for_llama_cpp(const LlamaConfig& c) {
     refuse("rope_scaling", "llama.cpp's " + arch + " takes linear RoPE scaling only");
 }
 
+// YaRN as llama.cpp runs it (ggml's rope): the magnitude scale 0.1 ln(factor) + 1, which is
+// transformers' attention_factor where the config names none; another one would need
+// rope.scaling.yarn_attn_factor, whose meaning there was not checked here.
+void check_yarn_for_llama_cpp(const LlamaConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type == "yarn" && std::fabs(r.attention_factor - yarn_mscale(r.factor, 1.0)) > 1e-12 * r.attention_factor)
+    fail(ErrorKind::Unsupported, "rope_scaling.attention_factor " + json(r.attention_factor).dump(),
+         "llama.cpp scales YaRN's cos and sin by 0.1 ln(factor) + 1 = " + json(yarn_mscale(r.factor, 1.0)).dump() +
+             "; this model would compute differently there",
+         "keep the merged Hugging Face model (`qlora merge`) for this model");
+}
+
+// What llama.cpp's gpt-oss architecture fixes instead of reading (its llama-model.cpp and
+// build_moe_ffn): biases on q/k/v/o, the clamped SwiGLU's alpha 1.702 and limit 7, the window on the
+// even layers (swa pattern 2) and none on the others.
+void check_gpt_oss_for_llama_cpp(const LlamaConfig& c) {
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    fail(ErrorKind::Unsupported, key, why + "; this model would compute differently there",
+         "keep the merged Hugging Face model (`qlora merge`) for this model");
+  };
+  if (!c.attention_bias || !c.o_proj_bias) refuse("attention_bias", "llama.cpp's gpt-oss has biases on q, k, v and o");
+  if (c.swiglu_clamp.alpha != 1.702f || c.swiglu_clamp.limit != 7.0f)
+    refuse("swiglu_alpha / swiglu_limit " + json(c.swiglu_clamp.alpha).dump() + " / " + json(c.swiglu_clamp.limit).dump(),
+           "llama.cpp's gpt-oss clamps its SwiGLU with alpha 1.702 and limit 7");
+  if (c.expert_intermediate_size != c.intermediate_size)
+    refuse("intermediate_size", "llama.cpp's gpt-oss experts are the intermediate size wide");
+  if (c.sliding_window <= 0) refuse("sliding_window", "llama.cpp's gpt-oss slides on the even layers");
+  for (int64_t l = 0; l < c.n_layer; l++)
+    if ((c.window_of(l) > 0) != (l % 2 == 0))
+      refuse("layer_types", "layer " + std::to_string(l) + (l % 2 == 0 ? " attends to every earlier key" : " slides") +
+                                ", where llama.cpp's gpt-oss slides on the even layers only");
+}
+
 // llama.cpp's architecture for the model: Mistral and Mixtral are written as llama (convert_hf_to_gguf.py
 // does too), Qwen3-MoE as qwen3moe, Gemma 3's text model as gemma3.
 std::string gguf_arch(const LlamaConfig& c) {
-  if (c.model_type == "gpt_oss")
-    fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this family is not implemented",
-         kConvertHint);
+  if (c.model_type == "gpt_oss") {
+    check_gpt_oss_for_llama_cpp(c);
+    return "gpt-oss";
+  }
   if (!c.multimodal.empty() && c.multimodal != "gemma3")
     fail(ErrorKind::Unsupported, "model_type '" + c.multimodal + "' (multimodal)",
          "GGUF export of this multimodal checkpoint is not implemented", kConvertHint);
@@ -117,11 +151,12 @@ std::string gguf_arch(const LlamaConfig& c) {
          "keep the merged Hugging Face model (`qlora merge`) for this model");
   if (c.model_type == "qwen3_moe") return "qwen3moe";
   const bool phi3 = c.model_type == "phi3";  // Phi3MiniModel: LongRoPE and partial rotary are its own
-  if (c.rope_scaling.type == "yarn" || (!phi3 && (c.rope_scaling.type == "longrope" || c.rotary_dim != 0)))
+  if (!phi3 && (c.rope_scaling.type == "longrope" || c.rotary_dim != 0))
     fail(ErrorKind::Unsupported, "rope_scaling",
-         "GGUF export of " + std::string(c.rope_scaling.type == "yarn" ? "YaRN" : "LongRoPE or a partial rotary embedding") +
-             " on " + c.model_type + " is not implemented",
+         "GGUF export of LongRoPE or a partial rotary embedding on " + c.model_type + " is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
+  if (phi3 && c.rope_scaling.type == "yarn")
+    fail(ErrorKind::Unsupported, "rope_scaling", "GGUF export of YaRN on phi3 is not implemented", kConvertHint);
   return phi3 || c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
 }
 
@@ -328,7 +363,7 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
   const bool gemma = a == "gemma2" || a == "gemma3";
   const bool explicit_hd = gemma || c.head_dim != c.hidden_size / c.n_head ||
                            (base && base->has(a + ".attention.key_length"));
-  if (explicit_hd) {
+  if (explicit_hd || a == "gpt-oss") {  // GptOssModel: head_dim is in every config
     w.set(a + ".attention.key_length", gguf_u32(uint32_t(c.head_dim)));
     w.set(a + ".attention.value_length", gguf_u32(uint32_t(c.head_dim)));
   }
@@ -336,6 +371,16 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
     w.set(a + ".rope.scaling.type", gguf_str("linear"));
     w.set(a + ".rope.scaling.factor", gguf_f32(float(c.rope_scaling.factor)));
   }
+  if (c.rope_scaling.type == "yarn") {  // TextModel.set_gguf_parameters (check_yarn_for_llama_cpp took the scale)
+    check_yarn_for_llama_cpp(c);
+    const RopeScaling& rs = c.rope_scaling;
+    w.set(a + ".rope.scaling.type", gguf_str("yarn"));
+    w.set(a + ".rope.scaling.factor", gguf_f32(float(rs.factor)));
+    w.set(a + ".rope.scaling.original_context_length", gguf_u32(uint32_t(rs.original_max_position_embeddings)));
+    w.set(a + ".rope.scaling.yarn_beta_fast", gguf_f32(float(rs.beta_fast)));
+    w.set(a + ".rope.scaling.yarn_beta_slow", gguf_f32(float(rs.beta_slow)));
+  }
+  if (a == "gpt-oss") w.set(a + ".attention.sliding_window", gguf_u32(uint32_t(c.sliding_window)));  // GptOssModel
   if (a == "phi3") {  // Phi3MiniModel.set_gguf_parameters and generate_extra_tensors' attn_factor
     const RopeScaling& rs = c.rope_scaling;
     w.set(a + ".rope.scaling.original_context_length",
@@ -353,7 +398,7 @@ void set_model_metadata(GgufWriter& w, const LlamaConfig& c, const OutType& ot, 
   if (c.moe()) {  // TextModel.set_gguf_parameters; Qwen2MoeModel adds the experts' own width
     w.set(a + ".expert_count", gguf_u32(uint32_t(c.n_experts)));
     w.set(a + ".expert_used_count", gguf_u32(uint32_t(c.experts_per_tok)));
-    if (a == "qwen3moe") w.set(a + ".expert_feed_forward_length", gguf_u32(uint32_t(c.expert_intermediate_size)));
+    if (a != "llama") w.set(a + ".expert_feed_forward_length", gguf_u32(uint32_t(c.expert_intermediate_size)));
   }
   w.set("general.file_type", gguf_u32(ot.file_type));
   if (a == "llama") w.set(a + ".vocab_size", gguf_u32(uint32_t(c.vocab_size)));
@@ -374,6 +419,69 @@ PeftAdapter open_adapter(const std::string& dir, const LlamaConfig& cfg) {
     fail(ErrorKind::Io, dir, "adapter directory does not exist",
          "pass a directory with adapter_config.json and adapter_model.safetensors (a run's output_dir)");
   return open_peft_adapter(dir, cfg);
+}
+
+// gpt-oss's router and fused experts as llama.cpp's gpt-oss holds them (GptOssModel): the router as
+// ffn_gate_inp in f32; gate_up_proj's interleaved outputs (E, C, 2F) as ffn_gate_exps and
+// ffn_up_exps, down_proj (E, F, C) transposed per expert as ffn_down_exps (ne [in, out, experts]);
+// their biases as the stacks' .bias (ne [out, experts]). False for any other tensor.
+bool plan_gpt_oss_tensor(GgufWriter& w, const std::shared_ptr<MergedModel>& m, const OutType& ot, const std::string& hf,
+                         std::vector<Planned>& plan, std::vector<std::string>& notes) {
+  const LlamaConfig& c = m->config();
+  const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) != 0) return false;
+  const size_t dot = hf.find('.', prefix.size());
+  const std::string blk = "blk." + hf.substr(prefix.size(), dot - prefix.size()) + ".", rest = hf.substr(dot + 1);
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  if (rest == "mlp.router.weight") {
+    w.add_tensor(blk + "ffn_gate_inp.weight", {C, E}, GgmlType::F32);
+    plan.push_back({blk + "ffn_gate_inp.weight", [m, hf](std::vector<float>& v) { v = m->read(hf); }});
+    return true;
+  }
+  const bool gate_up = rest == "mlp.experts.gate_up_proj" || rest == "mlp.experts.gate_up_proj_bias";
+  if (!gate_up && rest != "mlp.experts.down_proj" && rest != "mlp.experts.down_proj_bias") return false;
+  const bool bias = rest.ends_with("_bias");
+  const std::string what = bias ? "_exps.bias" : "_exps.weight";
+  if (!gate_up) {
+    const std::string g = blk + "ffn_down" + what;
+    if (bias) {  // (E, C) is ne [C, E] as it is
+      w.add_tensor(g, {C, E}, GgmlType::F32);
+      plan.push_back({g, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
+      return true;
+    }
+    w.add_tensor(g, {F, C, E}, weight_type(ot, g, F, false, notes));
+    plan.push_back({g, [m, hf, E, F, C](std::vector<float>& v) {
+                      const std::vector<float> all = m->read(hf);  // (E, F, C)
+                      v.resize(all.size());
+                      for (int64_t e = 0; e < E; e++)
+                        for (int64_t o = 0; o < C; o++)
+                          for (int64_t i = 0; i < F; i++) v[size_t((e * C + o) * F + i)] = all[size_t((e * F + i) * C + o)];
+                    }});
+    return true;
+  }
+  for (int64_t s = 0; s < 2; s++) {  // gate: the even outputs, up: the odd ones
+    const std::string g = blk + (s ? "ffn_up" : "ffn_gate") + what;
+    if (bias) {
+      w.add_tensor(g, {F, E}, GgmlType::F32);
+      plan.push_back({g, [m, hf, E, F, s](std::vector<float>& v) {
+                        const std::vector<float> all = m->read(hf);  // (E, 2F)
+                        v.resize(size_t(E * F));
+                        for (int64_t e = 0; e < E; e++)
+                          for (int64_t o = 0; o < F; o++) v[size_t(e * F + o)] = all[size_t(e * 2 * F + 2 * o + s)];
+                      }});
+      continue;
+    }
+    w.add_tensor(g, {C, F, E}, weight_type(ot, g, C, false, notes));
+    plan.push_back({g, [m, hf, E, F, C, s](std::vector<float>& v) {
+                      const std::vector<float> all = m->read(hf);  // (E, C, 2F)
+                      v.resize(size_t(E * F * C));
+                      for (int64_t e = 0; e < E; e++)
+                        for (int64_t o = 0; o < F; o++)
+                          for (int64_t i = 0; i < C; i++)
+                            v[size_t((e * F + o) * C + i)] = all[size_t((e * C + i) * 2 * F + 2 * o + s)];
+                    }});
+  }
+  return true;
 }
 
 bool permuted_qk(const LlamaConfig& c, const std::string& hf_name, int64_t& n_head) {
@@ -415,10 +523,13 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
     res.notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
                         ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "
                         "sequences longer than the window differ from the trained model");
-  else if (c.sliding_window > 0 && !c.sandwich_norms)  // convert_hf_to_gguf.py writes no window for these architectures either
+  else if (c.sliding_window > 0 && !c.sandwich_norms && c.model_type != "gpt_oss")  // convert_hf_to_gguf.py writes no window for these architectures either
     res.notes.push_back("sliding window " + std::to_string(c.sliding_window) + ": llama.cpp's " + gguf_arch(c) +
                         " architecture has none and runs full attention, so sequences longer than the window "
                         "differ from the trained model");
+  if (c.rope_scaling.type == "yarn" && !c.rope_scaling.truncate)
+    res.notes.push_back("rope_scaling.truncate false: llama.cpp floors and ceils the ends of YaRN's ramp (as transformers "
+                        "does with truncate true), so the rotary frequencies in that ramp differ from the trained model's");
   if (!base) {
     if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
       fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
@@ -450,6 +561,7 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
   std::map<std::string, int64_t> router_layer;
   for (int64_t l = 0; c.moe() && l < c.n_layer; l++) router_layer[hf_router_name(c, l)] = l;
   for (const std::string& hf : merged->names()) {
+    if (c.model_type == "gpt_oss" && plan_gpt_oss_tensor(w, merged, ot, hf, plan, res.notes)) continue;
     if (hf_expert_of(c, hf)) continue;  // an expert: in its stack
     const auto rl = router_layer.find(hf);
     if (rl != router_layer.end()) {

@@ -278,14 +278,92 @@ TEST(GgufExport, ClearErrorsAndNothingLeftBehind) {
                {"gemma3_text", "query_pre_attn_scalar", "qlora merge"});
   expect_error([&] { run_export("gguf", kFx + "/models/gemma3_mm", "", "f32", out); }, ErrorKind::Unsupported,
                {"gemma3_text", "query_pre_attn_scalar"});
+  // The parity fixture's SwiGLU limit 1 (llama.cpp's gpt-oss fixes 7), and YaRN with an
+  // attention_factor of its own (llama.cpp's is 0.1 ln(factor) + 1).
   expect_error([&] { run_export("gguf", kFx + "/models/gpt_oss", "", "f32", out); }, ErrorKind::Unsupported,
-               {"gpt_oss", "qlora merge"});
-  expect_error([&] { run_export("gguf", kFx + "/models/qwen3_yarn", "", "f32", out); }, ErrorKind::Unsupported,
-               {"YaRN", "qlora merge"});
+               {"swiglu_limit", "limit 7", "qlora merge"});
+  {
+    const std::string y = d.path + "/yarn_scaled";
+    fs::create_directories(y);
+    for (const char* f : {"model.safetensors", "tokenizer.json"}) fs::copy_file(kFx + "/export/qwen3_yarn/" + f, y + "/" + f);
+    json cfg = json::parse(std::ifstream(kFx + "/export/qwen3_yarn/config.json"));
+    cfg["rope_scaling"]["attention_factor"] = 1.5;
+    std::ofstream(y + "/config.json") << cfg.dump();
+    expect_error([&] { run_export("gguf", y, "", "f32", out); }, ErrorKind::Unsupported, {"attention_factor", "qlora merge"});
+    fs::remove_all(y);
+  }
   // llama.cpp always renormalises the chosen experts' weights; Qwen3-MoE without norm_topk_prob would differ.
   expect_error([&] { run_export("gguf", kFx + "/models/qwen3_moe", "", "f32", out); }, ErrorKind::Unsupported,
                {"norm_topk_prob", "qwen3moe"});
   EXPECT_TRUE(fs::is_empty(d.path));
+}
+
+// gpt-oss in llama.cpp's gpt-oss layout (tests/fixtures/export/gpt_oss, written by
+// tools/make_gguf_export_fixtures.py): the interleaved gate_up_proj split into ffn_gate_exps and
+// ffn_up_exps, down_proj transposed per expert into ffn_down_exps, their biases as the stacks'
+// .bias, the router and the sinks in f32, the window and YaRN as keys. Read back, every fused tensor
+// is the merged model's bit for bit, and the config is the model's with YaRN truncated (llama.cpp's).
+TEST(GgufExport, GptOssIsWrittenInLlamaCppsLayout) {
+  TmpDir d;
+  const std::string model = kFx + "/export/gpt_oss", adapter = kFx + "/parity/gpt_oss_adapter", out = d.path + "/g.gguf";
+  ModelSource base = open_model_source(model);
+  const LlamaConfig& c = base.config;
+  MergedModel m(c, base.tensors, open_peft_adapter(adapter, c));
+  const GgufExportResult r = run_export("gguf", model, adapter, "f32", out);
+  GgufFile g(out);
+  const std::string a = "gpt-oss";
+  EXPECT_EQ(g.get_string("general.architecture"), a);
+  EXPECT_EQ(g.get_u32(a + ".expert_count"), uint32_t(c.n_experts));
+  EXPECT_EQ(g.get_u32(a + ".expert_used_count"), uint32_t(c.experts_per_tok));
+  EXPECT_EQ(g.get_u32(a + ".expert_feed_forward_length"), uint32_t(c.expert_intermediate_size));
+  EXPECT_EQ(g.get_u32(a + ".attention.sliding_window"), uint32_t(c.sliding_window));
+  EXPECT_EQ(g.get_u32(a + ".attention.key_length"), uint32_t(c.head_dim));
+  EXPECT_EQ(g.get_string(a + ".rope.scaling.type"), "yarn");
+  EXPECT_EQ(g.get_f32(a + ".rope.scaling.factor"), float(c.rope_scaling.factor));
+  EXPECT_EQ(g.get_u32(a + ".rope.scaling.original_context_length"), uint32_t(c.rope_scaling.original_max_position_embeddings));
+  EXPECT_EQ(g.get_f32(a + ".rope.scaling.yarn_beta_fast"), float(c.rope_scaling.beta_fast));
+  EXPECT_TRUE(std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.find("truncate false") != std::string::npos; }));
+  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
+  EXPECT_EQ(g.tensor("blk.1.ffn_gate_exps.weight").ne, (std::vector<int64_t>{C, F, E}));
+  EXPECT_EQ(g.tensor("blk.1.ffn_up_exps.bias").ne, (std::vector<int64_t>{F, E}));
+  EXPECT_EQ(g.tensor("blk.1.ffn_down_exps.weight").ne, (std::vector<int64_t>{F, C, E}));
+  EXPECT_EQ(g.tensor("blk.1.ffn_down_exps.bias").ne, (std::vector<int64_t>{C, E}));
+  EXPECT_EQ(g.tensor("blk.1.attn_sinks.weight").ne, (std::vector<int64_t>{c.n_head}));
+  EXPECT_EQ(g.tensor("blk.1.ffn_gate_inp.weight").type, GgmlType::F32);
+  EXPECT_TRUE(g.has_tensor("blk.1.post_attention_norm.weight"));
+  EXPECT_TRUE(g.has_tensor("blk.1.ffn_gate_inp.bias"));
+  EXPECT_TRUE(g.has_tensor("blk.1.attn_output.bias"));
+  EXPECT_FALSE(g.has_tensor("blk.1.ffn_norm.weight"));
+  // Expert 3's gate row 5 is the fused stack's output 10 (gate and up interleave), up's row 5 output 11.
+  const std::vector<float> fused = m.read("model.layers.1.mlp.experts.gate_up_proj");  // (E, C, 2F)
+  const std::vector<float> gate = g.read_tensor_f32("blk.1.ffn_gate_exps.weight"), up = g.read_tensor_f32("blk.1.ffn_up_exps.weight");
+  for (int64_t i = 0; i < C; i++) {
+    EXPECT_EQ(gate[size_t((3 * F + 5) * C + i)], fused[size_t((3 * C + i) * 2 * F + 10)]);
+    EXPECT_EQ(up[size_t((3 * F + 5) * C + i)], fused[size_t((3 * C + i) * 2 * F + 11)]);
+  }
+  // Read back by the engine: each fused tensor is the merged one, bit for bit.
+  const LlamaConfig gc = gguf_llama_config(g);
+  for (const std::string t : {"mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                              "mlp.experts.down_proj_bias", "mlp.router.weight", "mlp.router.bias", "self_attn.sinks",
+                              "self_attn.o_proj.bias", "post_attention_layernorm.weight", "self_attn.q_proj.weight"}) {
+    const std::string hf = "model.layers.2." + t;
+    SCOPED_TRACE(hf);
+    ASSERT_TRUE(gguf_has_hf_tensor(g, gc, hf));
+    EXPECT_EQ(gguf_hf_shape(g, gc, hf), llama_hf_tensor_shape(c, hf));
+    std::vector<float> back(m.read(hf).size());
+    gguf_read_hf_tensor(g, gc, hf, back.data());
+    EXPECT_EQ(back, m.read(hf));
+  }
+  LlamaConfig want = c;
+  want.rope_scaling.truncate = true;  // llama.cpp's YaRN
+  want.router_aux_loss_coef = 0;      // a GGUF holds no auxiliary-loss setting
+  want.experts_stored = "";           // the experts come back as floats
+  testing_util::expect_same_math(gc, want);
+  EXPECT_EQ(gc.sliding_layers, c.sliding_layers);
+  EXPECT_TRUE(gc.attention_sinks && gc.moe_biases && gc.o_proj_bias);
+  EXPECT_EQ(gc.swiglu_clamp.alpha, c.swiglu_clamp.alpha);
+  EXPECT_EQ(gc.swiglu_clamp.limit, c.swiglu_clamp.limit);
+  EXPECT_EQ(gc.rope_scaling.attention_factor, c.rope_scaling.attention_factor);
 }
 
 // Gemma 2 and 3 in llama.cpp's gemma2/gemma3 layout (tests/fixtures/export/gemma*, written by
@@ -465,10 +543,22 @@ TEST(GgufExportLlamaCpp, OurExportsAreTheFilesLlamaCppRanAndOurLogitsMatch) {
     }
     std::vector<std::pair<std::string, std::vector<float>>> runs;
     if (reads_back) runs.emplace_back("the exported GGUF", source_logits(out, "", ids));
-    if (!reads_back || from_hf) runs.emplace_back("the base and adapter", source_logits(base, adapter, ids));
-    fs::remove(out);
+    // gpt-oss's YaRN has truncate false, which llama.cpp does not implement (the export notes it): the
+    // file it runs is the model with truncate true, so the base and adapter must be seen to differ.
+    const bool yarn_truncates = c.value("llama_cpp_yarn_truncates", false);
+    if (!reads_back || (from_hf && !yarn_truncates)) runs.emplace_back("the base and adapter", source_logits(base, adapter, ids));
     const double tol = bound_for(fx, c, c["outtype"], real, from_hf);
     ASSERT_GT(tol, 0) << "no bound for " << name;
+    if (yarn_truncates && c["outtype"] == "f32") {  // (a q8_0 file's own gap would hide it)
+      const auto untruncated = testing_util::recorded_logits_gap(source_logits(base, adapter, ids), c["rows"], 2 * tol);
+      std::printf("%s, the engine on the base and adapter (YaRN untruncated): max |logit - llama.cpp| = %.3g\n", name.c_str(),
+                  untruncated.max_diff);
+      EXPECT_GT(untruncated.max_diff, 100 * tol) << "llama.cpp's YaRN was expected to differ from truncate false";
+      const std::vector<std::string> notes = run_export(c["format"], base, adapter, c["outtype"], out).notes;
+      EXPECT_TRUE(std::any_of(notes.begin(), notes.end(), [](const std::string& n) { return n.find("truncate false") != std::string::npos; }))
+          << "the export does not say that llama.cpp truncates YaRN's ramp";
+    }
+    fs::remove(out);
     double max_diff = 0;
     for (const auto& [what, lg] : runs) {
       SCOPED_TRACE("the engine on " + what);

@@ -461,8 +461,18 @@ TEST(GgufModel, ConfigErrorsNameKeyOrTensor) {
   }
   {
     Tiny t;
+    t.extra = [](GgufBuilder& b) { b.str("llama.rope.scaling.type", "dynamic"); };
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported, {"rope.scaling.type", "'dynamic'", "yarn"});
+  }
+  {
+    Tiny t;  // YaRN without its factor, or with a key whose meaning in llama.cpp was not checked
     t.extra = [](GgufBuilder& b) { b.str("llama.rope.scaling.type", "yarn"); };
-    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported, {"rope.scaling.type", "'yarn'"});
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"llama.rope.scaling.factor", "missing"});
+    t.extra = [](GgufBuilder& b) {
+      b.str("llama.rope.scaling.type", "yarn").f32("llama.rope.scaling.factor", 4).u32("llama.rope.scaling.original_context_length", 64);
+      b.f32("llama.rope.scaling.yarn_attn_factor", 1.5f);
+    };
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Unsupported, {"llama.rope.scaling.yarn_attn_factor"});
   }
   {
     Tiny t;

@@ -30,7 +30,10 @@ json fixture() { return read_json_file(std::string(QLORA_FIXTURES) + "/gguf/gemm
 // 64-bit FNV-1a of the ids written as decimal numbers joined by commas, as the fixture script.
 std::string digest(const std::vector<int32_t>& ids) {
   std::string s;
-  for (size_t i = 0; i < ids.size(); i++) s += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); i++) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
   uint64_t h = 0xCBF29CE484222325ull;
   for (unsigned char b : s) h = (h ^ b) * 0x100000001B3ull;
   char hex[17];
