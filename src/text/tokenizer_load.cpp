@@ -294,6 +294,9 @@ struct GgufVocab {
   std::optional<int32_t> bos, eos, pad, unk;
   std::optional<bool> add_bos, add_eos;
   std::string chat_template;
+  // The split llama.cpp runs on collapsed text in place of the root's Split (llama_cpp_byte_level),
+  // for names whose tokenizer.json regex llama.cpp rewrites; null for the others.
+  const char* llama_cpp_split = nullptr;
   bool spm = false;
   bool add_space_prefix = false;
   Vocab spm_vocab;  // text -> id, the later id of a text listed twice
@@ -458,6 +461,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
 
   // The pre-tokenizer is named, not stored: map llama.cpp's names to the HF pipelines they stand for.
   json pre_json;
+  const char* llama_cpp_split = nullptr;
   bool ignore_merges = false;
   json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   json byte_level_noregex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
@@ -474,9 +478,17 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
     ignore_merges = true;
   } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kQwen2Pattern), byte_level_noregex}}};
+  } else if (pre == "gpt-4o") {
+    // The root (and the tokenizer.json `qlora merge` writes) holds o200k's regex as Phi-4-mini's and
+    // gpt-oss's tokenizer.json do. llama.cpp runs its own spelling of it on collapsed text, where a
+    // non-ASCII letter is both upper and lower case and a combining mark no letter, so transformers
+    // reading that file splits differently from llama.cpp where such a character decides a boundary
+    // ("ÉCOLE", "helloМосква", "e" + U+0301); from_gguf tokenizes as llama.cpp does.
+    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kO200kPattern), byte_level_noregex}}};
+    llama_cpp_split = kO200kLlamaCppPattern;
   } else {
     fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.pre", "pre-tokenizer '" + pre + "' is not known",
-         "known: default, gpt-2, smollm, starcoder, llama-bpe, qwen2; pass a tokenizer.json instead");
+         "known: default, gpt-2, smollm, starcoder, llama-bpe, qwen2, gpt-4o; pass a tokenizer.json instead");
   }
 
   std::vector<std::string> tokens = g.get_array_strings("tokenizer.ggml.tokens");
@@ -495,6 +507,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
     for (std::string& m : g.get_array_strings("tokenizer.ggml.merges")) merges.push_back(std::move(m));
 
   GgufVocab v;
+  v.llama_cpp_split = llama_cpp_split;
   v.root = {{"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)},
                        {"ignore_merges", ignore_merges}}},
             {"added_tokens", std::move(added)},
@@ -512,6 +525,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& g) {
   auto im = std::make_shared<Impl>();
   im->name = g.path() + ": tokenizer.ggml";
   build_impl(*im, v.root, v.spm ? spm_model(v, im->name) : nullptr);
+  if (v.llama_cpp_split) im->pre_tokenizer = llama_cpp_byte_level(v.llama_cpp_split, im->name + ": pre");
   im->bos = v.bos;
   im->eos = v.eos;
   im->pad = v.pad;

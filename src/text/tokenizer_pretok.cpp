@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "text/tokenizer_collapsed.h"
 #include "text/tokenizer_json.h"
 #include "text/tokenizer_regex.h"
 #include "text/unicode.h"
@@ -16,6 +17,14 @@ const char* const kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char* const kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kO200kPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
+    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kO200kLlamaCppPattern =
+    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|)"
+    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|)"
+    R"(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // Rust's char::is_ascii_punctuation || is_punctuation, as a class body.
 static const char* const kPunctClass = R"(\p{P}\x{21}-\x{2F}\x{3A}-\x{40}\x{5B}-\x{60}\x{7B}-\x{7E})";
@@ -195,6 +204,15 @@ std::unique_ptr<PatternSplit> class_split(const std::string& cls, SplitBehavior 
 }
 
 }  // namespace
+
+std::unique_ptr<PreTokenizer> llama_cpp_byte_level(std::string_view pattern, const std::string& where) {
+  auto seq = std::make_unique<SequencePre>();
+  seq->parts.push_back(collapsed_split(pattern, where));
+  auto bytes = std::make_unique<ByteLevelPre>();
+  bytes->add_prefix_space = false;
+  seq->parts.push_back(std::move(bytes));
+  return seq;
+}
 
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& j, const std::string& where) {
   if (j.is_null()) return nullptr;

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,17 @@ extern const char* const kGpt2Pattern;
 // The Split regexes of Llama 3's and Qwen2's tokenizer.json (llama.cpp's "llama-bpe" and "qwen2").
 extern const char* const kLlama3Pattern;
 extern const char* const kQwen2Pattern;
+// The Split regex of o200k vocabularies' tokenizer.json (Phi-4-mini, gpt-oss; llama.cpp's "gpt-4o").
+extern const char* const kO200kPattern;
+// The same split as llama.cpp writes it for "gpt-4o" (llama-vocab.cpp), to run on collapsed text
+// (tokenizer_collapsed.h): an upper-case letter is a letter not in [a-z], a lower-case one a
+// letter not in [A-Z], \p{M} is in neither, and the contractions are spelled out in both cases.
+extern const char* const kO200kLlamaCppPattern;
+
+// What llama.cpp runs for a byte-level BPE vocabulary whose split regex uses \p{..} classes:
+// `pattern` (llama.cpp's spelling) on the collapsed text, matches and the text between them kept
+// as pieces, then GPT-2's byte alphabet (ByteLevel without its own regex or prefix space).
+std::unique_ptr<PreTokenizer> llama_cpp_byte_level(std::string_view pattern, const std::string& where);
 
 // HF's SplitDelimiterBehavior.
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };

@@ -95,12 +95,14 @@ std::string pcre2_message(int code) {
 }
 }  // namespace
 
-Regex::Regex(std::string_view pattern, const std::string& where) : where_(where) {
-  std::string p = onig_compatible_pattern(pattern);
+Regex::Regex(std::string_view pattern, const std::string& where, RegexText text) : where_(where), text_(text) {
+  const bool utf8 = text == RegexText::Utf8;
+  std::string p = utf8 ? onig_compatible_pattern(pattern) : std::string(pattern);
   int err = 0;
   PCRE2_SIZE off = 0;
+  // Without UTF and UCP, PCRE2's built-in tables are the "C" locale's.
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+                                   utf8 ? PCRE2_UTF | PCRE2_UCP : 0, &err, &off, nullptr);
   if (!code)
     fail(ErrorKind::Format, where, "bad regex /" + std::string(pattern) + "/: " + pcre2_message(err),
          "PCRE2 could not compile it");
@@ -130,7 +132,7 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
       pos = b;
     } else {
       if (b >= s.size()) break;
-      pos = b + unicode::cp_len(static_cast<unsigned char>(s[b]));
+      pos = b + (text_ == RegexText::Utf8 ? unicode::cp_len(static_cast<unsigned char>(s[b])) : 1);
     }
   }
 }

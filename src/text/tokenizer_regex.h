@@ -14,16 +14,22 @@ namespace qlora {
 // \s \S \w \W mean what Oniguruma means.
 std::string onig_compatible_pattern(std::string_view pattern);
 
+// What a pattern is matched against. Utf8: valid UTF-8 with Unicode classes (UTF + UCP) and
+// Oniguruma's \s \w. Bytes: a byte string, each byte one character, classes ASCII-only as in
+// C++ std::regex under the "C" locale (\s is space, \t \n \v \f \r; no byte >= 0x80 is a space,
+// letter or digit); the pattern is taken as PCRE2 writes it.
+enum class RegexText { Utf8, Bytes };
+
 class Regex {
  public:
   // Compile errors -> Error(Format, where) quoting PCRE2's message and the offset in the pattern.
-  Regex(std::string_view pattern, const std::string& where);
+  Regex(std::string_view pattern, const std::string& where, RegexText text = RegexText::Utf8);
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
   // All non-overlapping matches, left to right, as byte ranges [first, second) of s (valid
-  // UTF-8). An empty match advances by one character.
+  // UTF-8 for RegexText::Utf8). An empty match advances by one character.
   void find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
   // End offset of a match anchored at `at`, or npos when none.
   size_t matches_at(std::string_view s, size_t at) const;
@@ -31,6 +37,7 @@ class Regex {
  private:
   void* code_ = nullptr;  // pcre2_code_8*
   std::string where_;
+  RegexText text_;
 };
 
 // A literal string or a regex ({"String": ..} / {"Regex": ..} in tokenizer.json), as used by

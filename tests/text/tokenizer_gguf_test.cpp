@@ -11,6 +11,7 @@
 #include "io/gguf.h"
 #include "io/json_util.h"
 #include "text/tokenizer.h"
+#include "text/tokenizer_pretok.h"
 #include "../real_models.h"
 
 namespace qlora {
@@ -238,6 +239,76 @@ TEST(TokenizerGguf, HfFilesFromASentencePieceGguf) {
     }
     // decode: spaces back from U+2581, byte tokens fused, the prefix space stripped
     EXPECT_EQ(tok.decode(tok.encode("the and \xc3\xa9t\xc3\xa9", false)), "the and \xc3\xa9t\xc3\xa9");
+  }
+}
+
+// A byte-level BPE vocabulary with pre-tokenizer "gpt-4o" (o200k: Phi-4-mini, gpt-oss):
+// tools/make_gpt4o_vocab_fixtures.py wrote a vocabulary-only GGUF whose merges run across the places
+// inside words where llama.cpp's split and transformers' differ, and recorded llama.cpp's ids for
+// texts with capitals and lowercase in and out of ASCII, combining marks, contractions, digits,
+// punctuation, whitespace runs and a special token, and HF tokenizers' ids for the same vocabulary
+// under the o200k tokenizer.json pipeline.
+TEST(TokenizerGguf, Gpt4oVocabTokenizesAsLlamaCpp) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "gpt4o_tokens.json");
+  const Tokenizer tok = Tokenizer::from_gguf(GgufFile(gdir + "gpt4o_vocab.gguf"));
+  int checked = 0;
+  for (const json& c : fx["cases"]) {
+    SCOPED_TRACE(c["text"].get<std::string>());
+    EXPECT_EQ(tok.encode(c["text"].get<std::string>(), c["add_bos"].get<bool>()), c["ids"].get<std::vector<int32_t>>());
+    checked++;
+  }
+  EXPECT_EQ(checked, 54);
+  // Where transformers' Unicode-aware split gives other ids (a non-ASCII capital inside or at the
+  // start of a word, a combining mark, "'ſ"), so the texts test llama.cpp's rule and not o200k's.
+  int differ = 0;
+  for (const json& c : fx["cases"]) differ += c["ids"] != c["hf_ids"];
+  EXPECT_EQ(differ, 12);
+  const std::vector<int32_t> ecole = tok.encode("\xC3\x89" "COLE", false);  // "É" | "COLE"
+  ASSERT_EQ(ecole.size(), 2u);
+  EXPECT_EQ(tok.decode({ecole[0]}), "\xC3\x89");
+  EXPECT_EQ(tok.decode(tok.encode("before<|endoftext|> \xC3\x89" "COLE e\xCC\x81", false), false),
+            "before<|endoftext|> \xC3\x89" "COLE e\xCC\x81");
+}
+
+// The tokenizer.json written for a merged model from a "gpt-4o" GGUF holds the o200k Split and a
+// ByteLevel without its regex, as Phi-4-mini's and gpt-oss's do (no made-up type transformers
+// cannot load), and reloads as transformers tokenizes it: HF tokenizers' ids on every text.
+TEST(TokenizerGguf, HfFilesFromAGpt4oGguf) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "gpt4o_tokens.json");
+  GgufFile g(gdir + "gpt4o_vocab.gguf");
+  const json tj = json::parse(Tokenizer::hf_files_from_gguf(g).tokenizer_json);
+  const json& pre = tj["pre_tokenizer"];
+  EXPECT_EQ(pre["type"], "Sequence");
+  ASSERT_EQ(pre["pretokenizers"].size(), 2u);
+  EXPECT_EQ(pre["pretokenizers"][0]["type"], "Split");
+  EXPECT_EQ(pre["pretokenizers"][0]["pattern"]["Regex"], kO200kPattern);
+  EXPECT_EQ(pre["pretokenizers"][0]["behavior"], "Isolated");
+  EXPECT_EQ(pre["pretokenizers"][1]["type"], "ByteLevel");
+  EXPECT_FALSE(pre["pretokenizers"][1]["use_regex"].get<bool>());
+  EXPECT_FALSE(tj["model"]["ignore_merges"].get<bool>());
+  const Tokenizer tok = reloaded(g);
+  expect_same_tokenizer(tok, Tokenizer::from_gguf(g));
+  for (const json& c : fx["cases"]) {
+    SCOPED_TRACE(c["text"].get<std::string>());
+    EXPECT_EQ(tok.encode(c["text"].get<std::string>(), c["add_bos"].get<bool>()), c["hf_ids"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST(TokenizerGguf, UnknownPreTokenizerListsTheKnownNames) {
+  GgufWriter w;
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", "gpt-5");
+  w.strings("tokenizer.ggml.tokens", {"a", "b"});
+  GgufFile g = GgufFile::from_bytes(w.bytes(), "bpe.gguf");
+  try {
+    Tokenizer::from_gguf(g);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_EQ(e.where(), "bpe.gguf: tokenizer.ggml.pre");
+    EXPECT_NE(e.hint().find("qwen2, gpt-4o"), std::string::npos) << e.hint();
   }
 }
 

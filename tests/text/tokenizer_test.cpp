@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/json_util.h"
 #include "text/tokenizer.h"
+#include "text/tokenizer_collapsed.h"
 #include "text/tokenizer_regex.h"
 #include "text/unicode.h"
 
@@ -364,6 +365,64 @@ TEST(TokenizerRegex, OnigurumaWhitespaceAndWord) {
   EXPECT_EQ(m[0], (std::pair<size_t, size_t>{2, 3}));
   EXPECT_EQ(m[1], (std::pair<size_t, size_t>{7, 8}));
   EXPECT_EQ(onig_compatible_pattern(R"([]\s])").find("[]"), 0u);  // literal ']' first in a class
+}
+
+// The byte-string mode: ASCII classes only, \s as std::regex's "C" locale (space, \t \n \v \f \r),
+// bytes >= 0x80 neither space nor word characters and each one character.
+TEST(TokenizerRegex, BytesModeIsAsciiOnly) {
+  std::vector<std::pair<size_t, size_t>> m;
+  Regex ws(R"(\s+)", "test", RegexText::Bytes);
+  ws.find_all("a \t\n\v\f\r\x85\xA0" "b", m);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0], (std::pair<size_t, size_t>{1, 7}));
+  Regex cls(R"([^a-z]+)", "test", RegexText::Bytes);
+  cls.find_all("ab\xD2\xD2" "c", m);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0], (std::pair<size_t, size_t>{2, 4}));
+  Regex placeholder(R"([\xD2A-Z]+)", "test", RegexText::Bytes);
+  placeholder.find_all("x\xD2Q\xD1", m);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0], (std::pair<size_t, size_t>{1, 3}));
+}
+
+// The o200k patterns: the tokenizer.json regex of Phi-4-mini and gpt-oss, and llama.cpp's spelling
+// of it for "gpt-4o" (llama-vocab.cpp), rewritten for the collapsed text as llama.cpp rewrites it.
+TEST(TokenizerCollapsed, O200kPatterns) {
+  EXPECT_EQ(std::string(kO200kPattern),
+            R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
+  const std::string c = collapse_pattern(kO200kLlamaCppPattern, "test");
+  const std::string head = R"([^\r\n\xD2A-Za-z\xD10-9]?((?=[\xD2A-Za-z])([^a-z]))*((?=[\xD2A-Za-z])([^A-Z]))+(?:'[sS]|)";
+  EXPECT_EQ(c.substr(0, head.size()), head);
+  EXPECT_EQ(c.find(R"(\p)"), std::string::npos);
+  EXPECT_NE(c.find(R"(|[\xD10-9]{1,3}| ?[^\s\xD2A-Za-z\xD10-9]+[\r\n/]*|)"), std::string::npos);
+  EXPECT_EQ(collapse_pattern(R"(\p{P}|[\p{S}\p{M}x])", "test"),
+            R"([\xD3!-#%-*,-/:-;?-@\[-\]_\{\}]|[\xD5\$\+<->\^`\|\xD4x])");
+  EXPECT_THROW(collapse_pattern(R"(\p{Lu})", "test"), Error);
+}
+
+std::vector<std::string> collapsed_pieces(std::string_view pattern, const std::string& text) {
+  std::vector<Piece> pieces{{text, -1, true}};
+  collapsed_split(pattern, "test")->pre_tokenize(pieces);
+  std::vector<std::string> out;
+  for (const Piece& p : pieces) out.push_back(p.text);
+  return out;
+}
+
+// llama.cpp's split of o200k text: every non-ASCII letter is both upper and lower case, a
+// combining mark is no letter, non-ASCII whitespace is whitespace; pieces are the original bytes.
+TEST(TokenizerCollapsed, SplitsAsLlamaCpp) {
+  using V = std::vector<std::string>;
+  const char* p = kO200kLlamaCppPattern;
+  EXPECT_EQ(collapsed_pieces(p, "\xC3\x89" "COLE \xC3\xA9" "cole"), (V{"\xC3\x89", "COLE", " \xC3\xA9" "cole"}));
+  EXPECT_EQ(collapsed_pieces(p, "hello\xD0\x9C\xD0\xBE camelCase"), (V{"hello\xD0\x9C\xD0\xBE", " camel", "Case"}));
+  EXPECT_EQ(collapsed_pieces(p, "e\xCC\x81" "cole"), (V{"e", "\xCC\x81" "cole"}));
+  EXPECT_EQ(collapsed_pieces(p, "IT'S it'\xC5\xBF"), (V{"IT'S", " it", "'\xC5\xBF"}));
+  EXPECT_EQ(collapsed_pieces(p, "a\xC2\xA0\xC2\xA0" "b 1234"), (V{"a", "\xC2\xA0", "\xC2\xA0" "b", " ", "123", "4"}));
+  EXPECT_EQ(collapsed_pieces(p, "x!!\n/\r\n\xF0\x9F\x98\x80"), (V{"x", "!!\n/\r\n", "\xF0\x9F\x98\x80"}));
+  // The Unicode-aware regex of tokenizer.json keeps "ÉCOLE" and "e" + U+0301 whole.
+  std::vector<std::pair<size_t, size_t>> m;
+  Regex(kO200kPattern, "test").find_all("\xC3\x89" "COLE e\xCC\x81" "cole", m);
+  EXPECT_EQ(m, (std::vector<std::pair<size_t, size_t>>{{0, 6}, {6, 14}}));
 }
 
 TEST(TokenizerUnicode, LossyMatchesRustRules) {
