@@ -20,7 +20,7 @@ Runs our `qlora export` on
        capitals and accented letters (byte fallback) and runs the logits;
   (vii) gpt-oss (tests/fixtures/export/gpt_oss, written here from the parity fixture with llama.cpp's
        SwiGLU limit) with its adapter on attention and experts -> merged f32 and q8_0, and Qwen3 with
-       YaRN (tests/fixtures/export/qwen3_yarn) -> merged f32;
+       YaRN (tests/fixtures/models/qwen3_yarn, given a tokenizer.json here) -> merged f32;
   (v)  the mixtures of experts tests/fixtures/models/mixtral (arch llama with experts) -> merged f32
        and q8_0, and tests/fixtures/models/qwen3_moe_norm (arch qwen3moe) -> merged f32, each with
        its parity adapter; and tests/fixtures/models/qwen3_moe_experts with its adapter on the
@@ -429,7 +429,9 @@ def main():
     jobs += [("tinygptoss_f32", go_base, go_ad, "gguf", "f32", tiny_ids, None),
              ("tinygptoss_q8_0", go_base, go_ad, "gguf", "q8_0", tiny_ids, None)]
     # Qwen3 with YaRN (factor 4 from 4096 positions): rope.scaling.* as the converter writes them.
-    qy_base = hf_fixture_with("qwen3_yarn", "qwen3_yarn", {})
+    # The parity fixture itself, given the Mixtral fixture's tokenizer.json (the same 96 ids).
+    qy_base = os.path.join(FX, "models", "qwen3_yarn")
+    shutil.copyfile(os.path.join(FX, "models", "mixtral", "tokenizer.json"), os.path.join(qy_base, "tokenizer.json"))
     qy_ad = os.path.join(FX, "parity", "qwen3_yarn_adapter")
     jobs += [("tinyqwen3yarn_f32", qy_base, qy_ad, "gguf", "f32", tiny_ids, None)]
     # Gemma 2 and Gemma 3 (arch gemma2/gemma3; see gemma_fixture): the text crosses the windows of 4,

@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ import torch
 import transformers
 from peft import PeftModel
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, Mxfp4Config
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FIX = os.path.join(ROOT, "tests", "fixtures")
@@ -70,6 +71,12 @@ CASES = {
     # config.json and each expert unstacked under the Hub names.
     "gguf_mixtral_fp32": ("gguf/tiny_mixtral.gguf", "parity/mixtral_adapter", [], "mixtral"),
     "gguf_qwen3moe_fp32": ("gguf/tiny_qwen3moe.gguf", "parity/qwen3_moe_norm_adapter", [], "qwen3_moe_norm"),
+    # A gpt-oss GGUF (llama.cpp's gpt-oss: stacks split and transposed, the router and sinks in f32),
+    # exported here from export/gpt_oss ("@" + the directory: `qlora export --format gguf --outtype
+    # f32`, as the C++ test does before merging, which keeps the file out of the tree): GptOssConfig's
+    # config.json with YaRN's truncate true (llama.cpp's ramp, which the GGUF computes) and the fused,
+    # interleaved stacks; the reference is PEFT on export/gpt_oss with truncate true.
+    "gguf_gptoss_fp32": ("@export/gpt_oss", "parity/gpt_oss_adapter", [], "export/gpt_oss"),
     "bnb_nf4_fp32": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", ["--dtype", "fp32"], "nf4"),
     "bnb_nf4_bf16": ("qlora/llama_gqa_bnb_nf4", "parity/llama_gqa_adapter", [], "nf4"),
 }
@@ -85,9 +92,14 @@ def sha256(path):
 FIXED_IDS = [[2, 17, 42, 5, 88, 63, 9, 30, 71, 1, 55, 12]]
 
 
+# References whose model directory is not <ref> + "_adapter", or whose config.json is read with changes.
+REF_ADAPTER = {"export/gpt_oss": "parity/gpt_oss_adapter"}
+REF_CONFIG_CHANGES = {"export/gpt_oss": {"rope_scaling": {"truncate": True}}}
+
+
 def ref_dirs(ref):
     if "/" in ref:
-        return ref, ref + "_adapter"
+        return ref, REF_ADAPTER.get(ref, ref + "_adapter")
     return f"models/{ref}", f"parity/{ref}_adapter"
 
 
@@ -100,14 +112,29 @@ def inputs(ref):
 
 
 def load(path, dtype):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    # MXFP4 experts (gpt-oss as shipped) dequantized to the requested dtype: without this,
+    # transformers on a CPU dequantizes them to bf16 and runs the experts there.
+    cfg = json.load(open(os.path.join(path, "config.json")))
+    mxfp4 = (cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+    kw = {"quantization_config": Mxfp4Config(dequantize=True)} if mxfp4 else {}
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kw).eval()
 
 
 @torch.no_grad()
 def peft_reference(ref):
     """PEFT's base + adapter logits, and merge_and_unload()'s fp32 state dict."""
     model_dir, adapter_dir = ref_dirs(ref)
-    base = load(os.path.join(FIX, model_dir), torch.float32)
+    path = os.path.join(FIX, model_dir)
+    if ref in REF_CONFIG_CHANGES:  # a copy of the directory with the config changed
+        tmp = tempfile.mkdtemp(prefix="qlora-merge-ref-")
+        for f in os.listdir(path):
+            shutil.copyfile(os.path.join(path, f), os.path.join(tmp, f))
+        cfg = json.load(open(os.path.join(tmp, "config.json")))
+        for k, v in REF_CONFIG_CHANGES[ref].items():
+            cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
+        json.dump(cfg, open(os.path.join(tmp, "config.json"), "w"))
+        path = tmp
+    base = load(path, torch.float32)
     m = PeftModel.from_pretrained(base, os.path.join(FIX, adapter_dir)).eval()
     ids, _ = inputs(ref)
     logits = m(input_ids=ids).logits
@@ -128,7 +155,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name, (base, adapter, extra, ref) in CASES.items():
             out = os.path.join(tmp, name)
-            cmd = [args.qlora, "merge", "--model", os.path.join(FIX, base), "--adapter", os.path.join(FIX, adapter),
+            model_path, base_sha = os.path.join(FIX, base), None
+            if base.startswith("@"):  # a GGUF exported from that directory first
+                model_path = os.path.join(tmp, name + "_base.gguf")
+                subprocess.run([args.qlora, "export", "--format", "gguf", "--outtype", "f32", "--model",
+                                os.path.join(FIX, base[1:]), "--out", model_path], check=True, capture_output=True)
+                base_sha = sha256(model_path)
+            cmd = [args.qlora, "merge", "--model", model_path, "--adapter", os.path.join(FIX, adapter),
                    "--out", out] + extra
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
@@ -156,6 +189,8 @@ def main():
                     else "PeftModel.from_pretrained(%s, %s)" % ref_dirs(ref),
                     "logits_max_abs_err": float(f"{err:.3e}"), "logits_max_abs": round(scale, 4),
                     "files": {f: sha256(os.path.join(out, f)) for f in sorted(os.listdir(out))}}
+            if base_sha:
+                case["base_gguf_sha256"] = base_sha
             if not bf16:
                 assert err <= FP32_TOL * scale, f"{name}: max |logit error| {err:.3e} > {FP32_TOL} x {scale:.3f}"
             if bf16 and merged_sd is not None:
@@ -179,7 +214,7 @@ def main():
                 other = [k for k in bsd if "language_model" not in k and not k.startswith("lm_head")]
                 assert other and all(torch.equal(bsd[k], osd[k]) for k in other), name
                 case["vision_tower_and_projector"] = f"{len(other)} tensors equal to the base's"
-            if base.endswith(".gguf"):
+            if base.endswith(".gguf") or base.startswith("@"):
                 tok = AutoTokenizer.from_pretrained(out)
                 assert tok.bos_token_id == cfg["bos_token_id"] and tok.eos_token_id == cfg["eos_token_id"], name
                 case["tokenizer"] = f"AutoTokenizer loads it: {type(tok).__name__}, {len(tok)} tokens"

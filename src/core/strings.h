@@ -1,5 +1,6 @@
 // Small string helpers shared by the config parser, the CLI and the planner.
 #pragma once
+#include <charconv>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,13 @@ inline std::string ascii_lower(std::string s) {
   for (char& c : s)
     if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
   return s;
+}
+
+// The shortest decimal that reads back as this float (1.702, not 1.7020000219345093), for messages.
+inline std::string float_decimal(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
 }
 
 // "q_proj, v_proj,,o_proj" -> {"q_proj", "v_proj", "o_proj"}: items trimmed, empty ones dropped.

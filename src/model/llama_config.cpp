@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/json_util.h"
 
 namespace qlora {
@@ -907,9 +908,32 @@ static void moe_config_json(const LlamaConfig& c, json& j) {
   j["use_sliding_window"] = false;
 }
 
+// GptOssConfig's keys, as parse_gpt_oss reads them back: the experts and router, the windows per
+// layer, the clamped SwiGLU's limit (its alpha is GptOssExperts' constant 1.702: another is refused),
+// the load-balancing loss on exactly when the model adds it.
+static void gpt_oss_config_json(const LlamaConfig& c, json& j) {
+  if (c.swiglu_clamp.alpha != 1.702f)
+    fail(ErrorKind::Unsupported, "model_type 'gpt_oss': swiglu_alpha " + float_decimal(c.swiglu_clamp.alpha),
+         "GptOssConfig has no key for it (transformers fixes 1.702)", "keep the base model's own config.json");
+  j["architectures"] = json::array({"GptOssForCausalLM"});
+  j["num_local_experts"] = c.n_experts;
+  j["num_experts_per_tok"] = c.experts_per_tok;
+  j["output_router_logits"] = c.router_aux_loss_coef > 0;
+  if (c.router_aux_loss_coef > 0) j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  j["swiglu_limit"] = c.swiglu_clamp.limit;
+  j["attention_bias"] = true;
+  j["attention_dropout"] = 0.0;
+  j["sliding_window"] = c.sliding_window;
+  json types = json::array();
+  for (int64_t l = 0; l < c.n_layer; l++) types.push_back(c.window_of(l) > 0 ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+}
+
 json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
-  const bool experts = c.model_type == "mixtral" || c.model_type == "qwen3_moe";
-  if ((c.moe() && !experts) || !c.multimodal.empty() || c.attention_sinks || (c.rope_scaling.type == "yarn"))
+  const bool experts = c.model_type == "mixtral" || c.model_type == "qwen3_moe", gpt_oss = c.model_type == "gpt_oss";
+  const bool yarn_ok = c.model_type == "llama" || c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe" || gpt_oss;
+  if ((c.moe() && !experts && !gpt_oss) || !c.multimodal.empty() || (c.attention_sinks && !gpt_oss) ||
+      (c.rope_scaling.type == "yarn" && !yarn_ok))
     fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'",
          "writing a config.json for this model is not implemented", "keep the base model's own config.json");
   const std::string arch = c.model_type == "qwen2"       ? "Qwen2ForCausalLM"
@@ -935,6 +959,16 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
     j["rope_scaling"] = nullptr;
   } else if (c.rope_scaling.type == "linear") {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+  } else if (c.rope_scaling.type == "yarn") {  // its attention_factor only where it is not the derived one
+    const RopeScaling& r = c.rope_scaling;
+    if (r.mscale != 0 || r.mscale_all_dim != 0)
+      fail(ErrorKind::Unsupported, "rope_scaling.mscale", "writing a config.json with YaRN's mscale is not implemented",
+           "keep the base model's own config.json");
+    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", r.factor},
+                         {"original_max_position_embeddings", r.original_max_position_embeddings},
+                         {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}, {"truncate", r.truncate}};
+    if (std::fabs(r.attention_factor - yarn_mscale(r.factor, 1.0)) > 1e-12 * r.attention_factor)
+      j["rope_scaling"]["attention_factor"] = r.attention_factor;
   } else {
     j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope_scaling.factor},
                          {"low_freq_factor", c.rope_scaling.low_freq_factor},
@@ -944,6 +978,7 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
   if (c.model_type == "gemma2" || c.model_type == "gemma3_text") gemma_config_json(c, j);
   if (c.model_type == "phi3") phi3_config_json(c, j);
   if (experts) moe_config_json(c, j);
+  if (gpt_oss) gpt_oss_config_json(c, j);
   return j;
 }
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
 #include "io/json_util.h"
@@ -114,7 +115,7 @@ void check_gpt_oss_for_llama_cpp(const LlamaConfig& c) {
   };
   if (!c.attention_bias || !c.o_proj_bias) refuse("attention_bias", "llama.cpp's gpt-oss has biases on q, k, v and o");
   if (c.swiglu_clamp.alpha != 1.702f || c.swiglu_clamp.limit != 7.0f)
-    refuse("swiglu_alpha / swiglu_limit " + json(c.swiglu_clamp.alpha).dump() + " / " + json(c.swiglu_clamp.limit).dump(),
+    refuse("swiglu_alpha / swiglu_limit " + float_decimal(c.swiglu_clamp.alpha) + " / " + float_decimal(c.swiglu_clamp.limit),
            "llama.cpp's gpt-oss clamps its SwiGLU with alpha 1.702 and limit 7");
   if (c.expert_intermediate_size != c.intermediate_size)
     refuse("intermediate_size", "llama.cpp's gpt-oss experts are the intermediate size wide");
@@ -186,10 +187,12 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
       const std::string re = split_regex(s[0]);
       if (re == kLlama3Pattern) return "llama-bpe";
       if (re == kQwen2Pattern) return "qwen2";
+      if (re == kO200kPattern) return "gpt-4o";  // Phi-4-mini, gpt-oss: llama.cpp runs its own spelling
     }
   }
   fail(ErrorKind::Unsupported, where + ": pre_tokenizer", "this pre-tokenizer has no known llama.cpp name",
-       "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2); "
+       "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2), "
+       "o200k (gpt-4o); "
        "export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), which names its "
        "pre-tokenizer, else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
 }

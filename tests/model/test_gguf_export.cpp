@@ -285,8 +285,8 @@ TEST(GgufExport, ClearErrorsAndNothingLeftBehind) {
   {
     const std::string y = d.path + "/yarn_scaled";
     fs::create_directories(y);
-    for (const char* f : {"model.safetensors", "tokenizer.json"}) fs::copy_file(kFx + "/export/qwen3_yarn/" + f, y + "/" + f);
-    json cfg = json::parse(std::ifstream(kFx + "/export/qwen3_yarn/config.json"));
+    for (const char* f : {"model.safetensors", "tokenizer.json"}) fs::copy_file(kFx + "/models/qwen3_yarn/" + f, y + "/" + f);
+    json cfg = json::parse(std::ifstream(kFx + "/models/qwen3_yarn/config.json"));
     cfg["rope_scaling"]["attention_factor"] = 1.5;
     std::ofstream(y + "/config.json") << cfg.dump();
     expect_error([&] { run_export("gguf", y, "", "f32", out); }, ErrorKind::Unsupported, {"attention_factor", "qlora merge"});

@@ -81,6 +81,42 @@ TEST(GgufExportTokenizer, Llama32TokenizerRoundTrips) {
   check_round_trip(fs::path(path).parent_path().string(), "llama-bpe");
 }
 
+// An o200k tokenizer.json (Phi-4-mini, gpt-oss: here the one written for the gpt-4o vocabulary
+// fixture) is exported under llama.cpp's name "gpt-4o", and the file tokenizes as llama.cpp did on
+// that vocabulary (tests/fixtures/gguf/gpt4o_tokens.json), which is not the tokenizer.json's own
+// split where a non-ASCII letter decides a boundary.
+TEST(GgufExportTokenizer, O200kIsWrittenAsGpt4o) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const GgufFile src(gdir + "gpt4o_vocab.gguf");
+  const fs::path dir = fs::temp_directory_path() / ("qlora_o200k_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const Tokenizer::HfFiles files = Tokenizer::hf_files_from_gguf(src);
+  std::ofstream(dir / "tokenizer.json") << files.tokenizer_json;
+  std::ofstream(dir / "tokenizer_config.json") << files.tokenizer_config_json;
+  GgufWriter w;
+  hf_tokenizer_gguf_metadata(dir.string(), int64_t(src.get_array_size("tokenizer.ggml.tokens")), w);
+  const fs::path out = dir / "t.gguf";
+  w.begin(out.string());
+  w.commit();
+  const GgufFile g(out.string());
+  EXPECT_EQ(g.get_string("tokenizer.ggml.pre"), "gpt-4o");
+  EXPECT_EQ(g.get_array_strings("tokenizer.ggml.merges"), src.get_array_strings("tokenizer.ggml.merges"));
+  const Tokenizer gg = Tokenizer::from_gguf(g), hf = Tokenizer::from_file(dir.string());
+  int cases = 0, hf_differs = 0;
+  const json fx = read_json_file(gdir + "gpt4o_tokens.json");
+  for (const json& c : fx["cases"]) {
+    const std::string text = c["text"];
+    SCOPED_TRACE(text);
+    const bool bos = c["add_bos"];
+    EXPECT_EQ(gg.encode(text, bos), c["ids"].get<std::vector<int32_t>>());
+    hf_differs += hf.encode(text, bos) != c["ids"].get<std::vector<int32_t>>();
+    cases++;
+  }
+  EXPECT_EQ(cases, 54);
+  EXPECT_GT(hf_differs, 0);
+  fs::remove_all(dir);
+}
+
 // tokenizers' Metaspace layout of a SentencePiece vocabulary (no normalizer; Llama 2 and Mistral
 // without legacy) is written as llama.cpp's SPM vocabulary with add_space_prefix, as
 // convert_hf_to_gguf.py writes these models, and the export says where llama.cpp tokenizes it

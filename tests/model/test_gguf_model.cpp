@@ -590,6 +590,17 @@ TEST(GgufModel, MixtureOfExpertsErrorsNameKeyOrTensor) {
     expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format,
                  {"qwen3moe.expert_feed_forward_length", "7 but tensor 'blk.0.ffn_gate_exps.weight'", "width 6"});
   }
+  {  // gpt-oss: its window is required, its experts are the intermediate size wide, it has experts
+    Tiny t = moe("gpt-oss");
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format, {"gpt-oss.attention.sliding_window", "missing"});
+    t.F = 8;
+    t.extra = [](GgufBuilder& b) { b.u32("gpt-oss.attention.sliding_window", 4); };
+    expect_error([&] { gguf_llama_config(t.build()); }, ErrorKind::Format,
+                 {"gpt-oss.feed_forward_length", "8 but the experts are 6 wide"});
+    Tiny dense;
+    dense.arch = "gpt-oss";
+    expect_error([&] { gguf_llama_config(dense.build()); }, ErrorKind::Format, {"gpt-oss.expert_count", "expert count"});
+  }
   {
     Tiny t = moe("qwen3moe");
     t.skip = {"qwen3moe.expert_count"};
