@@ -316,6 +316,35 @@ def hf_fixture_with(kind, base, changes):
     return d
 
 
+def attention_only_adapter(src, dst):
+    """dst: the adapter src without its LoRA on the experts (target_parameters dropped)."""
+    os.makedirs(dst, exist_ok=True)
+    t = load_safetensors(os.path.join(src, "adapter_model.safetensors"))
+    write_safetensors(os.path.join(dst, "adapter_model.safetensors"), {k: v for k, v in t.items() if ".mlp.experts." not in k})
+    cfg = json.load(open(os.path.join(src, "adapter_config.json")))
+    cfg["target_parameters"] = None
+    with open(os.path.join(dst, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    return dst
+
+
+def f32_copy(model, tmp):
+    """llama.cpp's own F32 copy of a GGUF (llama_model_quantize to ALL_F32, requantizing allowed): every
+    tensor dequantized by ggml."""
+    out = os.path.join(tmp, os.path.basename(model) + ".all_f32.gguf")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = 0  # LLAMA_FTYPE_ALL_F32
+    p.allow_requantize = True
+    p.nthread = 2
+    if llama_cpp.llama_model_quantize(model.encode(), out.encode(), ctypes.byref(p)) != 0:
+        sys.exit("llama_model_quantize to F32 failed")
+    types = {t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    if types != {"F32"}:
+        sys.exit(f"the F32 copy holds {sorted(types)}")
+    return out
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -428,6 +457,13 @@ def main():
     go_ad = os.path.join(FX, "parity", "gpt_oss_adapter")
     jobs += [("tinygptoss_f32", go_base, go_ad, "gguf", "f32", tiny_ids, None),
              ("tinygptoss_q8_0", go_base, go_ad, "gguf", "q8_0", tiny_ids, None)]
+    # The same gpt-oss with LoRA on the attention only: its experts, which the adapter leaves alone,
+    # are written in MXFP4 as the checkpoint ships them (ggml's MXFP4 blocks, as convert_hf_to_gguf.py
+    # repacks them). llama.cpp multiplies MXFP4 weights by activations it rounds to Q8_0, so the case
+    # also records llama.cpp on its own F32 copy of the file (f32_copy), whose logits the engine, which
+    # dequantizes MXFP4 exactly, must match at f32 tolerance.
+    go_attn = attention_only_adapter(go_ad, os.path.join(OUT, "gpt_oss_attn_adapter"))
+    jobs += [("tinygptossmxfp4_f32", go_base, go_attn, "gguf", "f32", tiny_ids, None)]
     # Qwen3 with YaRN (factor 4 from 4096 positions): rope.scaling.* as the converter writes them.
     # The parity fixture itself, given the Mixtral fixture's tokenizer.json (the same 96 ids).
     qy_base = os.path.join(FX, "models", "qwen3_yarn")
@@ -481,6 +517,13 @@ def main():
             probe = Llama(model_path=model, vocab_only=True, verbose=False)
             ids = probe.tokenize(text.encode(), add_bos=False, special=True)
         _, scores = llama_logits(model, ids, lora)
+        if "mxfp4" in name:
+            types = {t.tensor_type.name for t in gguf.GGUFReader(out).tensors if "_exps.weight" in t.name}
+            if types != {"MXFP4"}:
+                sys.exit(f"{name}: expert stacks are {sorted(types)}, not MXFP4")
+            checks["experts_mxfp4"] = True
+            _, copy_scores = llama_logits(f32_copy(out, tmp), ids)
+            checks["rows_llama_cpp_f32_copy"] = rows(copy_scores)
         if "gptoss" in name:
             # YaRN with truncate false (gpt-oss's config): llama.cpp floors and ceils the ramp's ends
             # (ggml_rope_yarn_corr_dims), so its logits are the model's with truncate true, and the

@@ -374,4 +374,23 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   for (int64_t b = 0, nb = n / tr.block_size; b < nb; b++) fn(s + b * tr.block_bytes, dst + b * tr.block_size);
 }
 
+void mxfp4_from_ggml(const uint8_t* blocks, int64_t n, uint8_t* codes, uint8_t* scales) {
+  if (n % 32 != 0) fail(ErrorKind::Shape, "MXFP4", std::to_string(n) + " elements are not whole blocks of 32");
+  for (int64_t b = 0; b < n / 32; b++, blocks += 17, codes += 16) {
+    scales[b] = blocks[0];
+    const uint8_t* qs = blocks + 1;
+    auto code = [qs](int k) { return k < 16 ? qs[k] & 0xF : qs[k - 16] >> 4; };
+    for (int i = 0; i < 16; i++) codes[i] = uint8_t(code(2 * i) | code(2 * i + 1) << 4);
+  }
+}
+
+void mxfp4_to_ggml(const uint8_t* codes, const uint8_t* scales, int64_t n, uint8_t* blocks) {
+  if (n % 32 != 0) fail(ErrorKind::Shape, "MXFP4", std::to_string(n) + " elements are not whole blocks of 32");
+  for (int64_t b = 0; b < n / 32; b++, blocks += 17, codes += 16) {
+    blocks[0] = scales[b];
+    auto code = [codes](int k) { return k % 2 == 0 ? codes[k / 2] & 0xF : codes[k / 2] >> 4; };
+    for (int j = 0; j < 16; j++) blocks[1 + j] = uint8_t(code(j) | code(j + 16) << 4);
+  }
+}
+
 }  // namespace qlora

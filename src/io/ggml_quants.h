@@ -40,4 +40,13 @@ std::string ggml_dequantizable_types();
 // Error(Unsupported) names the type otherwise; Error(Shape) when n is not a multiple of the block.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 
+// MXFP4 in ggml's blocks and in the OCP layout gpt-oss's checkpoints ship (the engine's MXFP4
+// weights hold the latter): per 32 elements the same E8M0 scale byte and the same E2M1 codes, ggml
+// storing the scale and then 16 bytes with element j in the low nibble of byte j and element j + 16
+// in the high one, the OCP layout the scales apart and 16 code bytes with element 2i in the low
+// nibble of byte i and 2i + 1 in the high one. n elements (a multiple of 32): blocks of n / 32 * 17
+// bytes <-> codes of n / 2 bytes and scales of n / 32 bytes. Lossless both ways.
+void mxfp4_from_ggml(const uint8_t* blocks, int64_t n, uint8_t* codes, uint8_t* scales);
+void mxfp4_to_ggml(const uint8_t* codes, const uint8_t* scales, int64_t n, uint8_t* blocks);
+
 }  // namespace qlora

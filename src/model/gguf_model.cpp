@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/experts.h"
 #include "model/merge.h"
+#include "model/mxfp4_experts.h"
 
 namespace qlora {
 
@@ -327,6 +328,15 @@ void read_gpt_oss_layout(const GgufFile& f, const std::string& k, LlamaConfig& c
   apply_gpt_oss_layout(c);
   c.swiglu_clamp = ClampedSwigluParams{1.702f, 7.0f};
   c.router_aux_loss_coef = 0;
+  // Experts as the Hub's gpt-oss GGUFs ship them (MXFP4, as convert_hf_to_gguf.py copies the
+  // checkpoint's blocks): held as shipped, as from the checkpoint, when every stack is MXFP4.
+  bool mxfp4 = true;
+  for (int64_t l = 0; l < c.n_layer && mxfp4; l++)
+    for (const char* k : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+      const std::string n = "blk." + std::to_string(l) + "." + k + ".weight";
+      mxfp4 = mxfp4 && f.has_tensor(n) && f.tensor(n).type == GgmlType::MXFP4;
+    }
+  if (mxfp4) c.experts_stored = "mxfp4";
 }
 
 // YaRN as llama.cpp runs it from rope.scaling.* (ggml's rope with ext_factor 1): the ramp between
@@ -729,6 +739,40 @@ const GgufTensorInfo& expert_stack(const GgufFile& f, const ExpertSlice& x) {
 }
 
 }  // namespace
+
+bool gguf_read_hf_quantized(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, int64_t rows,
+                            int64_t cols, QuantizedTensor& q) {
+  const auto g = gpt_oss_fused(cfg, hf_name);
+  if (!g || g->bias || cfg.experts_stored != "mxfp4") return false;
+  for (const FusedPart& p : g->parts) {
+    expect_shape(f, p.gguf, p.ne);
+    if (f.tensor(p.gguf).type != GgmlType::MXFP4)
+      fail(ErrorKind::Format, f.path() + ": tensor '" + p.gguf + "'",
+           std::string("is ") + ggml_type_name(f.tensor(p.gguf).type) + ", the file's other expert stacks MXFP4");
+  }
+  const int64_t E = cfg.n_experts, F = cfg.expert_intermediate_size, C = cfg.hidden_size;
+  const int64_t out = g->gate_up ? 2 * F : C, in = g->gate_up ? C : F;  // per expert
+  if (rows != E * out || cols != in)
+    fail(ErrorKind::Internal, f.path() + ": tensor '" + hf_name + "'",
+         "read as " + std::to_string(rows) + " rows of " + std::to_string(cols) + ", the stacks hold " +
+             std::to_string(E * out) + " of " + std::to_string(in));
+  q = QuantizedTensor{};
+  q.params = mxfp4_expert_params();
+  q.rows = rows;
+  q.cols = cols;
+  q.data.resize(size_t(rows * cols / 2));
+  q.scales.resize(size_t(rows * cols / 32));
+  const int64_t row_bytes = ggml_row_bytes(GgmlType::MXFP4, in);
+  // Row r of the fused weight: gate_up interleaves gate's row e F + o (r = e 2F + 2o) and up's (+ 1).
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t e = r / out, o = r % out;
+    const int64_t part = g->gate_up ? o % 2 : 0, src_row = g->gate_up ? e * F + o / 2 : r;
+    const uint8_t* src = f.tensor_data(g->parts[size_t(part)].gguf) + src_row * row_bytes;
+    mxfp4_from_ggml(src, in, q.data.data() + r * in / 2, q.scales.data() + r * in / 32);
+  }
+  for (const FusedPart& p : g->parts) f.release_pages(p.gguf);
+  return true;
+}
 
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) return stack_holding(f, *x) != nullptr;

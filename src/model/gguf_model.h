@@ -6,6 +6,7 @@
 
 #include "io/gguf.h"
 #include "model/llama_config.h"
+#include "quant/quantize.h"
 
 namespace qlora {
 
@@ -70,6 +71,12 @@ std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, co
 // the checkpoint's w from the stored 1 + w). For tied models lm_head.weight reads the token
 // embedding. Error(Format) for names with no GGUF tensor.
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst);
+// gpt-oss's fused expert weight `hf_name` (gate_up_proj / down_proj) as the file stores it, when its
+// experts are MXFP4 (cfg.experts_stored "mxfp4", which gguf_llama_config sets when every stack is):
+// the (E * out, in) weight of the checkpoint's blocks (gate's and up's rows interleaved), codes and
+// scales moved from ggml's blocks bit for bit. False for any other tensor or file.
+bool gguf_read_hf_quantized(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, int64_t rows,
+                            int64_t cols, QuantizedTensor& q);
 // Hands the mapped pages gguf_read_hf_tensor read for `hf_name` back to the OS (GgufFile::release_pages).
 void gguf_release_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name);
 

@@ -108,6 +108,12 @@ MergedModel::MergedModel(LlamaConfig cfg, TensorSource base, std::optional<PeftA
 // Expert weight kind (expert_kinds) -> the stacked weight its adapter is on.
 static std::string expert_lora_kind(const std::string& kind) { return kind == "down_proj" ? "down_proj" : "gate_up_proj"; }
 
+std::optional<QuantizedTensor> MergedModel::stored_quantized(const std::string& hf_name, int64_t rows, int64_t cols) const {
+  QuantizedTensor q;
+  if (merged(hf_name) || !base_.read_quantized || !base_.read_quantized(hf_name, rows, cols, q)) return std::nullopt;
+  return q;
+}
+
 bool MergedModel::merged(const std::string& hf_name) const {
   if (!adapter_) return false;
   if (const std::string k = gpt_oss_stack(cfg_, hf_name); !k.empty()) {

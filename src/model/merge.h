@@ -50,6 +50,13 @@ class MergedModel {
   void read(const std::string& hf_name, float* dst) const;
   std::vector<float> read(const std::string& hf_name) const;
 
+  // The base's own quantized bytes of `hf_name`, rows x cols as TensorSource::read_quantized gives
+  // them, where the adapter leaves the tensor alone and the base stores it quantized (gpt-oss's
+  // MXFP4 experts); nullopt otherwise.
+  std::optional<QuantizedTensor> stored_quantized(const std::string& hf_name, int64_t rows, int64_t cols) const;
+  // How the base stores its experts when not as its other weights (gpt-oss's MXFP4), else nullopt.
+  const std::optional<QuantParams>& base_expert_quant() const { return base_.stored_expert_quant; }
+
   // How the base stores its weights ("bf16", "float32", "nf4 (double quant)" ...), for messages.
   const std::string& base_precision() const { return base_precision_; }
   bool base_quantized() const { return base_.stored_quant.has_value(); }

@@ -306,6 +306,7 @@ std::vector<float> llama3_rope_factors(const LlamaConfig& c) {
 struct Planned {
   std::string gguf_name;
   std::function<void(std::vector<float>&)> values;  // fills the f32 values in GGUF row order
+  std::function<void(std::vector<uint8_t>&)> bytes = {};  // or the stored bytes themselves (values unset)
 };
 
 uint64_t write_all(GgufWriter& w, const std::vector<Planned>& plan, const std::string& out,
@@ -313,9 +314,15 @@ uint64_t write_all(GgufWriter& w, const std::vector<Planned>& plan, const std::s
   const uint64_t total = w.file_size();
   w.begin(out);
   std::vector<float> buf;
+  std::vector<uint8_t> raw;
   for (size_t i = 0; i < plan.size(); i++) {
-    plan[i].values(buf);
-    w.write_tensor_f32(buf.data(), int64_t(buf.size()));
+    if (plan[i].bytes) {
+      plan[i].bytes(raw);
+      w.write_tensor(raw.data(), raw.size());
+    } else {
+      plan[i].values(buf);
+      w.write_tensor_f32(buf.data(), int64_t(buf.size()));
+    }
     if (progress) progress(i + 1, plan.size(), plan[i].gguf_name, w.bytes_written(), total);
   }
   w.commit();
@@ -424,6 +431,29 @@ PeftAdapter open_adapter(const std::string& dir, const LlamaConfig& cfg) {
   return open_peft_adapter(dir, cfg);
 }
 
+// Whether gpt-oss's fused stack `hf` is written as the checkpoint ships it: MXFP4 experts the adapter
+// leaves alone, rows of whole blocks (convert_hf_to_gguf.py copies such blocks too). Experts the
+// adapter changes are written as floats in the outtype, with a note.
+bool mxfp4_as_shipped(const MergedModel& m, const std::string& hf, int64_t row, std::vector<std::string>& notes) {
+  const auto& q = m.base_expert_quant();
+  if (!q || q->format != QuantFormat::MXFP4 || row % 32 != 0) return false;
+  const bool kept = !m.merged(hf);
+  const std::string note = kept ? "the experts are written in MXFP4 as the base holds them (ggml's MXFP4 blocks)"
+                                : "the experts the adapter changes are written in the outtype, not the base's MXFP4";
+  if (std::find(notes.begin(), notes.end(), note) == notes.end()) notes.push_back(note);
+  return kept;
+}
+
+// Rows first, first + step, ... of an MXFP4 weight as ggml's MXFP4 blocks.
+void mxfp4_stack(const QuantizedTensor& q, int64_t first, int64_t step, std::vector<uint8_t>& out) {
+  const int64_t n = q.rows / step, row_bytes = ggml_row_bytes(GgmlType::MXFP4, q.cols);
+  out.resize(size_t(n * row_bytes));
+  for (int64_t r = 0; r < n; r++) {
+    const int64_t src = first + r * step;
+    mxfp4_to_ggml(q.data.data() + src * q.cols / 2, q.scales.data() + src * q.cols / 32, q.cols, out.data() + r * row_bytes);
+  }
+}
+
 // gpt-oss's router and fused experts as llama.cpp's gpt-oss holds them (GptOssModel): the router as
 // ffn_gate_inp in f32; gate_up_proj's interleaved outputs (E, C, 2F) as ffn_gate_exps and
 // ffn_up_exps, down_proj (E, F, C) transposed per expert as ffn_down_exps (ne [in, out, experts]);
@@ -452,6 +482,11 @@ bool plan_gpt_oss_tensor(GgufWriter& w, const std::shared_ptr<MergedModel>& m, c
       plan.push_back({g, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
       return true;
     }
+    if (mxfp4_as_shipped(*m, hf, F, notes)) {  // rows (e, o) of F as the checkpoint holds them
+      w.add_tensor(g, {F, C, E}, GgmlType::MXFP4);
+      plan.push_back({g, {}, [m, hf, E, F, C](std::vector<uint8_t>& b) { mxfp4_stack(*m->stored_quantized(hf, E * C, F), 0, 1, b); }});
+      return true;
+    }
     w.add_tensor(g, {F, C, E}, weight_type(ot, g, F, false, notes));
     plan.push_back({g, [m, hf, E, F, C](std::vector<float>& v) {
                       const std::vector<float> all = m->read(hf);  // (E, F, C)
@@ -471,6 +506,13 @@ bool plan_gpt_oss_tensor(GgufWriter& w, const std::shared_ptr<MergedModel>& m, c
                         v.resize(size_t(E * F));
                         for (int64_t e = 0; e < E; e++)
                           for (int64_t o = 0; o < F; o++) v[size_t(e * F + o)] = all[size_t(e * 2 * F + 2 * o + s)];
+                      }});
+      continue;
+    }
+    if (mxfp4_as_shipped(*m, hf, C, notes)) {  // gate's rows are the checkpoint's even ones, up's the odd
+      w.add_tensor(g, {C, F, E}, GgmlType::MXFP4);
+      plan.push_back({g, {}, [m, hf, E, F, C, s](std::vector<uint8_t>& b) {
+                        mxfp4_stack(*m->stored_quantized(hf, E * 2 * F, C), s, 2, b);
                       }});
       continue;
     }

@@ -110,6 +110,8 @@ BaseStorage base_storage(const std::string& path, const ModelSource& src, const 
     bool quant = false;
     for (const auto& t : g.tensors()) {
       if (t.ne.size() < 2) continue;  // norms stay F32 in every GGUF; the matrices tell the precision
+      // gpt-oss's MXFP4 experts are the format it ships in, as from its checkpoint: the rest tells.
+      if (src.tensors.stored_expert_quant && t.name.find("_exps.") != std::string::npos) continue;
       types.insert(ggml_type_name(t.type));
       quant |= t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16;
     }

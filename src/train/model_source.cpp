@@ -119,6 +119,13 @@ static ModelSource open_gguf(const std::string& path) {
     gguf_read_hf_tensor(*g, cfg, n, dst);
     gguf_release_hf_tensor(*g, cfg, n);  // copied: the mapped pages need not stay beside the copy
   };
+  if (cfg.experts_stored == "mxfp4") {  // gpt-oss's MXFP4 experts, held as the file ships them
+    src.tensors.description += " (MXFP4 experts)";
+    src.tensors.stored_expert_quant = mxfp4_expert_params();
+    src.tensors.read_quantized = [g, cfg](const std::string& n, int64_t rows, int64_t cols, QuantizedTensor& q) {
+      return gguf_read_hf_quantized(*g, cfg, n, rows, cols, q);
+    };
+  }
   attach_tokenizer(src, std::make_shared<const Tokenizer>(Tokenizer::from_gguf(*g)), "GGUF vocabulary", path);
   return src;
 }

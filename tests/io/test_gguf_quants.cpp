@@ -178,6 +178,37 @@ TEST(GgmlQuants, HandBuiltCodeBookBlocks) {
   }
 }
 
+// ggml's MXFP4 blocks and the checkpoint layout (codes with element 2i low, 2i + 1 high; scales
+// apart): on random blocks, every element read from the codes and scales by hand equals ggml's
+// dequantization of the block, and the way back gives the same bytes.
+TEST(GgmlQuants, Mxfp4MovesBetweenGgmlBlocksAndTheCheckpointLayout) {
+  const int64_t n = 32 * 12;
+  std::vector<uint8_t> blocks(size_t(n / 32 * 17));
+  uint32_t x = 7;
+  for (size_t i = 0; i < blocks.size(); i++) {
+    x = x * 1664525u + 1013904223u;
+    blocks[i] = uint8_t(x >> 24);
+    if (i % 17 == 0) blocks[i] = uint8_t(100 + (x >> 24) % 50);  // scales 2^-27 .. 2^22
+  }
+  std::vector<uint8_t> codes(size_t(n / 2)), scales(size_t(n / 32));
+  mxfp4_from_ggml(blocks.data(), n, codes.data(), scales.data());
+  std::vector<float> y(static_cast<size_t>(n));
+  dequantize_row(GgmlType::MXFP4, blocks.data(), y.data(), n);
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  int nonzero = 0;
+  for (int64_t k = 0; k < n; k++) {
+    const int code = (codes[size_t(k / 2)] >> (4 * (k % 2))) & 0xF;
+    const float want = e2m1[code] * std::ldexp(1.0f, int(scales[size_t(k / 32)]) - 127);
+    EXPECT_EQ(y[size_t(k)], want) << "element " << k;
+    nonzero += want != 0;
+  }
+  EXPECT_GT(nonzero, n / 2);
+  std::vector<uint8_t> back(blocks.size());
+  mxfp4_to_ggml(codes.data(), scales.data(), n, back.data());
+  EXPECT_EQ(back, blocks);
+  EXPECT_THROW(mxfp4_from_ggml(blocks.data(), 31, codes.data(), scales.data()), Error);
+}
+
 TEST(GgmlQuants, HandBuiltKQuantBlocks) {
   std::vector<float> y(256);
   {  // Q6_K: all-zero quants decode to -32 * d * scale; bits land where the layout says

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -364,6 +365,29 @@ TEST(GgufExport, GptOssIsWrittenInLlamaCppsLayout) {
   EXPECT_EQ(gc.swiglu_clamp.alpha, c.swiglu_clamp.alpha);
   EXPECT_EQ(gc.swiglu_clamp.limit, c.swiglu_clamp.limit);
   EXPECT_EQ(gc.rope_scaling.attention_factor, c.rope_scaling.attention_factor);
+
+  // With the experts left alone (LoRA on the attention only) they are written in MXFP4 as the
+  // checkpoint holds them, and read back as the same blocks: held as shipped, byte for byte.
+  const std::string mx = d.path + "/mx.gguf";
+  const GgufExportResult rm = run_export("gguf", model, kFx + "/export/gpt_oss_attn_adapter", "f32", mx);
+  EXPECT_TRUE(std::any_of(rm.notes.begin(), rm.notes.end(), [](const std::string& n) { return n.find("MXFP4") != std::string::npos; }));
+  GgufFile gm(mx);
+  for (const char* k : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) EXPECT_EQ(gm.tensor("blk.2." + std::string(k) + ".weight").type, GgmlType::MXFP4) << k;
+  EXPECT_EQ(gm.tensor("blk.2.attn_q.weight").type, GgmlType::F32);
+  const LlamaConfig mc = gguf_llama_config(gm);
+  EXPECT_EQ(mc.experts_stored, "mxfp4");
+  ModelSource ms = open_model_source(mx);
+  ASSERT_TRUE(ms.tensors.stored_expert_quant.has_value());
+  for (const auto& [t, rows, cols] : {std::tuple<std::string, int64_t, int64_t>{"gate_up_proj", E * 2 * F, C}, {"down_proj", E * C, F}}) {
+    SCOPED_TRACE(t);
+    const std::string hf = "model.layers.2.mlp.experts." + t;
+    QuantizedTensor want, got;
+    ASSERT_TRUE(base.tensors.read_quantized(hf, rows, cols, want));
+    ASSERT_TRUE(ms.tensors.read_quantized(hf, rows, cols, got));
+    EXPECT_EQ(got.data, want.data);
+    EXPECT_EQ(got.scales, want.scales);
+    EXPECT_EQ(got.params.format, QuantFormat::MXFP4);
+  }
 }
 
 // Gemma 2 and 3 in llama.cpp's gemma2/gemma3 layout (tests/fixtures/export/gemma*, written by
@@ -497,6 +521,9 @@ double bound_for(const json& fx, const json& c, const std::string& outtype, bool
   const std::string name = c["name"];
   if (c.value("llama_cpp_gelu_f16_table", false)) return 1e-2;
   const double f32 = real ? 1.5e-4 : 1e-5;
+  // MXFP4 experts: llama.cpp multiplies them by activations it rounds to Q8_0; its gap to its own F32
+  // copy of the file bounds the comparison (the engine is held to the copy at f32 tolerance too).
+  if (c.contains("rows_llama_cpp_f32_copy")) return testing_util::records_gap(c["rows"], c["rows_llama_cpp_f32_copy"]) + f32;
   if (outtype == "f32") return f32;
   const std::string model = name.substr(0, name.find('_'));
   const double gap = llama_cpp_self_gap(fx, model + "_f32", model + "_" + outtype);
@@ -549,14 +576,25 @@ TEST(GgufExportLlamaCpp, OurExportsAreTheFilesLlamaCppRanAndOurLogitsMatch) {
     if (!reads_back || (from_hf && !yarn_truncates)) runs.emplace_back("the base and adapter", source_logits(base, adapter, ids));
     const double tol = bound_for(fx, c, c["outtype"], real, from_hf);
     ASSERT_GT(tol, 0) << "no bound for " << name;
+    // llama.cpp's logits of the f32 model: its run, or its F32 copy's where it multiplied MXFP4 experts.
+    const json& f32_rows = c.contains("rows_llama_cpp_f32_copy") ? c["rows_llama_cpp_f32_copy"] : c["rows"];
     if (yarn_truncates && c["outtype"] == "f32") {  // (a q8_0 file's own gap would hide it)
-      const auto untruncated = testing_util::recorded_logits_gap(source_logits(base, adapter, ids), c["rows"], 2 * tol);
+      const double f32_tol = 1e-5;
+      const auto untruncated = testing_util::recorded_logits_gap(source_logits(base, adapter, ids), f32_rows, 2 * f32_tol);
       std::printf("%s, the engine on the base and adapter (YaRN untruncated): max |logit - llama.cpp| = %.3g\n", name.c_str(),
                   untruncated.max_diff);
-      EXPECT_GT(untruncated.max_diff, 100 * tol) << "llama.cpp's YaRN was expected to differ from truncate false";
+      EXPECT_GT(untruncated.max_diff, 100 * f32_tol) << "llama.cpp's YaRN was expected to differ from truncate false";
       const std::vector<std::string> notes = run_export(c["format"], base, adapter, c["outtype"], out).notes;
       EXPECT_TRUE(std::any_of(notes.begin(), notes.end(), [](const std::string& n) { return n.find("truncate false") != std::string::npos; }))
           << "the export does not say that llama.cpp truncates YaRN's ramp";
+    }
+    if (reads_back && c.contains("rows_llama_cpp_f32_copy")) {
+      const auto copy = testing_util::recorded_logits_gap(runs.front().second, f32_rows, 2e-5);
+      std::printf("%s, the engine on the exported GGUF: max |logit - llama.cpp on its F32 copy| = %.3g (bound 1e-05)\n",
+                  name.c_str(), copy.max_diff);
+      EXPECT_LE(copy.max_diff, 1e-5) << "the engine against llama.cpp's F32 copy of the file";
+      EXPECT_TRUE(c.value("experts_mxfp4", false));
+      EXPECT_TRUE(open_model_source(out).tensors.stored_expert_quant.has_value()) << "the MXFP4 experts are held as shipped";
     }
     fs::remove(out);
     double max_diff = 0;
