@@ -45,6 +45,7 @@ void apply_train_config(const qlora::TrainConfig& t, qlora::PlanRequest& r, std:
   if (unset("--sharding")) r.sharding = s.sharding;  // what training does
   if (unset("--rl")) r.objective = s.objective;
   r.reference_precomputed = s.reference_precomputed;
+  r.router_aux_loss_coef = qlora::router_aux_loss_coef_value(t);
   // Sample answers decode through the training forward with a KV cache, as the trainer plans it.
   r.kv_cache_tokens = qlora::sample_kv_tokens(t, r.seq_len);
 }

@@ -209,6 +209,13 @@ static void resolve_rope_scaling(const json& j, LlamaConfig& c, const std::strin
   if (r.attention_factor <= 0) r.attention_factor = longrope_attention_factor(r.factor, r.original_max_position_embeddings);
 }
 
+void override_router_aux_loss_coef(LlamaConfig& c, double coef, const std::string& key) {
+  if (!c.moe())
+    fail(ErrorKind::Config, key, "model '" + c.name + "' has no experts: there is no router to balance",
+         "remove it (it applies to mixtures of experts)");
+  c.router_aux_loss_coef = coef;
+}
+
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 double longrope_attention_factor(double factor, int64_t original_max_position_embeddings) {

@@ -159,6 +159,11 @@ LlamaConfig preset_config(const std::string& name);  // Error(Config) with close
 // and a GGUF of llama.cpp's gpt-oss architecture all end with it).
 void apply_gpt_oss_layout(LlamaConfig& c);
 
+// A training setting's load-balancing loss coefficient in place of the model's own (0: none), as
+// transformers computes the loss with output_router_logits on. Error(Config) naming `key` for a
+// model without experts.
+void override_router_aux_loss_coef(LlamaConfig& c, double coef, const std::string& key);
+
 // YaRN's magnitude scale as transformers computes it (get_mscale): 0.1 m ln(factor) + 1, 1 for
 // factor <= 1. Its attention_factor, where a config names none, is yarn_mscale(factor, 1).
 double yarn_mscale(double factor, double m);

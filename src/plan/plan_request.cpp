@@ -57,6 +57,7 @@ PlanRequest normalize_request(const PlanRequest& in) {
     check_expert_targets(r.model, r.lora.expert_targets, r.lora.dropout);
   }
 
+  if (r.router_aux_loss_coef) override_router_aux_loss_coef(r.model, *r.router_aux_loss_coef, "router_aux_loss_coef");
   // Experts as the checkpoint ships them (gpt-oss: MXFP4) unless asked otherwise.
   if (!r.expert_precision && r.model.experts_stored == "mxfp4") r.expert_precision = BasePrecision::Mxfp4;
   if (r.expert_precision && !r.model.moe())

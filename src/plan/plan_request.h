@@ -31,6 +31,8 @@ struct PlanRequest : EngineSpec {
   // A mixture-of-experts model's experts in their own precision (--expert-precision; a checkpoint
   // that ships them so, gpt-oss's MXFP4, by default). Unset: the base precision.
   std::optional<BasePrecision> expert_precision;
+  // A training config's router_aux_loss_coef over the model's own (nullopt: the model's).
+  std::optional<double> router_aux_loss_coef;
 
   DType compute_dtype() const { return gpu.is_cpu ? DType::F32 : DType::BF16; }
   BasePrecision base() const { return resolved_base(*this, compute_dtype()); }

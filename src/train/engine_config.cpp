@@ -64,4 +64,9 @@ EngineSpec with_shapes(EngineSpec s, const TrainConfig& c, int64_t micro_batch, 
   return s;
 }
 
+void apply_router_aux_loss(const TrainConfig& c, LlamaConfig& model) {
+  if (const std::optional<double> coef = router_aux_loss_coef_value(c))
+    override_router_aux_loss_coef(model, *coef, "router_aux_loss_coef");
+}
+
 }  // namespace qlora

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "model/engine_spec.h"
+#include "model/llama_config.h"
 #include "train/preference.h"
 #include "train/train_config.h"
 
@@ -15,6 +16,11 @@ namespace qlora {
 // dtype, sharding and the shapes (per_device_train_batch_size x max_length), each parsed from its
 // key (the error names it).
 EngineSpec engine_spec(const TrainConfig& c);
+
+// router_aux_loss_coef set to a number: the model's load-balancing loss coefficient becomes it (0:
+// none), whatever its config.json says; auto leaves the model's own. Error(Config) naming the key
+// for a model without experts.
+void apply_router_aux_loss(const TrainConfig& c, LlamaConfig& model);
 
 // The longest row a config's batches can hold: max_length, or twice it for preference objectives,
 // whose rows hold two documents of at most max_length tokens each.

@@ -188,6 +188,11 @@ const std::vector<KeyRow>& key_table() {
       {.name = "target_parameters", .field = &T::target_parameters, .def = "",
        .help = "Stacked expert weights that get LoRA in a mixture-of-experts model, as PEFT's target_parameters: "
                "mlp.experts.gate_up_proj and/or mlp.experts.down_proj (one rank-r pair per expert). Empty = none."},
+      {.name = "router_aux_loss_coef", .field = &T::router_aux_loss_coef, .def = "auto",
+       .help = "Mixtures of experts: the router's load-balancing loss (transformers' load_balancing_loss_func) "
+               "is added to the training loss times this coefficient; 0 = none. auto = the model's own: its "
+               "config.json's router_aux_loss_coef when it sets output_router_logits, else none (a GGUF has none).",
+       .null_as = "auto"},
       {.name = "use_rslora", .field = &T::use_rslora, .def = "false",
        .help = "Rank-stabilized LoRA: scale = lora_alpha / sqrt(r)."},
       {.name = "rl", .field = &T::rl, .def = "sft", .choices = {"sft", "dpo", "orpo", "simpo", "kto"},
@@ -561,6 +566,7 @@ const std::vector<AliasRow>& alias_table() {
       {"warmup_steps", "warmup_steps", expand_warmup_steps},
       // preference training: axolotl (rl_beta, kto_*_weight), LLaMA-Factory (stage, pref_*), TRL
       {"rl_beta", "beta"},
+      {"moe_aux_loss_coef", "router_aux_loss_coef"},  // LLaMA-Factory
       {"pref_beta", "beta"},
       {"dpo_beta", "beta"},
       {"dpo_label_smoothing", "label_smoothing"},
@@ -898,6 +904,16 @@ std::vector<Entry> override_entries(const std::vector<std::string>& overrides, N
 // ---------------------------------------------------------------------------------------------
 // Cross-field checks and derived values, after every entry is applied.
 
+std::optional<double> parse_router_aux_loss_coef(const std::string& v, const std::string& where) {
+  if (v == "auto" || v.empty()) return std::nullopt;
+  double x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || end != v.data() + v.size() || !std::isfinite(x) || x < 0)
+    fail(ErrorKind::Config, where, "router_aux_loss_coef '" + v + "' is not auto or a number >= 0",
+         "e.g. router_aux_loss_coef: 0.001 (Qwen3-MoE's and gpt-oss's own), 0.02 (Mixtral's), 0 for none");
+  return x;
+}
+
 void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& notes, bool require_inputs) {
   auto where = [&](const std::string& key) {
     auto it = set_at.find(key);
@@ -944,6 +960,8 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
   if (c.max_steps == 0)
     fail(ErrorKind::Config, where("max_steps"), "max_steps 0 would train nothing",
          "use -1 to derive steps from num_train_epochs, or a positive count");
+
+  parse_router_aux_loss_coef(c.router_aux_loss_coef, where("router_aux_loss_coef"));  // auto or a number >= 0
 
   // Base precision and bitsandbytes-style 4-bit flags must describe one format.
   bool bp_4bit = c.base_precision == "nf4" || c.base_precision == "fp4";
@@ -1125,5 +1143,9 @@ std::string config_reference_markdown() {
 std::string suggest_config_key(const std::string& key) { return closest(key, all_key_names()); }
 
 bool reports_to_tensorboard(const TrainConfig& cfg) { return cfg.report_to == "tensorboard" || cfg.report_to == "all"; }
+
+std::optional<double> router_aux_loss_coef_value(const TrainConfig& c) {
+  return parse_router_aux_loss_coef(c.router_aux_loss_coef, "config key 'router_aux_loss_coef'");
+}
 
 }  // namespace qlora

@@ -1,6 +1,7 @@
 // TrainConfig: every training option under its Hugging Face spelling, loaded from YAML + key=value overrides.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,9 @@ struct TrainConfig {
   double lora_dropout;
   std::vector<std::string> target_modules;  // after loading: explicit names, "all-linear" expanded
   std::vector<std::string> target_parameters;  // PEFT's: a mixture of experts' mlp.experts.gate_up_proj / down_proj
+  // A mixture of experts' load-balancing loss coefficient: "auto" (the model's own) or a number >= 0
+  // (router_aux_loss_coef_value reads it).
+  std::string router_aux_loss_coef;
   bool use_rslora;
   // preference training (rl != sft)
   std::string rl;             // sft|dpo|orpo|simpo|kto: the objective
@@ -118,6 +122,10 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
 // Re-runs the cross-field checks and derivations of loading on a config built in code
 // (per_device_eval_batch_size 0 -> train batch size, target_modules order/expansion, 4-bit flags).
 void finalize_train_config(TrainConfig& cfg, std::vector<std::string>* notes = nullptr);
+
+// router_aux_loss_coef as a number, nullopt for auto (the model's own); Error(Config) naming the key
+// for anything but auto or a finite number >= 0.
+std::optional<double> router_aux_loss_coef_value(const TrainConfig& cfg);
 
 // YAML with every effective value in table order; loading it back gives the same TrainConfig.
 std::string dump_train_config(const TrainConfig& cfg);

@@ -311,7 +311,8 @@ struct Trainer::Run {
 
 TrainSummary Trainer::run() {
   Run r;
-  const ModelSource source = prepare_data(r);
+  ModelSource source = prepare_data(r);
+  apply_router_aux_loss(cfg_, source.config);  // router_aux_loss_coef over the model's own
   load_model(r, source);
   precompute_reference(r);
   resume(r);
@@ -337,9 +338,11 @@ ModelSource Trainer::prepare_data(Run& r) {
 void Trainer::load_model(Run& r, const ModelSource& source) {
   pref_ = preference_spec(cfg_);
   if (pref_ && source.config.router_aux_loss_coef > 0)  // before the reference pass and the weights
-    fail(ErrorKind::Unsupported, source.config.name + "/config.json: key 'output_router_logits'",
+    fail(ErrorKind::Unsupported,
+         router_aux_loss_coef_value(cfg_) ? std::string("router_aux_loss_coef")
+                                          : source.config.name + "/config.json: key 'output_router_logits'",
          "the router's load-balancing loss beside a preference objective is not implemented",
-         "set output_router_logits to false in config.json");
+         "set router_aux_loss_coef: 0 in the training config");
   const int64_t bs = cfg_.per_device_train_batch_size, ga = cfg_.gradient_accumulation_steps;
   const int64_t ebs = cfg_.per_device_eval_batch_size;
   // fsdp implies ZeRO-1's split of the AdamW moments; with one rank its gather is a copy.

@@ -70,6 +70,51 @@ TEST(TrainMoe, LoadBalancingLossIsLoggedBesideTheRouting) {
   fs::remove_all(out);
 }
 
+// router_aux_loss_coef in the training config replaces the model's own coefficient: 0 turns off the
+// loss mixtral_aux's config.json asks for (no router/aux_loss logged, the loss the language model's
+// alone), 0.5 adds half the load-balancing loss to it (the first step's loss, before any update,
+// is the language-model loss plus 0.5 x the logged aux loss); a GGUF mixture of experts, which
+// has no setting, gets one; a dense model is refused, naming the key.
+TEST(TrainMoe, RouterAuxLossCoefFromTheTrainingConfig) {
+  const std::string out = temp_dir("moe_aux_coef");
+  fs::create_directories(out);
+  const std::string cfg = out + "/cfg.yaml";
+  std::ofstream(cfg) << "model_name_or_path: " << kModel << "\ntrain_file: " << write_rows(out) << "\n"
+                     << "per_device_train_batch_size: 2\nmax_steps: 1\nlearning_rate: 1.0e-3\nr: 4\nlora_alpha: 8\n"
+                     << "target_modules: [q_proj, v_proj]\nlogging_steps: 1\nthreads: 1\ndevice: cpu\nseed: 5\n";
+  auto first_step = [&](const std::string& args, const std::string& run) {
+    const RunResult r = run_qlora("train " + cfg + " output_dir=" + out + "/" + run + args);
+    EXPECT_EQ(r.code, 0) << r.output;
+    for (const auto& rec : metrics_records(out + "/" + run))
+      if (rec.contains("step") && rec.contains("loss")) return rec;
+    ADD_FAILURE() << "no step record for " << run;
+    return nlohmann::json();
+  };
+  const nlohmann::json off = first_step(" router_aux_loss_coef=0", "off");
+  const nlohmann::json half = first_step(" router_aux_loss_coef=0.5", "half");
+  const nlohmann::json own = first_step("", "own");  // config.json: 0.1
+  ASSERT_FALSE(off.is_null() || half.is_null() || own.is_null());
+  EXPECT_FALSE(off.contains("router/aux_loss")) << off.dump();
+  ASSERT_TRUE(half.contains("router/aux_loss")) << half.dump();
+  const double lm = off["loss"], aux = half["router/aux_loss"];
+  EXPECT_GT(aux, 0.5);
+  EXPECT_NEAR(half["loss"].get<double>(), lm + 0.5 * aux, 1e-6 * lm);
+  EXPECT_NEAR(own["loss"].get<double>(), lm + 0.1 * own["router/aux_loss"].get<double>(), 1e-6 * lm);
+  // A GGUF mixture of experts has no load-balancing setting: the key gives it one.
+  const std::string gguf = out + "/moe.gguf";
+  const std::string qwen = std::string(QLORA_SOURCE_DIR) + "/tests/fixtures/models/qwen3_moe_experts";
+  ASSERT_EQ(run_qlora("export --format gguf --outtype f32 --model " + qwen + " --out " + gguf).code, 0);
+  EXPECT_FALSE(first_step(" model_name_or_path=" + gguf, "gguf").contains("router/aux_loss"));
+  EXPECT_TRUE(first_step(" model_name_or_path=" + gguf + " router_aux_loss_coef=0.001", "gguf_aux").contains("router/aux_loss"));
+  // A dense model: refused before anything runs, naming the key.
+  const RunResult dense = run_qlora("train " + cfg + " output_dir=" + out + "/dense router_aux_loss_coef=0.01 model_name_or_path=" +
+                                    std::string(QLORA_SOURCE_DIR) + "/tests/fixtures/models/llama_gqa");
+  EXPECT_NE(dense.code, 0);
+  EXPECT_NE(dense.output.find("router_aux_loss_coef"), std::string::npos) << dense.output;
+  EXPECT_NE(dense.output.find("has no experts"), std::string::npos) << dense.output;
+  fs::remove_all(out);
+}
+
 // LoRA on the experts from a training config (PEFT's target_parameters): the run trains and writes
 // the adapter in PEFT's ParamWrapper layout (gate_up_proj's wrapper nested in down_proj's), with
 // target_parameters in its config; lora_dropout beside it is refused before the first step.

@@ -132,6 +132,8 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"max_seq_length: 514", "max_seq_length -> max_length", [](auto& c) { return c.max_length == 514; }},
       {"max_seq_len: 515", "max_seq_len -> max_length", [](auto& c) { return c.max_length == 515; }},
       {"lora_r: 8", "lora_r -> r", [](auto& c) { return c.r == 8; }},
+      {"moe_aux_loss_coef: 0.01", "moe_aux_loss_coef -> router_aux_loss_coef",
+       [](auto& c) { return c.router_aux_loss_coef == "0.01"; }},
       {"lora_rank: 4", "lora_rank -> r", [](auto& c) { return c.r == 4; }},
       {"lora_target_modules: [k_proj, q_proj]", "lora_target_modules -> target_modules",
        [](auto& c) { return c.target_modules == std::vector<std::string>{"q_proj", "k_proj"}; }},
@@ -273,6 +275,37 @@ TEST(TrainConfig, RangesAndCrossFieldRules) {
   // No projection adapted is fine beside target_parameters (LoRA on a mixture of experts' experts alone).
   EXPECT_TRUE(parse("target_modules: []\ntarget_parameters: [mlp.experts.down_proj]").target_modules.empty());
   EXPECT_EQ(parse("val_set_size: 200").val_set_size, 200);
+}
+
+// router_aux_loss_coef: auto (the model's own) or a number >= 0, which replaces a mixture of
+// experts' coefficient and is refused on a model without experts.
+TEST(TrainConfig, RouterAuxLossCoefIsAutoOrANumber) {
+  EXPECT_FALSE(router_aux_loss_coef_value(parse("")).has_value());
+  EXPECT_FALSE(router_aux_loss_coef_value(parse("router_aux_loss_coef: null")).has_value());
+  EXPECT_EQ(router_aux_loss_coef_value(parse("router_aux_loss_coef: 0.02")), 0.02);
+  EXPECT_EQ(router_aux_loss_coef_value(parse("router_aux_loss_coef: 1e-3")), 1e-3);
+  EXPECT_EQ(router_aux_loss_coef_value(parse("router_aux_loss_coef: 0")), 0.0);
+  for (const char* bad : {"-0.1", "much", "0.1x", "nan", "inf"}) {
+    SCOPED_TRACE(bad);
+    const Error e = expect_error([&] { parse(std::string("\nrouter_aux_loss_coef: ") + bad); }, ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("cfg.yaml:2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not auto or a number >= 0"), std::string::npos) << e.what();
+  }
+  LlamaConfig moe;
+  moe.name = "m";
+  moe.n_experts = 4;
+  moe.router_aux_loss_coef = 0.1;
+  LlamaConfig same = moe;
+  apply_router_aux_loss(parse(""), same);  // auto: the model's own
+  EXPECT_EQ(same.router_aux_loss_coef, 0.1);
+  apply_router_aux_loss(parse("router_aux_loss_coef: 0"), moe);
+  EXPECT_EQ(moe.router_aux_loss_coef, 0.0);
+  apply_router_aux_loss(parse("router_aux_loss_coef: 0.02"), moe);
+  EXPECT_EQ(moe.router_aux_loss_coef, 0.02);
+  LlamaConfig dense;
+  dense.name = "d";
+  const Error e = expect_error([&] { apply_router_aux_loss(parse("router_aux_loss_coef: 0.02"), dense); }, ErrorKind::Config);
+  EXPECT_NE(std::string(e.what()).find("model 'd' has no experts"), std::string::npos) << e.what();
 }
 
 TEST(TrainConfig, FourBitImplications) {
