@@ -388,6 +388,18 @@ TEST(GgufExport, GptOssIsWrittenInLlamaCppsLayout) {
     EXPECT_EQ(got.scales, want.scales);
     EXPECT_EQ(got.params.format, QuantFormat::MXFP4);
   }
+  // GGUF to GGUF: the MXFP4 base exported again (no adapter) holds every tensor byte for byte.
+  const std::string again = d.path + "/again.gguf";
+  run_export("gguf", mx, "", "f32", again);
+  GgufFile ga(again);
+  ASSERT_EQ(ga.tensors().size(), gm.tensors().size());
+  for (const GgufTensorInfo& t : gm.tensors()) {
+    SCOPED_TRACE(t.name);
+    const GgufTensorInfo& u = ga.tensor(t.name);
+    ASSERT_EQ(u.type, t.type);
+    ASSERT_EQ(u.n_bytes, t.n_bytes);
+    EXPECT_EQ(std::memcmp(ga.tensor_data(t.name), gm.tensor_data(t.name), size_t(t.n_bytes)), 0);
+  }
 }
 
 // Gemma 2 and 3 in llama.cpp's gemma2/gemma3 layout (tests/fixtures/export/gemma*, written by
