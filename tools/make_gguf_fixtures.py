@@ -92,6 +92,23 @@ def finish(w):
     w.close()
 
 
+def vocab_only_writer(path, name):
+    """A GGUFWriter for a vocabulary-only file (arch llama, no tensors): the smallest model keys
+    llama.cpp asks for before it reads the vocabulary; the caller adds the tokenizer.* keys and
+    calls finish()."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name(name)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(8)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(4)
+    return w
+
+
 # ---------------------------------------------------------------------------------------------
 # meta.gguf: every metadata value type, arrays of strings/ints/floats/bools, a nested array
 

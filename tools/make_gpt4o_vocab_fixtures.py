@@ -27,6 +27,9 @@ from collections import Counter
 
 import gguf
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_gguf_fixtures import finish, vocab_only_writer  # noqa: E402
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 OUT = os.path.join(ROOT, "tests", "fixtures", "gguf")
 GGUF = os.path.join(OUT, "gpt4o_vocab.gguf")
@@ -119,16 +122,7 @@ def write_gguf():
             tokens.append(a + b)
     tokens.append(EOT)
     types = [1] * (len(tokens) - 1) + [3]
-    w = gguf.GGUFWriter(GGUF, "llama")
-    w.add_name("gpt-4o vocabulary")
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_block_count(1)
-    w.add_feed_forward_length(8)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(4)
+    w = vocab_only_writer(GGUF, "gpt-4o vocabulary")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-4o")
     w.add_token_list(tokens)
@@ -137,10 +131,7 @@ def write_gguf():
     w.add_bos_token_id(len(tokens) - 1)
     w.add_eos_token_id(len(tokens) - 1)
     w.add_add_bos_token(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     print(f"{GGUF}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(GGUF)} bytes")
 
 

@@ -24,8 +24,12 @@ requires the same ids.
 """
 import json
 import os
+import sys
 
 import gguf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_gguf_fixtures import finish, vocab_only_writer  # noqa: E402
 from llama_cpp import Llama, __version__ as llama_cpp_version
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -60,16 +64,7 @@ def vocab_gguf(path, add_space_prefix, name="spm vocabulary"):
     entries += [(c, -100.0 - i, 1) for i, c in enumerate(CHARS)] + PIECES
     if "phi-3" in name.lower():  # llama.cpp looks this token up by text for a Phi-3 name (and fails without it)
         entries.append(("<|endoftext|>", 0.0, 3))
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name(name)
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_block_count(1)
-    w.add_feed_forward_length(8)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(4)
+    w = vocab_only_writer(path, name)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list([e[0] for e in entries])
@@ -81,10 +76,7 @@ def vocab_gguf(path, add_space_prefix, name="spm vocabulary"):
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(add_space_prefix)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def main():

@@ -182,6 +182,15 @@ void expect_shape(const GgufFile& f, const std::string& name, const std::vector<
   }
 }
 
+// gpt-oss's fused expert tensor `hf`'s layout, every stack of it present with its shape (else
+// Error(Format) naming the stack); nullopt for any other tensor.
+std::optional<GptOssFusedLayout> checked_layout(const GgufFile& f, const LlamaConfig& c, const std::string& hf) {
+  auto g = gpt_oss_fused_layout(c, hf);
+  if (g)
+    for (const GptOssFusedLayout::Part& p : g->parts) expect_shape(f, p.gguf, p.ne);
+  return g;
+}
+
 // Phi-3's LongRoPE as convert_hf_to_gguf.py writes it (Phi3MiniModel): the long and short factors
 // as tensors of rope_dim/2, the pretraining context as rope.scaling.original_context_length and
 // the cos/sin factor as rope.scaling.attn_factor. The scaling factor is then context_length over
@@ -426,71 +435,19 @@ const LayerName kGptOssNames[] = {
     {"ffn_gate_inp.bias", "mlp.router.bias"},
 };
 
-// gpt-oss's fused expert tensors (GptOssExperts' layout) and the stacks llama.cpp keeps them in:
-// gate_up_proj (E, C, 2F), gate's and up's outputs interleaved, from ffn_gate_exps and ffn_up_exps
-// (ne [C, F, E]); down_proj (E, F, C) from ffn_down_exps (ne [F, C, E]: each expert's transpose);
-// their biases (E, 2F) interleaved alike and (E, C) from the stacks' .bias (ne [F, E], [C, E]).
-struct FusedPart {
-  std::string gguf;
-  std::vector<int64_t> ne;
-};
-struct GptOssFused {
-  bool gate_up = false, bias = false;
-  std::vector<FusedPart> parts;  // gate_up: gate's, then up's
-};
-std::optional<GptOssFused> gpt_oss_fused(const LlamaConfig& c, const std::string& hf) {
-  if (c.model_type != "gpt_oss") return std::nullopt;
-  const auto l = split_layer(hf, "model.layers.");
-  if (!l) return std::nullopt;
-  const std::string blk = "blk." + std::to_string(l->first) + ".";
-  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
-  GptOssFused g;
-  g.gate_up = l->second.rfind("mlp.experts.gate_up_proj", 0) == 0;
-  if (!g.gate_up && l->second.rfind("mlp.experts.down_proj", 0) != 0) return std::nullopt;
-  const std::string tail = l->second.substr(l->second.find(g.gate_up ? "gate_up_proj" : "down_proj") +
-                                            (g.gate_up ? 12 : 9));
-  if (tail != "" && tail != "_bias") return std::nullopt;
-  g.bias = tail == "_bias";
-  const std::string suffix = g.bias ? "_exps.bias" : "_exps.weight";
-  if (g.gate_up)
-    for (const char* k : {"ffn_gate", "ffn_up"})
-      g.parts.push_back({blk + k + suffix, g.bias ? std::vector<int64_t>{F, E} : std::vector<int64_t>{C, F, E}});
-  else
-    g.parts.push_back({blk + "ffn_down" + suffix, g.bias ? std::vector<int64_t>{C, E} : std::vector<int64_t>{F, C, E}});
-  return g;
-}
-
-// The fused tensor in HF layout from its stacks: row-wise, one expert at a time.
-void read_gpt_oss_fused(const GgufFile& f, const LlamaConfig& c, const GptOssFused& g, float* dst) {
-  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
-  if (g.bias) {
-    if (!g.gate_up) return f.read_tensor_f32(g.parts[0].gguf, dst);  // (E, C) as stored
-    for (int64_t s = 0; s < 2; s++) {
-      const std::vector<float> b = f.read_tensor_f32(g.parts[size_t(s)].gguf);  // (E, F)
-      for (int64_t e = 0; e < E; e++)
-        for (int64_t o = 0; o < F; o++) dst[e * 2 * F + 2 * o + s] = b[size_t(e * F + o)];
+// The fused tensor in HF layout from its stacks, expert by expert (rows of each expert, a weight's
+// out rows of in values or a bias's one row of out values).
+void read_gpt_oss_fused(const GgufFile& f, const GptOssFusedLayout& g, float* dst) {
+  for (size_t p = 0; p < g.parts.size(); p++) {
+    const GptOssFusedLayout::Part& part = g.parts[p];
+    const int64_t rows = g.bias ? 1 : part.out, cols = g.bias ? part.out : part.in;
+    std::vector<float> buf(size_t(rows * cols));
+    for (int64_t e = 0; e < g.experts; e++) {
+      f.read_rows_f32(part.gguf, e * rows, rows, buf.data());
+      f.release_rows(part.gguf, e * rows, rows);
+      for (int64_t o = 0; o < part.out; o++)
+        for (int64_t i = 0; i < part.in; i++) dst[g.offset(p, e, o, i)] = buf[size_t(o * part.in + i)];
     }
-    return;
-  }
-  if (g.gate_up) {
-    std::vector<float> buf(size_t(F * C));
-    for (int64_t e = 0; e < E; e++)
-      for (int64_t s = 0; s < 2; s++) {
-        const std::string& stack = g.parts[size_t(s)].gguf;
-        f.read_rows_f32(stack, e * F, F, buf.data());  // expert e's (F, C)
-        f.release_rows(stack, e * F, F);
-        for (int64_t o = 0; o < F; o++)
-          for (int64_t i = 0; i < C; i++) dst[(e * C + i) * 2 * F + 2 * o + s] = buf[size_t(o * C + i)];
-      }
-    return;
-  }
-  std::vector<float> buf(size_t(C * F));
-  const std::string& stack = g.parts[0].gguf;
-  for (int64_t e = 0; e < E; e++) {
-    f.read_rows_f32(stack, e * C, C, buf.data());  // expert e's (C, F)
-    f.release_rows(stack, e * C, C);
-    for (int64_t o = 0; o < C; o++)
-      for (int64_t i = 0; i < F; i++) dst[(e * F + i) * C + o] = buf[size_t(o * F + i)];
   }
 }
 
@@ -674,10 +631,7 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
       if (x->expert == 0) expect_shape(f, x->stack, {ne[0], ne[1], c.n_experts});
       continue;
     }
-    if (const auto g = gpt_oss_fused(c, hf)) {
-      for (const FusedPart& p : g->parts) expect_shape(f, p.gguf, p.ne);
-      continue;
-    }
+    if (checked_layout(f, c, hf)) continue;  // gpt-oss's fused experts: their stacks
     expect_shape(f, hf_to_gguf_name(c, hf), ne);
   }
   for (const GgufTensorInfo& t : f.tensors())
@@ -740,22 +694,48 @@ const GgufTensorInfo& expert_stack(const GgufFile& f, const ExpertSlice& x) {
 
 }  // namespace
 
+std::optional<GptOssFusedLayout> gpt_oss_fused_layout(const LlamaConfig& c, const std::string& hf_name) {
+  const bool bias = hf_name.ends_with("_bias");
+  const std::string stack = gpt_oss_stack(c, bias ? hf_name.substr(0, hf_name.size() - 5) : hf_name);
+  const auto l = split_layer(hf_name, "model.layers.");
+  if (stack.empty() || !l) return std::nullopt;
+  GptOssFusedLayout g;
+  g.gate_up = stack == "gate_up_proj";
+  g.bias = bias;
+  g.experts = c.n_experts;
+  const int64_t F = c.expert_intermediate_size, C = c.hidden_size;
+  const int64_t out = g.gate_up ? F : C, in = bias ? 1 : g.gate_up ? C : F;
+  const std::string blk = "blk." + std::to_string(l->first) + ".", what = bias ? "_exps.bias" : "_exps.weight";
+  for (const char* k : g.gate_up ? std::vector<const char*>{"ffn_gate", "ffn_up"} : std::vector<const char*>{"ffn_down"})
+    g.parts.push_back({blk + k + what, bias ? std::vector<int64_t>{out, g.experts} : std::vector<int64_t>{in, out, g.experts}, in, out});
+  return g;
+}
+
+int64_t GptOssFusedLayout::offset(size_t p, int64_t e, int64_t o, int64_t i) const {
+  const int64_t n = int64_t(parts.size()), out = parts[p].out, in = parts[p].in;
+  if (bias) return (e * out + o) * n + int64_t(p);      // (E, n out): gate_up's interleaved
+  if (gate_up) return ((e * in + i) * out + o) * n + int64_t(p);  // (E, C, 2F): gate 2o, up 2o + 1
+  return (e * in + i) * out + o;                         // down_proj (E, F, C): each expert transposed
+}
+
+int64_t GptOssFusedLayout::quantized_row(size_t p, int64_t e, int64_t o) const {
+  return (e * parts[p].out + o) * int64_t(parts.size()) + int64_t(p);
+}
+
 bool gguf_read_hf_quantized(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, int64_t rows,
                             int64_t cols, QuantizedTensor& q) {
-  const auto g = gpt_oss_fused(cfg, hf_name);
+  const auto g = checked_layout(f, cfg, hf_name);
   if (!g || g->bias || cfg.experts_stored != "mxfp4") return false;
-  for (const FusedPart& p : g->parts) {
-    expect_shape(f, p.gguf, p.ne);
+  for (const GptOssFusedLayout::Part& p : g->parts) {
     if (f.tensor(p.gguf).type != GgmlType::MXFP4)
       fail(ErrorKind::Format, f.path() + ": tensor '" + p.gguf + "'",
            std::string("is ") + ggml_type_name(f.tensor(p.gguf).type) + ", the file's other expert stacks MXFP4");
   }
-  const int64_t E = cfg.n_experts, F = cfg.expert_intermediate_size, C = cfg.hidden_size;
-  const int64_t out = g->gate_up ? 2 * F : C, in = g->gate_up ? C : F;  // per expert
-  if (rows != E * out || cols != in)
+  const int64_t in = g->parts[0].in, out = g->parts[0].out * int64_t(g->parts.size());  // the fused weight's, per expert
+  if (rows != g->experts * out || cols != in)
     fail(ErrorKind::Internal, f.path() + ": tensor '" + hf_name + "'",
          "read as " + std::to_string(rows) + " rows of " + std::to_string(cols) + ", the stacks hold " +
-             std::to_string(E * out) + " of " + std::to_string(in));
+             std::to_string(g->experts * out) + " of " + std::to_string(in));
   q = QuantizedTensor{};
   q.params = mxfp4_expert_params();
   q.rows = rows;
@@ -763,21 +743,21 @@ bool gguf_read_hf_quantized(const GgufFile& f, const LlamaConfig& cfg, const std
   q.data.resize(size_t(rows * cols / 2));
   q.scales.resize(size_t(rows * cols / 32));
   const int64_t row_bytes = ggml_row_bytes(GgmlType::MXFP4, in);
-  // Row r of the fused weight: gate_up interleaves gate's row e F + o (r = e 2F + 2o) and up's (+ 1).
-  for (int64_t r = 0; r < rows; r++) {
-    const int64_t e = r / out, o = r % out;
-    const int64_t part = g->gate_up ? o % 2 : 0, src_row = g->gate_up ? e * F + o / 2 : r;
-    const uint8_t* src = f.tensor_data(g->parts[size_t(part)].gguf) + src_row * row_bytes;
-    mxfp4_from_ggml(src, in, q.data.data() + r * in / 2, q.scales.data() + r * in / 32);
-  }
-  for (const FusedPart& p : g->parts) f.release_pages(p.gguf);
+  for (size_t p = 0; p < g->parts.size(); p++)
+    for (int64_t e = 0; e < g->experts; e++)
+      for (int64_t o = 0; o < g->parts[p].out; o++) {
+        const int64_t r = g->quantized_row(p, e, o);
+        const uint8_t* src = f.tensor_data(g->parts[p].gguf) + (e * g->parts[p].out + o) * row_bytes;
+        mxfp4_from_ggml(src, in, q.data.data() + r * in / 2, q.scales.data() + r * in / 32);
+      }
+  for (const GptOssFusedLayout::Part& p : g->parts) f.release_pages(p.gguf);
   return true;
 }
 
 bool gguf_has_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) return stack_holding(f, *x) != nullptr;
-  if (const auto g = gpt_oss_fused(cfg, hf_name))
-    return std::all_of(g->parts.begin(), g->parts.end(), [&](const FusedPart& p) { return f.has_tensor(p.gguf); });
+  if (const auto g = gpt_oss_fused_layout(cfg, hf_name))
+    return std::all_of(g->parts.begin(), g->parts.end(), [&](const GptOssFusedLayout::Part& p) { return f.has_tensor(p.gguf); });
   const std::string g = hf_to_gguf_name(cfg, hf_name);
   return !g.empty() && f.has_tensor(g);
 }
@@ -787,8 +767,7 @@ std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, co
     const GgufTensorInfo& t = expert_stack(f, *x);
     return {t.ne[1], t.ne[0]};
   }
-  if (const auto g = gpt_oss_fused(cfg, hf_name)) {  // the HF shape when every stack has its shape
-    for (const FusedPart& p : g->parts) expect_shape(f, p.gguf, p.ne);
+  if (checked_layout(f, cfg, hf_name)) {  // the HF shape when every stack has its shape
     const auto fused_shape = gpt_oss_tensor_shape(cfg, hf_name);
     QLORA_ASSERT(fused_shape.has_value());
     return *fused_shape;
@@ -798,8 +777,8 @@ std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, co
 
 void gguf_release_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name) {
   if (const auto x = gguf_expert_slice(cfg, hf_name)) return f.release_rows(x->stack, x->expert * x->rows, x->rows);
-  if (const auto g = gpt_oss_fused(cfg, hf_name)) {
-    for (const FusedPart& p : g->parts) f.release_pages(p.gguf);
+  if (const auto g = gpt_oss_fused_layout(cfg, hf_name)) {
+    for (const GptOssFusedLayout::Part& p : g->parts) f.release_pages(p.gguf);
     return;
   }
   f.release_pages(hf_to_gguf_name(cfg, hf_name));
@@ -810,10 +789,7 @@ void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::s
     expert_stack(f, *x);  // the stack holds the expert
     return f.read_rows_f32(x->stack, x->expert * x->rows, x->rows, dst);
   }
-  if (const auto fused = gpt_oss_fused(cfg, hf_name)) {
-    for (const FusedPart& p : fused->parts) expect_shape(f, p.gguf, p.ne);
-    return read_gpt_oss_fused(f, cfg, *fused, dst);
-  }
+  if (const auto fused = checked_layout(f, cfg, hf_name)) return read_gpt_oss_fused(f, *fused, dst);
   const std::string g = gguf_source(f, cfg, hf_name);
   int64_t n_head = 0;
   if (gguf_qk_permuted(cfg)) {

