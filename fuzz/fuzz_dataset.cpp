@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   spec.path = fuzz::write_input(data + 1, size - 1, (opt & 0x80) ? ".json" : ".jsonl");
   spec.format = formats[opt & 7];
   DatasetOptions o;
-  o.render = [](const nlohmann::json& m, bool gen, const nlohmann::json& extra) {
+  o.render = [](const qlora::RowJson& m, bool gen, const qlora::RowJson& extra) {
     return chatml.render(m, gen, extra);
   };
   o.max_length = 48;

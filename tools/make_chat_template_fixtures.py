@@ -150,7 +150,57 @@ BOS_EOS = {
     "mistral_small_3_2": {"bos_token": "<s>", "eos_token": "</s>"},
     "gemma2": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "phi3_5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "gpt_oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
 }
+
+# A tool whose parameters reach every branch of gpt-oss's TypeScript rendering of JSON schemas.
+TOOLS_GPT_OSS = TOOLS + [{
+    "type": "function",
+    "function": {
+        "name": "search_docs",
+        "description": "Search the documentation.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What to look for"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "scores": {"type": "array", "items": {"type": "number"}, "nullable": True},
+                "pages": {"type": "array", "items": {"type": "integer"}},
+                "flags": {"type": "array", "items": {"type": "boolean"}},
+                "filters": {"type": "array", "items": {"type": "object", "properties": {
+                    "field": {"type": "string"}, "value": {"type": "string"}}, "required": ["field"]}},
+                "anything": {"type": "array"},
+                "limit": {"type": "integer", "default": 10},
+                "exact": {"type": "boolean", "default": False},
+                "mode": {"type": "string", "enum": ["fast", "full"], "default": "fast"},
+                "note": {"type": "string", "nullable": True},
+                "key": {"type": ["string", "number"]},
+                "single": {"type": ["string"]},
+                "target": {"oneOf": [{"type": "string", "description": "a URL"}, {"type": "integer", "default": 3}],
+                           "default": "home"},
+                "shape": {"oneOf": [{"type": "object"}, {"type": "string"}]},
+                "opts": {"type": "object"},
+                "ratio": {"type": "number"},
+            },
+            "required": ["query", "limit"],
+        },
+    },
+}, {
+    "type": "function",
+    "function": {"name": "now", "description": "The time.", "parameters": {"type": "object", "properties": {}}},
+}]
+TOOL_CALL_GPT_OSS = [
+    {"role": "user", "content": "Weather in Zürich?"},
+    {"role": "assistant", "thinking": "I should call the weather tool.",
+     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}]},
+    {"role": "tool", "content": "{\"temperature\": 21.5, \"sky\": \"clear\"}"},
+    {"role": "assistant", "content": "It is 21.5 °C and clear.", "thinking": "Report it."},
+]
+THINKING_GPT_OSS = [
+    SYSTEM, U1, {"role": "assistant", "content": "Paris.", "thinking": "France's capital."}, U2,
+    {"role": "assistant", "content": "Tokyo.", "thinking": "Japan's capital — 東京."},
+]
 
 # Extra cases per template: (case name, messages, extra context on top of bos/eos).
 EXTRA_CASES = {
@@ -194,6 +244,24 @@ EXTRA_CASES = {
         ("tool_call_round_trip", TOOL_CALL_MISTRAL, {"tools": TOOLS}),
         ("content_blocks", [{"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "image"}, {"type": "text", "text": "this."}]}], {}),
     ],
+    "phi3_5": [
+        ("empty_system_skipped", [{"role": "system", "content": ""}, U1, A1], {}),
+    ],
+    "gpt_oss": [
+        ("thinking_last_turn_kept", THINKING_GPT_OSS, {}),
+        ("developer_role", [{"role": "developer", "content": "Answer in French."}, U1], {"reasoning_effort": "high"}),
+        ("model_identity_builtin_tools", [U1], {"model_identity": "You are a helpful model.",
+                                                "builtin_tools": ["browser", "python"], "reasoning_effort": "low"}),
+        ("tools_every_schema", [SYSTEM, U1], {"tools": TOOLS_GPT_OSS}),
+        ("tool_call_round_trip", TOOL_CALL_GPT_OSS, {"tools": TOOLS}),
+        ("tool_call_with_content_later_final", [TOOL_CALL_GPT_OSS[0],
+            {"role": "assistant", "content": "Checking.", "tool_calls": TOOL_CALL_GPT_OSS[1]["tool_calls"]},
+            TOOL_CALL_GPT_OSS[2]], {"tools": TOOLS}),
+        ("tool_without_call_rejected", [U1, {"role": "tool", "content": "x"}], {}),
+        ("channel_tags_rejected", [U1, {"role": "assistant", "content": "<|channel|>final<|message|>Paris."}], {}),
+        ("content_and_thinking_with_tool_call_rejected", [U1, {"role": "assistant", "content": "a", "thinking": "b",
+            "tool_calls": TOOL_CALL_GPT_OSS[1]["tool_calls"]}], {}),
+    ],
     "gemma3": [
         ("content_blocks", [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
                             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "  What is this?  "}]}], {}),
@@ -201,7 +269,7 @@ EXTRA_CASES = {
 }
 
 TEMPLATES = ["smollm2", "llama3", "llama3_1", "llama3_2", "qwen2_5", "qwen3", "mistral_v0_1", "mistral_v0_3",
-             "mistral_nemo", "mistral_small_3_2", "gemma2", "gemma3"]
+             "mistral_nemo", "mistral_small_3_2", "gemma2", "gemma3", "phi3_5", "gpt_oss"]
 
 # A template of our own that reads the reasoning aliases and marks the assistant's text with
 # {% generation %}, to check the context transformers builds and the generation offsets.
@@ -465,6 +533,76 @@ def features():
     return cases
 
 
+# ---------------------------------------------------------------- assistant masks
+
+# Training variants of real templates (examples/chat_templates/): the same text, with the assistant's
+# part marked by {% generation %}. transformers' apply_chat_template(return_assistant_tokens_mask=True)
+# gives the ids and the mask the engine must reproduce, here on conversations whose earlier turns
+# render differently once later turns follow (so prefix rendering cannot place the mask).
+MASK_TEMPLATES = {
+    "qwen3_assistant_mask": ("qwen3", [
+        ("thinking_multi_turn", THINKING, {}),
+        ("reasoning_content_field", [U1, {"role": "assistant", "content": "Paris.", "reasoning_content": "France's capital."},
+                                     U2, {"role": "assistant", "content": "Tokyo.", "reasoning_content": "Japan's."}], {}),
+        ("tool_call_round_trip", TOOL_CALL_QWEN, {"tools": TOOLS}),
+        ("system_three_turns_unicode", [SYSTEM, U1, A1, U2, A2, U3, A1], {}),
+    ]),
+    "gpt_oss_assistant_mask": ("gpt_oss", [
+        ("two_turns_thinking", THINKING_GPT_OSS, {}),
+        ("tool_call_round_trip", TOOL_CALL_GPT_OSS, {"tools": TOOLS}),
+        ("tool_call_with_analysis_then_final", [TOOL_CALL_GPT_OSS[0],
+            {"role": "assistant", "content": "Checking.", "tool_calls": TOOL_CALL_GPT_OSS[1]["tool_calls"]},
+            TOOL_CALL_GPT_OSS[2], {"role": "assistant", "content": "21.5 °C."}, U2, A2], {"tools": TOOLS}),
+        ("three_turns", [SYSTEM, U1, A1, U2, A2, U3, A1], {"reasoning_effort": "low"}),
+    ]),
+}
+
+
+# gpt-oss's harmony tokens, added to SmolLM2's tokenizer as special tokens (ids from its vocabulary's
+# end on), as the real o200k tokenizer has them: a mark must end on a token boundary.
+HARMONY_SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"]
+
+
+def mask_tokenizer(added):
+    from transformers import PreTrainedTokenizerFast
+
+    with open(SMOL_TOKENIZER, encoding="utf-8") as f:
+        doc = json.load(f)
+    first = max(t["id"] for t in doc["added_tokens"]) + 1
+    first = max(first, len(doc["model"]["vocab"]))
+    for i, content in enumerate(added):
+        doc["added_tokens"].append({"id": first + i, "content": content, "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(doc)))
+
+
+def assistant_masks():
+    cases = []
+    for name, (original, convs) in MASK_TEMPLATES.items():
+        added = HARMONY_SPECIALS if original == "gpt_oss" else []
+        tok = mask_tokenizer(added)
+        path = os.path.join(ROOT, "examples", "chat_templates", name + ".jinja")
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        plain = read(original + ".jinja")
+        for case, msgs, extra in convs:
+            ctx = {**BOS_EOS[original], **extra}
+            tools = ctx.pop("tools", None)
+            # The marks change no text: the variant renders as the model's own template.
+            marked = render(source, msgs, False, {**ctx, "tools": tools})
+            assert marked["expected"] == render(plain, msgs, False, {**ctx, "tools": tools})["expected"], (name, case)
+            out = tok.apply_chat_template(msgs, chat_template=source, tools=tools, tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True, **ctx)
+            ids, mask = out["input_ids"], out["assistant_masks"]
+            assert sum(mask) > 0 and not all(mask), (name, case)
+            cases.append({"template": name, "template_file": "examples/chat_templates/" + name + ".jinja",
+                          "original": original, "case": case, "added_special_tokens": added, "messages": msgs,
+                          "extra_context": {**ctx, **({"tools": tools} if tools else {})},
+                          "text": marked["expected"], "generation": marked["generation"],
+                          "ids": ids, "assistant_masks": mask})
+    return cases
+
+
 def write(name, payload):
     path = os.path.join(OUT, name)
     with open(path, "w", encoding="utf-8") as f:
@@ -483,6 +621,8 @@ def main():
     write("conversations.json", {**meta, "cases": conversations(smol)})
     write("builtins.json", {**meta, "cases": builtins(smol)})
     write("jinja_cases.json", {**meta, "cases": features()})
+    write("assistant_masks.json", {**meta, "tokenizer": "tests/fixtures/text/tok/smollm2/tokenizer.json",
+                                   "cases": assistant_masks()})
 
 
 if __name__ == "__main__":

@@ -286,7 +286,9 @@ ChatTemplate::Rendered ChatTemplate::render_with_spans(const nlohmann::ordered_j
   Value ctx = make_context(Value::from_json(messages), add_generation_prompt, Value::from_json(extra_context), name_);
   Rendered r;
   r.text = tmpl_.render(ctx, opts_, &r.generation);
+  r.marks_generation = tmpl_.marks_generation();
   return r;
 }
+
 
 }  // namespace qlora

@@ -32,13 +32,17 @@ class ChatTemplate {
                      const nlohmann::ordered_json& extra_context = nlohmann::ordered_json::object()) const;
 
   struct Rendered {
+    Rendered() = default;
+    Rendered(std::string t) : text(std::move(t)) {}  // NOLINT(google-explicit-constructor): a plain rendering
     std::string text;
-    // Byte ranges of text produced inside {% generation %} blocks: what the assistant says,
-    // for templates that mark it (transformers' return_assistant_tokens_mask).
+    // The template has {% generation %} blocks, and the byte ranges of text they produced: what the
+    // assistant says, for templates that mark it (transformers' return_assistant_tokens_mask).
+    bool marks_generation = false;
     std::vector<jinja::Span> generation;
   };
   Rendered render_with_spans(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                              const nlohmann::ordered_json& extra_context) const;
+  bool marks_generation() const { return tmpl_.marks_generation(); }
 
   // strftime_now's clock (templates such as Llama 3.2's print today's date); local time when unset.
   void set_clock(std::function<std::tm()> now) { opts_.now = std::move(now); }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/chat_template.h"
+
 namespace qlora {
 
 class Tokenizer;
@@ -47,7 +49,11 @@ struct FieldMap {
 };
 
 // The format of a row by its keys, or Auto when none matches.
-DatasetFormat detect_format(const nlohmann::json& row, const FieldMap& fields);
+// Rows keep their objects' key order, as Python dicts do: templates print tool schemas and tool-call
+// arguments with tojson in that order, as transformers renders them.
+using RowJson = nlohmann::ordered_json;
+
+DatasetFormat detect_format(const RowJson& row, const FieldMap& fields);
 
 // One row, normalized. Plain rows are text pieces (text, prompt/completion strings, segments);
 // chat rows are messages with a per-message "trained" flag; token rows come pre-tokenized.
@@ -60,13 +66,13 @@ struct Row {
   std::vector<Piece> pieces;  // Plain
   bool add_special = true;    // Plain: put the tokenizer's special prefix (BOS) in front
   bool append_eos = true;     // Plain: end with EOS (trained when the last piece is)
-  nlohmann::json messages = nlohmann::json::array();  // Chat: [{role, content, ...}]
+  RowJson messages = RowJson::array();  // Chat: [{role, content, ...}]
   std::vector<char> trained;                           // Chat: per message
-  nlohmann::json extra = nlohmann::json::object();     // Chat: template context (tools, ...)
+  RowJson extra = RowJson::object();     // Chat: template context (tools, ...)
   std::vector<int32_t> ids, labels;                    // Tokens
   // Preference: prompt and completions, all strings or all message lists (the prompt extracted
   // when implicit); Unpaired rows keep their completion in `chosen` and their label in `desirable`.
-  nlohmann::json prompt, chosen, rejected;
+  RowJson prompt, chosen, rejected;
   bool unpaired = false, desirable = true;
 };
 
@@ -79,18 +85,20 @@ struct MaskOptions {
 
 // A JSON object -> Row in format `fmt`. Data error at `where` naming the format and the fields
 // when a required field is missing or has the wrong type.
-Row parse_row(const nlohmann::json& obj, DatasetFormat fmt, const FieldMap& fields, const MaskOptions& mask,
+Row parse_row(const RowJson& obj, DatasetFormat fmt, const FieldMap& fields, const MaskOptions& mask,
               const std::string& where);
 
-// Renders messages with a chat template (ChatTemplate::render); throws qlora::Error with the
-// template's message when it rejects a conversation.
+// Renders messages with a chat template (ChatTemplate::render_with_spans: the text, and the spans of
+// a template that marks {% generation %}); throws qlora::Error with the template's message when it
+// rejects a conversation. A function returning a plain string makes a rendering without marks.
 using ChatRenderFn =
-    std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt, const nlohmann::json& extra)>;
+    std::function<ChatTemplate::Rendered(const RowJson& messages, bool add_generation_prompt, const RowJson& extra)>;
 
 struct EncodeInfo {
   bool split_mismatch = false;  // segment-wise ids differ from tokenizing the whole text at once
   bool double_bos = false;      // the ids start with BOS twice (template BOS + tokenizer BOS)
   int64_t eos_added = 0;        // EOS tokens inserted after trained turns lacking an end-of-turn token
+  bool generation_marks = false;  // the loss follows the template's {% generation %} marks
 };
 
 // Row -> ids + labels. Chat rows: each trained turn gets loss from its content (after the role
@@ -134,6 +142,7 @@ struct DatasetStats {
   int64_t tokens = 0, trained_tokens = 0, longest = 0;
   int64_t truncated = 0, dropped = 0, no_loss = 0, bad_rows = 0;
   int64_t split_mismatch = 0, double_bos = 0, eos_added = 0;
+  int64_t generation_marked = 0;              // chat rows whose loss follows {% generation %} marks
   std::vector<std::string> bad_row_messages;  // the first few, for the report
   std::vector<int32_t> lengths;               // tokens per kept example (histogram)
   std::string format;                         // detected or configured (one file)
@@ -153,7 +162,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
 
 // A JSON object in format Preference or Unpaired -> Row (Data error naming the field at fault: a
 // missing or empty completion, a chosen equal to its rejected, mixed strings and message lists).
-Row parse_preference_row(const nlohmann::json& obj, DatasetFormat f, const std::string& where);
+Row parse_preference_row(const RowJson& obj, DatasetFormat f, const std::string& where);
 // Row -> Example: one document per completion, each the prompt's tokens (role Prompt) then the
 // completion's (Chosen/Rejected or Desirable/Undesirable), labels on the completion only (with
 // prompt_nll also on the chosen's prompt after its first token). Text rows get

@@ -1,5 +1,6 @@
 // Row -> ids + labels: plain pieces tokenized one by one; chat turns located by rendering prefixes
-// of the conversation, so the mask follows the template exactly.
+// of the conversation, or by the template's {% generation %} marks, so the mask follows the
+// template exactly.
 #include <algorithm>
 
 #include "core/error.h"
@@ -8,7 +9,7 @@
 
 namespace qlora {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 int64_t Example::n_trained() const {
   // The label of a document's first token is never a target (nothing precedes it).
@@ -89,8 +90,8 @@ json first_k(const json& msgs, size_t k) {
   return out;
 }
 
-std::string render_or_fail(const ChatRenderFn& render, const json& msgs, bool gen, const json& extra,
-                           const std::string& where) {
+ChatTemplate::Rendered render_or_fail(const ChatRenderFn& render, const json& msgs, bool gen, const json& extra,
+                                     const std::string& where) {
   try {
     return render(msgs, gen, extra);
   } catch (const Error& e) {
@@ -104,6 +105,40 @@ std::string render_or_fail(const ChatRenderFn& render, const json& msgs, bool ge
   }
 }
 
+// The row trains exactly its assistant messages (the default roles_to_train, no completion split).
+bool trains_assistants(const Row& row) {
+  bool any = false;
+  for (size_t k = 0; k < row.trained.size(); k++) {
+    const bool assistant = row.messages[k].value("role", "") == "assistant";
+    if (bool(row.trained[k]) != assistant) return false;
+    any = any || assistant;
+  }
+  return any;
+}
+
+// A template that marks the assistant's text with {% generation %}: the loss is on the marked text,
+// as transformers' return_assistant_tokens_mask and TRL's assistant_only_loss place it. This holds
+// for templates that render earlier turns differently once later ones follow (Qwen3 drops their
+// reasoning, gpt-oss ends them with <|end|> instead of <|return|>), where prefixes cannot.
+void encode_generation_spans(const ChatTemplate::Rendered& whole, Builder& b, const std::string& where,
+                             EncodeInfo& info) {
+  const std::string& full = whole.text;
+  size_t pos = 0;
+  for (const jinja::Span& s : whole.generation) {
+    if (s.end > full.size() || s.begin > s.end)
+      fail(ErrorKind::Internal, where, "a {% generation %} span lies outside the rendered conversation");
+    const size_t lo = std::max(pos, s.begin);  // nested blocks: the outer span already covers the inner
+    if (s.end <= lo) continue;
+    b.untrained(full.substr(pos, lo - pos));
+    b.trained(full.substr(lo, s.end - lo));
+    pos = s.end;
+  }
+  b.untrained(full.substr(pos));
+  b.flush();
+  info.generation_marks = true;
+  if (b.text_ids != b.tok.encode(full, false)) info.split_mismatch = true;
+}
+
 void encode_chat(const Row& row, Builder& b, const MaskOptions& mask, const ChatRenderFn& render,
                  const std::string& where, EncodeInfo& info) {
   if (!render)
@@ -111,7 +146,8 @@ void encode_chat(const Row& row, Builder& b, const MaskOptions& mask, const Chat
          "set chat_template: chatml (or llama3, mistral, alpaca, gemma, or a path to a .jinja file)");
   const json& m = row.messages;
   const size_t n = m.size();
-  const std::string full = render_or_fail(render, m, false, row.extra, where);
+  const ChatTemplate::Rendered whole = render_or_fail(render, m, false, row.extra, where);
+  const std::string& full = whole.text;
   bool any = false;
   for (char t : row.trained) any = any || t;
   if (!any) {
@@ -119,17 +155,20 @@ void encode_chat(const Row& row, Builder& b, const MaskOptions& mask, const Chat
     b.flush();
     return;
   }
+  if (whole.marks_generation && trains_assistants(row)) return encode_generation_spans(whole, b, where, info);
   // bound[k] = where message k starts in `full`: the length of the rendering of messages [0, k).
   std::vector<size_t> bound(n + 1, 0);
   bound[n] = full.size();
   for (size_t k = 1; k < n; k++) {
     if (!row.trained[k] && !row.trained[k - 1]) continue;
-    const std::string p = render_or_fail(render, first_k(m, k), false, row.extra, where);
+    const std::string p = render_or_fail(render, first_k(m, k), false, row.extra, where).text;
     if (!is_prefix(p, full))
       fail(ErrorKind::Data, where,
            "the chat template renders messages[0.." + std::to_string(k) +
                ") differently from the start of the whole conversation, so the loss mask cannot be placed",
-           "use a template that renders conversations incrementally, train_on_inputs: true, or skip_bad_rows: true");
+           "use a chat_template that marks the assistant's text with {% generation %} (examples/chat_templates/ "
+           "has Qwen3's and gpt-oss's), one that renders conversations incrementally, train_on_inputs: true, or "
+           "skip_bad_rows: true");
     bound[k] = p.size();
   }
   size_t pos = 0;
@@ -142,7 +181,7 @@ void encode_chat(const Row& row, Builder& b, const MaskOptions& mask, const Chat
     size_t c = lo;
     bool found = false;
     if (m[k]["role"] == "assistant") {
-      const std::string g = render_or_fail(render, first_k(m, k), true, row.extra, where);
+      const std::string g = render_or_fail(render, first_k(m, k), true, row.extra, where).text;
       if (is_prefix(g, full) && g.size() >= lo && g.size() <= hi) c = g.size(), found = true;
     }
     const json& content = m[k].contains("content") ? m[k]["content"] : json();

@@ -19,13 +19,14 @@
 
 namespace qlora {
 
-using json = nlohmann::json;
+
 
 void DatasetStats::add(const DatasetStats& o) {
   rows += o.rows, examples += o.examples, tokens += o.tokens, trained_tokens += o.trained_tokens;
   longest = std::max(longest, o.longest);
   truncated += o.truncated, dropped += o.dropped, no_loss += o.no_loss, bad_rows += o.bad_rows;
   split_mismatch += o.split_mismatch, double_bos += o.double_bos, eos_added += o.eos_added;
+  generation_marked += o.generation_marked;
   for (const auto& m : o.bad_row_messages)
     if (bad_row_messages.size() < 5) bad_row_messages.push_back(m);
   lengths.insert(lengths.end(), o.lengths.begin(), o.lengths.end());
@@ -56,7 +57,7 @@ std::string line_col(const std::string& text, size_t byte) {
 struct RawRow {
   std::string where;
   std::string text;  // JSONL: the line to parse
-  json value;        // JSON array files: already parsed
+  RowJson value;     // JSON array files: already parsed
   bool parsed = false;
 };
 
@@ -100,7 +101,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
 
   // JSON -> example for one row. Reads fmt and detected_at; sets them only while fmt is Auto, which
   // the caller runs on one thread.
-  auto process = [&](const json& row, const std::string& where, EncodeInfo& info) {
+  auto process = [&](const RowJson& row, const std::string& where, EncodeInfo& info) {
     if (fmt == DatasetFormat::Auto) {
       if (!row.is_object()) fail(ErrorKind::Data, where, "row is not a JSON object", "each row must be one {...} object");
       fmt = detect_format(row, opt.fields);
@@ -189,9 +190,9 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
       if (raw.parsed) {
         p.ex = process(raw.value, raw.where, p.info);
       } else {
-        json row;
+        RowJson row;
         try {
-          row = json::parse(raw.text);
+          row = RowJson::parse(raw.text);
         } catch (const json::parse_error& e) {
           fail(ErrorKind::Data, raw.where + ":" + std::to_string(e.byte), "malformed JSON: " + parse_reason(e),
                "each line must be one complete JSON object (JSON Lines)");
@@ -219,6 +220,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     st.split_mismatch += p.info.split_mismatch;
     st.double_bos += p.info.double_bos;
     st.eos_added += p.info.eos_added;
+    st.generation_marked += p.info.generation_marks;
     keep(std::move(p.ex), where);
   };
   const bool limited = opt.limit_rows > 0;
@@ -253,9 +255,9 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
-    json arr;
+    RowJson arr;
     try {
-      arr = json::parse(text);
+      arr = RowJson::parse(text);
     } catch (const json::parse_error& e) {
       fail(ErrorKind::Data, path + ":" + line_col(text, e.byte), "malformed JSON: " + parse_reason(e),
            "a .json dataset must be one JSON array of row objects (or use JSON Lines)");

@@ -7,7 +7,7 @@
 
 namespace qlora {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 

@@ -40,6 +40,8 @@ class Template {
                      std::vector<Span>* generation_spans = nullptr) const;
 
   const std::string& name() const;
+  // The source has a {% generation %} block (transformers' return_assistant_tokens_mask reads them).
+  bool marks_generation() const;
 
  private:
   explicit Template(std::shared_ptr<const Program> p) : program_(std::move(p)) {}

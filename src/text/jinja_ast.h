@@ -90,6 +90,7 @@ struct Node {
 struct Program {
   std::string name;
   NodeList body;
+  bool marks_generation = false;  // the source has a {% generation %} block
 };
 
 // Parses a template. Errors: Error(Format, "<name>:<line>:<col>", what, hint), including unknown

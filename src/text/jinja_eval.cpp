@@ -483,5 +483,6 @@ std::string Template::render(const Value& context, const RenderOptions& opts, st
 }
 
 const std::string& Template::name() const { return program_->name; }
+bool Template::marks_generation() const { return program_->marks_generation; }
 
 }  // namespace qlora::jinja

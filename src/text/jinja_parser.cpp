@@ -19,6 +19,8 @@ class Parser {
     return body;
   }
 
+  bool saw_generation = false;  // a {% generation %} block was parsed
+
  private:
   const std::vector<Token>& toks_;
   const std::string& name_;
@@ -136,6 +138,7 @@ class Parser {
       return make_node(tag == "break" ? Node::Kind::Break : Node::Kind::Continue, t.loc);
     }
     if (tag == "generation") {
+      saw_generation = true;
       const Token& opener = next();
       auto n = make_node(Node::Kind::Generation, t.loc);
       n->body = parse_body({"endgeneration"}, opener, true);
@@ -743,7 +746,9 @@ std::shared_ptr<const Program> parse(const std::string& source, const std::strin
   std::vector<Token> toks = lex(source, name);
   auto prog = std::make_shared<Program>();
   prog->name = name;
-  prog->body = Parser(toks, name).parse_template();
+  Parser parser(toks, name);
+  prog->body = parser.parse_template();
+  prog->marks_generation = parser.saw_generation;
   NameCheck(name).nodes(prog->body, false);
   return prog;
 }

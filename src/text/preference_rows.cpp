@@ -9,7 +9,7 @@
 
 namespace qlora {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -156,9 +156,9 @@ Example encode_preference_row(const Row& row, const Tokenizer& tok, const ChatRe
     return s;
   };
   const std::vector<int32_t> prompt_ids =
-      chat ? tok.encode(render(row.prompt, true, row.extra), false) : tok.encode(row.prompt.get<std::string>(), true);
+      chat ? tok.encode(render(row.prompt, true, row.extra).text, false) : tok.encode(row.prompt.get<std::string>(), true);
   auto full = [&](const json& completion) {
-    return chat ? tok.encode(render(concat(row.prompt, completion), false, row.extra), false)
+    return chat ? tok.encode(render(concat(row.prompt, completion), false, row.extra).text, false)
                 : tok.encode(row.prompt.get<std::string>() + with_eos(completion), true);
   };
   std::vector<std::vector<int32_t>> docs = {full(row.chosen)};

@@ -27,6 +27,7 @@ enum class DataPurpose { Train, EvalFile };
 std::string data_cache_key(const TrainConfig& cfg, const TokenizerSource& ts, DataPurpose purpose);
 
 // Bump when the preparation's output changes for the same inputs (tokenizer, templates, masks, packing).
-inline constexpr int kPreparedDataVersion = 1;
+// 2: a template with {% generation %} blocks places the loss on them; row objects keep their key order.
+inline constexpr int kPreparedDataVersion = 2;
 
 }  // namespace qlora

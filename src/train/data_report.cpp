@@ -43,6 +43,9 @@ std::vector<std::string> describe_train_data(const TrainData& d, const TrainConf
   if (st.double_bos)
     out.push_back("data: warning: " + std::to_string(st.double_bos) +
                   " rows start with two BOS tokens (the template and the tokenizer both add one)");
+  if (st.generation_marked)
+    out.push_back("data: " + std::to_string(st.generation_marked) +
+                  " chat rows have loss on the text the template marks with {% generation %}");
   if (st.eos_added)
     out.push_back("data: " + std::to_string(st.eos_added) +
                   " EOS tokens inserted after trained turns that the template does not end with a special token");
@@ -122,6 +125,7 @@ nlohmann::json train_data_json(const TrainData& d, const TrainConfig& cfg) {
   j["split_mismatch"] = st.split_mismatch;
   j["double_bos"] = st.double_bos;
   j["eos_added"] = st.eos_added;
+  j["generation_marked"] = st.generation_marked;
   j["threads"] = d.threads;
   j["prepare_seconds"] = d.prepare_s;  // reading, templating and tokenizing the train files
   j["pack_seconds"] = d.pack_s;

@@ -27,8 +27,8 @@ std::vector<int32_t> generation_stop_ids(const Tokenizer& tok, const LlamaConfig
 
 std::vector<int32_t> encode_prompt(const std::string& prompt, const ChatRenderFn& render, const Tokenizer& tok) {
   if (render) {
-    const nlohmann::json msgs = nlohmann::json::array({{{"role", "user"}, {"content", prompt}}});
-    return tok.encode(render(msgs, true, nlohmann::json::object()), false);
+    const RowJson msgs = RowJson::array({{{"role", "user"}, {"content", prompt}}});
+    return tok.encode(render(msgs, true, RowJson::object()).text, false);
   }
   std::vector<int32_t> ids = tok.special_prefix();
   const std::vector<int32_t> text = tok.encode(prompt, false);

@@ -143,7 +143,7 @@ ChatRenderFn resolve_chat_template(const std::string& value, const Tokenizer* to
   // Templates read the special tokens as variables, as transformers passes them. A token whose
   // text does not encode back to it (the raw byte-level fallback) is passed as "": printing "</s>"
   // as bytes would train on text, not on the EOS token, which the data layer then inserts itself.
-  json specials = json::object();
+  RowJson specials = RowJson::object();
   if (tok) {
     auto put = [&](const char* key, std::optional<int32_t> id) {
       if (!id) return;
@@ -155,10 +155,10 @@ ChatRenderFn resolve_chat_template(const std::string& value, const Tokenizer* to
     put("pad_token", tok->pad_id());
     put("unk_token", tok->unk_id());
   }
-  return [t, specials](const json& msgs, bool gen, const json& extra) {
-    json ctx = specials;
+  return [t, specials](const RowJson& msgs, bool gen, const RowJson& extra) {
+    RowJson ctx = specials;
     ctx.update(extra);
-    return t->render(msgs, gen, ctx);
+    return t->render_with_spans(msgs, gen, ctx);
   };
 }
 
@@ -199,7 +199,7 @@ struct LazyTemplates {
 };
 
 ChatRenderFn lazy_render(std::shared_ptr<LazyTemplates> t, bool for_alpaca) {
-  return [t, for_alpaca](const json& m, bool g, const json& e) {
+  return [t, for_alpaca](const RowJson& m, bool g, const RowJson& e) {
     t->resolve();
     if (t->render) return t->render(m, g, e);
     if (for_alpaca && t->alpaca) return t->alpaca(m, g, e);
@@ -319,7 +319,7 @@ nlohmann::json stats_json(const DatasetStats& s) {
           {"longest", s.longest},     {"truncated", s.truncated},
           {"dropped", s.dropped},     {"no_loss", s.no_loss},
           {"bad_rows", s.bad_rows},   {"split_mismatch", s.split_mismatch},
-          {"double_bos", s.double_bos}, {"eos_added", s.eos_added},
+          {"double_bos", s.double_bos}, {"eos_added", s.eos_added}, {"generation_marked", s.generation_marked},
           {"bad_row_messages", s.bad_row_messages}, {"format", s.format}};
 }
 
@@ -329,6 +329,7 @@ DatasetStats stats_from(const nlohmann::json& j) {
   s.trained_tokens = j.at("trained_tokens"), s.longest = j.at("longest"), s.truncated = j.at("truncated");
   s.dropped = j.at("dropped"), s.no_loss = j.at("no_loss"), s.bad_rows = j.at("bad_rows");
   s.split_mismatch = j.at("split_mismatch"), s.double_bos = j.at("double_bos"), s.eos_added = j.at("eos_added");
+  s.generation_marked = j.at("generation_marked");
   s.bad_row_messages = j.at("bad_row_messages").get<std::vector<std::string>>();
   s.format = j.at("format");
   return s;

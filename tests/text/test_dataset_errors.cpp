@@ -111,8 +111,8 @@ TEST(DatasetErrors, RaiseExceptionFromARealTemplateNamesTheRow) {
       R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})" "\n"
       R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "again"}, {"role": "assistant", "content": "b"}]})" "\n");
   auto t = std::make_shared<ChatTemplate>(ChatTemplate::builtin("mistral"));
-  DatasetOptions o = chat_options([t](const nlohmann::json& m, bool g, const nlohmann::json& e) {
-    nlohmann::json ctx = {{"bos_token", "<|im_start|>"}, {"eos_token", "<|im_end|>"}};
+  DatasetOptions o = chat_options([t](const RowJson& m, bool g, const RowJson& e) {
+    RowJson ctx = {{"bos_token", "<|im_start|>"}, {"eos_token", "<|im_end|>"}};
     ctx.update(e);
     return t->render(m, g, ctx);
   });

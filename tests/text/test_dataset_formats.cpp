@@ -23,7 +23,7 @@ std::vector<Renderer> renderers(const json& options) {
   std::vector<Renderer> r = {{"stand-in", plain ? ChatRenderFn(plain_template) : ChatRenderFn(smollm2_chatml)}};
   const std::string src = plain ? options["chat_template"].get<std::string>() : smollm2().chat_template();
   auto t = std::make_shared<ChatTemplate>(ChatTemplate::from_source(src, "fixture template"));
-  r.push_back({"jinja", [t](const json& m, bool g, const json& e) { return t->render(m, g, e); }});
+  r.push_back({"jinja", [t](const RowJson& m, bool g, const RowJson& e) { return t->render(m, g, e); }});
   return r;
 }
 

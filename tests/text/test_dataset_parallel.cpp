@@ -70,7 +70,7 @@ DatasetOptions jinja_options() {
   static const ChatTemplate tmpl =
       ChatTemplate::from_source(read_text_file(std::string(QLORA_FIXTURES) + "/text/chat_templates/smollm2.jinja"), "smollm2");
   DatasetOptions o;
-  o.render = [](const json& m, bool gen, const json& extra) { return tmpl.render(m, gen, extra); };
+  o.render = [](const RowJson& m, bool gen, const RowJson& extra) { return tmpl.render(m, gen, extra); };
   o.max_length = 96;
   o.skip_bad_rows = true;
   return o;

@@ -36,7 +36,7 @@ inline std::string temp_file(const std::string& name, const std::string& content
 }
 
 // SmolLM2-135M-Instruct's template, written out by hand (tokenizer_config.json has the Jinja).
-inline std::string smollm2_chatml(const nlohmann::json& msgs, bool gen, const nlohmann::json&) {
+inline std::string smollm2_chatml(const RowJson& msgs, bool gen, const RowJson&) {
   std::string s;
   for (size_t i = 0; i < msgs.size(); i++) {
     if (i == 0 && msgs[0]["role"] != "system")
@@ -49,7 +49,7 @@ inline std::string smollm2_chatml(const nlohmann::json& msgs, bool gen, const nl
 }
 
 // tools/make_dataset_fixtures.py PLAIN_TEMPLATE by hand: no special tokens anywhere.
-inline std::string plain_template(const nlohmann::json& msgs, bool gen, const nlohmann::json&) {
+inline std::string plain_template(const RowJson& msgs, bool gen, const RowJson&) {
   std::string s;
   for (const auto& m : msgs) {
     const std::string role = m["role"], content = m["content"];
@@ -62,7 +62,7 @@ inline std::string plain_template(const nlohmann::json& msgs, bool gen, const nl
 }
 
 // Like Mistral's template: roles must alternate user/assistant, else raise_exception.
-inline std::string strict_template(const nlohmann::json& msgs, bool gen, const nlohmann::json& extra) {
+inline std::string strict_template(const RowJson& msgs, bool gen, const RowJson& extra) {
   for (size_t i = 0; i < msgs.size(); i++)
     if ((msgs[i]["role"] == "user") != (i % 2 == 0))
       fail(ErrorKind::Format, "chat template", "Conversation roles must alternate user/assistant/user/assistant/...");
