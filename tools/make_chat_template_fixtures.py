@@ -150,7 +150,10 @@ BOS_EOS = {
     "mistral_small_3_2": {"bos_token": "<s>", "eos_token": "</s>"},
     "gemma2": {"bos_token": "<bos>", "eos_token": "<eos>"},
     "gemma3": {"bos_token": "<bos>", "eos_token": "<eos>"},
+    "phi3_mini": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "phi3_medium": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
     "phi3_5": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    "phi4": {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"},
     "gpt_oss": {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"},
 }
 
@@ -269,7 +272,7 @@ EXTRA_CASES = {
 }
 
 TEMPLATES = ["smollm2", "llama3", "llama3_1", "llama3_2", "qwen2_5", "qwen3", "mistral_v0_1", "mistral_v0_3",
-             "mistral_nemo", "mistral_small_3_2", "gemma2", "gemma3", "phi3_5", "gpt_oss"]
+             "mistral_nemo", "mistral_small_3_2", "gemma2", "gemma3", "phi3_mini", "phi3_medium", "phi3_5", "phi4", "gpt_oss"]
 
 # A template of our own that reads the reasoning aliases and marks the assistant's text with
 # {% generation %}, to check the context transformers builds and the generation offsets.

@@ -81,7 +81,8 @@ TEST(ChatTemplateParity, RealTemplatesMatchTransformers) {
   }
   // Every real template rendered something, and the ones that validate roles rejected something.
   for (const char* t : {"smollm2", "llama3", "llama3_1", "llama3_2", "qwen2_5", "qwen3", "mistral_v0_1", "mistral_v0_3",
-                        "mistral_nemo", "mistral_small_3_2", "gemma2", "gemma3", "phi3_5", "gpt_oss", "custom_generation"}) {
+                        "mistral_nemo", "mistral_small_3_2", "gemma2", "gemma3", "phi3_mini", "phi3_medium", "phi3_5", "phi4", "gpt_oss",
+                        "custom_generation"}) {
     EXPECT_TRUE(rendered_ok.count(t)) << t;
   }
   for (const char* t : {"mistral_v0_1", "mistral_v0_3", "gemma2", "gemma3", "llama3_1", "gpt_oss"}) {
