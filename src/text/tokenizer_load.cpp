@@ -476,6 +476,10 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
   } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3") {
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
     ignore_merges = true;
+  } else if (pre == "dbrx") {
+    // Llama 3's split without ignore_merges: cl100k vocabularies whose tokenizer.json merges by rank
+    // (DBRX; Phi-4 14B's GGUFs carry this name too, as far as we know).
+    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
   } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kQwen2Pattern), byte_level_noregex}}};
   } else if (pre == "gpt-4o") {
@@ -488,7 +492,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
     llama_cpp_split = kO200kLlamaCppPattern;
   } else {
     fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.pre", "pre-tokenizer '" + pre + "' is not known",
-         "known: default, gpt-2, smollm, starcoder, llama-bpe, qwen2, gpt-4o; pass a tokenizer.json instead");
+         "known: default, gpt-2, smollm, starcoder, llama-bpe, dbrx, qwen2, gpt-4o; pass a tokenizer.json instead");
   }
 
   std::vector<std::string> tokens = g.get_array_strings("tokenizer.ggml.tokens");

@@ -1,6 +1,7 @@
 // Tokenizer::from_gguf: a GGUF written in memory from a fixture vocab, and the real SmolLM2 GGUF.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -296,6 +297,39 @@ TEST(TokenizerGguf, HfFilesFromAGpt4oGguf) {
   }
 }
 
+// Llama 3's split under llama.cpp's two names for it (tools/make_cl100k_vocab_fixtures.py): one
+// vocabulary written twice, identical but for tokenizer.ggml.pre. "llama-bpe" ignores the merges for
+// a pre-token that is a vocabulary entry (as tiktoken and Llama 3's tokenizer.json do), "dbrx"
+// (DBRX, and Phi-4 14B's GGUFs) merges by rank; words the merges do not reach tell them apart.
+TEST(TokenizerGguf, Cl100kSplitTokenizesAsLlamaCppUnderLlamaBpeAndDbrx) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "cl100k_tokens.json");
+  for (const std::string name : {"llama-bpe", "dbrx"}) {
+    SCOPED_TRACE(name);
+    std::string file = name;
+    std::replace(file.begin(), file.end(), '-', '_');
+    const GgufFile g(gdir + "cl100k_" + file + "_vocab.gguf");
+    ASSERT_EQ(g.get_string("tokenizer.ggml.pre"), name);
+    const Tokenizer tok = Tokenizer::from_gguf(g);
+    int checked = 0;
+    for (const json& c : fx["cases"]) {
+      SCOPED_TRACE(c["text"].get<std::string>());
+      EXPECT_EQ(tok.encode(c["text"].get<std::string>(), false), c["ids"][name].get<std::vector<int32_t>>());
+      checked++;
+    }
+    EXPECT_EQ(checked, 30);
+    // The tokenizer.json written for a merged model carries the flag, and reloads as the same tokenizer.
+    const json tj = json::parse(Tokenizer::hf_files_from_gguf(g).tokenizer_json);
+    EXPECT_EQ(tj["model"]["ignore_merges"].get<bool>(), name == "llama-bpe");
+    EXPECT_EQ(tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"], kLlama3Pattern);
+    const Tokenizer again = reloaded(g);
+    expect_same_tokenizer(again, tok);
+    for (const json& c : fx["cases"])
+      EXPECT_EQ(again.encode(c["text"].get<std::string>(), false), c["ids"][name].get<std::vector<int32_t>>());
+  }
+  EXPECT_EQ(fx["differ"].get<int>(), 3);  // the texts with whole words no merge reaches
+}
+
 // The error Tokenizer::from_gguf raises on a vocabulary of `model` (and `pre`, when not empty)
 // with two tokens; a test failure, and an empty Error, when it raises none.
 Error vocab_error(const std::string& file, const std::string& model, const std::string& pre,
@@ -317,7 +351,7 @@ TEST(TokenizerGguf, UnknownPreTokenizerListsTheKnownNames) {
   const Error e = vocab_error("bpe.gguf", "gpt2", "gpt-5", {"a", "b"});
   EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
   EXPECT_EQ(e.where(), "bpe.gguf: tokenizer.ggml.pre");
-  EXPECT_NE(e.hint().find("qwen2, gpt-4o"), std::string::npos) << e.hint();
+  EXPECT_NE(e.hint().find("llama-bpe, dbrx, qwen2, gpt-4o"), std::string::npos) << e.hint();
 }
 
 TEST(TokenizerGguf, UnsupportedVocabModel) {

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Byte-level BPE GGUF vocabularies with the Llama 3 / cl100k split under llama.cpp's two names for
+it, and how llama.cpp tokenizes with each.
+
+    /opt/llamaenv/bin/python tools/make_cl100k_vocab_fixtures.py      (llama-cpp-python, gguf, numpy)
+
+llama.cpp (llama-vocab.cpp) runs the same regex for both names; they differ in one flag:
+  "llama-bpe"  (Llama 3) ignore_merges: a pre-token that is itself a vocabulary entry is that one
+               token, as tiktoken encodes (Llama 3's tokenizer.json sets ignore_merges);
+  "dbrx"       (DBRX, and to our knowledge Phi-4 14B, whose cl100k vocabulary convert_hf_to_gguf.py
+               recognises by the same hash) merges by rank always (tokenizer.json without it).
+Writes into tests/fixtures/gguf/:
+  cl100k_llama_bpe_vocab.gguf, cl100k_dbrx_vocab.gguf
+                      vocabulary-only GGUFs (arch llama, no tensors), identical but for
+                      tokenizer.ggml.pre: make_gpt4o_vocab_fixtures.py's 256 byte tokens and merges
+                      learnt from its texts, whole-word tokens no merge reaches (WHOLE), and
+                      <|endoftext|> (control; bos and eos, add_bos_token false).
+  cl100k_tokens.json  llama.cpp's ids for each text under each name (llama_tokenize through
+                      llama-cpp-python's Llama(vocab_only=True).tokenize, special tokens parsed); the
+                      script asserts the names give different ids on the texts with WHOLE words.
+The C++ test (tests/text/tokenizer_gguf_test.cpp) loads each GGUF with Tokenizer::from_gguf and
+requires llama.cpp's ids.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_gguf_fixtures import finish, vocab_only_writer  # noqa: E402
+from make_gpt4o_vocab_fixtures import EOT, TEXTS, byte_alphabet, learn_merges  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+OUT = os.path.join(ROOT, "tests", "fixtures", "gguf")
+TOKENS = os.path.join(OUT, "cl100k_tokens.json")
+NAMES = ["llama-bpe", "dbrx"]
+# Entries no merge of the learnt list reaches (x, y, z, p, l, u, g, h stay apart in it).
+WHOLE = ["\u0120xyzzy", "xyzzy", "\u0120plugh"]
+EXTRA_TEXTS = [" xyzzy plugh", "xyzzy xyzzy'S plughs", "say XYZZY, then xyzzy.\n plugh"]
+
+
+def path(name):
+    return os.path.join(OUT, f"cl100k_{name.replace('-', '_')}_vocab.gguf")
+
+
+def write_gguf(name):
+    alphabet = byte_alphabet()
+    tokens = [alphabet[b] for b in range(256)]
+    merges = learn_merges(alphabet)
+    for a, b in merges:
+        if a + b not in tokens:
+            tokens.append(a + b)
+    for t in WHOLE:
+        assert t not in tokens, t
+        tokens.append(t)
+    tokens.append(EOT)
+    w = vocab_only_writer(path(name), f"cl100k-split vocabulary ({name})")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(name)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    w.add_bos_token_id(len(tokens) - 1)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_add_bos_token(False)
+    finish(w)
+    print(f"{path(name)}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(path(name))} bytes")
+
+
+def main():
+    from llama_cpp import Llama, __version__ as llama_cpp_version
+    cases = []
+    runs = {}
+    for name in NAMES:
+        write_gguf(name)
+        runs[name] = Llama(model_path=path(name), vocab_only=True, verbose=False)
+    differ = 0
+    for text in TEXTS + EXTRA_TEXTS:
+        ids = {n: [int(i) for i in runs[n].tokenize(text.encode(), add_bos=False, special=True)] for n in NAMES}
+        if text in EXTRA_TEXTS:
+            assert ids["llama-bpe"] != ids["dbrx"], text  # ignore_merges decides these
+        differ += ids["llama-bpe"] != ids["dbrx"]
+        cases.append({"text": text, "ids": ids})
+    with open(TOKENS, "w", encoding="utf-8") as f:
+        json.dump({"llama_cpp_python": llama_cpp_version, "differ": differ, "cases": cases}, f, ensure_ascii=False,
+                  indent=0)
+        f.write("\n")
+    print(f"{TOKENS}: {len(cases)} texts, {differ} tokenized differently under the two names")
+
+
+if __name__ == "__main__":
+    main()
