@@ -88,6 +88,12 @@ struct MaskOptions {
 Row parse_row(const RowJson& obj, DatasetFormat fmt, const FieldMap& fields, const MaskOptions& mask,
               const std::string& where);
 
+// A chat row's template context besides its messages: `tools` (a list, or a JSON string of one) and
+// TRL's `chat_template_kwargs` (an object of more variables: enable_thinking, reasoning_effort, ...)
+// into r.extra. Data error at `where` for kwargs that are not an object or that name a variable the
+// renderer sets (messages, add_generation_prompt, tools, documents).
+void read_template_context(const RowJson& obj, Row& r, const std::string& where);
+
 // Renders messages with a chat template (ChatTemplate::render_with_spans: the text, and the spans of
 // a template that marks {% generation %}); throws qlora::Error with the template's message when it
 // rejects a conversation. A function returning a plain string makes a rendering without marks.

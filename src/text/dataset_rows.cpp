@@ -129,17 +129,34 @@ void read_messages(const json& obj, const std::string& key, DatasetFormat f, con
   }
 }
 
-void read_tools(const json& obj, Row& r) {
-  const json* t = field(obj, "tools");
-  if (!t) return;
-  if (t->is_string()) {
-    // ShareGPT keeps tools as a JSON string; templates expect the parsed list.
-    json parsed = json::parse(t->get<std::string>(), nullptr, false);
-    r.extra["tools"] = parsed.is_discarded() ? *t : parsed;
-  } else {
-    r.extra["tools"] = *t;
+}  // namespace
+
+void read_template_context(const json& obj, Row& r, const std::string& where) {
+  if (const json* t = field(obj, "tools")) {
+    if (t->is_string()) {
+      // ShareGPT keeps tools as a JSON string; templates expect the parsed list.
+      json parsed = json::parse(t->get<std::string>(), nullptr, false);
+      r.extra["tools"] = parsed.is_discarded() ? *t : parsed;
+    } else {
+      r.extra["tools"] = *t;
+    }
+  }
+  // TRL's per-row chat_template_kwargs: more variables for the template (enable_thinking,
+  // reasoning_effort, ...), given to apply_chat_template beside the messages and tools.
+  if (const json* k = field(obj, "chat_template_kwargs")) {
+    if (!k->is_object())
+      fail(ErrorKind::Data, where, "row has 'chat_template_kwargs' that is not an object",
+           "give the template's variables as an object, e.g. {\"enable_thinking\": false}, or skip_bad_rows: true");
+    for (const auto& [key, value] : k->items()) {
+      if (key == "messages" || key == "add_generation_prompt" || key == "tools" || key == "documents")
+        fail(ErrorKind::Data, where, "row has chat_template_kwargs." + key + ", which the renderer sets itself",
+             key == "tools" ? "put the tools in the row's own 'tools' field" : "remove it from chat_template_kwargs");
+      r.extra[key] = value;
+    }
   }
 }
+
+namespace {
 
 std::vector<int32_t> int_list(const json& obj, const std::string& key, DatasetFormat f, const std::string& where) {
   const json& j = obj[key];
@@ -261,7 +278,7 @@ Row parse_row(const json& obj, DatasetFormat f, const FieldMap& fm, const MaskOp
       const std::string sys = opt_string(obj, "system", f, where);
       if (!sys.empty() && r.messages[0]["role"] != "system")
         r.messages.insert(r.messages.begin(), json{{"role", "system"}, {"content", sys}});
-      read_tools(obj, r);
+      read_template_context(obj, r, where);
       break;
     }
     case DatasetFormat::PromptCompletion: {
@@ -281,7 +298,7 @@ Row parse_row(const json& obj, DatasetFormat f, const FieldMap& fm, const MaskOp
       const size_t n_prompt = tmp.messages.size();
       read_messages(obj, "completion", f, fm, false, where, tmp);
       r.messages = std::move(tmp.messages);
-      read_tools(obj, r);
+      read_template_context(obj, r, where);
       // The completion is trained whatever its roles are (TRL's completion_only_loss).
       r.trained.assign(r.messages.size(), 0);
       for (size_t i = n_prompt; i < r.trained.size(); i++) r.trained[i] = 1;

@@ -133,7 +133,7 @@ Row parse_preference_row(const json& obj, DatasetFormat f, const std::string& wh
   if (is_empty_completion(r.chosen)) bad_row(f, where, unpaired ? "has an empty 'completion'" : "has an empty 'chosen'");
   if (!unpaired && is_empty_completion(r.rejected)) bad_row(f, where, "has an empty 'rejected'");
   if (!unpaired && r.chosen == r.rejected) bad_row(f, where, "has 'chosen' equal to 'rejected': nothing to prefer");
-  if (chat && obj.contains("tools")) r.extra["tools"] = obj["tools"];
+  if (chat) read_template_context(obj, r, where);
   return r;
 }
 
