@@ -169,9 +169,9 @@ fi
 # 2. Device stages standing in as sleeps longer than the time left: clipped, the rest skipped.
 out2="$R/out_deadline"
 rm -rf "$out2" && mkdir -p "$out2"
-timeout_s=60
+timeout_s=70
 t0=$SECONDS
-OUT="$out2" QLORA_PACK="$pack" QLORA_WINDOW_WORK="$R/window2" QLORA_WINDOW_FAKE_DEVICE=70 PATH="$venv/bin:$PATH" \
+OUT="$out2" QLORA_PACK="$pack" QLORA_WINDOW_WORK="$R/window2" QLORA_WINDOW_FAKE_DEVICE=80 PATH="$venv/bin:$PATH" \
   bash "$root/bench/device_window.sh" --timeout-s $timeout_s >"$R/window_run2.log" 2>&1
 took=$((SECONDS - t0))
 [ $took -le $timeout_s ] || fail "the window ran ${took}s, past its --timeout-s $timeout_s (stages: $(cut -f1,2,4 "$R/window2/stages.tsv" | tr '\t\n' ' ,'))"
