@@ -192,6 +192,14 @@ CUDA_OP_TEST(attention_fwd, kv_cache_offset) {
   }
 }
 
+// The bitwise repeat of a backward run: the plain harness build and the device check it; under
+// ThreadSanitizer or AddressSanitizer a second identical run touches nothing the first did not.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kRepeatBitwise = false;
+#else
+constexpr bool kRepeatBitwise = true;
+#endif
+
 CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
   QLORA_REQUIRE_CUDA(cu);
   uint64_t seed = 700;
@@ -243,7 +251,8 @@ CUDA_OP_TEST(attention_bwd, causal_gqa_docs) {
       dv_of.push_back(dv.download());
       expect_close(name + " dk", dk_of.back(), rdk, tol);
       expect_close(name + " dv", dv_of.back(), rdv, tol);
-      if (mode == AttnDq::Recompute) {  // written once per element, no atomics: the same bits again
+      // dq recomputed is written once per element, no atomics: the same bits again.
+      if (mode == AttnDq::Recompute && kRepeatBitwise) {
         dq.poison();
         cu->attention_bwd(args);
         EXPECT_EQ(dq.download(), got_dq) << name;
