@@ -188,11 +188,12 @@ std::string pre_tokenizer_name(const json& pre, const std::string& where) {
       if (re == kLlama3Pattern) return "llama-bpe";
       if (re == kQwen2Pattern) return "qwen2";
       if (re == kO200kPattern) return "gpt-4o";  // Phi-4-mini, gpt-oss: llama.cpp runs its own spelling
+      if (re == kTekkenPattern) return "tekken";  // Mistral NeMo, Mistral Small 3: likewise
     }
   }
   fail(ErrorKind::Unsupported, where + ": pre_tokenizer", "this pre-tokenizer has no known llama.cpp name",
        "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2), "
-       "o200k (gpt-4o); "
+       "o200k (gpt-4o), Tekken (tekken); "
        "export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), which names its "
        "pre-tokenizer, else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
 }

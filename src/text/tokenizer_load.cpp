@@ -490,9 +490,16 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
     // ("ÉCOLE", "helloМосква", "e" + U+0301); from_gguf tokenizes as llama.cpp does.
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kO200kPattern), byte_level_noregex}}};
     llama_cpp_split = kO200kLlamaCppPattern;
+  } else if (pre == "tekken") {
+    // Mistral's Tekken vocabulary: run by llama.cpp as "gpt-4o" is (its own spelling, collapsed
+    // text), ignoring merges for a pre-token that is a vocabulary entry.
+    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kTekkenPattern), byte_level_noregex}}};
+    llama_cpp_split = kTekkenLlamaCppPattern;
+    ignore_merges = true;
   } else {
     fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.pre", "pre-tokenizer '" + pre + "' is not known",
-         "known: default, gpt-2, smollm, starcoder, llama-bpe, dbrx, qwen2, gpt-4o; pass a tokenizer.json instead");
+         "known: default, gpt-2, smollm, starcoder, llama-bpe, dbrx, qwen2, gpt-4o, tekken; pass a tokenizer.json "
+         "instead");
   }
 
   std::vector<std::string> tokens = g.get_array_strings("tokenizer.ggml.tokens");

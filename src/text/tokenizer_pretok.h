@@ -39,6 +39,11 @@ extern const char* const kO200kPattern;
 // (tokenizer_collapsed.h): an upper-case letter is a letter not in [a-z], a lower-case one a
 // letter not in [A-Z], \p{M} is in neither, and the contractions are spelled out in both cases.
 extern const char* const kO200kLlamaCppPattern;
+// The Split regex of Tekken vocabularies' tokenizer.json (Mistral NeMo, Mistral Small 3, Ministral;
+// llama.cpp's "tekken"): o200k's without the contractions, digits one by one; and llama.cpp's
+// spelling of it, run on collapsed text as for "gpt-4o".
+extern const char* const kTekkenPattern;
+extern const char* const kTekkenLlamaCppPattern;
 
 // What llama.cpp runs for a byte-level BPE vocabulary whose split regex uses \p{..} classes:
 // `pattern` (llama.cpp's spelling) on the collapsed text, matches and the text between them kept

@@ -81,14 +81,16 @@ TEST(GgufExportTokenizer, Llama32TokenizerRoundTrips) {
   check_round_trip(fs::path(path).parent_path().string(), "llama-bpe");
 }
 
-// An o200k tokenizer.json (Phi-4-mini, gpt-oss: here the one written for the gpt-4o vocabulary
-// fixture) is exported under llama.cpp's name "gpt-4o", and the file tokenizes as llama.cpp did on
-// that vocabulary (tests/fixtures/gguf/gpt4o_tokens.json), which is not the tokenizer.json's own
-// split where a non-ASCII letter decides a boundary.
-TEST(GgufExportTokenizer, O200kIsWrittenAsGpt4o) {
+// An o200k tokenizer.json (Phi-4-mini, gpt-oss) and a Tekken one (Mistral NeMo, Mistral Small 3),
+// here the ones written for the vocabulary fixtures of those names, are exported under llama.cpp's
+// names "gpt-4o" and "tekken", and the file tokenizes as llama.cpp did on that vocabulary
+// (tests/fixtures/gguf/*_tokens.json), which is not the tokenizer.json's own split where a
+// non-ASCII letter decides a boundary.
+static void check_collapsed_split_export(const std::string& vocab, const std::string& pre, int n_cases) {
+  SCOPED_TRACE(pre);
   const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
-  const GgufFile src(gdir + "gpt4o_vocab.gguf");
-  const fs::path dir = fs::temp_directory_path() / ("qlora_o200k_" + std::to_string(::getpid()));
+  const GgufFile src(gdir + vocab + "_vocab.gguf");
+  const fs::path dir = fs::temp_directory_path() / ("qlora_" + vocab + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const Tokenizer::HfFiles files = Tokenizer::hf_files_from_gguf(src);
   std::ofstream(dir / "tokenizer.json") << files.tokenizer_json;
@@ -99,11 +101,11 @@ TEST(GgufExportTokenizer, O200kIsWrittenAsGpt4o) {
   w.begin(out.string());
   w.commit();
   const GgufFile g(out.string());
-  EXPECT_EQ(g.get_string("tokenizer.ggml.pre"), "gpt-4o");
+  EXPECT_EQ(g.get_string("tokenizer.ggml.pre"), pre);
   EXPECT_EQ(g.get_array_strings("tokenizer.ggml.merges"), src.get_array_strings("tokenizer.ggml.merges"));
   const Tokenizer gg = Tokenizer::from_gguf(g), hf = Tokenizer::from_file(dir.string());
   int cases = 0, hf_differs = 0;
-  const json fx = read_json_file(gdir + "gpt4o_tokens.json");
+  const json fx = read_json_file(gdir + vocab + "_tokens.json");
   for (const json& c : fx["cases"]) {
     const std::string text = c["text"];
     SCOPED_TRACE(text);
@@ -112,10 +114,14 @@ TEST(GgufExportTokenizer, O200kIsWrittenAsGpt4o) {
     hf_differs += hf.encode(text, bos) != c["ids"].get<std::vector<int32_t>>();
     cases++;
   }
-  EXPECT_EQ(cases, 54);
+  EXPECT_EQ(cases, n_cases);
   EXPECT_GT(hf_differs, 0);
   fs::remove_all(dir);
 }
+
+TEST(GgufExportTokenizer, O200kIsWrittenAsGpt4o) { check_collapsed_split_export("gpt4o", "gpt-4o", 54); }
+
+TEST(GgufExportTokenizer, TekkenIsWrittenAsTekken) { check_collapsed_split_export("tekken", "tekken", 58); }
 
 // tokenizers' Metaspace layout of a SentencePiece vocabulary (no normalizer; Llama 2 and Mistral
 // without legacy) is written as llama.cpp's SPM vocabulary with add_space_prefix, as

@@ -297,6 +297,38 @@ TEST(TokenizerGguf, HfFilesFromAGpt4oGguf) {
   }
 }
 
+// Mistral's Tekken vocabulary (pre "tekken": Mistral NeMo, Mistral Small 3, Ministral), by
+// tools/make_tekken_vocab_fixtures.py: llama.cpp runs its own spelling of the Tekken regex on collapsed
+// text, as for "gpt-4o", and ignores merges for a pre-token that is a vocabulary entry. The engine
+// gives llama.cpp's ids on every text; the tokenizer.json `qlora merge` writes holds the Tekken regex
+// (with ignore_merges) and gives HF tokenizers' ids, which differ on the texts where a non-ASCII
+// letter decides a boundary.
+TEST(TokenizerGguf, TekkenVocabTokenizesAsLlamaCppAndItsTokenizerJsonAsHf) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "tekken_tokens.json");
+  const GgufFile g(gdir + "tekken_vocab.gguf");
+  const Tokenizer tok = Tokenizer::from_gguf(g);
+  const json tj = json::parse(Tokenizer::hf_files_from_gguf(g).tokenizer_json);
+  EXPECT_EQ(tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"], kTekkenPattern);
+  EXPECT_TRUE(tj["model"]["ignore_merges"].get<bool>());
+  const Tokenizer hf = reloaded(g);
+  expect_same_tokenizer(hf, tok);
+  int checked = 0, differ = 0;
+  for (const json& c : fx["cases"]) {
+    SCOPED_TRACE(c["text"].get<std::string>());
+    const std::string text = c["text"];
+    EXPECT_EQ(tok.encode(text, c["add_bos"].get<bool>()), c["ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(hf.encode(text, false), c["hf_ids"].get<std::vector<int32_t>>());
+    differ += c["ids"] != c["hf_ids"];
+    checked++;
+  }
+  EXPECT_EQ(checked, 58);
+  EXPECT_EQ(differ, fx["differ"].get<int>());
+  EXPECT_GE(differ, 8);  // the rule is exercised
+  const std::vector<int32_t> digits = tok.encode("2024", false);
+  EXPECT_EQ(digits.size(), 4u);  // one digit a piece
+}
+
 // Llama 3's split under llama.cpp's two names for it (tools/make_cl100k_vocab_fixtures.py): one
 // vocabulary written twice, identical but for tokenizer.ggml.pre. "llama-bpe" ignores the merges for
 // a pre-token that is a vocabulary entry (as tiktoken and Llama 3's tokenizer.json do), "dbrx"
@@ -351,7 +383,7 @@ TEST(TokenizerGguf, UnknownPreTokenizerListsTheKnownNames) {
   const Error e = vocab_error("bpe.gguf", "gpt2", "gpt-5", {"a", "b"});
   EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
   EXPECT_EQ(e.where(), "bpe.gguf: tokenizer.ggml.pre");
-  EXPECT_NE(e.hint().find("llama-bpe, dbrx, qwen2, gpt-4o"), std::string::npos) << e.hint();
+  EXPECT_NE(e.hint().find("llama-bpe, dbrx, qwen2, gpt-4o, tekken"), std::string::npos) << e.hint();
 }
 
 TEST(TokenizerGguf, UnsupportedVocabModel) {
