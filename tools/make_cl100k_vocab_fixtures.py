@@ -17,13 +17,16 @@ Writes into tests/fixtures/gguf/:
                       <|endoftext|> (control; bos and eos, add_bos_token false).
   cl100k_tokens.json  llama.cpp's ids for each text under each name (llama_tokenize through
                       llama-cpp-python's Llama(vocab_only=True).tokenize, special tokens parsed); the
-                      script asserts the names give different ids on the texts with WHOLE words.
+                      script asserts the names give different ids on the texts with WHOLE words;
+                      adds_bos_without_key: whether llama.cpp adds BOS to a file without
+                      tokenizer.ggml.add_bos_token, for these names and tekken, gpt-4o, qwen2.
 The C++ test (tests/text/tokenizer_gguf_test.cpp) loads each GGUF with Tokenizer::from_gguf and
 requires llama.cpp's ids.
 """
 import json
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_gguf_fixtures import finish, vocab_only_writer  # noqa: E402
@@ -42,7 +45,7 @@ def path(name):
     return os.path.join(OUT, f"cl100k_{name.replace('-', '_')}_vocab.gguf")
 
 
-def write_gguf(name):
+def write_gguf(name, path_=None, add_bos_key=True):
     alphabet = byte_alphabet()
     tokens = [alphabet[b] for b in range(256)]
     merges = learn_merges(alphabet)
@@ -53,7 +56,8 @@ def write_gguf(name):
         assert t not in tokens, t
         tokens.append(t)
     tokens.append(EOT)
-    w = vocab_only_writer(path(name), f"cl100k-split vocabulary ({name})")
+    out = path_ or path(name)
+    w = vocab_only_writer(out, f"cl100k-split vocabulary ({name})")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(name)
     w.add_token_list(tokens)
@@ -61,9 +65,23 @@ def write_gguf(name):
     w.add_token_merges([f"{a} {b}" for a, b in merges])
     w.add_bos_token_id(len(tokens) - 1)
     w.add_eos_token_id(len(tokens) - 1)
-    w.add_add_bos_token(False)
+    if add_bos_key:
+        w.add_add_bos_token(False)
     finish(w)
-    print(f"{path(name)}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(path(name))} bytes")
+    print(f"{out}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(out)} bytes")
+    return len(tokens) - 1  # bos and eos
+
+
+def bos_without_key(Llama, tmp):
+    """Whether llama.cpp adds BOS (llama_tokenize's add_special) to a file without
+    tokenizer.ggml.add_bos_token: its default for the pre-tokenizer's name."""
+    out = {}
+    for name in NAMES + ["tekken", "gpt-4o", "qwen2"]:
+        p = os.path.join(tmp, f"nokey_{name}.gguf")
+        bos = write_gguf(name, p, add_bos_key=False)
+        ids = Llama(model_path=p, vocab_only=True, verbose=False).tokenize(b"hello", add_bos=True, special=True)
+        out[name] = ids[0] == bos
+    return out
 
 
 def main():
@@ -80,9 +98,11 @@ def main():
             assert ids["llama-bpe"] != ids["dbrx"], text  # ignore_merges decides these
         differ += ids["llama-bpe"] != ids["dbrx"]
         cases.append({"text": text, "ids": ids})
+    with tempfile.TemporaryDirectory() as tmp:
+        bos = bos_without_key(Llama, tmp)
     with open(TOKENS, "w", encoding="utf-8") as f:
-        json.dump({"llama_cpp_python": llama_cpp_version, "differ": differ, "cases": cases}, f, ensure_ascii=False,
-                  indent=0)
+        json.dump({"llama_cpp_python": llama_cpp_version, "differ": differ, "adds_bos_without_key": bos,
+                   "cases": cases}, f, ensure_ascii=False, indent=0)
         f.write("\n")
     print(f"{TOKENS}: {len(cases)} texts, {differ} tokenized differently under the two names")
 

@@ -463,6 +463,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
   json pre_json;
   const char* llama_cpp_split = nullptr;
   bool ignore_merges = false;
+  bool bos_by_default = false;  // llama.cpp's add_bos for the name, where the file has no add_bos_token
   json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   json byte_level_noregex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
   auto split = [](const char* re) {
@@ -473,16 +474,18 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
   } else if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "codeshell") {
     pre_json = {{"type", "Sequence"},
                 {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
-  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3") {
+  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3" || pre == "falcon-h1" ||
+             pre == "pixtral" || pre == "midm-2.0" || pre == "lfm2" || pre == "jina-v5-nano") {
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
     ignore_merges = true;
+    bos_by_default = true;
   } else if (pre == "dbrx") {
     // Llama 3's split without ignore_merges: cl100k vocabularies whose tokenizer.json merges by rank
     // (DBRX; Phi-4 14B's GGUFs carry this name too, as far as we know).
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
-  } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+  } else if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "kormo" || pre == "f2llmv2") {
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kQwen2Pattern), byte_level_noregex}}};
-  } else if (pre == "gpt-4o") {
+  } else if (pre == "gpt-4o" || pre == "llama4" || pre == "kanana2" || pre == "talkie") {
     // The root (and the tokenizer.json `qlora merge` writes) holds o200k's regex as Phi-4-mini's and
     // gpt-oss's tokenizer.json do. llama.cpp runs its own spelling of it on collapsed text, where a
     // non-ASCII letter is both upper and lower case and a combining mark no letter, so transformers
@@ -496,6 +499,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
     pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kTekkenPattern), byte_level_noregex}}};
     llama_cpp_split = kTekkenLlamaCppPattern;
     ignore_merges = true;
+    bos_by_default = true;
   } else {
     fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.pre", "pre-tokenizer '" + pre + "' is not known",
          "known: default, gpt-2, smollm, starcoder, llama-bpe, dbrx, qwen2, gpt-4o, tekken; pass a tokenizer.json "
@@ -525,6 +529,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
             {"pre_tokenizer", std::move(pre_json)},
             {"decoder", {{"type", "ByteLevel"}}}};
   read_gguf_specials(g, tokens, false, v);
+  if (!v.add_bos && bos_by_default) v.add_bos = true;
   v.tokens = std::move(tokens);
   return v;
 }

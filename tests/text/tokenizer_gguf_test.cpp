@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -360,6 +361,57 @@ TEST(TokenizerGguf, Cl100kSplitTokenizesAsLlamaCppUnderLlamaBpeAndDbrx) {
       EXPECT_EQ(again.encode(c["text"].get<std::string>(), false), c["ids"][name].get<std::vector<int32_t>>());
   }
   EXPECT_EQ(fx["differ"].get<int>(), 3);  // the texts with whole words no merge reaches
+}
+
+// llama.cpp's other names for the same pipelines (llama-vocab.cpp groups them with one pre-type and
+// the same flags) tokenize as the canonical name does; and where the file has no
+// tokenizer.ggml.add_bos_token, BOS is added by llama.cpp's default for the name (recorded from
+// llama.cpp by tools/make_cl100k_vocab_fixtures.py: llama-bpe and tekken yes, dbrx, gpt-4o, qwen2 no).
+TEST(TokenizerGguf, LlamaCppAliasesAndItsBosDefaultWithoutTheKey) {
+  const std::string gdir = std::string(QLORA_FIXTURES) + "/gguf/";
+  const json fx = read_json_file(gdir + "cl100k_tokens.json");
+  const GgufFile src(gdir + "cl100k_llama_bpe_vocab.gguf");
+  const std::vector<std::string> tokens = src.get_array_strings("tokenizer.ggml.tokens");
+  const std::vector<std::string> merges = src.get_array_strings("tokenizer.ggml.merges");
+  const uint32_t eot = uint32_t(tokens.size() - 1);
+  auto vocab = [&](const std::string& pre, std::optional<bool> add_bos) {
+    GgufWriter w;
+    w.str("tokenizer.ggml.model", "gpt2");
+    w.str("tokenizer.ggml.pre", pre);
+    w.strings("tokenizer.ggml.tokens", tokens);
+    std::vector<int32_t> types(tokens.size(), 1);
+    types.back() = 3;
+    w.i32s("tokenizer.ggml.token_type", types);
+    w.strings("tokenizer.ggml.merges", merges);
+    w.u32("tokenizer.ggml.bos_token_id", eot);
+    w.u32("tokenizer.ggml.eos_token_id", eot);
+    if (add_bos) w.boolean("tokenizer.ggml.add_bos_token", *add_bos);
+    return Tokenizer::from_gguf(GgufFile::from_bytes(w.bytes(), pre + ".gguf"));
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> aliases = {
+      {"llama-bpe", {"llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"}},
+      {"qwen2", {"deepseek-r1-qwen", "kormo", "f2llmv2"}},
+      {"gpt-4o", {"llama4", "kanana2", "talkie"}}};
+  for (const auto& [canonical, names] : aliases) {
+    const Tokenizer ref = vocab(canonical, false);
+    for (const std::string& name : names) {
+      SCOPED_TRACE(name);
+      const Tokenizer tok = vocab(name, false);
+      for (const json& c : fx["cases"]) {
+        const std::string text = c["text"];
+        EXPECT_EQ(tok.encode(text, false), ref.encode(text, false));
+      }
+      EXPECT_EQ(vocab(name, std::nullopt).special_prefix(), vocab(canonical, std::nullopt).special_prefix());
+    }
+  }
+  for (const auto& [name, adds] : fx["adds_bos_without_key"].items()) {
+    SCOPED_TRACE(name);
+    const std::vector<int32_t> want = adds.get<bool>() ? std::vector<int32_t>{int32_t(eot)} : std::vector<int32_t>{};
+    EXPECT_EQ(vocab(name, std::nullopt).special_prefix(), want);
+    EXPECT_TRUE(vocab(name, false).special_prefix().empty());  // the key, when present, decides
+    EXPECT_EQ(vocab(name, true).special_prefix(), std::vector<int32_t>{int32_t(eot)});
+  }
+  EXPECT_EQ(fx["adds_bos_without_key"].size(), 5u);
 }
 
 // The error Tokenizer::from_gguf raises on a vocabulary of `model` (and `pre`, when not empty)
