@@ -29,8 +29,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gguf_fixtures import finish, vocab_only_writer  # noqa: E402
-from make_gpt4o_vocab_fixtures import EOT, TEXTS, byte_alphabet, learn_merges  # noqa: E402
+from make_gpt4o_vocab_fixtures import TEXTS, write_vocab_gguf  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 OUT = os.path.join(ROOT, "tests", "fixtures", "gguf")
@@ -46,30 +45,7 @@ def path(name):
 
 
 def write_gguf(name, path_=None, add_bos_key=True):
-    alphabet = byte_alphabet()
-    tokens = [alphabet[b] for b in range(256)]
-    merges = learn_merges(alphabet)
-    for a, b in merges:
-        if a + b not in tokens:
-            tokens.append(a + b)
-    for t in WHOLE:
-        assert t not in tokens, t
-        tokens.append(t)
-    tokens.append(EOT)
-    out = path_ or path(name)
-    w = vocab_only_writer(out, f"cl100k-split vocabulary ({name})")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(name)
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - 1) + [3])
-    w.add_token_merges([f"{a} {b}" for a, b in merges])
-    w.add_bos_token_id(len(tokens) - 1)
-    w.add_eos_token_id(len(tokens) - 1)
-    if add_bos_key:
-        w.add_add_bos_token(False)
-    finish(w)
-    print(f"{out}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(out)} bytes")
-    return len(tokens) - 1  # bos and eos
+    return write_vocab_gguf(path_ or path(name), name, f"cl100k-split vocabulary ({name})", WHOLE, add_bos_key)
 
 
 def bos_without_key(Llama, tmp):

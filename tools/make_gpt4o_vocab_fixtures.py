@@ -113,26 +113,37 @@ def learn_merges(alphabet):
     return merges
 
 
-def write_gguf():
+def write_vocab_gguf(path, pre, title, whole=(), add_bos_key=True):
+    """The byte tokens, the tokens of the learnt merges, `whole` (entries no merge reaches) and EOT
+    (control; bos and eos) as a vocabulary-only GGUF with pre-tokenizer `pre`; add_bos_token false
+    unless `add_bos_key` is off (then absent). Returns the bos id."""
     alphabet = byte_alphabet()
     tokens = [alphabet[b] for b in range(256)]
     merges = learn_merges(alphabet)
     for a, b in merges:
         if a + b not in tokens:
             tokens.append(a + b)
+    for t in whole:
+        assert t not in tokens, t
+        tokens.append(t)
     tokens.append(EOT)
-    types = [1] * (len(tokens) - 1) + [3]
-    w = vocab_only_writer(GGUF, "gpt-4o vocabulary")
+    w = vocab_only_writer(path, title)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-4o")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
-    w.add_token_types(types)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
     w.add_token_merges([f"{a} {b}" for a, b in merges])
     w.add_bos_token_id(len(tokens) - 1)
     w.add_eos_token_id(len(tokens) - 1)
-    w.add_add_bos_token(False)
+    if add_bos_key:
+        w.add_add_bos_token(False)
     finish(w)
-    print(f"{GGUF}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(GGUF)} bytes")
+    print(f"{path}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(path)} bytes")
+    return len(tokens) - 1
+
+
+def write_gguf():
+    write_vocab_gguf(GGUF, "gpt-4o", "gpt-4o vocabulary")
 
 
 def llama_cpp_cases():
@@ -150,10 +161,13 @@ def llama_cpp_cases():
     print(f"{TOKENS}: {len(cases)} tokenizations")
 
 
-def hf_cases():
+def add_hf_ids(gguf_path, tokens_path, regex, ignore_merges=False, record_differ=False):
+    """Adds to each case of `tokens_path` "hf_ids": HF tokenizers' ids for the GGUF's vocabulary and
+    merges under the tokenizer.json pipeline of a split regex (Split `regex`, Isolated; ByteLevel
+    without its regex), as the tokenizer.json `qlora merge` writes for such a vocabulary."""
     import tokenizers
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    r = gguf.GGUFReader(GGUF)
+    r = gguf.GGUFReader(gguf_path)
 
     def strings(key):
         f = r.fields[key]
@@ -162,25 +176,31 @@ def hf_cases():
     tokens = strings("tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ")) for m in strings("tokenizer.ggml.merges")]
     vocab = {t: i for i, t in enumerate(tokens) if t != EOT}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(O200K), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
     assert tok.token_to_id(EOT) == tokens.index(EOT)
-    with open(TOKENS, encoding="utf-8") as f:
+    with open(tokens_path, encoding="utf-8") as f:
         fx = json.load(f)
     differ = 0
     for c in fx["cases"]:
         c["hf_ids"] = tok.encode(c["text"], add_special_tokens=False).ids
         differ += c["hf_ids"] != c["ids"]
     fx["tokenizers"] = tokenizers.__version__
-    with open(TOKENS, "w", encoding="utf-8") as f:
+    if record_differ:
+        fx["differ"] = differ
+    with open(tokens_path, "w", encoding="utf-8") as f:
         json.dump(fx, f, ensure_ascii=False, indent=0)
         f.write("\n")
-    print(f"{TOKENS}: hf_ids added; {differ} of {len(fx['cases'])} differ from llama.cpp's")
+    print(f"{tokens_path}: hf_ids added; {differ} of {len(fx['cases'])} differ from llama.cpp's")
+
+
+def hf_cases():
+    add_hf_ids(GGUF, TOKENS, O200K)
 
 
 if __name__ == "__main__":

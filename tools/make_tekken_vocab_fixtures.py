@@ -25,8 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gguf_fixtures import finish, vocab_only_writer  # noqa: E402
-from make_gpt4o_vocab_fixtures import EOT, TEXTS, byte_alphabet, learn_merges  # noqa: E402
+from make_gpt4o_vocab_fixtures import TEXTS, add_hf_ids, write_vocab_gguf  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 OUT = os.path.join(ROOT, "tests", "fixtures", "gguf")
@@ -42,27 +41,7 @@ EXTRA_TEXTS = [" xyzzy plugh 2024", "Mistral NeMo's tekken: 12345 \u00c9T\u00c9 
 
 
 def write_gguf():
-    alphabet = byte_alphabet()
-    tokens = [alphabet[b] for b in range(256)]
-    merges = learn_merges(alphabet)
-    for a, b in merges:
-        if a + b not in tokens:
-            tokens.append(a + b)
-    for t in WHOLE:
-        assert t not in tokens, t
-        tokens.append(t)
-    tokens.append(EOT)
-    w = vocab_only_writer(GGUF, "tekken vocabulary")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("tekken")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - 1) + [3])
-    w.add_token_merges([f"{a} {b}" for a, b in merges])
-    w.add_bos_token_id(len(tokens) - 1)
-    w.add_eos_token_id(len(tokens) - 1)
-    w.add_add_bos_token(False)
-    finish(w)
-    print(f"{GGUF}: {len(tokens)} tokens, {len(merges)} merges, {os.path.getsize(GGUF)} bytes")
+    write_vocab_gguf(GGUF, "tekken", "tekken vocabulary", WHOLE)
 
 
 def llama_cpp_cases():
@@ -81,38 +60,7 @@ def llama_cpp_cases():
 
 
 def hf_cases():
-    import gguf
-    import tokenizers
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    r = gguf.GGUFReader(GGUF)
-
-    def strings(key):
-        f = r.fields[key]
-        return [bytes(f.parts[i]).decode() for i in f.data]
-
-    tokens = strings("tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ")) for m in strings("tokenizer.ggml.merges")]
-    vocab = {t: i for i, t in enumerate(tokens) if t != EOT}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(TEKKEN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
-    assert tok.token_to_id(EOT) == tokens.index(EOT)
-    with open(TOKENS, encoding="utf-8") as f:
-        fx = json.load(f)
-    differ = 0
-    for c in fx["cases"]:
-        c["hf_ids"] = tok.encode(c["text"], add_special_tokens=False).ids
-        differ += c["hf_ids"] != c["ids"]
-    fx["tokenizers"] = tokenizers.__version__
-    fx["differ"] = differ
-    with open(TOKENS, "w", encoding="utf-8") as f:
-        json.dump(fx, f, ensure_ascii=False, indent=0)
-        f.write("\n")
-    print(f"{TOKENS}: hf_ids added; {differ} of {len(fx['cases'])} differ from llama.cpp's")
+    add_hf_ids(GGUF, TOKENS, TEKKEN, ignore_merges=True, record_differ=True)
 
 
 if __name__ == "__main__":

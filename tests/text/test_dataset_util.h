@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -18,6 +19,11 @@
 #include "text/tokenizer.h"
 
 namespace qlora::dataset_test {
+
+// A chat template as the data pipeline calls it (text and {% generation %} spans).
+inline ChatRenderFn render_with(std::shared_ptr<const ChatTemplate> t) {
+  return [t](const RowJson& m, bool g, const RowJson& e) { return t->render_with_spans(m, g, e); };
+}
 
 inline std::string fixtures() { return std::string(QLORA_FIXTURES) + "/text"; }
 inline std::string datasets() { return fixtures() + "/datasets"; }

@@ -42,10 +42,6 @@ ChatTemplate template_of(const ojson& c, const std::tm& now, bool marked) {
   return t;
 }
 
-ChatRenderFn render_fn(std::shared_ptr<const ChatTemplate> t) {
-  return [t](const RowJson& m, bool g, const RowJson& e) { return t->render_with_spans(m, g, e); };
-}
-
 Row chat_row(const ojson& c) {
   Row r;
   r.kind = Row::Chat;
@@ -66,7 +62,7 @@ TEST(GenerationMasks, LossIsOnTheMarkedTextAsTransformersMasksIt) {
     ASSERT_TRUE(t->marks_generation());
     const Row row = chat_row(c);
     EncodeInfo info;
-    const Example ex = encode_row(row, &tok, MaskOptions{}, render_fn(t), "case", &info);
+    const Example ex = encode_row(row, &tok, MaskOptions{}, dataset_test::render_with(t), "case", &info);
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     const auto mask = c["assistant_masks"].get<std::vector<int>>();
     ASSERT_EQ(ex.ids, ids);
@@ -83,7 +79,7 @@ TEST(GenerationMasks, LossIsOnTheMarkedTextAsTransformersMasksIt) {
     EXPECT_FALSE(plain->marks_generation());
     EXPECT_EQ(plain->render(row.messages, false, row.extra), c["text"].get<std::string>());
     try {
-      encode_row(row, &tok, MaskOptions{}, render_fn(plain), "data.jsonl:3", nullptr);
+      encode_row(row, &tok, MaskOptions{}, dataset_test::render_with(plain), "data.jsonl:3", nullptr);
       ADD_FAILURE() << "the unmarked template placed a mask";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::Data);
@@ -116,16 +112,17 @@ TEST(GenerationMasks, OtherRolesToTrainFallBackToRenderingPrefixes) {
       if (ex.labels[i] != kNoLoss) ids.push_back(ex.ids[i]);
     return tok.decode(ids, false);
   };
+  const ChatRenderFn render = dataset_test::render_with(t);
   EncodeInfo info;
   row.trained = {0, 1, 0, 1};
-  EXPECT_EQ(trained_text(encode_row(row, &tok, MaskOptions{}, render_fn(t), "r", &info)), "Hello<|im_end|>Ciao<|im_end|>");
+  EXPECT_EQ(trained_text(encode_row(row, &tok, MaskOptions{}, render, "r", &info)), "Hello<|im_end|>Ciao<|im_end|>");
   EXPECT_TRUE(info.generation_marks);
   row.trained = {1, 1, 1, 1};  // roles_to_train: [user, assistant]
-  const Example all = encode_row(row, &tok, MaskOptions{}, render_fn(t), "r", &info);
+  const Example all = encode_row(row, &tok, MaskOptions{}, render, "r", &info);
   EXPECT_FALSE(info.generation_marks);
   EXPECT_EQ(trained_text(all), "Hi<|im_end|>Hello<|im_end|>Bye<|im_end|>Ciao<|im_end|>");
   row.trained = {0, 0, 0, 1};  // the completion of a conversational prompt/completion row
-  EXPECT_EQ(trained_text(encode_row(row, &tok, MaskOptions{}, render_fn(t), "r", &info)), "Ciao<|im_end|>");
+  EXPECT_EQ(trained_text(encode_row(row, &tok, MaskOptions{}, render, "r", &info)), "Ciao<|im_end|>");
   EXPECT_FALSE(info.generation_marks);
 }
 
@@ -147,7 +144,7 @@ TEST(GenerationMasks, JsonlRowsKeepTheirKeyOrderAndCountTheMarkedRows) {
   const std::string path = dataset_test::temp_file("qwen3_marked.jsonl", jsonl);
   DatasetOptions o;
   o.max_length = 100000;
-  o.render = render_fn(std::make_shared<const ChatTemplate>(template_of(*cases[0], now, true)));
+  o.render = dataset_test::render_with(std::make_shared<const ChatTemplate>(template_of(*cases[0], now, true)));
   DatasetStats st;
   const std::vector<Example> got = load_dataset(DatasetSpec{path, 1.0, DatasetFormat::Auto}, &dataset_test::smollm2(), o, &st);
   ASSERT_EQ(got.size(), cases.size());
@@ -161,7 +158,7 @@ TEST(GenerationMasks, JsonlRowsKeepTheirKeyOrderAndCountTheMarkedRows) {
   EXPECT_EQ(st.generation_marked, int64_t(cases.size()));
   EXPECT_EQ(st.split_mismatch, 0);
   // Without the marks the first row is refused, naming its line.
-  o.render = render_fn(std::make_shared<const ChatTemplate>(template_of(*cases[0], now, false)));
+  o.render = dataset_test::render_with(std::make_shared<const ChatTemplate>(template_of(*cases[0], now, false)));
   try {
     load_dataset(DatasetSpec{path, 1.0, DatasetFormat::Auto}, &dataset_test::smollm2(), o, &st);
     ADD_FAILURE() << "the unmarked template placed masks";

@@ -23,15 +23,11 @@ std::shared_ptr<const ChatTemplate> real_template(const std::string& name) {
   return t;
 }
 
-ChatRenderFn render_fn(std::shared_ptr<const ChatTemplate> t) {
-  return [t](const RowJson& m, bool g, const RowJson& e) { return t->render_with_spans(m, g, e); };
-}
-
 std::vector<Example> load(const std::string& name, const std::string& jsonl, std::shared_ptr<const ChatTemplate> t,
                           DatasetStats* st = nullptr) {
   DatasetOptions o;
   o.max_length = 100000;
-  o.render = render_fn(std::move(t));
+  o.render = dataset_test::render_with(std::move(t));
   return load_dataset(DatasetSpec{dataset_test::temp_file(name, jsonl), 1.0, DatasetFormat::Auto},
                       &dataset_test::smollm2(), o, st);
 }
