@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/cpu/cpu_blas_check.h"
 #include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -34,6 +35,11 @@ static int train_on_ranks(const std::string& config, const std::vector<std::stri
     if (cfg.threads == 0) cfg.threads = std::max(1, omp_get_num_procs() / comm.local_size());
   }
   auto be = select_backend(cfg.device, int(cfg.threads), /*quiet=*/comm.rank() != 0);  // rank 0 speaks for all
+  // Every rank checks its own BLAS kernels (ranks may run on other machines); a wrong one stops the run.
+  if (be->device() == DeviceKind::Cpu) {
+    const std::string checked = cpu::verify_blas_kernels();
+    if (comm.rank() == 0) std::fprintf(stderr, "cpu: %s\n", checked.c_str());
+  }
   // GPU ranks sum gradients (sharding none) or gather fsdp's base layers in device memory; ZeRO-1's
   // reduce-scatter and all-gather of the gradients go through host memory over MPI.
   std::unique_ptr<DeviceReducer> nccl;

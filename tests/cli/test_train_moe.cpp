@@ -191,14 +191,9 @@ TEST(TrainMoe, AGgufMixtureOfExpertsTrainsAsItsCheckpoint) {
     std::vector<std::vector<float>> b;
     for (const std::string& base : {model, out + "/base.gguf"}) {
       const std::string run = out + "/run" + std::to_string(losses.size());
-      // adam_epsilon 1e-3: the two bases run the experts' GEMMs over other shapes (a GGUF stack's
-      // slices), so their gradients differ in the last bits; with the default 1e-8 AdamW divides a
-      // near-zero gradient element by its own square root and turns that into an O(lr) difference
-      // of B (9e-5 of B's size measured with OpenBLAS's Haswell kernels). With eps above the
-      // gradients' rounding each update is Lipschitz in the gradient (lr/eps), and B's difference
-      // stays at the gradients' relative rounding (2.6e-6 measured there; 0 with the native kernels).
-      const RunResult r =
-          run_qlora("train " + cfg + " model_name_or_path=" + base + " output_dir=" + run + quant + " adam_epsilon=1e-3");
+      // The two bases run the experts' GEMMs over other shapes (a GGUF stack's slices).
+      const RunResult r = run_qlora("train " + cfg + " model_name_or_path=" + base + " output_dir=" + run + quant +
+                                    kOptimizerLipschitzInGradient);
       ASSERT_EQ(r.code, 0) << r.output;
       losses.emplace_back();
       for (const auto& rec : metrics_records(run))

@@ -122,12 +122,10 @@ TEST(TrainPreference, RowsThatDoNotFitTheObjectiveAreRefused) {
 // from output_dir by the next run on the same data) train as the in-step reference does.
 TEST(TrainPreference, PrecomputedReferenceTrainsAsTheInStepOne) {
   const std::string a = temp_dir("pref_instep"), b = temp_dir("pref_pre");
-  // The precomputed pass scores the rows in other batches than the step does (other GEMM shapes,
-  // other summation orders: rounding-level differences of the reference log-probs). adam_epsilon
-  // 1e-3 keeps AdamW from dividing near-zero gradient elements by their own square roots (with the
-  // default 1e-8 that turns a last-bit difference into an O(lr) update difference), so the records
-  // after the updates compare the rounding, at the same bound as the first step's.
-  const std::string extra = "max_steps=4 eval_file=" + fx("preference/pairs_chat.jsonl") + " eval_steps=2 adam_epsilon=1e-3";
+  // The precomputed pass scores the rows in other batches than the step does (other GEMM shapes:
+  // rounding-level differences of the reference log-probs).
+  const std::string extra =
+      "max_steps=4 eval_file=" + fx("preference/pairs_chat.jsonl") + " eval_steps=2" + kOptimizerLipschitzInGradient;
   for (const std::string& rl : {std::string("dpo"), std::string("kto")}) {
     const std::string file = rl == "kto" ? "kto.jsonl" : "pairs_text.jsonl";
     const std::string eval = rl == "kto" ? " eval_file=" + fx("preference/kto.jsonl") : "";

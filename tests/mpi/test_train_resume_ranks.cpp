@@ -8,7 +8,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kLossRtol = 1e-5, kAdapterRtol = 2e-4;  // as test_train_data_parallel.cpp
 
 // checkpoint-3 of `from` copied into a fresh output_dir, to resume there.
 std::string resume_dir(const std::string& from, const std::string& name) {
@@ -20,7 +19,7 @@ std::string resume_dir(const std::string& from, const std::string& name) {
 }  // namespace
 
 TEST(MpiTrain, ResumeAcrossWorldSizes) {
-  const std::string common = "max_steps=6 save_steps=3 eval_steps=3 per_device_train_batch_size=2 ";
+  const std::string common = "max_steps=6 save_steps=3 eval_steps=3 per_device_train_batch_size=2" + kOptimizerLipschitzInGradient;
   const std::string ref = temp_dir("rs_ref"), two = temp_dir("rs_two");
   RunResult a = train(0, common + "gradient_accumulation_steps=4 output_dir=" + ref);
   ASSERT_EQ(a.code, 0) << a.output;
@@ -38,15 +37,15 @@ TEST(MpiTrain, ResumeAcrossWorldSizes) {
   ASSERT_EQ(c.code, 0) << c.output;
   EXPECT_NE(c.output.find("was written by 2 rank(s) with a global batch of 8 rows; this run has 1 with 8"),
             std::string::npos) << c.output;
-  expect_same_curves(to_one, ref, kLossRtol, /*only_a_steps=*/true);
+  expect_same_curves(to_one, ref, kRanksLossRtol, /*only_a_steps=*/true);
   EXPECT_FALSE(metrics(to_one).count(2)) << "a resumed run logs only the steps after its checkpoint";
-  expect_same_adapter(to_one, ref, kAdapterRtol);
+  expect_same_adapter(to_one, ref, kRanksAdapterRtol);
 
   // 1 process -> 2 ranks
   const std::string to_two = resume_dir(ref, "rs_1to2");
   RunResult d = train(2, common + "gradient_accumulation_steps=2 output_dir=" + to_two +
                              " resume_from_checkpoint=" + to_two + "/checkpoint-3");
   ASSERT_EQ(d.code, 0) << d.output;
-  expect_same_curves(to_two, ref, kLossRtol, /*only_a_steps=*/true);
-  expect_same_adapter(to_two, ref, kAdapterRtol);
+  expect_same_curves(to_two, ref, kRanksLossRtol, /*only_a_steps=*/true);
+  expect_same_adapter(to_two, ref, kRanksAdapterRtol);
 }

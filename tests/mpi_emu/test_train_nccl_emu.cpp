@@ -34,11 +34,8 @@ RunResult emu_train(int np, const std::string& overrides) { return run_command(e
 void ranks_equal_one_process(int np) {
   const std::string tag = "nccl_emu_np" + std::to_string(np);
   const std::string one = temp_dir(tag + "_one"), many = temp_dir(tag + "_many");
-  // adam_epsilon 1e-3: with the default 1e-8, AdamW divides a gradient element near zero by its own
-  // square root, so a last-bit difference of the summation order becomes an O(lr) difference of the
-  // update; with eps above the gradients' rounding each step is Lipschitz in the gradient (constant
-  // lr/eps), and the comparison measures the summation order, not the optimizer's amplification of it.
-  const std::string common = "max_steps=3 eval_steps=3 adam_epsilon=1e-3 ";
+  // Ranks sum the gradients in another order than one process does.
+  const std::string common = "max_steps=3 eval_steps=3" + kOptimizerLipschitzInGradient;
   RunResult r1 = emu_train(0, common + "gradient_accumulation_steps=" + std::to_string(2 * np) + " output_dir=" + one);
   ASSERT_EQ(r1.code, 0) << r1.output;
   RunResult rn = emu_train(np, common + "gradient_accumulation_steps=2 output_dir=" + many);
