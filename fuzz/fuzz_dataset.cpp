@@ -19,7 +19,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                           DatasetFormat::Pretokenized, DatasetFormat::Alpaca,
                                           DatasetFormat::ShareGpt, DatasetFormat::Messages,
                                           DatasetFormat::PromptCompletion, DatasetFormat::Segments};
-  static const char* truncations[] = {"drop", "truncate_left", "truncate_right", "error"};
   DatasetSpec spec;
   spec.path = fuzz::write_input(data + 1, size - 1, (opt & 0x80) ? ".json" : ".jsonl");
   spec.format = formats[opt & 7];
@@ -28,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return chatml.render(m, gen, extra);
   };
   o.max_length = 48;
-  o.truncation = truncations[(opt >> 3) & 3];
+  o.truncation = qlora::truncations()[(opt >> 3) & 3];
   o.mask.train_on_inputs = (opt >> 5) & 1;
   o.skip_bad_rows = (opt >> 6) & 1;
   o.vocab_size = tok.vocab_size();

@@ -86,7 +86,7 @@ EvalReport evaluate_model(const TrainConfig& cfg, const std::string& adapter,
       t.tokens += batches[done - 1].n_trained();
       char buf[160];
       std::snprintf(buf, sizeof buf, "eval batch %lld/%lld | %s loss so far %.4f", (long long)done, (long long)n,
-                    cfg.rl.c_str(), so_far.loss * double(n) / double(done));
+                    objective_name(cfg.rl), so_far.loss * double(n) / double(done));
       progress.update_text(int64_t(done), dt, buf);
     });
   } else {
@@ -107,7 +107,7 @@ EvalReport evaluate_model(const TrainConfig& cfg, const std::string& adapter,
          "check train_on_inputs / roles_to_train: eval scores the tokens training would train on");
   EvalReport r;
   r.loss = pref ? pt.loss : t.mean();
-  r.objective = cfg.rl;
+  r.objective = objective_name(cfg.rl);
   if (pref) r.metrics = pt.metrics.means();
   r.tokens = t.tokens;
   r.examples = ed.examples;

@@ -41,6 +41,12 @@ const char* format_name(DatasetFormat f);
 // "auto", "text", ... as in the config's dataset_format; Config error naming `where` otherwise.
 DatasetFormat parse_format(const std::string& name, const std::string& where);
 
+// truncation: an example longer than max_length is dropped, cut to its end (TruncateLeft) or its
+// start (TruncateRight), or stops the load with an error naming the row.
+enum class Truncation { Drop, TruncateLeft, TruncateRight, Error };
+const char* truncation_name(Truncation t);  // "drop" | "truncate_left" | "truncate_right" | "error"
+const std::vector<Truncation>& truncations();
+
 // Where each format keeps its fields; "" = the usual names (messages / conversations, role / from,
 // content / value).
 struct FieldMap {
@@ -130,7 +136,7 @@ struct DatasetOptions {
   ChatRenderFn render;         // empty: chat rows are an error (no template)
   ChatRenderFn alpaca_render;  // alpaca rows use this when set (the caller's fallback to the alpaca format)
   int64_t max_length = 2048;
-  std::string truncation = "truncate_right";  // drop|truncate_left|truncate_right|error
+  Truncation truncation = Truncation::TruncateRight;
   bool skip_bad_rows = false;
   int64_t vocab_size = 0;      // > 0: pre-tokenized ids must be below it
   int64_t limit_rows = 0;      // > 0: stop after this many examples (previews)
@@ -182,12 +188,12 @@ Example encode_preference_row(const Row& row, const Tokenizer& tok, const ChatRe
 // start (a prompt that fills max_length drops the row, as TRL's keep_start), truncate_left keeps the
 // end, drop drops the row, error fails naming `where`. Returns whether it was cut / dropped.
 enum class PrefFit { Kept, Truncated, Dropped };
-PrefFit fit_preference(Example& ex, int64_t max_length, const std::string& truncation, const std::string& where);
+PrefFit fit_preference(Example& ex, int64_t max_length, Truncation truncation, const std::string& where);
 // KTO's KL probes: within each run of batch_size examples (file order), example i gets a second
 // document of its own prompt followed by the previous example's completion (the first takes the
 // run's last), role KlProbe, cut to max_length as fit_preference cuts. Examples are Desirable or
 // Undesirable single documents.
-void add_kl_probes(std::vector<Example>& ex, int64_t batch_size, int64_t max_length, const std::string& truncation);
+void add_kl_probes(std::vector<Example>& ex, int64_t batch_size, int64_t max_length, Truncation truncation);
 
 // Token run boundaries for previews: [[trained text]] marks (or ANSI colour when `ansi`).
 std::string render_example(const Example& ex, const Tokenizer& tok, bool ansi);

@@ -149,11 +149,11 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
       }
       st.truncated += fit == PrefFit::Truncated;
     } else if (n > opt.max_length) {
-      if (opt.truncation == "error")
+      if (opt.truncation == Truncation::Error)
         fail(ErrorKind::Data, where, "row has " + std::to_string(n) + " tokens, above max_length " +
                                          std::to_string(opt.max_length),
              "raise max_length, or set truncation: drop | truncate_left | truncate_right");
-      if (opt.truncation == "drop") {
+      if (opt.truncation == Truncation::Drop) {
         st.dropped++;
         if (shortest_dropped == 0 || n < shortest_dropped) {
           shortest_dropped = n;
@@ -162,7 +162,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
         return;
       }
       st.truncated++;
-      if (opt.truncation == "truncate_left") {
+      if (opt.truncation == Truncation::TruncateLeft) {
         ex.ids.erase(ex.ids.begin(), ex.ids.end() - opt.max_length);
         ex.labels.erase(ex.labels.begin(), ex.labels.end() - opt.max_length);
       } else {
@@ -301,7 +301,7 @@ std::vector<Example> load_dataset(const DatasetSpec& spec, const Tokenizer* tok,
     if (st.dropped == st.rows)  // every row is longer than max_length: say by how much, and where
       fail(ErrorKind::Data, path,
            "no usable example: all " + std::to_string(st.rows) + " rows are longer than max_length " +
-               std::to_string(opt.max_length) + " and truncation is '" + opt.truncation + "' (the shortest, " +
+               std::to_string(opt.max_length) + " and truncation is '" + truncation_name(opt.truncation) + "' (the shortest, " +
                std::to_string(shortest_dropped) + " tokens, is " + shortest_dropped_at + ")",
            "raise max_length to at least " + std::to_string(shortest_dropped) +
                ", or set truncation: truncate_right | truncate_left");

@@ -174,6 +174,22 @@ std::vector<int32_t> int_list(const json& obj, const std::string& key, DatasetFo
 
 const char* format_name(DatasetFormat f) { return entry(f).name; }
 
+const char* truncation_name(Truncation t) {
+  switch (t) {
+    case Truncation::Drop: return "drop";
+    case Truncation::TruncateLeft: return "truncate_left";
+    case Truncation::TruncateRight: return "truncate_right";
+    case Truncation::Error: return "error";
+  }
+  return "truncate_right";
+}
+
+const std::vector<Truncation>& truncations() {
+  static const std::vector<Truncation> v = {Truncation::Drop, Truncation::TruncateLeft, Truncation::TruncateRight,
+                                            Truncation::Error};
+  return v;
+}
+
 DatasetFormat parse_format(const std::string& name, const std::string& where) {
   for (const auto& e : kFormats)
     if (name == e.name) return e.f;

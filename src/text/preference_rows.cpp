@@ -239,16 +239,16 @@ bool fit_document(Doc& d, int64_t max_length, bool keep_end) {
 
 }  // namespace
 
-PrefFit fit_preference(Example& ex, int64_t max_length, const std::string& truncation, const std::string& where) {
+PrefFit fit_preference(Example& ex, int64_t max_length, Truncation truncation, const std::string& where) {
   bool too_long = false;
   for (int32_t len : ex.doc_lens) too_long = too_long || len > max_length;
   if (!too_long) return PrefFit::Kept;
-  if (truncation == "error")
+  if (truncation == Truncation::Error)
     fail(ErrorKind::Data, where, "row has a completion of more than max_length " + std::to_string(max_length) +
                                      " tokens with its prompt",
          "raise max_length, or set truncation: drop | truncate_left | truncate_right");
-  if (truncation == "drop") return PrefFit::Dropped;
-  const bool keep_end = truncation == "truncate_left";
+  if (truncation == Truncation::Drop) return PrefFit::Dropped;
+  const bool keep_end = truncation == Truncation::TruncateLeft;
   std::vector<Doc> docs = split_docs(ex);
   // keep_start drops a row whose prompt alone fills max_length: nothing of its completions is left.
   if (!keep_end && docs[0].prompt() >= max_length) return PrefFit::Dropped;
@@ -261,7 +261,7 @@ PrefFit fit_preference(Example& ex, int64_t max_length, const std::string& trunc
   return PrefFit::Truncated;
 }
 
-void add_kl_probes(std::vector<Example>& ex, int64_t batch_size, int64_t max_length, const std::string& truncation) {
+void add_kl_probes(std::vector<Example>& ex, int64_t batch_size, int64_t max_length, Truncation truncation) {
   if (batch_size < 1) fail(ErrorKind::Internal, "add_kl_probes", "batch size below 1");
   // Each example's prompt and completion, before any probe is added.
   std::vector<Doc> own;
@@ -284,7 +284,7 @@ void add_kl_probes(std::vector<Example>& ex, int64_t batch_size, int64_t max_len
       probe.roles.resize(probe.ids.size(), DocRole::KlProbe);
       for (size_t k = std::max<size_t>(p, 1); k < probe.ids.size(); k++) probe.labels[k] = probe.ids[k];
       // The probe only measures; cut as the rows are (its row survived, so its prompt fits).
-      if (!fit_document(probe, max_length, truncation == "truncate_left"))
+      if (!fit_document(probe, max_length, truncation == Truncation::TruncateLeft))
         fail(ErrorKind::Internal, "add_kl_probes", "a KL probe lost every scored token to max_length");
       append_doc(ex[i], probe);
     }

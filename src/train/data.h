@@ -41,6 +41,9 @@ class DataStream {
   Batch next();  // pads to the longest row of the micro-batch; pad targets -100
   int64_t epoch() const { return epoch_; }
   int64_t index() const { return index_; }
+  // Epochs whose every micro-batch has been drawn (the next draw starts epoch() + 1 when the
+  // current one is used up).
+  int64_t completed_epochs() const { return epoch_ + (index_ >= int64_t(order_.size()) ? 1 : 0); }
   void seek(int64_t epoch, int64_t index);
   int64_t batches_per_epoch() const;
 

@@ -116,7 +116,7 @@ std::string data_cache_key(const TrainConfig& cfg, const TokenizerSource& ts, Da
   h.bytes(&ts.vocab_size, sizeof ts.vocab_size);
   h.str(cfg.chat_template);
   if (std::error_code ec; !cfg.chat_template.empty() && fs::is_regular_file(cfg.chat_template, ec)) h.file(cfg.chat_template);
-  const Objective obj = parse_objective(cfg.rl, "rl");
+  const Objective obj = cfg.rl;
   nlohmann::json o = {{"dataset_text_field", cfg.dataset_text_field},
                       {"field_messages", cfg.field_messages},
                       {"message_field_role", cfg.message_field_role},
@@ -124,7 +124,7 @@ std::string data_cache_key(const TrainConfig& cfg, const TokenizerSource& ts, Da
                       {"train_on_inputs", cfg.train_on_inputs},
                       {"roles_to_train", cfg.roles_to_train},
                       {"skip_bad_rows", cfg.skip_bad_rows},
-                      {"truncation", cfg.truncation},
+                      {"truncation", truncation_name(cfg.truncation)},
                       {"max_length", cfg.max_length},
                       {"packing", cfg.packing},
                       {"val_set_size", purpose == DataPurpose::Train ? cfg.val_set_size : 0.0},

@@ -31,8 +31,8 @@ std::vector<std::string> describe_train_data(const TrainData& d, const TrainConf
                 (weighted != st.examples ? " (" + std::to_string(weighted) + " with weights)" : std::string()) + ", " +
                 std::to_string(st.tokens) + " tokens (" + std::to_string(st.trained_tokens) + " trained, " +
                 pct(st.trained_tokens, st.tokens) + "), longest " + std::to_string(st.longest) +
-                (is_preference(parse_objective(cfg.rl, "rl")) ? " (a row: two sequences)" : "") + " | max_length " +
-                std::to_string(cfg.max_length) + ": truncated " + std::to_string(st.truncated) + " (" + cfg.truncation +
+                (is_preference(cfg.rl) ? " (a row: two sequences)" : "") + " | max_length " +
+                std::to_string(cfg.max_length) + ": truncated " + std::to_string(st.truncated) + " (" + truncation_name(cfg.truncation) +
                 "), dropped " + std::to_string(st.dropped) + " | skipped: " + std::to_string(st.no_loss) +
                 " without a trained token, " + std::to_string(st.bad_rows) + " bad rows");
   for (const auto& m : st.bad_row_messages) out.push_back("data: skipped bad row: " + m);
@@ -116,7 +116,7 @@ nlohmann::json train_data_json(const TrainData& d, const TrainConfig& cfg) {
   j["trained_share"] = st.tokens ? double(st.trained_tokens) / double(st.tokens) : 0.0;
   j["longest"] = st.longest;
   j["max_length"] = cfg.max_length;
-  j["truncation"] = cfg.truncation;
+  j["truncation"] = truncation_name(cfg.truncation);
   j["truncated"] = st.truncated;
   j["dropped"] = st.dropped;
   j["no_trained_token"] = st.no_loss;

@@ -14,10 +14,11 @@ EngineSpec engine_spec(const TrainConfig& c) {
   if (s.base_precision && is_bnb_4bit(*s.base_precision)) s.double_quant = c.bnb_4bit_use_double_quant;
   s.lora.r = c.r;
   s.lora.alpha = c.lora_alpha;
-  s.objective = parse_objective(c.rl, "rl");
+  s.objective = c.rl;
   s.reference_precomputed = uses_reference(s.objective) && c.precompute_ref_log_probs;
   // TRL's preference trainers run without dropout unless disable_dropout: false; SFT keeps it unless true.
-  const bool no_dropout = c.disable_dropout == "auto" ? is_preference(s.objective) : c.disable_dropout == "true";
+  const bool no_dropout =
+      c.disable_dropout == DisableDropout::Auto ? is_preference(s.objective) : c.disable_dropout == DisableDropout::Yes;
   s.lora.dropout = no_dropout ? 0.0 : c.lora_dropout;
   s.lora.use_rslora = c.use_rslora;
   s.lora.expert_targets = LoraSpec::resolve_expert_targets(c.target_parameters, "target_parameters");
@@ -37,11 +38,11 @@ EngineSpec engine_spec(const TrainConfig& c) {
 }
 
 std::optional<PreferenceSpec> preference_spec(const TrainConfig& c) {
-  const Objective o = parse_objective(c.rl, "rl");
+  const Objective o = c.rl;
   if (!is_preference(o)) return std::nullopt;
   PreferenceSpec p;
   p.method = o;
-  p.loss = parse_dpo_loss(c.loss_type, "loss_type");
+  p.loss = c.loss_type;
   p.beta = c.beta;
   p.label_smoothing = c.label_smoothing;
   p.simpo_gamma = c.simpo_gamma;
@@ -51,7 +52,7 @@ std::optional<PreferenceSpec> preference_spec(const TrainConfig& c) {
   return p;
 }
 
-int64_t row_tokens_cap(const TrainConfig& c) { return is_preference(parse_objective(c.rl, "rl")) ? 2 * c.max_length : c.max_length; }
+int64_t row_tokens_cap(const TrainConfig& c) { return is_preference(c.rl) ? 2 * c.max_length : c.max_length; }
 
 int64_t sample_kv_tokens(const TrainConfig& c, int64_t seq_len) {
   return c.sample_prompts.empty() ? 0 : seq_len + c.sample_max_new_tokens;

@@ -12,17 +12,19 @@ namespace qlora {
 
 double lr_lambda(const ScheduleParams& p, int64_t step) {
   const double s = double(step), w = double(p.warmup_steps), n = double(p.total_steps);
-  if (p.type == "constant") return 1.0;
+  if (p.type == LrScheduler::Constant) return 1.0;
   // HF divides by max(1, warmup): a warmup of 0 never reaches this branch, a warmup of 1 starts at 0.
   if (step < p.warmup_steps) return s / std::max(1.0, w);
-  if (p.type == "constant_with_warmup") return 1.0;
-  if (p.type == "linear") return std::max(0.0, (n - s) / std::max(1.0, n - w));
-  if (p.type == "cosine") {
-    double progress = (s - w) / std::max(1.0, n - w);
-    return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * p.num_cycles * 2.0 * progress)));
+  switch (p.type) {
+    case LrScheduler::Constant:
+    case LrScheduler::ConstantWithWarmup: return 1.0;
+    case LrScheduler::Linear: return std::max(0.0, (n - s) / std::max(1.0, n - w));
+    case LrScheduler::Cosine: {
+      const double progress = (s - w) / std::max(1.0, n - w);
+      return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * p.num_cycles * 2.0 * progress)));
+    }
   }
-  fail(ErrorKind::Config, "config key 'lr_scheduler_type'", "unknown schedule '" + p.type + "'",
-       "use linear, cosine, constant or constant_with_warmup");
+  return 1.0;
 }
 
 double lr_at(const ScheduleParams& p, int64_t step) { return p.base_lr * lr_lambda(p, step); }

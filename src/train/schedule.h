@@ -3,12 +3,14 @@
 #include <cstdint>
 #include <string>
 
+#include "train/train_modes.h"
+
 namespace qlora {
 
 struct TrainConfig;
 
 struct ScheduleParams {
-  std::string type = "cosine";  // linear | cosine | constant | constant_with_warmup
+  LrScheduler type = LrScheduler::Cosine;
   double base_lr = 2e-4;
   int64_t warmup_steps = 0;  // already resolved (see warmup_steps_for)
   int64_t total_steps = 1;   // optimizer steps of the whole run

@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/mode_names.h"
 #include "core/strings.h"
 #include "model/modes.h"
 #include "text/unicode.h"
@@ -25,10 +26,32 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// A mode key: an enum field of TrainConfig (train_modes.h, model/modes.h, text/dataset.h) read and
+// written through its names, which are the key's allowed values.
+struct ModeField {
+  std::string (*get)(const TrainConfig&);
+  void (*set)(TrainConfig&, const std::string& name);  // name: one of names()
+  std::vector<std::string> (*names)();
+};
+
+// The ModeField of member M, whose enum has the name function NameOf and the values Values().
+template <auto M, auto NameOf, auto Values>
+ModeField mode_field() {
+  return {[](const TrainConfig& c) { return std::string(NameOf(c.*M)); },
+          [](TrainConfig& c, const std::string& name) {
+            if (const auto v = mode_by_name(Values(), NameOf, name)) c.*M = *v;
+          },
+          [] {
+            std::vector<std::string> n;
+            for (auto v : Values()) n.push_back(NameOf(v));
+            return n;
+          }};
+}
+
 using Field = std::variant<std::string TrainConfig::*, int64_t TrainConfig::*, double TrainConfig::*,
-                           bool TrainConfig::*, std::vector<std::string> TrainConfig::*>;
-enum FieldType { kStr, kInt, kFloat, kBool, kList };  // order = Field alternatives
-const char* const kTypeNames[] = {"string", "int", "float", "bool", "list"};
+                           bool TrainConfig::*, std::vector<std::string> TrainConfig::*, ModeField>;
+enum FieldType { kStr, kInt, kFloat, kBool, kList, kMode };  // order = Field alternatives
+const char* const kTypeNames[] = {"string", "int", "float", "bool", "list", "string"};
 
 struct Range {
   double lo = -kInf, hi = kInf;
@@ -39,7 +62,7 @@ struct KeyRow {
   const char* name;
   Field field;
   const char* def;  // default, written as it would be in YAML
-  std::vector<std::string> choices = {};  // allowed values ({} = any); for lists: per element
+  std::vector<std::string> choices = {};  // allowed values ({} = any; a mode's: its names); for lists: per element
   Range range = {};
   const char* help = "";
   // Spellings of a value that mean a canonical one (YAML true -> "full", "unsloth" -> "offload").
@@ -100,8 +123,7 @@ const std::vector<KeyRow>& key_table() {
       {.name = "skip_bad_rows", .field = &T::skip_bad_rows, .def = "false",
        .help = "Skip (and count) rows with malformed JSON, missing fields or roles the template rejects, "
                "instead of stopping at the first."},
-      {.name = "truncation", .field = &T::truncation, .def = "truncate_right",
-       .choices = {"drop", "truncate_left", "truncate_right", "error"},
+      {.name = "truncation", .field = mode_field<&T::truncation, truncation_name, truncations>(), .def = "truncate_right",
        .help = "What to do with examples longer than max_length; the count is reported at startup."},
       {.name = "packing", .field = &T::packing, .def = "false",
        .help = "Pack several examples into each max_length row (attention never crosses examples)."},
@@ -121,14 +143,14 @@ const std::vector<KeyRow>& key_table() {
        .help = "Passes over the training data (fractions allowed); ignored when max_steps > 0."},
       {.name = "max_steps", .field = &T::max_steps, .def = "-1", .range = {.lo = -1},
        .help = "Total optimizer steps; -1 = derived from num_train_epochs."},
-      {.name = "optim", .field = &T::optim, .def = "adamw_torch", .choices = {"adamw_torch", "adamw_torch_fused"},
+      {.name = "optim", .field = mode_field<&T::optim, optim_name, optims>(), .def = "adamw_torch",
        .help = "Optimizer. Only AdamW is implemented.",
        .value_aliases = {{"adamw", "adamw_torch"}, {"adamw_hf", "adamw_torch"}, {"torch.optim.AdamW", "adamw_torch"}},
        .bad_value_hint = "only AdamW is implemented: use adamw_torch (or adamw / adamw_torch_fused)"},
       {.name = "learning_rate", .field = &T::learning_rate, .def = "2e-4", .range = {.lo = 0, .lo_open = true},
        .help = "Peak learning rate (after warmup)."},
-      {.name = "lr_scheduler_type", .field = &T::lr_scheduler_type, .def = "cosine",
-       .choices = {"linear", "cosine", "constant", "constant_with_warmup"},
+      {.name = "lr_scheduler_type", .field = mode_field<&T::lr_scheduler_type, lr_scheduler_name, lr_schedulers>(),
+       .def = "cosine",
        .help = "Learning-rate schedule, with Hugging Face's formulas.",
        .value_aliases = {{"torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup", "cosine"},
                          {"torchtune.modules.get_cosine_schedule_with_warmup", "cosine"}}},
@@ -146,20 +168,22 @@ const std::vector<KeyRow>& key_table() {
        .help = "AdamW epsilon."},
       {.name = "max_grad_norm", .field = &T::max_grad_norm, .def = "1.0", .range = {.lo = 0},
        .help = "Clip the global gradient norm to this; 0 = no clipping.", .null_as = "0"},
-      {.name = "nan_policy", .field = &T::nan_policy, .def = "stop", .choices = {"stop", "skip"},
+      {.name = "nan_policy", .field = mode_field<&T::nan_policy, nan_policy_name, nan_policies>(), .def = "stop",
        .help = "A step whose loss or gradient norm is not finite: stop (name the step and the first "
                "non-finite tensor; the last good state is checkpointed) or skip it (weights untouched, "
                "counted; 10 in a row stop the run)."},
       {.name = "logging_steps", .field = &T::logging_steps, .def = "1", .range = {.lo = 1},
        .help = "Log a line every N optimizer steps (metrics.jsonl gets every step)."},
-      {.name = "report_to", .field = &T::report_to, .def = "none", .choices = {"none", "tensorboard", "all"},
+      {.name = "report_to", .field = mode_field<&T::report_to, report_to_name, report_to_choices>(), .def = "none",
        .help = "Also log every metrics.jsonl value as TensorBoard scalars (train/loss, train/learning_rate, "
                "eval/loss, ...): tensorboard, or all (tensorboard is the one integration built in); none."},
       {.name = "logging_dir", .field = &T::logging_dir, .def = "",
        .help = "Where report_to: tensorboard writes its event file; default output_dir/runs/<date>_<host>, as "
                "transformers does (a resumed run starts a new one)."},
-      {.name = "eval_strategy", .field = &T::eval_strategy, .def = "steps", .choices = {"no", "steps", "epoch"},
-       .help = "When to evaluate if eval data exists: steps = every eval_steps (and at the end), epoch, no."},
+      {.name = "eval_strategy", .field = mode_field<&T::eval_strategy, eval_strategy_name, eval_strategies>(),
+       .def = "steps",
+       .help = "When to evaluate if eval data exists (and before training): steps = every eval_steps, epoch = at "
+               "the end of each epoch (the step that draws its last micro-batch), each also at the end; no = never."},
       {.name = "eval_steps", .field = &T::eval_steps, .def = "0", .range = {.lo = 0},
        .help = "Evaluate every N optimizer steps; 0 = only at the end."},
       {.name = "save_steps", .field = &T::save_steps, .def = "0", .range = {.lo = 0},
@@ -195,13 +219,13 @@ const std::vector<KeyRow>& key_table() {
        .null_as = "auto"},
       {.name = "use_rslora", .field = &T::use_rslora, .def = "false",
        .help = "Rank-stabilized LoRA: scale = lora_alpha / sqrt(r)."},
-      {.name = "rl", .field = &T::rl, .def = "sft", .choices = {"sft", "dpo", "orpo", "simpo", "kto"},
+      {.name = "rl", .field = mode_field<&T::rl, objective_name, objectives>(), .def = "sft",
        .help = "The objective: sft (supervised, the token loss of the trained tokens), or a preference method on "
                "preference rows: dpo (and its loss_type), orpo, simpo or kto. DPO and KTO compare with the base "
                "model with the adapters off (no second copy).",
        .value_aliases = {{"", "sft"}, {"cpo_simpo", "simpo"}, {"false", "sft"}},
        .bad_value_hint = "use sft, dpo, orpo, simpo or kto (ipo: rl: dpo with loss_type: ipo)"},
-      {.name = "loss_type", .field = &T::loss_type, .def = "sigmoid", .choices = {"sigmoid", "ipo", "hinge", "robust"},
+      {.name = "loss_type", .field = mode_field<&T::loss_type, dpo_loss_name, dpo_losses>(), .def = "sigmoid",
        .help = "rl: dpo only. sigmoid: -log sigmoid(beta * margin) (with label_smoothing: conservative DPO); "
                "ipo: squared distance of the per-token margin from 1/(2 beta); hinge: max(0, 1 - beta * margin); "
                "robust: the noise-robust sigmoid (label_smoothing = the flip rate)."},
@@ -222,7 +246,8 @@ const std::vector<KeyRow>& key_table() {
        .help = "rl: dpo/kto: compute the reference log-probs of every train and eval example once before training "
                "(a forward per example with the adapters off) instead of in every step; kept in "
                "output_dir/reference_logps.json, which a resumed run (or a rerun on the same data) reads back."},
-      {.name = "disable_dropout", .field = &T::disable_dropout, .def = "auto", .choices = {"auto", "true", "false"},
+      {.name = "disable_dropout", .field = mode_field<&T::disable_dropout, disable_dropout_name, disable_dropout_choices>(),
+       .def = "auto",
        .help = "Train without LoRA dropout: true for every objective, false never; auto (the default) is true "
                "for the preference objectives, as TRL's preference trainers do, and false for SFT.",
        .value_aliases = {{"yes", "true"}, {"no", "false"}, {"on", "true"}, {"off", "false"}}, .null_as = "auto"},
@@ -279,6 +304,16 @@ const std::vector<KeyRow>& key_table() {
                "all-reduce, barrier) before it stops the job with an error; 0 = wait forever."},
   };
   return rows;
+}
+
+// The values a key allows: the row's, or a mode's names.
+std::vector<std::string> row_choices(const KeyRow& row) {
+  if (const auto* m = std::get_if<ModeField>(&row.field)) return m->names();
+  return row.choices;
+}
+
+bool takes_text(const KeyRow& row) {  // a string or a mode: a value is text, YAML null is ""
+  return std::holds_alternative<std::string TrainConfig::*>(row.field) || std::holds_alternative<ModeField>(row.field);
 }
 
 const KeyRow* find_row(const std::string& name) {
@@ -651,8 +686,9 @@ struct Setter {
 
   std::string allowed_hint(const std::string& value) const {
     if (*row.bad_value_hint) return row.bad_value_hint;
-    std::string hint = "allowed: " + join(row.choices, ", ");
-    std::string near = closest(value, row.choices);
+    const std::vector<std::string> choices = row_choices(row);
+    std::string hint = "allowed: " + join(choices, ", ");
+    std::string near = closest(value, choices);
     if (!near.empty()) hint = "did you mean '" + near + "'? " + hint;
     return hint;
   }
@@ -665,7 +701,8 @@ struct Setter {
         notes.push_back(std::string(row.name) + ": " + raw + " -> " + (to.empty() ? "\"\"" : to));
         v = to;
       }
-    if (!row.choices.empty() && std::find(row.choices.begin(), row.choices.end(), v) == row.choices.end())
+    const std::vector<std::string> choices = row_choices(row);
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end())
       bad("'" + raw + "' is not allowed", allowed_hint(raw));
     return v;
   }
@@ -685,6 +722,10 @@ struct Setter {
 
   void operator()(std::string TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
     c.*f = canonical_value(n.IsNull() ? std::string() : scalar(n, "a string"));
+  }
+
+  void operator()(const ModeField& f, TrainConfig& c, const YAML::Node& n) const {
+    f.set(c, canonical_value(n.IsNull() ? std::string() : scalar(n, "a string")));
   }
 
   void operator()(int64_t TrainConfig::*f, TrainConfig& c, const YAML::Node& n) const {
@@ -740,8 +781,7 @@ struct Setter {
 
 void set_field(TrainConfig& c, const KeyRow& row, YAML::Node value, const Loc& loc, Notes& notes) {
   if (value.IsNull() && row.null_as) value = YAML::Node(std::string(row.null_as));
-  if (value.IsNull() && !std::holds_alternative<std::string TrainConfig::*>(row.field) &&
-      !std::holds_alternative<std::vector<std::string> TrainConfig::*>(row.field))
+  if (value.IsNull() && !takes_text(row) && !std::holds_alternative<std::vector<std::string> TrainConfig::*>(row.field))
     Setter{row, loc, notes}.bad("has no value", std::string("expected ") + kTypeNames[row.field.index()]);
   Setter s{row, loc, notes};
   std::visit([&](auto f) { s(f, c, value); }, row.field);
@@ -889,7 +929,7 @@ std::vector<Entry> override_entries(const std::vector<std::string>& overrides, N
     if (const AliasRow* a = find_alias(key); a && !a->expand) target = a->canonical;
     const KeyRow* row = find_row(target);
     YAML::Node value;
-    if (row && std::holds_alternative<std::string TrainConfig::*>(row->field)) {
+    if (row && takes_text(*row)) {
       value = YAML::Node(text);
     } else if (text.empty()) {
       value = YAML::Node(YAML::NodeType::Null);
@@ -912,6 +952,15 @@ std::optional<double> parse_router_aux_loss_coef(const std::string& v, const std
     fail(ErrorKind::Config, where, "router_aux_loss_coef '" + v + "' is not auto or a number >= 0",
          "e.g. router_aux_loss_coef: 0.001 (Qwen3-MoE's and gpt-oss's own), 0.02 (Mixtral's), 0 for none");
   return x;
+}
+
+// Whether c holds the key table's default for key (the one place defaults are written).
+bool at_default(const TrainConfig& c, const char* key) {
+  const KeyRow& row = *find_row(key);
+  TrainConfig d = c;
+  Notes ignored;
+  set_field(d, row, YAML::Node(std::string(row.def)), {"default of " + std::string(row.name), row.name}, ignored);
+  return d == c;
 }
 
 void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& notes, bool require_inputs) {
@@ -989,24 +1038,25 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
 
   // Preference keys only where the objective uses them: a value that would change nothing is refused.
   {
-    const std::string& m = c.rl;
-    auto only_for = [&](const char* key, bool applies, bool non_default, const std::string& who) {
-      if (!applies && non_default)
+    const Objective o = c.rl;
+    const std::string m = objective_name(o);
+    auto only_for = [&](const char* key, bool applies, const std::string& who) {
+      if (!applies && !at_default(c, key))
         fail(ErrorKind::Config, where(key), std::string(key) + " applies to " + who + ", not to rl: " + m,
              std::string("remove ") + key + " or set rl accordingly");
     };
-    const bool pref = m != "sft";
-    only_for("loss_type", m == "dpo", c.loss_type != "sigmoid", "rl: dpo");
-    only_for("beta", pref, c.beta != 0.1, "the preference objectives (rl: dpo, orpo, simpo, kto)");
-    only_for("label_smoothing", (m == "dpo" && (c.loss_type == "sigmoid" || c.loss_type == "robust")) || m == "simpo",
-             c.label_smoothing != 0, "rl: dpo with loss_type sigmoid or robust, and rl: simpo");
-    only_for("simpo_gamma", m == "simpo", c.simpo_gamma != 0.5, "rl: simpo");
-    only_for("cpo_alpha", m == "simpo", c.cpo_alpha != 0, "rl: simpo");
-    only_for("desirable_weight", m == "kto", c.desirable_weight != 1.0, "rl: kto");
-    only_for("undesirable_weight", m == "kto", c.undesirable_weight != 1.0, "rl: kto");
-    only_for("precompute_ref_log_probs", m == "dpo" || m == "kto", c.precompute_ref_log_probs,
-             "rl: dpo and kto (the objectives with a reference)");
-    if (m == "kto" && c.per_device_train_batch_size < 2)
+    const bool pref = is_preference(o);
+    const bool dpo_smoothed = o == Objective::Dpo && (c.loss_type == DpoLoss::Sigmoid || c.loss_type == DpoLoss::Robust);
+    only_for("loss_type", o == Objective::Dpo, "rl: dpo");
+    only_for("beta", pref, "the preference objectives (rl: dpo, orpo, simpo, kto)");
+    only_for("label_smoothing", dpo_smoothed || o == Objective::Simpo,
+             "rl: dpo with loss_type sigmoid or robust, and rl: simpo");
+    only_for("simpo_gamma", o == Objective::Simpo, "rl: simpo");
+    only_for("cpo_alpha", o == Objective::Simpo, "rl: simpo");
+    only_for("desirable_weight", o == Objective::Kto, "rl: kto");
+    only_for("undesirable_weight", o == Objective::Kto, "rl: kto");
+    only_for("precompute_ref_log_probs", uses_reference(o), "rl: dpo and kto (the objectives with a reference)");
+    if (o == Objective::Kto && c.per_device_train_batch_size < 2)
       fail(ErrorKind::Config, where("per_device_train_batch_size"),
            "rl: kto needs per_device_train_batch_size of at least 2: each row's KL probe pairs its prompt with "
            "another row's completion of the same batch",
@@ -1022,7 +1072,7 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
   if (c.warmup_steps > 0 && c.warmup_ratio > 0)
     notes.push_back("warmup_steps " + std::to_string(c.warmup_steps) + " wins over warmup_ratio " +
                     fmt_double(c.warmup_ratio));
-  if (c.lr_scheduler_type == "constant" && (c.warmup_steps > 0 || c.warmup_ratio > 0))
+  if (c.lr_scheduler_type == LrScheduler::Constant && (c.warmup_steps > 0 || c.warmup_ratio > 0))
     notes.push_back("lr_scheduler_type constant ignores warmup (use constant_with_warmup)");
 }
 
@@ -1097,6 +1147,7 @@ std::string dump_train_config(const TrainConfig& c) {
           else if constexpr (std::is_same_v<F, std::vector<std::string> TrainConfig::*>)
             out << YAML::Flow << c.*f;
           else if constexpr (std::is_same_v<F, std::string TrainConfig::*>) out << YAML::DoubleQuoted << c.*f;
+          else if constexpr (std::is_same_v<F, ModeField>) out << YAML::DoubleQuoted << f.get(c);
           else out << c.*f;
         },
         row.field);
@@ -1109,7 +1160,7 @@ std::vector<ConfigKeyDoc> config_key_docs() {
   std::vector<ConfigKeyDoc> docs;
   for (const KeyRow& row : key_table()) {
     ConfigKeyDoc d{row.name, kTypeNames[row.field.index()], row.def, "", row.help, {}};
-    if (!row.choices.empty()) d.allowed = join(row.choices, ", ");
+    if (!row_choices(row).empty()) d.allowed = join(row_choices(row), ", ");
     else if (!std::isinf(row.range.lo) || !std::isinf(row.range.hi)) d.allowed = range_text(row.range);
     for (const auto& [from, to] : row.value_aliases)
       d.allowed += std::string(d.allowed.empty() ? "" : "; ") + from + " = " + (to.empty() ? "\"\"" : to);
@@ -1142,7 +1193,7 @@ std::string config_reference_markdown() {
 
 std::string suggest_config_key(const std::string& key) { return closest(key, all_key_names()); }
 
-bool reports_to_tensorboard(const TrainConfig& cfg) { return cfg.report_to == "tensorboard" || cfg.report_to == "all"; }
+bool reports_to_tensorboard(const TrainConfig& cfg) { return writes_tensorboard(cfg.report_to); }
 
 std::optional<double> router_aux_loss_coef_value(const TrainConfig& c) {
   return parse_router_aux_loss_coef(c.router_aux_loss_coef, "config key 'router_aux_loss_coef'");

@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "model/modes.h"
+#include "text/dataset.h"
+#include "train/train_modes.h"
+
 namespace qlora {
 
 // Defaults, allowed values and help text live in one table in train_config.cpp; the constructor
@@ -30,7 +34,7 @@ struct TrainConfig {
   bool train_on_inputs;
   std::vector<std::string> roles_to_train;
   bool skip_bad_rows;
-  std::string truncation;      // drop|truncate_left|truncate_right|error
+  Truncation truncation;
   bool packing;
   int64_t max_length;
   std::string dataset_prepared_path;  // prepared-data cache folder; "" = the user cache, "none" = off
@@ -41,20 +45,20 @@ struct TrainConfig {
   double num_train_epochs;
   int64_t max_steps;  // -1 = from num_train_epochs
   // optimizer + schedule
-  std::string optim;
+  Optim optim;
   double learning_rate;
-  std::string lr_scheduler_type;  // linear|cosine|constant|constant_with_warmup
+  LrScheduler lr_scheduler_type;
   double warmup_ratio;
   int64_t warmup_steps;  // > 0 wins over warmup_ratio
   double weight_decay;
   double adam_beta1, adam_beta2, adam_epsilon;
   double max_grad_norm;  // 0 = no clipping
-  std::string nan_policy;  // stop|skip: what a step with a non-finite loss or gradient norm does
+  NanPolicy nan_policy;  // what a step with a non-finite loss or gradient norm does
   // logging / eval / checkpoints
   int64_t logging_steps;
-  std::string report_to;    // none|tensorboard|all (all = tensorboard, the one integration built in)
+  ReportTo report_to;
   std::string logging_dir;  // TensorBoard event files; "" = output_dir/runs/<date>_<host>
-  std::string eval_strategy;  // no|steps|epoch
+  EvalStrategy eval_strategy;
   int64_t eval_steps;         // 0 = only at the end
   int64_t save_steps;         // 0 = only at the end
   int64_t save_total_limit;   // 0 = keep all
@@ -73,15 +77,15 @@ struct TrainConfig {
   std::string router_aux_loss_coef;
   bool use_rslora;
   // preference training (rl != sft)
-  std::string rl;             // sft|dpo|orpo|simpo|kto: the objective
-  std::string loss_type;      // dpo: sigmoid|ipo|hinge|robust
+  Objective rl;               // the objective
+  DpoLoss loss_type;          // dpo only
   double beta;                // dpo/kto: KL weight; orpo: lambda; simpo: reward scale
   double label_smoothing;     // dpo sigmoid/robust, simpo
   double simpo_gamma;         // simpo: target margin
   double cpo_alpha;           // simpo: weight of the chosen NLL
   double desirable_weight, undesirable_weight;  // kto
   bool precompute_ref_log_probs;
-  std::string disable_dropout;  // auto | true | false: no LoRA dropout (auto: for the preference objectives, as TRL)
+  DisableDropout disable_dropout;  // no LoRA dropout (auto: for the preference objectives, as TRL)
   // precision + memory
   std::string base_precision;  // "" = as stored | fp32|bf16|fp8|nf4|fp4|nvfp4|mxfp4
   bool load_in_4bit;

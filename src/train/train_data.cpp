@@ -219,7 +219,7 @@ DatasetOptions dataset_options(const TrainConfig& cfg, const TokenizerSource& ts
   o.fields.content = cfg.message_field_content;
   o.mask.train_on_inputs = cfg.train_on_inputs;
   o.mask.roles_to_train = cfg.roles_to_train;
-  o.mask.prompt_nll = parse_objective(cfg.rl, "rl") == Objective::Orpo;  // ORPO's NLL also scores the prompt
+  o.mask.prompt_nll = cfg.rl == Objective::Orpo;  // ORPO's NLL also scores the prompt
   o.max_length = cfg.max_length;
   o.truncation = cfg.truncation;
   o.skip_bad_rows = cfg.skip_bad_rows;
@@ -245,14 +245,14 @@ void check_objective_row(const TrainConfig& cfg, Objective obj, const Example& e
                                       ") but the objective is rl: sft",
          unpaired ? "set rl: kto to train on them" : "set rl: dpo, orpo or simpo to train on them");
   if (is_preference(obj) && !pref)
-    fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on preference rows, and this file's are not",
+    fail(ErrorKind::Config, path, std::string("rl: ") + objective_name(cfg.rl) + " trains on preference rows, and this file's are not",
          obj == Objective::Kto ? "rows need 'prompt', 'completion' and a boolean 'label'"
                                : "rows need 'chosen' and 'rejected' (and optionally 'prompt')");
   if (obj == Objective::Kto && pref && !unpaired)
     fail(ErrorKind::Config, path, "rl: kto trains on rated completions (prompt/completion/label), and this file has pairs",
          "use rl: dpo, orpo or simpo for chosen/rejected rows");
   if (is_preference(obj) && obj != Objective::Kto && unpaired)
-    fail(ErrorKind::Config, path, std::string("rl: ") + cfg.rl + " trains on chosen/rejected pairs, and this file has "
+    fail(ErrorKind::Config, path, std::string("rl: ") + objective_name(cfg.rl) + " trains on chosen/rejected pairs, and this file has "
                                       "rated completions (prompt/completion/label)",
          "use rl: kto for them");
 }
@@ -261,7 +261,7 @@ void check_objective_row(const TrainConfig& cfg, Objective obj, const Example& e
 // returns its records [first, end).
 std::pair<int64_t, int64_t> load_into(ExampleWriter& w, const TrainConfig& cfg, const DatasetSpec& spec,
                                       const TokenizerSource& ts, DatasetOptions opt, DatasetStats* stats) {
-  const Objective obj = parse_objective(cfg.rl, "rl");
+  const Objective obj = cfg.rl;
   const int64_t first = int64_t(w.count());
   opt.sink = [&](Example&& e) {
     check_objective_row(cfg, obj, e, spec.path);
@@ -274,7 +274,7 @@ std::pair<int64_t, int64_t> load_into(ExampleWriter& w, const TrainConfig& cfg, 
 // KTO's KL probes, paired within runs of the train batch size as TRL pairs them: the examples are
 // read back, given their probe and stored again as new records.
 std::vector<int64_t> with_objective_docs(const TrainConfig& cfg, ExampleWriter& w, std::vector<int64_t> recs) {
-  if (parse_objective(cfg.rl, "rl") != Objective::Kto) return recs;
+  if (cfg.rl != Objective::Kto) return recs;
   std::vector<Example> ex;
   for (int64_t r : recs) ex.push_back(w.get(size_t(r)));
   add_kl_probes(ex, cfg.per_device_train_batch_size, cfg.max_length, cfg.truncation);

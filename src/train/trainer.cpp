@@ -558,7 +558,7 @@ double Trainer::eval_into(Run& r, nlohmann::json& rec) {
 }
 
 void Trainer::before_training(Run& r) {
-  if ((lead_ || r.world > 1) && r.start == 0 && !r.eval_batches.empty() && cfg_.eval_strategy != "no") {  // the baseline
+  if ((lead_ || r.world > 1) && r.start == 0 && !r.eval_batches.empty() && cfg_.eval_strategy != EvalStrategy::No) {  // the baseline
     nlohmann::json rec = {{"step", 0}};
     const double el = eval_into(r, rec);
     r.write_metrics(rec);
@@ -599,7 +599,9 @@ void Trainer::train_loop(Run& r) {
     if (world == 1 ? g_stop_requested.load() : stop_agreed) break;
     const auto t0 = clock::now();
     std::vector<Batch> mbs;  // the whole global step, on every rank
+    const int64_t epochs_before = stream.completed_epochs();
     for (int64_t j = 0; j < r.micro_per_step; j++) mbs.push_back(stream.next());
+    const bool ends_epoch = stream.completed_epochs() > epochs_before;  // eval_strategy: epoch
     const double lr = lr_at(sp, step);
     const int64_t gathered0 = model.gathered_base_bytes();
     PrefMetricMeans pref_metrics;  // this rank's micro-batches' metrics (preference objectives)
@@ -630,7 +632,7 @@ void Trainer::train_loop(Run& r) {
       const std::string culprit = first_non_finite(model, loss);
       const std::string what = "loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) +
                                (culprit.empty() ? std::string() : "; first non-finite: " + culprit);
-      if (cfg_.nan_policy == "skip" && ++consecutive_skips <= kMaxConsecutiveSkips) {
+      if (cfg_.nan_policy == NanPolicy::Skip && ++consecutive_skips <= kMaxConsecutiveSkips) {
         sum.skipped_steps++;
         progress_message("step " + std::to_string(step + 1) + " skipped (" + what + ")");
         r.write_metrics({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
@@ -643,7 +645,7 @@ void Trainer::train_loop(Run& r) {
         save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
         hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
       }
-      if (cfg_.nan_policy == "skip") hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
+      if (cfg_.nan_policy == NanPolicy::Skip) hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
       if (lead_) write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
       comm_->barrier();  // no rank ends the job before rank 0 has saved
       fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
@@ -672,8 +674,10 @@ void Trainer::train_loop(Run& r) {
     if (r.fsdp && done == start + 2)  // the first step after one in steady state (the first gathers every layer)
       progress_message("fsdp: step " + std::to_string(done) + " all-gathered " + std::to_string(gathered) +
                        " bytes of base layers");
-    const bool eval_now = (lead_ || world > 1) && !r.eval_batches.empty() && cfg_.eval_strategy != "no" &&
-                          ((cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0) || done == total);
+    const bool due = cfg_.eval_strategy == EvalStrategy::Epoch ? ends_epoch
+                                                               : cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0;
+    const bool eval_now = (lead_ || world > 1) && !r.eval_batches.empty() && cfg_.eval_strategy != EvalStrategy::No &&
+                          (due || done == total);
     if (eval_now) {
       rec["step"] = done;
       const double el = eval_into(r, rec);

@@ -187,3 +187,30 @@ TEST(EvalCliSplit, PackedValSplitGivesTheTrainersEvalLosses) {
   EXPECT_LT(jt["rows"].get<int64_t>(), 40);      // packed
   fs::remove_all(d);
 }
+
+// eval_strategy decides when the trainer evaluates: epoch at the step that draws an epoch's last
+// micro-batch (24 rows in micro-batches of 4, 2 per step: 3 steps per epoch, 2 epochs), steps every
+// eval_steps, no never; each but no also before training and at the end.
+TEST(EvalStrategy, EpochStepsAndNoEvaluateWhereTheyShould) {
+  const std::string d = temp_dir("eval_strategy");
+  std::istringstream rows(read_file(std::string(QLORA_SOURCE_DIR) + "/examples/data/tiny_train.jsonl"));
+  std::string line, small;
+  for (int i = 0; i < 24 && std::getline(rows, line); i++) small += line + "\n";
+  std::ofstream(d + "/train.jsonl") << small;
+  auto eval_steps_of = [&](const std::string& keys) {
+    const std::string out = d + "/run";
+    fs::remove_all(out);
+    RunResult r = run_qlora("train " + kConfig + " output_dir=" + out + " train_file=" + d + "/train.jsonl" +
+                            " max_steps=-1 num_train_epochs=2 per_device_train_batch_size=4 gradient_accumulation_steps=2"
+                            " save_steps=0 threads=1 device=cpu " + keys);
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::vector<int64_t> steps;
+    for (const auto& rec : metrics_records(out))
+      if (rec.contains("eval_loss")) steps.push_back(rec["step"].get<int64_t>());
+    return steps;
+  };
+  EXPECT_EQ(eval_steps_of("eval_strategy=epoch eval_steps=0"), (std::vector<int64_t>{0, 3, 6}));
+  EXPECT_EQ(eval_steps_of("eval_strategy=steps eval_steps=2"), (std::vector<int64_t>{0, 2, 4, 6}));
+  EXPECT_EQ(eval_steps_of("eval_strategy=no eval_steps=2"), (std::vector<int64_t>{}));
+  fs::remove_all(d);
+}

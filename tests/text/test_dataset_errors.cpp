@@ -183,7 +183,7 @@ TEST(DatasetErrors, TruncationPoliciesAreCountedAndExact) {
     rows += R"({"text": ")" + t + "\"}\n";
   }
   const std::string path = temp_file("trunc.jsonl", rows);
-  auto load = [&](const std::string& policy, DatasetStats* st) {
+  auto load = [&](Truncation policy, DatasetStats* st) {
     DatasetOptions o;
     o.max_length = 10;
     o.truncation = policy;
@@ -191,20 +191,20 @@ TEST(DatasetErrors, TruncationPoliciesAreCountedAndExact) {
   };
   // " a" is one token; + EOS: lengths 3, 6, 10, 15, 31.
   DatasetStats st;
-  auto right = load("truncate_right", &st);
+  auto right = load(Truncation::TruncateRight, &st);
   EXPECT_EQ(st.truncated, 2);
   EXPECT_EQ(right.size(), 5u);
   EXPECT_EQ(right[3].ids.size(), 10u);
   EXPECT_NE(right[3].ids.back(), *smollm2().eos_id());  // the end (and EOS) is cut
-  auto left = load("truncate_left", &st);
+  auto left = load(Truncation::TruncateLeft, &st);
   EXPECT_EQ(st.truncated, 2);
   EXPECT_EQ(left[4].ids.size(), 10u);
   EXPECT_EQ(left[4].ids.back(), *smollm2().eos_id());  // the start is cut
-  auto drop = load("drop", &st);
+  auto drop = load(Truncation::Drop, &st);
   EXPECT_EQ(drop.size(), 3u);
   EXPECT_EQ(st.dropped, 2);
   EXPECT_EQ(st.truncated, 0);
-  Error e = expect_error([&] { load("error", nullptr); }, ErrorKind::Data);
+  Error e = expect_error([&] { load(Truncation::Error, nullptr); }, ErrorKind::Data);
   EXPECT_EQ(e.where(), path + ":4");
   EXPECT_NE(e.message().find("15 tokens, above max_length 10"), std::string::npos) << e.message();
 }
@@ -220,7 +220,7 @@ TEST(DatasetErrors, AllRowsLongerThanMaxLengthIsAnError) {
   const std::string path = temp_file("all_long.jsonl", rows);
   DatasetOptions o;
   o.max_length = 10;
-  o.truncation = "drop";
+  o.truncation = Truncation::Drop;
   Error e = expect_error([&] { load_dataset({path}, &smollm2(), o, nullptr); }, ErrorKind::Data);
   EXPECT_EQ(e.where(), path);
   EXPECT_EQ(e.message(), "no usable example: all 3 rows are longer than max_length 10 and truncation is 'drop' "

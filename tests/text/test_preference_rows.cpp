@@ -24,7 +24,7 @@ std::vector<std::vector<int32_t>> docs(const Example& e) {
   return out;
 }
 
-Example encode(const json& row, int64_t max_length = 4096, const std::string& truncation = "truncate_right") {
+Example encode(const json& row, int64_t max_length = 4096, Truncation truncation = Truncation::TruncateRight) {
   const DatasetFormat f = detect_format(row, FieldMap{});
   Row r = parse_row(row, f, FieldMap{}, MaskOptions{}, "rows.jsonl:1");
   Example e = encode_row(r, &smollm2(), MaskOptions{}, smollm2_chatml, "rows.jsonl:1", nullptr);
@@ -123,18 +123,18 @@ TEST(PreferenceRows, TruncationIsPerSequence) {
   const auto d = docs(whole);
   const int64_t prompt = int64_t(smollm2().encode("one two three four five six", true).size());
   const int64_t cap = int64_t(std::max(d[0].size(), d[1].size())) - 1;  // cuts the longer sequence only
-  const Example start = encode(row, cap, "truncate_right");
+  const Example start = encode(row, cap, Truncation::TruncateRight);
   ASSERT_EQ(start.doc_lens.size(), 2u);
   EXPECT_EQ(docs(start)[0], d[0]);
   EXPECT_EQ(docs(start)[1], std::vector<int32_t>(d[1].begin(), d[1].begin() + cap));
-  const Example end = encode(row, cap, "truncate_left");
+  const Example end = encode(row, cap, Truncation::TruncateLeft);
   EXPECT_EQ(docs(end)[1], std::vector<int32_t>(d[1].end() - cap, d[1].end()));
   EXPECT_EQ(end.labels[size_t(end.doc_lens[0])], kNoLoss) << "a cut document's first token scores nothing";
-  EXPECT_TRUE(encode(row, cap, "drop").ids.empty());
-  EXPECT_THROW(encode(row, cap, "error"), Error);
+  EXPECT_TRUE(encode(row, cap, Truncation::Drop).ids.empty());
+  EXPECT_THROW(encode(row, cap, Truncation::Error), Error);
   // keep_start with a prompt that fills max_length: nothing of the completions would be left.
-  EXPECT_TRUE(encode(row, prompt, "truncate_right").ids.empty());
-  EXPECT_FALSE(encode(row, prompt, "truncate_left").ids.empty());
+  EXPECT_TRUE(encode(row, prompt, Truncation::TruncateRight).ids.empty());
+  EXPECT_FALSE(encode(row, prompt, Truncation::TruncateLeft).ids.empty());
 }
 
 // KTO: within each run of batch-size examples, example i's probe is its prompt followed by the
@@ -153,7 +153,7 @@ TEST(PreferenceRows, KlProbesPairWithinBatchSizeRuns) {
     EXPECT_EQ(e.roles.back(), i % 2 == 0 ? DocRole::Desirable : DocRole::Undesirable);
     ex.push_back(e);
   }
-  add_kl_probes(ex, 3, 4096, "truncate_right");  // runs {0,1,2} and {3,4}
+  add_kl_probes(ex, 3, 4096, Truncation::TruncateRight);  // runs {0,1,2} and {3,4}
   const int from[] = {2, 0, 1, 4, 3};
   for (int i = 0; i < 5; i++) {
     SCOPED_TRACE("example " + std::to_string(i));

@@ -38,10 +38,10 @@ TrainConfig config_of(const json& fx) {
   TrainConfig cfg;
   cfg.model_name_or_path = fixtures() + "/models/pref_tiny";
   cfg.train_file = pref_dir() + fx["dataset"].get<std::string>();
-  cfg.rl = m;
+  cfg.rl = parse_objective(m, "method");
   cfg.beta = c["beta"];
   if (m == "dpo") {
-    cfg.loss_type = c["loss_type"][0];
+    cfg.loss_type = parse_dpo_loss(c["loss_type"][0].get<std::string>(), "loss_type");
     cfg.label_smoothing = c.value("label_smoothing", 0.0);
   }
   if (m == "simpo") {
@@ -54,7 +54,7 @@ TrainConfig config_of(const json& fx) {
     cfg.undesirable_weight = c["undesirable_weight"];
   }
   cfg.max_length = c["max_length"];
-  cfg.truncation = "truncate_right";  // TRL's keep_start
+  cfg.truncation = Truncation::TruncateRight;  // TRL's keep_start
   cfg.per_device_train_batch_size = c["per_device_train_batch_size"];
   cfg.lora_dropout = 0;
   cfg.r = 4;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/mode_names.h"
 #include "train/schedule.h"
 #include "train/train_config.h"
 
@@ -21,7 +22,9 @@ nlohmann::json fixture() {
 
 TrainConfig config_for(const nlohmann::json& c) {
   TrainConfig cfg;
-  cfg.lr_scheduler_type = c["type"];
+  const auto type = mode_by_name(lr_schedulers(), lr_scheduler_name, c["type"].get<std::string>());
+  EXPECT_TRUE(type.has_value()) << c["type"];
+  cfg.lr_scheduler_type = type.value_or(LrScheduler::Cosine);
   cfg.learning_rate = c["base_lr"];
   cfg.warmup_steps = c["warmup_steps"];
   cfg.warmup_ratio = c["warmup_ratio"];
@@ -60,19 +63,19 @@ TEST(Schedule, TotalStepsMatchTransformersTrainer) {
 
 // Hand-computed points, independent of the fixture.
 TEST(Schedule, HandComputedPoints) {
-  ScheduleParams p{.type = "cosine", .base_lr = 1.0, .warmup_steps = 10, .total_steps = 110};
+  ScheduleParams p{.type = LrScheduler::Cosine, .base_lr = 1.0, .warmup_steps = 10, .total_steps = 110};
   EXPECT_DOUBLE_EQ(lr_at(p, 0), 0.0);        // warmup starts at 0
   EXPECT_DOUBLE_EQ(lr_at(p, 5), 0.5);
   EXPECT_DOUBLE_EQ(lr_at(p, 10), 1.0);       // peak right after warmup
   EXPECT_NEAR(lr_at(p, 60), 0.5, 1e-15);     // half-way down the half cosine
   EXPECT_NEAR(lr_at(p, 35), 0.5 * (1 + std::cos(M_PI / 4)), 1e-15);
   EXPECT_DOUBLE_EQ(lr_at(p, 110), 0.0);
-  p.type = "linear";
+  p.type = LrScheduler::Linear;
   EXPECT_DOUBLE_EQ(lr_at(p, 60), 0.5);
   EXPECT_DOUBLE_EQ(lr_at(p, 200), 0.0);      // clamped past the end
-  p.type = "constant";
+  p.type = LrScheduler::Constant;
   EXPECT_DOUBLE_EQ(lr_at(p, 0), 1.0);        // constant ignores warmup, as in HF
-  p.type = "constant_with_warmup";
+  p.type = LrScheduler::ConstantWithWarmup;
   EXPECT_DOUBLE_EQ(lr_at(p, 2), 0.2);
   EXPECT_DOUBLE_EQ(lr_at(p, 1000), 1.0);
 }
@@ -87,8 +90,15 @@ TEST(Schedule, WarmupStepsWinOverRatio) {
 }
 
 TEST(Schedule, BadInputsAreErrors) {
-  ScheduleParams p{.type = "cosine_with_restarts"};
-  EXPECT_THROW(lr_at(p, 0), Error);
+  // A schedule the engine does not implement is refused where the config is read, naming the key.
+  try {
+    parse_train_config("lr_scheduler_type: cosine_with_restarts\n", "cfg.yaml", {}, nullptr);
+    FAIL() << "an unimplemented schedule must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(e.where().find("cfg.yaml:1"), std::string::npos) << e.where();
+    EXPECT_NE(std::string(e.what()).find("lr_scheduler_type"), std::string::npos) << e.what();
+  }
   TrainConfig cfg;
   try {
     total_optimizer_steps(cfg, 0);

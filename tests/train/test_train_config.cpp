@@ -52,7 +52,7 @@ TEST(TrainConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.per_device_eval_batch_size, 1);  // follows the train batch size
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_DOUBLE_EQ(c.learning_rate, 2e-4);
-  EXPECT_EQ(c.lr_scheduler_type, "cosine");
+  EXPECT_EQ(c.lr_scheduler_type, LrScheduler::Cosine);
   EXPECT_EQ(c.max_steps, -1);
   EXPECT_DOUBLE_EQ(c.num_train_epochs, 1.0);
   EXPECT_EQ(c.max_length, 2048);
@@ -68,7 +68,7 @@ TEST(TrainConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.ce_chunk_size, 1024);
   EXPECT_EQ(c.base_precision, "");
   EXPECT_EQ(c.quant_blocksize, 64);
-  EXPECT_EQ(c.truncation, "truncate_right");
+  EXPECT_EQ(c.truncation, Truncation::TruncateRight);
   EXPECT_EQ(c.dataset_format, "auto");
   EXPECT_EQ(c.device, "auto");
   EXPECT_FALSE(c.load_in_4bit);
@@ -102,7 +102,7 @@ TEST(TrainConfig, CanonicalKeysFromFile) {
       &notes);
   EXPECT_EQ(c.model_name_or_path, "models/smollm2");
   EXPECT_DOUBLE_EQ(c.learning_rate, 1e-4);
-  EXPECT_EQ(c.lr_scheduler_type, "linear");
+  EXPECT_EQ(c.lr_scheduler_type, LrScheduler::Linear);
   EXPECT_EQ(c.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_TRUE(c.packing);
   EXPECT_EQ(c.gradient_checkpointing, "offload");
@@ -126,7 +126,7 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"epochs: 2.5", "epochs -> num_train_epochs", [](auto& c) { return c.num_train_epochs == 2.5; }},
       {"lr: 3e-5", "lr -> learning_rate", [](auto& c) { return c.learning_rate == 3e-5; }},
       {"lr_scheduler: linear", "lr_scheduler -> lr_scheduler_type",
-       [](auto& c) { return c.lr_scheduler_type == "linear"; }},
+       [](auto& c) { return c.lr_scheduler_type == LrScheduler::Linear; }},
       {"sequence_len: 512", "sequence_len -> max_length", [](auto& c) { return c.max_length == 512; }},
       {"cutoff_len: 513", "cutoff_len -> max_length", [](auto& c) { return c.max_length == 513; }},
       {"max_seq_length: 514", "max_seq_length -> max_length", [](auto& c) { return c.max_length == 514; }},
@@ -145,9 +145,9 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"sample_packing: true", "sample_packing -> packing", [](auto& c) { return c.packing; }},
       {"val_size: 0.1", "val_size -> val_set_size", [](auto& c) { return c.val_set_size == 0.1; }},
       {"evaluation_strategy: epoch", "evaluation_strategy -> eval_strategy",
-       [](auto& c) { return c.eval_strategy == "epoch"; }},
-      {"optimizer: adamw_torch_fused", "optimizer -> optim", [](auto& c) { return c.optim == "adamw_torch_fused"; }},
-      {"optim: adamw", "optim: adamw -> adamw_torch", [](auto& c) { return c.optim == "adamw_torch"; }},
+       [](auto& c) { return c.eval_strategy == EvalStrategy::Epoch; }},
+      {"optimizer: adamw_torch_fused", "optimizer -> optim", [](auto& c) { return c.optim == Optim::AdamwTorchFused; }},
+      {"optim: adamw", "optim: adamw -> adamw_torch", [](auto& c) { return c.optim == Optim::AdamwTorch; }},
       {"clip_grad_norm: 0.5", "clip_grad_norm -> max_grad_norm", [](auto& c) { return c.max_grad_norm == 0.5; }},
       {"clip_grad_norm: null", "clip_grad_norm -> max_grad_norm", [](auto& c) { return c.max_grad_norm == 0; }},
       {"log_every_n_steps: 10", "log_every_n_steps -> logging_steps", [](auto& c) { return c.logging_steps == 10; }},
@@ -169,7 +169,7 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
        "optimizer.lr -> learning_rate",
        [](auto& c) {
          return c.learning_rate == 1e-5 && c.weight_decay == 0.01 && c.adam_beta1 == 0.8 && c.adam_beta2 == 0.95 &&
-                c.optim == "adamw_torch";
+                c.optim == Optim::AdamwTorch;
        }},
       {"lr_scheduler:\n  num_warmup_steps: 7", "lr_scheduler.num_warmup_steps -> warmup_steps",
        [](auto& c) { return c.warmup_steps == 7; }},
@@ -427,20 +427,20 @@ TEST(TrainConfig, SamplePromptsAreTextsNotNameLists) {
 // Preference training under the names axolotl, LLaMA-Factory and TRL use.
 TEST(TrainConfig, PreferenceKeysAndAliases) {
   TrainConfig c = parse("stage: dpo\npref_beta: 0.2\ndpo_label_smoothing: 0.1\ntruncation_mode: keep_end\n");
-  EXPECT_EQ(c.rl, "dpo");
+  EXPECT_EQ(c.rl, Objective::Dpo);
   EXPECT_EQ(c.beta, 0.2);
   EXPECT_EQ(c.label_smoothing, 0.1);
-  EXPECT_EQ(c.truncation, "truncate_left");
+  EXPECT_EQ(c.truncation, Truncation::TruncateLeft);
   c = parse("pref_loss: simpo\nsimpo_gamma: 1.0\ncpo_alpha: 0.5\n");
-  EXPECT_EQ(c.rl, "simpo");
+  EXPECT_EQ(c.rl, Objective::Simpo);
   EXPECT_EQ(c.simpo_gamma, 1.0);
   c = parse("rl: kto\nper_device_train_batch_size: 4\nkto_desirable_weight: 1.5\nkto_rejected_weight: 0.5\nrl_beta: 0.3\n");
   EXPECT_EQ(c.desirable_weight, 1.5);
   EXPECT_EQ(c.undesirable_weight, 0.5);
   EXPECT_EQ(c.beta, 0.3);
   c = parse("rl: dpo\npref_loss: ipo\n");
-  EXPECT_EQ(c.loss_type, "ipo");
-  EXPECT_EQ(parse("rl: cpo_simpo\n").rl, "simpo");
+  EXPECT_EQ(c.loss_type, DpoLoss::Ipo);
+  EXPECT_EQ(parse("rl: cpo_simpo\n").rl, Objective::Simpo);
   for (const char* bad : {"stage: ppo\n", "pref_loss: kto_pair\n", "truncation_mode: middle\n", "rl: grpo\n",
                           "rl: orpo\nsimpo_gamma: 1.0\n", "beta: 0.5\n"}) {
     EXPECT_THROW(parse(bad), Error) << bad;
@@ -451,13 +451,13 @@ TEST(TrainConfig, PreferenceKeysAndAliases) {
 // for the preference objectives (TRL's default) and keeps it for SFT; true and false are the user's.
 TEST(TrainConfig, DisableDropoutIsHonouredByEveryObjective) {
   auto dropout = [](const std::string& yaml) { return engine_spec(parse("lora_dropout: 0.1\n" + yaml)).lora.dropout; };
-  EXPECT_EQ(parse("").disable_dropout, "auto");
+  EXPECT_EQ(parse("").disable_dropout, DisableDropout::Auto);
   EXPECT_DOUBLE_EQ(dropout(""), 0.1);
   EXPECT_DOUBLE_EQ(dropout("rl: dpo\n"), 0.0);
   EXPECT_DOUBLE_EQ(dropout("disable_dropout: true\n"), 0.0);
   EXPECT_DOUBLE_EQ(dropout("disable_dropout: false\n"), 0.1);
   EXPECT_DOUBLE_EQ(dropout("rl: dpo\ndisable_dropout: false\n"), 0.1);
   EXPECT_DOUBLE_EQ(dropout("rl: kto\nper_device_train_batch_size: 4\ndisable_dropout: ~\n"), 0.0);  // null: auto
-  EXPECT_EQ(parse("disable_dropout: no\n").disable_dropout, "false");
+  EXPECT_EQ(parse("disable_dropout: no\n").disable_dropout, DisableDropout::No);
   expect_error([] { parse("disable_dropout: sometimes\n"); }, ErrorKind::Config);
 }

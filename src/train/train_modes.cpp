@@ -1,0 +1,71 @@
+#include "train/train_modes.h"
+
+namespace qlora {
+
+const char* nan_policy_name(NanPolicy p) { return p == NanPolicy::Skip ? "skip" : "stop"; }
+const std::vector<NanPolicy>& nan_policies() {
+  static const std::vector<NanPolicy> v = {NanPolicy::Stop, NanPolicy::Skip};
+  return v;
+}
+
+const char* eval_strategy_name(EvalStrategy s) {
+  switch (s) {
+    case EvalStrategy::No: return "no";
+    case EvalStrategy::Steps: return "steps";
+    case EvalStrategy::Epoch: return "epoch";
+  }
+  return "steps";
+}
+const std::vector<EvalStrategy>& eval_strategies() {
+  static const std::vector<EvalStrategy> v = {EvalStrategy::No, EvalStrategy::Steps, EvalStrategy::Epoch};
+  return v;
+}
+
+const char* report_to_name(ReportTo r) {
+  switch (r) {
+    case ReportTo::None: return "none";
+    case ReportTo::Tensorboard: return "tensorboard";
+    case ReportTo::All: return "all";
+  }
+  return "none";
+}
+const std::vector<ReportTo>& report_to_choices() {
+  static const std::vector<ReportTo> v = {ReportTo::None, ReportTo::Tensorboard, ReportTo::All};
+  return v;
+}
+
+const char* lr_scheduler_name(LrScheduler s) {
+  switch (s) {
+    case LrScheduler::Linear: return "linear";
+    case LrScheduler::Cosine: return "cosine";
+    case LrScheduler::Constant: return "constant";
+    case LrScheduler::ConstantWithWarmup: return "constant_with_warmup";
+  }
+  return "cosine";
+}
+const std::vector<LrScheduler>& lr_schedulers() {
+  static const std::vector<LrScheduler> v = {LrScheduler::Linear, LrScheduler::Cosine, LrScheduler::Constant,
+                                             LrScheduler::ConstantWithWarmup};
+  return v;
+}
+
+const char* disable_dropout_name(DisableDropout d) {
+  switch (d) {
+    case DisableDropout::Auto: return "auto";
+    case DisableDropout::Yes: return "true";
+    case DisableDropout::No: return "false";
+  }
+  return "auto";
+}
+const std::vector<DisableDropout>& disable_dropout_choices() {
+  static const std::vector<DisableDropout> v = {DisableDropout::Auto, DisableDropout::Yes, DisableDropout::No};
+  return v;
+}
+
+const char* optim_name(Optim o) { return o == Optim::AdamwTorchFused ? "adamw_torch_fused" : "adamw_torch"; }
+const std::vector<Optim>& optims() {
+  static const std::vector<Optim> v = {Optim::AdamwTorch, Optim::AdamwTorchFused};
+  return v;
+}
+
+}  // namespace qlora

@@ -1,0 +1,43 @@
+// The training loop's modes as types, parsed once by the config key table (train_config.cpp) from
+// their names and compared as types everywhere else. Each has its name, its values in the order the
+// docs list them, and the table derives the key's allowed values from those.
+#pragma once
+#include <vector>
+
+namespace qlora {
+
+// nan_policy: a step whose loss or gradient norm is not finite. Stop: name the step and the tensor,
+// checkpoint the last good state. Skip: leave the weights, count it (10 in a row stop the run).
+enum class NanPolicy { Stop, Skip };
+const char* nan_policy_name(NanPolicy p);  // "stop" | "skip"
+const std::vector<NanPolicy>& nan_policies();
+
+// eval_strategy: when to evaluate, if there is eval data. No: never. Steps: every eval_steps and at
+// the end. Epoch: at each epoch's end.
+enum class EvalStrategy { No, Steps, Epoch };
+const char* eval_strategy_name(EvalStrategy s);  // "no" | "steps" | "epoch"
+const std::vector<EvalStrategy>& eval_strategies();
+
+// report_to: None, or TensorBoard event files (All: every integration built in, which is TensorBoard).
+enum class ReportTo { None, Tensorboard, All };
+const char* report_to_name(ReportTo r);  // "none" | "tensorboard" | "all"
+const std::vector<ReportTo>& report_to_choices();
+inline bool writes_tensorboard(ReportTo r) { return r != ReportTo::None; }
+
+// lr_scheduler_type, with Hugging Face's formulas (train/schedule.h).
+enum class LrScheduler { Linear, Cosine, Constant, ConstantWithWarmup };
+const char* lr_scheduler_name(LrScheduler s);  // "linear" | "cosine" | "constant" | "constant_with_warmup"
+const std::vector<LrScheduler>& lr_schedulers();
+
+// disable_dropout: Auto (off for the preference objectives, as TRL's trainers; on for SFT), Yes
+// (no LoRA dropout for any objective), No (the configured dropout always).
+enum class DisableDropout { Auto, Yes, No };
+const char* disable_dropout_name(DisableDropout d);  // "auto" | "true" | "false"
+const std::vector<DisableDropout>& disable_dropout_choices();
+
+// optim: torch's AdamW, single-tensor or fused; the engine computes both the same way.
+enum class Optim { AdamwTorch, AdamwTorchFused };
+const char* optim_name(Optim o);  // "adamw_torch" | "adamw_torch_fused"
+const std::vector<Optim>& optims();
+
+}  // namespace qlora
