@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/experts.h"
+#include "model/gguf_arch.h"
 #include "model/merge.h"
 #include "model/mxfp4_experts.h"
 
@@ -73,17 +74,6 @@ double f32_decimal(float v) {
 }
 
 constexpr double kPi = 3.14159265358979323846;
-
-struct ArchInfo {
-  const char* arch;
-  const char* model_type;
-  bool qkv_bias;
-  bool qk_norm;
-};
-const ArchInfo kArchs[] = {{"llama", "llama", false, false},       {"qwen2", "qwen2", true, false},
-                           {"qwen3", "qwen3", false, true},        {"gemma2", "gemma2", false, false},
-                           {"gemma3", "gemma3_text", false, true}, {"phi3", "phi3", false, false},
-                           {"qwen3moe", "qwen3_moe", false, true}, {"gpt-oss", "gpt_oss", true, false}};
 
 // llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
 // (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
@@ -526,13 +516,10 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
 
 LlamaConfig gguf_llama_config(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
-  const ArchInfo* ai = nullptr;
-  for (const auto& a : kArchs)
-    if (arch == a.arch) ai = &a;
+  const GgufArch* ai = gguf_arch_to_read(arch);
   if (!ai)
     fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
-         "supported GGUF architectures: llama (Llama, Mistral, SmolLM2, Mixtral), qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, "
-         "gpt-oss");
+         "supported GGUF architectures: " + gguf_readable_archs() + " (llama: Llama, Mistral, SmolLM2, Mixtral)");
   const std::string k = arch + ".";
   const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
 

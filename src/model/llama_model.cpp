@@ -669,19 +669,23 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
   const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1);
   if (opts_.gemm_dtype == GemmDtype::Fp8) {  // the fp8 weight as stored, x quantized to e4m3 (no dequantization)
     gather_layer(l);
-    be_.matmul_fp8({y, x, layers_[size_t(l)].packed[p], n, out, in, Tensor()});
+    be_.matmul_fp8({.y = y, .x = x, .w = layers_[size_t(l)].packed[p], .m = n, .out = out, .in = in, .amax = Tensor()});
   } else if (opts_.gemm_dtype == GemmDtype::Fp4) {  // the stored e2m1 codes, x quantized to NVFP4 (no dequantization)
-    be_.matmul_fp4({y, x, layers_[size_t(l)].packed[p], layers_[size_t(l)].gemm_scales[p], n, out, in});
+    be_.matmul_fp4({.y = y, .x = x, .w = layers_[size_t(l)].packed[p], .w_scales = layers_[size_t(l)].gemm_scales[p],
+                    .m = n, .out = out, .in = in});
   } else {
-    be_.matmul({y, x, base_weight(l, p), n, out, in, false, true, 1.0f, 0.0f});
+    be_.matmul({.c = y, .a = x, .b = base_weight(l, p), .m = n, .n = out, .k = in, .trans_a = false, .trans_b = true,
+                .alpha = 1.0f, .beta = 0.0f});
   }
-  if (p <= O && layers_[size_t(l)].bias[p].data) be_.bias_add({y, layers_[size_t(l)].bias[p], n, out});
+  if (p <= O && layers_[size_t(l)].bias[p].data) be_.bias_add({.y = y, .bias = layers_[size_t(l)].bias[p], .n = n,
+                                                               .m = out});
   const int li = adapters_on_ ? lora_index(l, p) : -1;
   if (li < 0) return;
   const LoraParam& B = lora_params_[size_t(li) + 1];
   if (mod_first_[size_t(p)] == p) lora_h_fwd(x, l, p, a, train, seed, row0);  // h = xd A^T  (N,r)
   const Tensor bw = row_slice(B.w, mod_row0_[size_t(p)], out);  // this projection's rows of B
-  be_.matmul({y, row_slice(a.lora_h[p], row0, n), bw, n, out, lora_.r, false, true, lora_.scale(), 1.0f});  // y += s h B^T
+  be_.matmul({.c = y, .a = row_slice(a.lora_h[p], row0, n), .b = bw, .m = n, .n = out, .k = lora_.r, .trans_a = false,
+              .trans_b = true, .alpha = lora_.scale(), .beta = 1.0f});  // y += s h B^T
 }
 
 void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bool train, uint64_t seed, int64_t row0) {
@@ -690,9 +694,11 @@ void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bo
   Tensor xin = x;
   if (train && lora_.dropout > 0) {
     xin = as_matrix(views_->lora_xd, n, in);
-    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, dropout_stream(l, mod_first_[size_t(p)]), uint64_t(row0 * in)});
+    be_.dropout_fwd({.out = xin, .x = x, .n = n * in, .p = float(lora_.dropout), .seed = seed,
+                     .stream = dropout_stream(l, mod_first_[size_t(p)]), .offset = uint64_t(row0 * in)});
   }
-  be_.matmul({row_slice(a.lora_h[p], row0, n), xin, A.w, n, lora_.r, in, false, true, 1.0f, 0.0f});
+  be_.matmul({.c = row_slice(a.lora_h[p], row0, n), .a = xin, .b = A.w, .m = n, .n = lora_.r, .k = in, .trans_a = false,
+              .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
 }
 
 // dx (N,in) "=" or "+=" dy W (+ LoRA path); dA, dB "+=". A fused module's projections come in
@@ -701,7 +707,8 @@ void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bo
 void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const Tensor& x, int64_t l, int p,
                             const Acts& a, uint64_t seed, bool need_dx, int64_t row0) {
   const int64_t n = dy.dim(0), out = dy.dim(1), in = dx.dim(1);
-  if (need_dx) be_.matmul({dx, dy, base_weight(l, p), n, in, out, false, false, 1.0f, acc ? 1.0f : 0.0f});
+  if (need_dx) be_.matmul({.c = dx, .a = dy, .b = base_weight(l, p), .m = n, .n = in, .k = out, .trans_a = false,
+                           .trans_b = false, .alpha = 1.0f, .beta = acc ? 1.0f : 0.0f});
   const int li = lora_index(l, p);
   if (li < 0) return;
   const LoraParam& A = lora_params_[size_t(li)];
@@ -712,25 +719,31 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
   const uint64_t mask_at = uint64_t(row0 * in);
   const uint64_t stream = dropout_stream(l, mod_first_[size_t(p)]);
   const int64_t b0 = mod_row0_[size_t(p)];
-  be_.matmul({row_slice(B.g, b0, out), dy, row_slice(a.lora_h[p], row0, n), out, r, n, true, false, s, 1.0f});  // dB += s dy^T h
+  be_.matmul({.c = row_slice(B.g, b0, out), .a = dy, .b = row_slice(a.lora_h[p], row0, n), .m = out, .n = r, .k = n,
+              .trans_a = true, .trans_b = false, .alpha = s, .beta = 1.0f});  // dB += s dy^T h
   Tensor dh = as_matrix(views_->lora_dh, n, r);
-  be_.matmul({dh, dy, row_slice(B.w, b0, out), n, r, out, false, false, s,
-              mod_first_[size_t(p)] == p ? 0.0f : 1.0f});  // dh = (+=) s dy B   (N,r)
+  be_.matmul({.c = dh, .a = dy, .b = row_slice(B.w, b0, out), .m = n, .n = r, .k = out, .trans_a = false,
+              .trans_b = false, .alpha = s, .beta = mod_first_[size_t(p)] == p ? 0.0f : 1.0f});  // dh = (+=) s dy B   (N,r)
   if (mod_last_[size_t(p)] != p) return;
   Tensor xin = x;
   if (drop) {
     xin = as_matrix(views_->lora_xd, n, in);
-    be_.dropout_fwd({xin, x, n * in, float(lora_.dropout), seed, stream, mask_at});
+    be_.dropout_fwd({.out = xin, .x = x, .n = n * in, .p = float(lora_.dropout), .seed = seed, .stream = stream,
+                     .offset = mask_at});
   }
-  be_.matmul({A.g, dh, xin, r, in, n, true, false, 1.0f, 1.0f});  // dA += dh^T xd   (r,in)
+  be_.matmul({.c = A.g, .a = dh, .b = xin, .m = r, .n = in, .k = n, .trans_a = true, .trans_b = false, .alpha = 1.0f,
+              .beta = 1.0f});  // dA += dh^T xd   (r,in)
   if (!need_dx) return;
   if (!drop) {
-    be_.matmul({dx, dh, A.w, n, in, r, false, false, 1.0f, 1.0f});  // dx += dh A
+    be_.matmul({.c = dx, .a = dh, .b = A.w, .m = n, .n = in, .k = r, .trans_a = false, .trans_b = false, .alpha = 1.0f,
+                .beta = 1.0f});  // dx += dh A
   } else {
     Tensor t = as_matrix(views_->lora_xd, n, in);
-    be_.matmul({t, dh, A.w, n, in, r, false, false, 1.0f, 0.0f});
-    be_.dropout_bwd({t, t, n * in, float(lora_.dropout), seed, stream, mask_at});
-    be_.add({dx, t, n * in});
+    be_.matmul({.c = t, .a = dh, .b = A.w, .m = n, .n = in, .k = r, .trans_a = false, .trans_b = false, .alpha = 1.0f,
+                .beta = 0.0f});
+    be_.dropout_bwd({.out = t, .x = t, .n = n * in, .p = float(lora_.dropout), .seed = seed, .stream = stream,
+                     .offset = mask_at});
+    be_.add({.y = dx, .x = t, .n = n * in});
   }
 }
 
@@ -807,33 +820,42 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
     a.v.data = static_cast<char*>(v_all.data) + at;
   }
 
-  be_.rmsnorm_fwd({a.ln1, a.rstd1, a.x, L.ln1_w, n, cfg_.hidden_size, eps, w_off});
+  be_.rmsnorm_fwd({.out = a.ln1, .rstd = a.rstd1, .x = a.x, .w = L.ln1_w, .n = n, .c = cfg_.hidden_size, .eps = eps,
+                   .w_offset = w_off});
   // qk_norm: the projections land in q_raw/k_raw and an RMSNorm over each head (one row of D
   // values per head) writes q and k.
   linear_fwd(cfg_.qk_norm ? a.q_raw : a.q, a.ln1, l, Q, a, train, seed);
   linear_fwd(cfg_.qk_norm ? a.k_raw : a.k, a.ln1, l, K, a, train, seed);
   linear_fwd(a.v, a.ln1, l, V, a, train, seed);
   if (cfg_.qk_norm) {
-    const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
-    be_.rmsnorm_fwd({as_matrix(a.q, hq, D), a.rstd_q, as_matrix(a.q_raw, hq, D), L.q_norm_w, hq, D, eps, w_off});
-    be_.rmsnorm_fwd({as_matrix(a.k, hk, D), a.rstd_k, as_matrix(a.k_raw, hk, D), L.k_norm_w, hk, D, eps, w_off});
+    const int64_t hd = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
+    be_.rmsnorm_fwd({.out = as_matrix(a.q, hq, hd), .rstd = a.rstd_q, .x = as_matrix(a.q_raw, hq, hd), .w = L.q_norm_w,
+                     .n = hq, .c = hd, .eps = eps, .w_offset = w_off});
+    be_.rmsnorm_fwd({.out = as_matrix(a.k, hk, hd), .rstd = a.rstd_k, .x = as_matrix(a.k_raw, hk, hd), .w = L.k_norm_w,
+                     .n = hk, .c = hd, .eps = eps, .w_offset = w_off});
   }
-  be_.rope_fwd({a.q, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
-  be_.rope_fwd({a.k, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
+  be_.rope_fwd({.x = a.q, .inv_freq = inv_freq, .positions = d_positions_, .n = n, .n_head = cfg_.n_head,
+                .head_dim = cfg_.head_dim, .rotary_dim = cfg_.rope_dim(), .scale = rope_scale_});
+  be_.rope_fwd({.x = a.k, .inv_freq = inv_freq, .positions = d_positions_, .n = n, .n_head = cfg_.n_head_kv,
+                .head_dim = cfg_.head_dim, .rotary_dim = cfg_.rope_dim(), .scale = rope_scale_});
   const float scale = cfg_.attn_scale();
-  be_.attention_fwd({a.att, a.lse, a.q, k_all, v_all, d_seg_, cur_b_, cur_t_, cfg_.n_head, cfg_.n_head_kv, cfg_.head_dim,
-                     scale, t_kv, n_docs_, cfg_.window_of(l), float(cfg_.attn_logit_softcapping), L.sinks});
+  be_.attention_fwd({.out = a.att, .lse = a.lse, .q = a.q, .k = k_all, .v = v_all, .seg = d_seg_, .b = cur_b_,
+                     .t = cur_t_, .n_head = cfg_.n_head, .n_head_kv = cfg_.n_head_kv, .head_dim = cfg_.head_dim,
+                     .scale = scale, .t_kv = t_kv, .n_docs = n_docs_, .window = cfg_.window_of(l),
+                     .softcap = float(cfg_.attn_logit_softcapping), .sinks = L.sinks});
   if (cfg_.sandwich_norms) {
     linear_fwd(a.attn_out, a.att, l, O, a, train, seed);  // xmid = norm(o_proj(att)) ...
-    be_.rmsnorm_fwd({a.xmid, a.rstd_pa, a.attn_out, L.post_attn_w, n, cfg_.hidden_size, eps, w_off});
+    be_.rmsnorm_fwd({.out = a.xmid, .rstd = a.rstd_pa, .x = a.attn_out, .w = L.post_attn_w, .n = n,
+                     .c = cfg_.hidden_size, .eps = eps, .w_offset = w_off});
   } else {
     linear_fwd(a.xmid, a.att, l, O, a, train, seed);  // xmid = o_proj(att) ...
   }
-  be_.add({a.xmid, a.x, a.xmid.numel()});  // ... + x
-  be_.rmsnorm_fwd({a.ln2, a.rstd2, a.xmid, L.ln2_w, n, cfg_.hidden_size, eps, w_off});
+  be_.add({.y = a.xmid, .x = a.x, .n = a.xmid.numel()});  // ... + x
+  be_.rmsnorm_fwd({.out = a.ln2, .rstd = a.rstd2, .x = a.xmid, .w = L.ln2_w, .n = n, .c = cfg_.hidden_size, .eps = eps,
+                   .w_offset = w_off});
   if (cfg_.moe()) {
     moe_fwd(a, next, l, n, train && !recompute && !decoding_ && adapters_on_);  // next = experts(ln2) ...
-    be_.add({next, a.xmid, next.numel()});  // ... + xmid
+    be_.add({.y = next, .x = a.xmid, .n = next.numel()});  // ... + xmid
     return;
   }
   if (n > mlp_rows_) {  // over tiles; a recompute leaves the MLP to the backward, tile by tile
@@ -842,9 +864,10 @@ void LlamaModel::layer_fwd(int64_t l, int64_t n, bool train, uint64_t seed, bool
   }
   linear_fwd(a.gate, a.ln2, l, G, a, train, seed);
   linear_fwd(a.up, a.ln2, l, U, a, train, seed);
-  be_.swiglu_fwd({a.h, a.gate, a.up, a.h.numel(), cfg_.hidden_act, cfg_.swiglu_clamp});
+  be_.swiglu_fwd({.out = a.h, .gate = a.gate, .up = a.up, .n = a.h.numel(), .act = cfg_.hidden_act,
+                  .clamp = cfg_.swiglu_clamp});
   mlp_out_fwd(a, next, a.h, l, 0, train, seed);  // next = [norm](down_proj(h)) ...
-  be_.add({next, a.xmid, next.numel()});         // ... + xmid
+  be_.add({.y = next, .x = a.xmid, .n = next.numel()});  // ... + xmid
 }
 
 // out (m,C) "=" down_proj(h) for rows [row0, row0 + m), then, with sandwich norms, its norm (the
@@ -855,8 +878,8 @@ void LlamaModel::mlp_out_fwd(const Acts& a, const Tensor& out, const Tensor& h, 
   const int64_t m = h.dim(0);
   const Tensor y = with_rows(a.mlp_out, m);
   linear_fwd(y, h, l, D, a, train, seed, row0);
-  be_.rmsnorm_fwd({out, row_slice(a.rstd_pf, row0, m), y, layers_[size_t(l)].post_ff_w, m, cfg_.hidden_size,
-                   float(cfg_.rms_norm_eps), norm_offset()});
+  be_.rmsnorm_fwd({.out = out, .rstd = row_slice(a.rstd_pf, row0, m), .x = y, .w = layers_[size_t(l)].post_ff_w, .n = m,
+                   .c = cfg_.hidden_size, .eps = float(cfg_.rms_norm_eps), .w_offset = norm_offset()});
 }
 
 // One tile's rows [t0, t0 + m): its ln2 rows and gate = gate_proj(ln2), up = up_proj(ln2),
@@ -865,7 +888,8 @@ LlamaModel::MlpTile LlamaModel::mlp_tile_fwd(const Acts& a, int64_t l, int64_t t
   MlpTile t{row_slice(a.ln2, t0, m), with_rows(a.gate, m), with_rows(a.up, m), with_rows(a.h, m)};
   linear_fwd(t.gate, t.ln2, l, G, a, train, seed, t0);
   linear_fwd(t.up, t.ln2, l, U, a, train, seed, t0);
-  be_.swiglu_fwd({t.h, t.gate, t.up, t.h.numel(), cfg_.hidden_act, cfg_.swiglu_clamp});
+  be_.swiglu_fwd({.out = t.h, .gate = t.gate, .up = t.up, .n = t.h.numel(), .act = cfg_.hidden_act,
+                  .clamp = cfg_.swiglu_clamp});
   return t;
 }
 
@@ -877,7 +901,7 @@ void LlamaModel::mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t l, int
     const Tensor h = mlp_tile_fwd(a, l, t0, m, train, seed).h;
     const Tensor out = row_slice(next, t0, m);
     mlp_out_fwd(a, out, h, l, t0, train, seed);
-    be_.add({out, row_slice(a.xmid, t0, m), out.numel()});
+    be_.add({.y = out, .x = row_slice(a.xmid, t0, m), .n = out.numel()});
   }
 }
 
@@ -898,14 +922,15 @@ void LlamaModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t see
       // The tile's down_proj output and its norm are recomputed (the norm's output into dln's rows,
       // which the gate/up backward overwrites); d(down output) goes to those rows of dln.
       mlp_out_fwd(a, dln, h, l, t0, true, seed);
-      be_.rmsnorm_bwd({dln, Tensor(), dy, with_rows(a.mlp_out, m), L.post_ff_w, row_slice(a.rstd_pf, t0, m), m, C,
-                       norm_offset()});
+      be_.rmsnorm_bwd({.dx = dln, .dw = Tensor(), .dout = dy, .x = with_rows(a.mlp_out, m), .w = L.post_ff_w,
+                       .rstd = row_slice(a.rstd_pf, t0, m), .n = m, .c = C, .w_offset = norm_offset()});
       dy = dln;
     } else if (lora_index(l, D) >= 0) {
       lora_h_fwd(h, l, D, a, true, seed, t0);
     }
     linear_bwd(dh, false, dy, h, l, D, a, seed, true, t0);  // dh = ; dA,dB +=
-    be_.swiglu_bwd({dgate, dup, dh, gate, up, m * F, cfg_.hidden_act, cfg_.swiglu_clamp});  // dgate, dup =
+    be_.swiglu_bwd({.dgate = dgate, .dup = dup, .dout = dh, .gate = gate, .up = up, .n = m * F, .act = cfg_.hidden_act,
+                    .clamp = cfg_.swiglu_clamp});  // dgate, dup =
     linear_bwd(dln, false, dgate, ln2, l, G, a, seed, true, t0);                                  // dln =
     linear_bwd(dln, true, dup, ln2, l, U, a, seed, true, t0);                                     // dln +=
   }
@@ -962,19 +987,22 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
   const LayerViews& L = layers_[size_t(l)];
   const int64_t E = cfg_.n_experts, K = cfg_.experts_per_tok, C = cfg_.hidden_size, F = cfg_.expert_intermediate_size;
   const int64_t M = n * K;
-  be_.matmul({a.moe_logits, a.ln2, L.router, n, E, C, false, true, 1.0f, 0.0f});  // logits = ln2 Wr^T  (N,E)
-  if (L.router_bias.data) be_.bias_add({a.moe_logits, L.router_bias, n, E});      // (+ b: gpt-oss)
-  be_.moe_route_fwd({a.moe_logits, a.moe_expert, a.moe_weight, a.moe_row, a.moe_token, a.moe_row_weight, a.moe_offsets,
-                     n, E, K, cfg_.norm_topk_prob});
+  be_.matmul({.c = a.moe_logits, .a = a.ln2, .b = L.router, .m = n, .n = E, .k = C, .trans_a = false, .trans_b = true,
+              .alpha = 1.0f, .beta = 0.0f});  // logits = ln2 Wr^T  (N,E)
+  if (L.router_bias.data) be_.bias_add({.y = a.moe_logits, .bias = L.router_bias, .n = n, .m = E});  // (+ b: gpt-oss)
+  be_.moe_route_fwd({.logits = a.moe_logits, .expert = a.moe_expert, .weight = a.moe_weight, .row = a.moe_row,
+                     .token = a.moe_token, .row_weight = a.moe_row_weight, .offsets = a.moe_offsets, .n = n,
+                     .n_experts = E, .top_k = K, .norm_topk = cfg_.norm_topk_prob});
   const auto* token = static_cast<const int32_t*>(a.moe_token.data);
-  be_.gather_rows({a.moe_x, a.ln2, Tensor(), token, M, C});  // x_s[r] = ln2[token[r]]
+  be_.gather_rows({.dst = a.moe_x, .src = a.ln2, .scale = Tensor(), .index = token, .m = M, .c = C});  // x_s[r] = ln2[token[r]]
   const std::vector<int32_t>& off = expert_offsets(a);
   if (count)
     for (int64_t e = 0; e < E; e++) routed_[size_t(l * E + e)] += off[size_t(e) + 1] - off[size_t(e)];
   if (count && aux_on_) {  // the load-balancing loss's statistics, summed over the layers
     const Tensor stats = arena_->get("moe.router_stats");  // (2,E): probability sums, choice counts
-    be_.moe_router_stats({row_slice(stats, 0, 1), row_slice(stats, 1, 1), a.moe_logits, a.moe_expert,
-                          with_rows(arena_->get("batch.mask"), n), n, E, K});
+    be_.moe_router_stats({.prob_sum = row_slice(stats, 0, 1), .count = row_slice(stats, 1, 1), .logits = a.moe_logits,
+                          .expert = a.moe_expert, .mask = with_rows(arena_->get("batch.mask"), n), .n = n,
+                          .n_experts = E, .top_k = K});
   }
   // The experts' adapters (LoRA on gate_up_proj and down_proj): expert e's rows of A and B.
   const int gu = adapters_on_ ? expert_lora_[size_t(l * 2)] : -1, dn = adapters_on_ ? expert_lora_[size_t(l * 2 + 1)] : -1;
@@ -984,28 +1012,37 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
   for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor x = row_slice(a.moe_x, r0, m), gate = row_slice(a.gate, r0, m), up = row_slice(a.up, r0, m);
     const Tensor h = row_slice(a.h, r0, m), y = row_slice(a.moe_y, r0, m);
-    be_.matmul({gate, x, expert_weight(l, 0, e, slot), m, F, C, false, true, 1.0f, 0.0f});
-    be_.matmul({up, x, expert_weight(l, 1, e, slot), m, F, C, false, true, 1.0f, 0.0f});
+    be_.matmul({.c = gate, .a = x, .b = expert_weight(l, 0, e, slot), .m = m, .n = F, .k = C, .trans_a = false,
+                .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
+    be_.matmul({.c = up, .a = x, .b = expert_weight(l, 1, e, slot), .m = m, .n = F, .k = C, .trans_a = false,
+                .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
     if (cfg_.moe_biases) {  // expert e's rows of the output biases (gpt-oss)
-      be_.bias_add({gate, row_slice(L.expert_bias[0], e, 1), m, F});
-      be_.bias_add({up, row_slice(L.expert_bias[1], e, 1), m, F});
+      be_.bias_add({.y = gate, .bias = row_slice(L.expert_bias[0], e, 1), .n = m, .m = F});
+      be_.bias_add({.y = up, .bias = row_slice(L.expert_bias[1], e, 1), .n = m, .m = F});
     }
     if (gu >= 0) {  // one A for both; B's first F rows are gate's, the next F up's
       const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), B = lora_params_[size_t(gu) + 1].w;
-      be_.matmul({xa, x, row_slice(lora_params_[size_t(gu)].w, e * r, r), m, r, C, false, true, 1.0f, 0.0f});
-      be_.matmul({gate, xa, row_slice(B, 2 * e * F, F), m, F, r, false, true, s, 1.0f});
-      be_.matmul({up, xa, row_slice(B, 2 * e * F + F, F), m, F, r, false, true, s, 1.0f});
+      be_.matmul({.c = xa, .a = x, .b = row_slice(lora_params_[size_t(gu)].w, e * r, r), .m = m, .n = r, .k = C,
+                  .trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
+      be_.matmul({.c = gate, .a = xa, .b = row_slice(B, 2 * e * F, F), .m = m, .n = F, .k = r, .trans_a = false,
+                  .trans_b = true, .alpha = s, .beta = 1.0f});
+      be_.matmul({.c = up, .a = xa, .b = row_slice(B, 2 * e * F + F, F), .m = m, .n = F, .k = r, .trans_a = false,
+                  .trans_b = true, .alpha = s, .beta = 1.0f});
     }
-    be_.swiglu_fwd({h, gate, up, m * F, cfg_.hidden_act, cfg_.swiglu_clamp});
-    be_.matmul({y, h, expert_weight(l, 2, e, slot), m, C, F, false, true, 1.0f, 0.0f});
-    if (cfg_.moe_biases) be_.bias_add({y, row_slice(L.expert_bias[2], e, 1), m, C});  // weighted with the rest
+    be_.swiglu_fwd({.out = h, .gate = gate, .up = up, .n = m * F, .act = cfg_.hidden_act, .clamp = cfg_.swiglu_clamp});
+    be_.matmul({.c = y, .a = h, .b = expert_weight(l, 2, e, slot), .m = m, .n = C, .k = F, .trans_a = false,
+                .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
+    if (cfg_.moe_biases) be_.bias_add({.y = y, .bias = row_slice(L.expert_bias[2], e, 1), .n = m, .m = C});  // weighted with the rest
     if (dn >= 0) {
       const Tensor ha = row_slice(a.moe_lora_h[1], r0, m);
-      be_.matmul({ha, h, row_slice(lora_params_[size_t(dn)].w, e * r, r), m, r, F, false, true, 1.0f, 0.0f});
-      be_.matmul({y, ha, row_slice(lora_params_[size_t(dn) + 1].w, e * C, C), m, C, r, false, true, s, 1.0f});
+      be_.matmul({.c = ha, .a = h, .b = row_slice(lora_params_[size_t(dn)].w, e * r, r), .m = m, .n = r, .k = F,
+                  .trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
+      be_.matmul({.c = y, .a = ha, .b = row_slice(lora_params_[size_t(dn) + 1].w, e * C, C), .m = m, .n = C, .k = r,
+                  .trans_a = false, .trans_b = true, .alpha = s, .beta = 1.0f});
     }
   });
-  be_.combine_rows({out, a.moe_y, a.moe_weight, static_cast<const int32_t*>(a.moe_row.data), n, K, C, false});
+  be_.combine_rows({.out = out, .src = a.moe_y, .weight = a.moe_weight,
+                    .row = static_cast<const int32_t*>(a.moe_row.data), .n = n, .k = K, .c = C, .accumulate = false});
 }
 
 // d(out) in ws.dres; ws.dln "=" d(ln2): through each expert (dweight-scaled rows, back through
@@ -1019,8 +1056,9 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   const Tensor dres = with_rows(w.dres, n), dln = with_rows(w.dln, n);
   const auto* row = static_cast<const int32_t*>(a.moe_row.data);
   const Tensor dw = as_matrix(w.moe_dw, n, K), dy = as_matrix(w.moe_dy, M, C);
-  be_.row_dots({dw, dres, a.moe_y, row, n, K, C});  // dw[t,j] = dout[t] . y[row[t,j]]
-  be_.gather_rows({dy, dres, a.moe_row_weight, static_cast<const int32_t*>(a.moe_token.data), M, C});  // dy = w dout
+  be_.row_dots({.out = dw, .a = dres, .b = a.moe_y, .row = row, .n = n, .k = K, .c = C});  // dw[t,j] = dout[t] . y[row[t,j]]
+  be_.gather_rows({.dst = dy, .src = dres, .scale = a.moe_row_weight,
+                   .index = static_cast<const int32_t*>(a.moe_token.data), .m = M, .c = C});  // dy = w dout
   const Tensor dh = as_matrix(w.tmp, M, F), dgate = as_matrix(w.dgate, M, F), dup = as_matrix(w.dup, M, F);
   const Tensor dx = dy;  // d(expert inputs), over each expert's rows of dy once they are read
   const std::vector<int32_t>& off = expert_offsets(a);
@@ -1032,37 +1070,51 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   for_each_routed_expert(l, off, [&](int64_t e, int64_t r0, int64_t m, int slot) {
     const Tensor dh_e = row_slice(dh, r0, m), dg = row_slice(dgate, r0, m), du = row_slice(dup, r0, m);
     const Tensor dy_e = row_slice(dy, r0, m);
-    be_.matmul({dh_e, dy_e, expert_weight(l, 2, e, slot), m, F, C, false, false, 1.0f, 0.0f});
+    be_.matmul({.c = dh_e, .a = dy_e, .b = expert_weight(l, 2, e, slot), .m = m, .n = F, .k = C, .trans_a = false,
+                .trans_b = false, .alpha = 1.0f, .beta = 0.0f});
     if (dn >= 0) {  // before dy's rows are overwritten by dx below
       const LoraParam &A = lora_params_[size_t(dn)], &B = lora_params_[size_t(dn) + 1];
       const Tensor ha = row_slice(a.moe_lora_h[1], r0, m), dd = row_slice(w.moe_lora_dh, r0, m);
-      be_.matmul({row_slice(B.g, e * C, C), dy_e, ha, C, r, m, true, false, s, 1.0f});          // dB_e += s dy^T ha
-      be_.matmul({dd, dy_e, row_slice(B.w, e * C, C), m, r, C, false, false, s, 0.0f});          // dd = s dy B_e
-      be_.matmul({row_slice(A.g, e * r, r), dd, row_slice(a.h, r0, m), r, F, m, true, false, 1.0f, 1.0f});  // dA_e += dd^T h
-      be_.matmul({dh_e, dd, row_slice(A.w, e * r, r), m, F, r, false, false, 1.0f, 1.0f});       // dh += dd A_e
+      be_.matmul({.c = row_slice(B.g, e * C, C), .a = dy_e, .b = ha, .m = C, .n = r, .k = m, .trans_a = true,
+                  .trans_b = false, .alpha = s, .beta = 1.0f});  // dB_e += s dy^T ha
+      be_.matmul({.c = dd, .a = dy_e, .b = row_slice(B.w, e * C, C), .m = m, .n = r, .k = C, .trans_a = false,
+                  .trans_b = false, .alpha = s, .beta = 0.0f});  // dd = s dy B_e
+      be_.matmul({.c = row_slice(A.g, e * r, r), .a = dd, .b = row_slice(a.h, r0, m), .m = r, .n = F, .k = m,
+                  .trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f});  // dA_e += dd^T h
+      be_.matmul({.c = dh_e, .a = dd, .b = row_slice(A.w, e * r, r), .m = m, .n = F, .k = r, .trans_a = false,
+                  .trans_b = false, .alpha = 1.0f, .beta = 1.0f});  // dh += dd A_e
     }
-    be_.swiglu_bwd({dg, du, dh_e, row_slice(a.gate, r0, m), row_slice(a.up, r0, m), m * F, cfg_.hidden_act,
-                   cfg_.swiglu_clamp});
+    be_.swiglu_bwd({.dgate = dg, .dup = du, .dout = dh_e, .gate = row_slice(a.gate, r0, m),
+                    .up = row_slice(a.up, r0, m), .n = m * F, .act = cfg_.hidden_act, .clamp = cfg_.swiglu_clamp});
     const Tensor d = row_slice(dx, r0, m);
-    be_.matmul({d, dg, expert_weight(l, 0, e, slot), m, C, F, false, false, 1.0f, 0.0f});
-    be_.matmul({d, du, expert_weight(l, 1, e, slot), m, C, F, false, false, 1.0f, 1.0f});
+    be_.matmul({.c = d, .a = dg, .b = expert_weight(l, 0, e, slot), .m = m, .n = C, .k = F, .trans_a = false,
+                .trans_b = false, .alpha = 1.0f, .beta = 0.0f});
+    be_.matmul({.c = d, .a = du, .b = expert_weight(l, 1, e, slot), .m = m, .n = C, .k = F, .trans_a = false,
+                .trans_b = false, .alpha = 1.0f, .beta = 1.0f});
     if (gu >= 0) {  // gate's and up's rows of B share one A
       const LoraParam &A = lora_params_[size_t(gu)], &B = lora_params_[size_t(gu) + 1];
       const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), dd = row_slice(w.moe_lora_dh, r0, m);
-      be_.matmul({row_slice(B.g, 2 * e * F, F), dg, xa, F, r, m, true, false, s, 1.0f});      // dBg_e += s dg^T xa
-      be_.matmul({row_slice(B.g, 2 * e * F + F, F), du, xa, F, r, m, true, false, s, 1.0f});  // dBu_e += s du^T xa
-      be_.matmul({dd, dg, row_slice(B.w, 2 * e * F, F), m, r, F, false, false, s, 0.0f});     // dd = s (dg Bg_e
-      be_.matmul({dd, du, row_slice(B.w, 2 * e * F + F, F), m, r, F, false, false, s, 1.0f}); //      + du Bu_e)
-      be_.matmul({row_slice(A.g, e * r, r), dd, row_slice(a.moe_x, r0, m), r, C, m, true, false, 1.0f, 1.0f});  // dA_e += dd^T x
-      be_.matmul({d, dd, row_slice(A.w, e * r, r), m, C, r, false, false, 1.0f, 1.0f});       // dx += dd A_e
+      be_.matmul({.c = row_slice(B.g, 2 * e * F, F), .a = dg, .b = xa, .m = F, .n = r, .k = m, .trans_a = true,
+                  .trans_b = false, .alpha = s, .beta = 1.0f});  // dBg_e += s dg^T xa
+      be_.matmul({.c = row_slice(B.g, 2 * e * F + F, F), .a = du, .b = xa, .m = F, .n = r, .k = m, .trans_a = true,
+                  .trans_b = false, .alpha = s, .beta = 1.0f});  // dBu_e += s du^T xa
+      be_.matmul({.c = dd, .a = dg, .b = row_slice(B.w, 2 * e * F, F), .m = m, .n = r, .k = F, .trans_a = false,
+                  .trans_b = false, .alpha = s, .beta = 0.0f});  // dd = s (dg Bg_e
+      be_.matmul({.c = dd, .a = du, .b = row_slice(B.w, 2 * e * F + F, F), .m = m, .n = r, .k = F, .trans_a = false,
+                  .trans_b = false, .alpha = s, .beta = 1.0f}); //      + du Bu_e)
+      be_.matmul({.c = row_slice(A.g, e * r, r), .a = dd, .b = row_slice(a.moe_x, r0, m), .m = r, .n = C, .k = m,
+                  .trans_a = true, .trans_b = false, .alpha = 1.0f, .beta = 1.0f});  // dA_e += dd^T x
+      be_.matmul({.c = d, .a = dd, .b = row_slice(A.w, e * r, r), .m = m, .n = C, .k = r, .trans_a = false,
+                  .trans_b = false, .alpha = 1.0f, .beta = 1.0f});  // dx += dd A_e
     }
   });
-  be_.combine_rows({dln, dx, Tensor(), row, n, K, C, false});  // dln = sum_j dx[row[t,j]]
+  be_.combine_rows({.out = dln, .src = dx, .weight = Tensor(), .row = row, .n = n, .k = K, .c = C, .accumulate = false});  // dln = sum_j dx[row[t,j]]
   const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);
   MoeRouteBwdArgs rb{dlogits, dw, a.moe_logits, a.moe_expert, n, E, K, cfg_.norm_topk_prob};
   if (aux_on_) rb.aux_grad = arena_->get("moe.aux_grad"), rb.mask = with_rows(arena_->get("batch.mask"), n);
   be_.moe_route_bwd(rb);
-  be_.matmul({dln, dlogits, L.router, n, C, E, false, false, 1.0f, 1.0f});  // dln += dlogits Wr
+  be_.matmul({.c = dln, .a = dlogits, .b = L.router, .m = n, .n = C, .k = E, .trans_a = false, .trans_b = false,
+              .alpha = 1.0f, .beta = 1.0f});  // dln += dlogits Wr
 }
 
 // On entry ws.dres holds d(layer output); on exit d(layer input).
@@ -1086,42 +1138,50 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   } else {
     Tensor dy = dres;  // d(down_proj's output): through the post-MLP norm into dln (free until gate/up's backward)
     if (cfg_.sandwich_norms) {
-      be_.rmsnorm_bwd({dln, Tensor(), dres, a.mlp_out, L.post_ff_w, a.rstd_pf, n, C, w_off});
+      be_.rmsnorm_bwd({.dx = dln, .dw = Tensor(), .dout = dres, .x = a.mlp_out, .w = L.post_ff_w, .rstd = a.rstd_pf,
+                       .n = n, .c = C, .w_offset = w_off});
       dy = dln;
     }
     linear_bwd(tmp_f, false, dy, a.h, l, D, a, seed);                       // dh = ; dA,dB +=
-    be_.swiglu_bwd({dgate, dup, tmp_f, a.gate, a.up, n * F, cfg_.hidden_act});  // dgate, dup =
+    be_.swiglu_bwd({.dgate = dgate, .dup = dup, .dout = tmp_f, .gate = a.gate, .up = a.up, .n = n * F,
+                    .act = cfg_.hidden_act});  // dgate, dup =
     linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                    // dln =
     linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                       // dln +=
   }
-  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.xmid, L.ln2_w, a.rstd2, n, C, w_off});
-  be_.add({dres, tmp_c, n * C});                                            // dres = d xmid
+  be_.rmsnorm_bwd({.dx = tmp_c, .dw = Tensor(), .dout = dln, .x = a.xmid, .w = L.ln2_w, .rstd = a.rstd2, .n = n, .c = C,
+                   .w_offset = w_off});
+  be_.add({.y = dres, .x = tmp_c, .n = n * C});  // dres = d xmid
 
   // Attention: xmid = x + [norm](o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1)))), ln1 = rmsnorm(x)
   Tensor datt = with_rows(w.datt, n), dq = with_rows(w.dq, n), dk = with_rows(w.dk, n), dv = with_rows(w.dv, n);
   Tensor d_o = dres;  // d(o_proj's output): through the post-attention norm into dln (free again)
   if (cfg_.sandwich_norms) {
-    be_.rmsnorm_bwd({dln, Tensor(), dres, a.attn_out, L.post_attn_w, a.rstd_pa, n, C, w_off});
+    be_.rmsnorm_bwd({.dx = dln, .dw = Tensor(), .dout = dres, .x = a.attn_out, .w = L.post_attn_w, .rstd = a.rstd_pa,
+                     .n = n, .c = C, .w_offset = w_off});
     d_o = dln;
   }
   linear_bwd(datt, false, d_o, a.att, l, O, a, seed);                       // datt =
   const float scale = cfg_.attn_scale();
-  be_.attention_bwd({dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, d_seg_, cur_b_, cur_t_, cfg_.n_head,
-                     cfg_.n_head_kv, cfg_.head_dim, scale, n_docs_, cfg_.window_of(l),
-                     float(cfg_.attn_logit_softcapping), L.sinks.data != nullptr, opts_.attn_dq});  // dq, dk, dv =
-  be_.rope_bwd({dq, inv_freq, d_positions_, n, cfg_.n_head, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
-  be_.rope_bwd({dk, inv_freq, d_positions_, n, cfg_.n_head_kv, cfg_.head_dim, cfg_.rope_dim(), rope_scale_});
+  be_.attention_bwd({.dq = dq, .dk = dk, .dv = dv, .dout = datt, .q = a.q, .k = a.k, .v = a.v, .out = a.att,
+                     .lse = a.lse, .seg = d_seg_, .b = cur_b_, .t = cur_t_, .n_head = cfg_.n_head,
+                     .n_head_kv = cfg_.n_head_kv, .head_dim = cfg_.head_dim, .scale = scale, .n_docs = n_docs_,
+                     .window = cfg_.window_of(l), .softcap = float(cfg_.attn_logit_softcapping),
+                     .sinks = L.sinks.data != nullptr, .dq_mode = opts_.attn_dq});  // dq, dk, dv =
+  be_.rope_bwd({.x = dq, .inv_freq = inv_freq, .positions = d_positions_, .n = n, .n_head = cfg_.n_head,
+                .head_dim = cfg_.head_dim, .rotary_dim = cfg_.rope_dim(), .scale = rope_scale_});
+  be_.rope_bwd({.x = dk, .inv_freq = inv_freq, .positions = d_positions_, .n = n, .n_head = cfg_.n_head_kv,
+                .head_dim = cfg_.head_dim, .rotary_dim = cfg_.rope_dim(), .scale = rope_scale_});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
   // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward).
   const bool dx = l > 0;
   // qk_norm: back through the per-head norms (frozen weights) into ws.datt, free since
   // attention_bwd; q's gradient is consumed by its projection before k's overwrites it.
-  const int64_t D = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
+  const int64_t hd = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
   auto through_norm = [&](Tensor& d, const Tensor& raw, const Tensor& w_norm, const Tensor& rstd, int64_t rows, int64_t cols) {
     if (!cfg_.qk_norm) return;
     const Tensor d_raw = as_matrix(w.datt, n, cols);
-    be_.rmsnorm_bwd({as_matrix(d_raw, rows, D), Tensor(), as_matrix(d, rows, D), as_matrix(raw, rows, D), w_norm, rstd,
-                     rows, D, w_off});                                        // d_raw =
+    be_.rmsnorm_bwd({.dx = as_matrix(d_raw, rows, hd), .dw = Tensor(), .dout = as_matrix(d, rows, hd),
+                     .x = as_matrix(raw, rows, hd), .w = w_norm, .rstd = rstd, .n = rows, .c = hd, .w_offset = w_off});  // d_raw =
     d = d_raw;
   };
   through_norm(dq, a.q_raw, L.q_norm_w, a.rstd_q, hq, cfg_.q_dim());
@@ -1130,8 +1190,9 @@ void LlamaModel::layer_bwd(int64_t l, int64_t n, uint64_t seed) {
   linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
   linear_bwd(dln, true, dv, a.ln1, l, V, a, seed, dx);                      // dln +=
   if (!dx) return;
-  be_.rmsnorm_bwd({tmp_c, Tensor(), dln, a.x, L.ln1_w, a.rstd1, n, C, w_off});
-  be_.add({dres, tmp_c, n * C});                                            // dres = d x
+  be_.rmsnorm_bwd({.dx = tmp_c, .dw = Tensor(), .dout = dln, .x = a.x, .w = L.ln1_w, .rstd = a.rstd1, .n = n, .c = C,
+                   .w_offset = w_off});
+  be_.add({.y = dres, .x = tmp_c, .n = n * C});  // dres = d x
 }
 
 // Final norm, LM head and cross-entropy, one chunk of tokens at a time. Returns the summed loss.
@@ -1145,7 +1206,8 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
   const StepViews& w = *views_;
   Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
   Tensor norm_w = w.norm;
-  be_.rmsnorm_fwd({fln, frstd, fx, norm_w, n, C, float(cfg_.rms_norm_eps), norm_offset()});
+  be_.rmsnorm_fwd({.out = fln, .rstd = frstd, .x = fx, .w = norm_w, .n = n, .c = C, .eps = float(cfg_.rms_norm_eps),
+                   .w_offset = norm_offset()});
   Tensor head = w.head;
   Tensor chunk_buf = w.chunk;
   Tensor losses = w.losses;
@@ -1156,7 +1218,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
   Tensor xs = fln, ds = dln;                           // (m_rows, C) head input and its gradient
   if (subset) {
     xs = as_matrix(w.tmp, m_rows, C);  // free until the layers' backward
-    be_.embedding_fwd({xs, fln, d_label_rows_, m_rows, C, n});
+    be_.embedding_fwd({.out = xs, .table = fln, .tokens = d_label_rows_, .n = m_rows, .c = C, .vocab = n});
     ds = xs;  // each chunk's gradient overwrites the rows it has just read
   }
   const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
@@ -1165,7 +1227,8 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
     Tensor x = as_matrix(xs, m, C);
     x.data = static_cast<char*>(xs.data) + c0 * C * es;
     Tensor logits = as_matrix(chunk_buf, m, Vv);
-    be_.matmul({logits, x, head, m, Vv, C, false, true, 1.0f, 0.0f});
+    be_.matmul({.c = logits, .a = x, .b = head, .m = m, .n = Vv, .k = C, .trans_a = false, .trans_b = true,
+                .alpha = 1.0f, .beta = 0.0f});
     Tensor l = losses;
     l.ndim = 1;
     l.shape = {m, 0, 0, 0};
@@ -1177,7 +1240,8 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
       const double t0 = times_ ? synced_now() : 0.0;
       Tensor d = as_matrix(ds, m, C);
       d.data = static_cast<char*>(ds.data) + c0 * C * es;
-      be_.matmul({d, logits, head, m, C, Vv, false, false, 1.0f, 0.0f});  // d[chunk] = dlogits W
+      be_.matmul({.c = d, .a = logits, .b = head, .m = m, .n = C, .k = Vv, .trans_a = false, .trans_b = false,
+                  .alpha = 1.0f, .beta = 0.0f});  // d[chunk] = dlogits W
       if (times_) head_bwd_s_ += synced_now() - t0;
     }
   }
@@ -1197,7 +1261,7 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
       if (wt[size_t(r0)] != 1.0f) {
         Tensor d = as_matrix(ds, r1 - r0, C);
         d.data = static_cast<char*>(ds.data) + r0 * C * es;
-        be_.scale({d, (r1 - r0) * C, wt[size_t(r0)]});
+        be_.scale({.x = d, .n = (r1 - r0) * C, .s = wt[size_t(r0)]});
       }
       r0 = r1;
     }
@@ -1207,9 +1271,10 @@ double LlamaModel::head_and_loss(int64_t n, bool backward, float grad_scale, con
     const double t0 = times_ ? synced_now() : 0.0;
     if (subset) {
       be_.memset0(dln.data, size_t(n * C * es));
-      be_.embedding_bwd({dln, ds, d_label_rows_, m_rows, C, n});  // dln[rows] += d
+      be_.embedding_bwd({.dtable = dln, .dout = ds, .tokens = d_label_rows_, .n = m_rows, .c = C, .vocab = n});  // dln[rows] += d
     }
-    be_.rmsnorm_bwd({with_rows(w.dres, n), Tensor(), dln, fx, norm_w, frstd, n, C, norm_offset()});  // dres =
+    be_.rmsnorm_bwd({.dx = with_rows(w.dres, n), .dw = Tensor(), .dout = dln, .x = fx, .w = norm_w, .rstd = frstd,
+                     .n = n, .c = C, .w_offset = norm_offset()});  // dres =
     if (times_) head_bwd_s_ += synced_now() - t0;
   }
   return sum;
@@ -1219,8 +1284,9 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
   upload_batch(batch);
   const int64_t n = batch.n();
   const Tensor x0 = with_rows(layers_[0].a.x, n);
-  be_.embedding_fwd({x0, views_->embed, d_tokens_, n, cfg_.hidden_size, cfg_.vocab_size});
-  if (cfg_.scale_embeddings) be_.scale({x0, x0.numel(), embed_scale()});
+  be_.embedding_fwd({.out = x0, .table = views_->embed, .tokens = d_tokens_, .n = n, .c = cfg_.hidden_size,
+                     .vocab = cfg_.vocab_size});
+  if (cfg_.scale_embeddings) be_.scale({.x = x0, .n = x0.numel(), .s = embed_scale()});
   const int64_t x_bytes = n * cfg_.hidden_size * dtype_size(layers_[0].a.x.dtype);
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
     if (opts_.gemm_dtype == GemmDtype::Bf16) {  // fp8/fp4 base GEMMs read the stored weights: nothing to dequantize
@@ -1234,8 +1300,9 @@ void LlamaModel::forward(const Batch& batch, bool train, uint64_t seed) {
       // This layer's input goes to the host while the layer computes; the copy of the previous
       // layer's input must be done before this layer writes its output over that slot.
       if (train && l < int64_t(host_x_.size()))
-        be_.offload_copy({host_x_[size_t(l)], layers_[size_t(l)].a.x.data, x_bytes, true});
-      be_.offload_wait({layers_[size_t(l)].next.data, x_bytes});
+        be_.offload_copy({.dst = host_x_[size_t(l)], .src = layers_[size_t(l)].a.x.data, .bytes = x_bytes,
+                          .to_host = true});
+      be_.offload_wait({.p = layers_[size_t(l)].next.data, .bytes = x_bytes});
     }
     layer_fwd(l, n, train, seed);
   }
@@ -1310,8 +1377,9 @@ double LlamaModel::step_with(const Batch& batch, float grad_scale, const RowWeig
       // and backpropagates (after this slot's last reader, the layer above); this layer's input
       // arrived during the layer above (the last two never left their slots).
       if (l >= 1 && l - 1 < int64_t(host_x_.size()))
-        be_.offload_copy({layers_[size_t(l - 1)].a.x.data, host_x_[size_t(l - 1)], x_bytes, false});
-      be_.offload_wait({layers_[size_t(l)].a.x.data, x_bytes});
+        be_.offload_copy({.dst = layers_[size_t(l - 1)].a.x.data, .src = host_x_[size_t(l - 1)], .bytes = x_bytes,
+                          .to_host = false});
+      be_.offload_wait({.p = layers_[size_t(l)].a.x.data, .bytes = x_bytes});
     }
     layer_bwd(l, n, seed);
   }
@@ -1340,7 +1408,8 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
   const int64_t n = batch.n(), C = cfg_.hidden_size, Vv = cfg_.vocab_size;
   const StepViews& w = *views_;
   Tensor fx = with_rows(w.final_x, n), fln = with_rows(w.final_ln, n), frstd = with_rows(w.final_rstd, n);
-  be_.rmsnorm_fwd({fln, frstd, fx, w.norm, n, C, float(cfg_.rms_norm_eps), norm_offset()});
+  be_.rmsnorm_fwd({.out = fln, .rstd = frstd, .x = fx, .w = w.norm, .n = n, .c = C, .eps = float(cfg_.rms_norm_eps),
+                   .w_offset = norm_offset()});
   Tensor head = w.head;
   Tensor chunk_buf = w.chunk;
   const int64_t chunk = chunk_buf.dim(0), es = dtype_size(fln.dtype);
@@ -1350,7 +1419,8 @@ std::vector<float> LlamaModel::logits(const Batch& batch) {
     Tensor x = as_matrix(fln, m, C);
     x.data = static_cast<char*>(fln.data) + c0 * C * es;
     Tensor lg = as_matrix(chunk_buf, m, Vv);
-    be_.matmul({lg, x, head, m, Vv, C, false, true, 1.0f, 0.0f});
+    be_.matmul({.c = lg, .a = x, .b = head, .m = m, .n = Vv, .k = C, .trans_a = false, .trans_b = true, .alpha = 1.0f,
+                .beta = 0.0f});
     be_.copy_to_host(out.data() + c0 * Vv, lg.data, size_t(m * Vv) * 4);
   }
   softcap_logits(out);
@@ -1400,9 +1470,11 @@ const std::vector<float>& LlamaModel::decode(const std::vector<int32_t>& ids) {
   const int64_t es = dtype_size(w.final_x.dtype);
   Tensor x = as_matrix(w.final_x, 1, C), ln = as_matrix(w.final_ln, 1, C), rstd = with_rows(w.final_rstd, 1);
   x.data = static_cast<char*>(w.final_x.data) + (n - 1) * C * es;
-  be_.rmsnorm_fwd({ln, rstd, x, w.norm, 1, C, float(cfg_.rms_norm_eps), norm_offset()});
+  be_.rmsnorm_fwd({.out = ln, .rstd = rstd, .x = x, .w = w.norm, .n = 1, .c = C, .eps = float(cfg_.rms_norm_eps),
+                   .w_offset = norm_offset()});
   Tensor lg = as_matrix(w.chunk, 1, Vv);
-  be_.matmul({lg, ln, w.head, 1, Vv, C, false, true, 1.0f, 0.0f});
+  be_.matmul({.c = lg, .a = ln, .b = w.head, .m = 1, .n = Vv, .k = C, .trans_a = false, .trans_b = true, .alpha = 1.0f,
+              .beta = 0.0f});
   decode_logits_.resize(size_t(Vv));
   be_.copy_to_host(decode_logits_.data(), lg.data, size_t(Vv) * 4);
   softcap_logits(decode_logits_);

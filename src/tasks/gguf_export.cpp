@@ -17,6 +17,7 @@
 #include "io/gguf_writer.h"
 #include "io/json_util.h"
 #include "model/experts.h"
+#include "model/gguf_arch.h"
 #include "model/gguf_model.h"
 #include "model/lora.h"
 #include "model/merge.h"
@@ -129,36 +130,40 @@ void check_gpt_oss_for_llama_cpp(const LlamaConfig& c) {
 // llama.cpp's architecture for the model: Mistral and Mixtral are written as llama (convert_hf_to_gguf.py
 // does too), Qwen3-MoE as qwen3moe, Gemma 3's text model as gemma3.
 std::string gguf_arch(const LlamaConfig& c) {
+  const GgufArch* a = gguf_arch_to_write(c.model_type);
+  if (!a)
+    fail(ErrorKind::Unsupported, "model_type '" + c.model_type + "'", "GGUF export of this model type is not implemented",
+         kConvertHint);
+  const std::string arch = a->arch;
   if (c.model_type == "gpt_oss") {
     check_gpt_oss_for_llama_cpp(c);
-    return "gpt-oss";
+    return arch;
   }
   if (!c.multimodal.empty() && c.multimodal != "gemma3")
     fail(ErrorKind::Unsupported, "model_type '" + c.multimodal + "' (multimodal)",
          "GGUF export of this multimodal checkpoint is not implemented", kConvertHint);
   // A multimodal Gemma 3 (Gemma3ForConditionalGeneration) is written as its text model, as
   // convert_hf_to_gguf.py does; llama.cpp reads the tower from a second (--mmproj) file.
-  if (c.model_type == "gemma2" || c.model_type == "gemma3_text") {
+  if (arch == "gemma2" || arch == "gemma3") {
     check_gemma_for_llama_cpp(c);
-    return c.model_type == "gemma2" ? "gemma2" : "gemma3";
+    return arch;
   }
   // llama.cpp's llama and qwen3moe graphs renormalise the chosen experts' weights (build_moe_ffn's
   // norm_w is fixed to true there), which transformers does only with norm_topk_prob.
   if (c.moe() && !c.norm_topk_prob)
     fail(ErrorKind::Unsupported, "norm_topk_prob",
-         "llama.cpp's " + std::string(c.model_type == "qwen3_moe" ? "qwen3moe" : "llama") +
+         "llama.cpp's " + arch +
              " architecture always renormalises the chosen experts' weights; this model (norm_topk_prob false) "
              "would compute differently there",
          "keep the merged Hugging Face model (`qlora merge`) for this model");
-  if (c.model_type == "qwen3_moe") return "qwen3moe";
-  const bool phi3 = c.model_type == "phi3";  // Phi3MiniModel: LongRoPE and partial rotary are its own
+  const bool phi3 = arch == "phi3";  // Phi3MiniModel: LongRoPE and partial rotary are its own
   if (!phi3 && (c.rope_scaling.type == "longrope" || c.rotary_dim != 0))
     fail(ErrorKind::Unsupported, "rope_scaling",
          "GGUF export of LongRoPE or a partial rotary embedding on " + c.model_type + " is not implemented",
          "merge with `qlora merge` and convert the merged Hugging Face model with llama.cpp's convert_hf_to_gguf.py");
   if (phi3 && c.rope_scaling.type == "yarn")
     fail(ErrorKind::Unsupported, "rope_scaling", "GGUF export of YaRN on phi3 is not implemented", kConvertHint);
-  return phi3 || c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
+  return arch;
 }
 
 

@@ -55,11 +55,11 @@ void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t 
   if (h.max_grad_norm > 0) {  // torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1
     const double coef = h.max_grad_norm / (r.grad_norm + 1e-6);
     if (coef < 1.0)
-      for (auto& p : model.lora_params()) be.scale({p.g, p.g.numel(), float(coef)});
+      for (auto& p : model.lora_params()) be.scale({.x = p.g, .n = p.g.numel(), .s = float(coef)});
   }
   for (auto& p : model.lora_params())
-    be.adamw({p.w, p.g, p.m, p.v, p.w.numel(), float(lr), float(h.beta1), float(h.beta2), float(h.eps),
-              float(h.weight_decay), step + 1});
+    be.adamw({.param = p.w, .grad = p.g, .m = p.m, .v = p.v, .n = p.w.numel(), .lr = float(lr), .beta1 = float(h.beta1),
+              .beta2 = float(h.beta2), .eps = float(h.eps), .weight_decay = float(h.weight_decay), .step = step + 1});
   be.synchronize();
 }
 
@@ -75,7 +75,7 @@ std::string first_non_finite(LlamaModel& model, double loss) {
   Backend& be = model.backend();
   for (auto& p : model.lora_params()) {
     double sq = 0;
-    be.sumsq({{p.g}, &sq});
+    be.sumsq({.xs = {p.g}, .out = &sq});
     if (!std::isfinite(sq)) {
       // A finite sum of squares can still overflow to inf; look at the elements to be sure.
       std::vector<float> g(size_t(p.g.numel()));

@@ -77,8 +77,9 @@ void Zero1Optimizer::step(const OptimHyper& h, double lr, int64_t step, double s
     if (coef != 1.0f)
       for (size_t k = 0; k < s.count; k++) flat_[off + k] *= coef;
     be.copy_to_device(static_cast<float*>(p.g.data) + s.begin, flat_.data() + off, s.count * 4);
-    be.adamw({view(p.w, s), view(p.g, s), view(p.m, {0, s.count}), view(p.v, {0, s.count}), int64_t(s.count), float(lr),
-              float(h.beta1), float(h.beta2), float(h.eps), float(h.weight_decay), step + 1});
+    be.adamw({.param = view(p.w, s), .grad = view(p.g, s), .m = view(p.m, {0, s.count}), .v = view(p.v, {0, s.count}),
+              .n = int64_t(s.count), .lr = float(lr), .beta1 = float(h.beta1), .beta2 = float(h.beta2),
+              .eps = float(h.eps), .weight_decay = float(h.weight_decay), .step = step + 1});
     be.copy_to_host(flat_.data() + off, static_cast<float*>(p.w.data) + s.begin, s.count * 4);
     off += s.count;
   }
