@@ -21,8 +21,8 @@
 #include "model/gguf_model.h"
 #include "model/lora.h"
 #include "model/merge.h"
+#include "text/gguf_pretokenizers.h"
 #include "text/tokenizer.h"
-#include "text/tokenizer_pretok.h"
 #include "train/model_source.h"
 
 namespace fs = std::filesystem;
@@ -166,42 +166,7 @@ std::string gguf_arch(const LlamaConfig& c) {
   return arch;
 }
 
-
 // ---- tokenizer from tokenizer.json -------------------------------------------------------------
-
-bool is_byte_level(const json& p, bool use_regex) {
-  return p.is_object() && p.value("type", "") == "ByteLevel" && p.value("use_regex", true) == use_regex &&
-         !p.value("add_prefix_space", false);
-}
-std::string split_regex(const json& p) {
-  if (!p.is_object() || p.value("type", "") != "Split" || !p.contains("pattern") || !p["pattern"].is_object()) return "";
-  return p["pattern"].value("Regex", "");
-}
-
-// llama.cpp names pre-tokenizers (convert_hf_to_gguf.py finds the name from a hash of test
-// encodings); each name below stands for exactly the pipeline it is matched against, the one
-// llama.cpp's llama-vocab.cpp implements under that name.
-std::string pre_tokenizer_name(const json& pre, const std::string& where) {
-  if (is_byte_level(pre, true)) return "gpt-2";
-  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers")) {
-    const json& s = pre["pretokenizers"];
-    if (s.size() == 2 && s[0].value("type", "") == "Digits" && s[0].value("individual_digits", false) &&
-        is_byte_level(s[1], true))
-      return "smollm";  // SmolLM/StarCoder: digits split one by one, then GPT-2's regex
-    if (s.size() == 2 && is_byte_level(s[1], false)) {
-      const std::string re = split_regex(s[0]);
-      if (re == kLlama3Pattern) return "llama-bpe";
-      if (re == kQwen2Pattern) return "qwen2";
-      if (re == kO200kPattern) return "gpt-4o";  // Phi-4-mini, gpt-oss: llama.cpp runs its own spelling
-      if (re == kTekkenPattern) return "tekken";  // Mistral NeMo, Mistral Small 3: likewise
-    }
-  }
-  fail(ErrorKind::Unsupported, where + ": pre_tokenizer", "this pre-tokenizer has no known llama.cpp name",
-       "known: GPT-2 byte level (gpt-2), SmolLM digits + byte level (smollm), Llama 3 (llama-bpe), Qwen2 (qwen2), "
-       "o200k (gpt-4o), Tekken (tekken); "
-       "export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), which names its "
-       "pre-tokenizer, else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
-}
 
 // A SentencePiece vocabulary carried as BPE with byte fallback, as llama.cpp's SPM tokenizer
 // ("llama" vocabulary) runs it: spaces become U+2581 by a Replace normalizer (Gemma), optionally
@@ -714,7 +679,7 @@ void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, Gguf
   // BPE under one of the pre-tokenizers llama.cpp names.
   const std::optional<SpmLayout> spm = sentencepiece_layout(tj);
   if (spm && !spm->note.empty() && notes) notes->push_back(spm->note);
-  const std::string pre = spm ? "" : pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
+  const std::string pre = spm ? "" : gguf_pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
 
   std::vector<std::string> tokens(static_cast<size_t>(vocab_size), std::string());
   std::vector<int32_t> types(size_t(vocab_size), 5);  // unused until filled

@@ -7,6 +7,7 @@
 #include "core/strings.h"
 #include "io/gguf.h"
 #include "io/json_util.h"
+#include "text/gguf_pretokenizers.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_impl.h"
 #include "text/tokenizer_json.h"
@@ -459,52 +460,16 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
          "Mistral, Gemma, Phi-3); pass the model's tokenizer.json");
   std::string pre = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
 
-  // The pre-tokenizer is named, not stored: map llama.cpp's names to the HF pipelines they stand for.
-  json pre_json;
-  const char* llama_cpp_split = nullptr;
-  bool ignore_merges = false;
-  bool bos_by_default = false;  // llama.cpp's add_bos for the name, where the file has no add_bos_token
-  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  json byte_level_noregex = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
-  auto split = [](const char* re) {
-    return json{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}};
-  };
-  if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "phi-2") {
-    pre_json = byte_level;
-  } else if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "codeshell") {
-    pre_json = {{"type", "Sequence"},
-                {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
-  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "falcon3" || pre == "falcon-h1" ||
-             pre == "pixtral" || pre == "midm-2.0" || pre == "lfm2" || pre == "jina-v5-nano") {
-    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
-    ignore_merges = true;
-    bos_by_default = true;
-  } else if (pre == "dbrx") {
-    // Llama 3's split without ignore_merges: cl100k vocabularies whose tokenizer.json merges by rank
-    // (DBRX; Phi-4 14B's GGUFs carry this name too, as far as we know).
-    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kLlama3Pattern), byte_level_noregex}}};
-  } else if (pre == "qwen2" || pre == "deepseek-r1-qwen" || pre == "kormo" || pre == "f2llmv2") {
-    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kQwen2Pattern), byte_level_noregex}}};
-  } else if (pre == "gpt-4o" || pre == "llama4" || pre == "kanana2" || pre == "talkie") {
-    // The root (and the tokenizer.json `qlora merge` writes) holds o200k's regex as Phi-4-mini's and
-    // gpt-oss's tokenizer.json do. llama.cpp runs its own spelling of it on collapsed text, where a
-    // non-ASCII letter is both upper and lower case and a combining mark no letter, so transformers
-    // reading that file splits differently from llama.cpp where such a character decides a boundary
-    // ("ÉCOLE", "helloМосква", "e" + U+0301); from_gguf tokenizes as llama.cpp does.
-    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kO200kPattern), byte_level_noregex}}};
-    llama_cpp_split = kO200kLlamaCppPattern;
-  } else if (pre == "tekken") {
-    // Mistral's Tekken vocabulary: run by llama.cpp as "gpt-4o" is (its own spelling, collapsed
-    // text), ignoring merges for a pre-token that is a vocabulary entry.
-    pre_json = {{"type", "Sequence"}, {"pretokenizers", {split(kTekkenPattern), byte_level_noregex}}};
-    llama_cpp_split = kTekkenLlamaCppPattern;
-    ignore_merges = true;
-    bos_by_default = true;
-  } else {
+  // The pre-tokenizer is named, not stored: llama.cpp's names map to the HF pipelines they stand for
+  // (text/gguf_pretokenizers.h).
+  const GgufPreTokenizer* pt = gguf_pre_tokenizer_named(pre);
+  if (!pt)
     fail(ErrorKind::Unsupported, where + ": tokenizer.ggml.pre", "pre-tokenizer '" + pre + "' is not known",
-         "known: default, gpt-2, smollm, starcoder, llama-bpe, dbrx, qwen2, gpt-4o, tekken; pass a tokenizer.json "
-         "instead");
-  }
+         "known: " + known_gguf_pre_tokenizers() + "; pass a tokenizer.json instead");
+  const json pre_json = pre_tokenizer_json(*pt);
+  const char* llama_cpp_split = pt->llama_cpp_regex;
+  const bool ignore_merges = pt->ignore_merges;
+  const bool bos_by_default = pt->bos_by_default;  // where the file has no add_bos_token
 
   std::vector<std::string> tokens = g.get_array_strings("tokenizer.ggml.tokens");
   const std::vector<int64_t> types = gguf_token_types(g, tokens.size());

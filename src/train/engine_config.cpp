@@ -24,16 +24,16 @@ EngineSpec engine_spec(const TrainConfig& c) {
   s.lora.expert_targets = LoraSpec::resolve_expert_targets(c.target_parameters, "target_parameters");
   // LoRA on the experts alone: no projection adapted (PEFT's target_modules null).
   if (!c.target_modules.empty() || s.lora.expert_targets.empty()) s.lora.targets = LoraSpec::resolve_targets(c.target_modules);
-  s.checkpointing = parse_checkpointing(c.gradient_checkpointing, "gradient_checkpointing");
+  s.checkpointing = c.gradient_checkpointing;
   s.ce_chunk = c.ce_chunk_size;
   s.mlp_tile = c.mlp_tile_tokens;
   if (s.mlp_tile > 0 && !recomputes(s.checkpointing))
     fail(ErrorKind::Config, "mlp_tile_tokens", "MLP tiles apply to the recompute of a checkpointed layer, and "
                                                "gradient_checkpointing is none",
          "set gradient_checkpointing: full (or offload), or remove mlp_tile_tokens");
-  s.gemm_dtype = parse_gemm_dtype(c.gemm_dtype, "gemm_dtype");
+  s.gemm_dtype = c.gemm_dtype;
   if (c.attention_dq != "auto") s.attn_dq = parse_attn_dq(c.attention_dq, "attention_dq");
-  s.sharding = parse_sharding(c.sharding, "sharding");
+  s.sharding = c.sharding;
   return with_shapes(s, c, c.per_device_train_batch_size, row_tokens_cap(c));
 }
 

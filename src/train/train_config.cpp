@@ -263,14 +263,14 @@ const std::vector<KeyRow>& key_table() {
       {.name = "quant_blocksize", .field = &T::quant_blocksize, .def = "64",
        .choices = {"32", "64", "128", "256", "512", "1024", "2048", "4096"},
        .help = "Elements per absmax block for nf4/fp4."},
-      {.name = "gemm_dtype", .field = &T::gemm_dtype, .def = "bf16", .choices = gemm_dtype_names(),
+      {.name = "gemm_dtype", .field = mode_field<&T::gemm_dtype, gemm_dtype_name, gemm_dtypes>(), .def = "bf16",
        .help = "Tensor-core dtype of the frozen base's forward GEMMs: fp8 reads a base_precision: fp8 base as "
                "stored (cuBLASLt FP8, sm_89 and later; the activation quantized to e4m3 per tensor); fp4 reads "
                "an nvfp4 or mxfp4 base as stored (cuBLASLt's block-scaled NVFP4 GEMM, compute capability 10.x; "
                "the activation quantized to NVFP4); bf16 dequantizes the base. Any other combination is an "
                "error before the first step. The backward stays bf16."},
-      {.name = "gradient_checkpointing", .field = &T::gradient_checkpointing, .def = "none",
-       .choices = checkpointing_names(),
+      {.name = "gradient_checkpointing",
+       .field = mode_field<&T::gradient_checkpointing, checkpointing_name, checkpointing_modes>(), .def = "none",
        .help = "Recompute layer activations in backward: none, full, or offload layer inputs to host memory.",
        .value_aliases = {{"true", "full"}, {"false", "none"}, {"unsloth", "offload"}}},
       {.name = "ce_chunk_size", .field = &T::ce_chunk_size, .def = "1024", .range = {.lo = 1},
@@ -291,7 +291,7 @@ const std::vector<KeyRow>& key_table() {
       {.name = "device", .field = &T::device, .def = "auto", .choices = {"auto", "cpu", "cuda"},
        .help = "Where to train; auto = cuda when a GPU is present.", .value_aliases = {{"gpu", "cuda"}}},
       {.name = "threads", .field = &T::threads, .def = "0", .range = {.lo = 0}, .help = "CPU threads; 0 = all cores."},
-      {.name = "sharding", .field = &T::sharding, .def = "none", .choices = {"none", "zero1", "fsdp"},
+      {.name = "sharding", .field = mode_field<&T::sharding, sharding_name, trained_shardings>(), .def = "none",
        .help = "Multi-rank runs: none = every rank holds everything; zero1 = the AdamW moments are split across "
                "ranks (gradients reduce-scattered, weights all-gathered); fsdp = zero1 and each rank also holds "
                "1/N of every decoder layer's frozen base, all-gathered a layer ahead of use. As qlora plan "

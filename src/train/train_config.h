@@ -92,8 +92,8 @@ struct TrainConfig {
   std::string bnb_4bit_quant_type;  // nf4|fp4
   bool bnb_4bit_use_double_quant;
   int64_t quant_blocksize;
-  std::string gemm_dtype;              // bf16|fp8|fp4: the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
-  std::string gradient_checkpointing;  // none|full|offload
+  GemmDtype gemm_dtype;                // the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
+  Checkpointing gradient_checkpointing;
   int64_t ce_chunk_size;
   int64_t mlp_tile_tokens;             // tokens per MLP tile under checkpointing; 0 = auto
   std::string attention_dq;            // auto|accumulate|recompute: the CUDA attention backward's dQ               // tokens per cross-entropy chunk
@@ -101,8 +101,8 @@ struct TrainConfig {
   // runtime
   std::string device;  // auto|cpu|cuda
   int64_t threads;     // 0 = all cores
-  std::string sharding;  // none|zero1|fsdp: what data-parallel ranks split (zero1: the AdamW moments;
-                         // fsdp: those and each decoder layer's frozen base bytes)
+  Sharding sharding;  // what data-parallel ranks split (zero1: the AdamW moments; fsdp: those and
+                      // each decoder layer's frozen base bytes); trained_shardings() only
   double ddp_timeout;  // seconds a rank waits for the others in a collective before failing (multi-rank runs)
 
   bool operator==(const TrainConfig&) const = default;

@@ -68,4 +68,9 @@ const std::vector<Optim>& optims() {
   return v;
 }
 
+const std::vector<Sharding>& trained_shardings() {
+  static const std::vector<Sharding> v = {Sharding::None, Sharding::Zero1, Sharding::Fsdp};
+  return v;
+}
+
 }  // namespace qlora

@@ -4,6 +4,8 @@
 #pragma once
 #include <vector>
 
+#include "model/modes.h"
+
 namespace qlora {
 
 // nan_policy: a step whose loss or gradient norm is not finite. Stop: name the step and the tensor,
@@ -39,5 +41,8 @@ const std::vector<DisableDropout>& disable_dropout_choices();
 enum class Optim { AdamwTorch, AdamwTorchFused };
 const char* optim_name(Optim o);  // "adamw_torch" | "adamw_torch_fused"
 const std::vector<Optim>& optims();
+
+// sharding: the splits training implements (qlora plan also plans zero2 and zero3).
+const std::vector<Sharding>& trained_shardings();  // None, Zero1, Fsdp
 
 }  // namespace qlora

@@ -414,7 +414,8 @@ std::string reference_fingerprint(const TrainConfig& c, const ExampleSet& train,
     const unsigned char* b = static_cast<const unsigned char*>(p);
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
   };
-  for (const std::string* s : {&c.model_name_or_path, &c.base_precision, &c.gemm_dtype}) mix(s->data(), s->size() + 1);
+  const std::string gemm = gemm_dtype_name(c.gemm_dtype);
+  for (const std::string* s : {&c.model_name_or_path, &c.base_precision, &gemm}) mix(s->data(), s->size() + 1);
   for (const auto* set : {&train, &eval})
     for (const Example& e : *set) {
       mix(e.ids.data(), e.ids.size() * 4);

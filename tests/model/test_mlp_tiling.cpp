@@ -286,7 +286,7 @@ TEST(MlpTiling, ConfigKeyNeedsCheckpointing) {
     EXPECT_EQ(e.kind(), ErrorKind::Config);
     EXPECT_EQ(e.where(), "mlp_tile_tokens");
   }
-  c.gradient_checkpointing = "full";
+  c.gradient_checkpointing = Checkpointing::Full;
   EXPECT_EQ(engine_spec(c).mlp_tile, 512);
 }
 

@@ -64,7 +64,7 @@ TEST(TrainConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_DOUBLE_EQ(c.lora_alpha, 32);
   EXPECT_DOUBLE_EQ(c.lora_dropout, 0.05);
   EXPECT_EQ(c.target_modules, kAll);  // all-linear
-  EXPECT_EQ(c.gradient_checkpointing, "none");
+  EXPECT_EQ(c.gradient_checkpointing, Checkpointing::None);
   EXPECT_EQ(c.ce_chunk_size, 1024);
   EXPECT_EQ(c.base_precision, "");
   EXPECT_EQ(c.quant_blocksize, 64);
@@ -105,7 +105,7 @@ TEST(TrainConfig, CanonicalKeysFromFile) {
   EXPECT_EQ(c.lr_scheduler_type, LrScheduler::Linear);
   EXPECT_EQ(c.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_TRUE(c.packing);
-  EXPECT_EQ(c.gradient_checkpointing, "offload");
+  EXPECT_EQ(c.gradient_checkpointing, Checkpointing::Offload);
   EXPECT_EQ(c.eval_file, "");
   EXPECT_TRUE(notes.empty()) << notes.front();
 }
@@ -152,11 +152,11 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"clip_grad_norm: null", "clip_grad_norm -> max_grad_norm", [](auto& c) { return c.max_grad_norm == 0; }},
       {"log_every_n_steps: 10", "log_every_n_steps -> logging_steps", [](auto& c) { return c.logging_steps == 10; }},
       {"enable_activation_checkpointing: true", "gradient_checkpointing: true -> full",
-       [](auto& c) { return c.gradient_checkpointing == "full"; }},
+       [](auto& c) { return c.gradient_checkpointing == Checkpointing::Full; }},
       {"gradient_checkpointing: false", "gradient_checkpointing: false -> none",
-       [](auto& c) { return c.gradient_checkpointing == "none"; }},
+       [](auto& c) { return c.gradient_checkpointing == Checkpointing::None; }},
       {"gradient_checkpointing: unsloth", "gradient_checkpointing: unsloth -> offload",
-       [](auto& c) { return c.gradient_checkpointing == "offload"; }},
+       [](auto& c) { return c.gradient_checkpointing == Checkpointing::Offload; }},
       {"datasets:\n  - path: data/alpaca.jsonl\n    type: alpaca", "datasets[0].path -> train_file",
        [](auto& c) { return c.train_file == "data/alpaca.jsonl" && c.dataset_format == "alpaca"; }},
       {"datasets:\n  - path: d.jsonl\n    type: chat_template", "dataset_format: chat_template -> messages",
