@@ -64,6 +64,10 @@ struct LlamaModel::StepViews {
   Tensor moe_lora_dh;                  // s dy B_e per routed row (LoRA on the experts)
   Tensor expert_dequant;               // quantized base: one expert's gate, up and down
   Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
+  // The micro-batch's int32 inputs on the device, and the mixture of experts' load-balancing
+  // statistics (moe.router_stats (2,E), moe.aux_grad (E), batch.mask (N); with its loss only).
+  Tensor batch_tokens, batch_targets, batch_positions, batch_seg, batch_label_rows, batch_label_targets;
+  Tensor router_stats, aux_grad, batch_mask;
   int64_t dequant_offset[7] = {};  // element offset of each projection inside a ws.dequant slot
   int64_t dequant_slot = 0;        // elements per slot (one layer)
 };
@@ -229,6 +233,14 @@ void LlamaModel::resolve_views() {
   v.dequant = opt("ws.dequant");
   if (v.dequant.data) v.dequant_slot = v.dequant.dim(1);
   v.head = ar.get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
+  static const std::pair<Tensor StepViews::*, const char*> kBatch[] = {
+      {&StepViews::batch_tokens, "batch.tokens"},         {&StepViews::batch_targets, "batch.targets"},
+      {&StepViews::batch_positions, "batch.positions"},   {&StepViews::batch_seg, "batch.seg"},
+      {&StepViews::batch_label_rows, "batch.label_rows"}, {&StepViews::batch_label_targets, "batch.label_targets"}};
+  for (const auto& [member, name] : kBatch) v.*member = ar.get(name);
+  v.router_stats = opt("moe.router_stats");
+  v.aux_grad = opt("moe.aux_grad");
+  v.batch_mask = opt("batch.mask");
   int64_t at = 0;
   for (int p = 0; p < 7; p++) {
     v.dequant_offset[p] = at;
@@ -681,16 +693,21 @@ void LlamaModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p, 
                                                                .m = out});
   const int li = adapters_on_ ? lora_index(l, p) : -1;
   if (li < 0) return;
-  const LoraParam& B = lora_params_[size_t(li) + 1];
+  const LoraParam& B = lora_pair(li).B;
   if (mod_first_[size_t(p)] == p) lora_h_fwd(x, l, p, a, train, seed, row0);  // h = xd A^T  (N,r)
   const Tensor bw = row_slice(B.w, mod_row0_[size_t(p)], out);  // this projection's rows of B
   be_.matmul({.c = y, .a = row_slice(a.lora_h[p], row0, n), .b = bw, .m = n, .n = out, .k = lora_.r, .trans_a = false,
               .trans_b = true, .alpha = lora_.scale(), .beta = 1.0f});  // y += s h B^T
 }
 
+// add_lora_pair pushes a module's lora_A and then its lora_B: the one place that order is known.
+LlamaModel::LoraPair LlamaModel::lora_pair(int a_index) const {
+  return {lora_params_[size_t(a_index)], lora_params_[size_t(a_index) + 1]};
+}
+
 void LlamaModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bool train, uint64_t seed, int64_t row0) {
   const int64_t n = x.dim(0), in = x.dim(1);
-  const LoraParam& A = lora_params_[size_t(lora_index(l, p))];
+  const LoraParam& A = lora_pair(lora_index(l, p)).A;
   Tensor xin = x;
   if (train && lora_.dropout > 0) {
     xin = as_matrix(views_->lora_xd, n, in);
@@ -711,8 +728,7 @@ void LlamaModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, const 
                            .trans_b = false, .alpha = 1.0f, .beta = acc ? 1.0f : 0.0f});
   const int li = lora_index(l, p);
   if (li < 0) return;
-  const LoraParam& A = lora_params_[size_t(li)];
-  const LoraParam& B = lora_params_[size_t(li) + 1];
+  const auto& [A, B] = lora_pair(li);
   const int64_t r = lora_.r;
   const float s = lora_.scale();
   const bool drop = lora_.dropout > 0;
@@ -753,27 +769,28 @@ void LlamaModel::upload_batch(const Batch& batch) {
     fail(ErrorKind::Internal, "batch", "micro-batch of " + std::to_string(batch.b) + "x" + std::to_string(batch.t) +
                                            " exceeds the planned " + std::to_string(opts_.micro_batch) + "x" +
                                            std::to_string(opts_.seq_len));
-  auto up = [&](const char* name, const std::vector<int32_t>& v) -> const int32_t* {
-    void* d = arena_->raw(name);
+  const StepViews& sv = *views_;
+  auto up = [&](const Tensor& buffer, const std::vector<int32_t>& v) -> const int32_t* {
+    void* d = buffer.data;
     if (v.empty()) return nullptr;
     QLORA_ASSERT(int64_t(v.size()) == n);
     be_.copy_to_device(d, v.data(), size_t(n) * 4);
     return static_cast<const int32_t*>(d);
   };
-  d_tokens_ = up("batch.tokens", batch.tokens);
-  d_targets_ = up("batch.targets", batch.targets);
-  d_positions_ = up("batch.positions", batch.positions);
+  d_tokens_ = up(sv.batch_tokens, batch.tokens);
+  d_targets_ = up(sv.batch_targets, batch.targets);
+  d_positions_ = up(sv.batch_positions, batch.positions);
   // LongRoPE rotates a forward with the long factors when its positions pass the original
   // context (transformers: max(position_ids) + 1 > original_max_position_embeddings), else the short.
   if (cfg_.rope_scaling.type == "longrope" && !batch.positions.empty()) {
     const int64_t max_pos = *std::max_element(batch.positions.begin(), batch.positions.end());
     if (const bool want = rope_uses_long_factors(cfg_, max_pos); want != rope_long_) {
       const std::vector<float> inv = rope_inv_freq(cfg_, want);
-      be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
+      be_.copy_to_device(sv.inv_freq.data, inv.data(), inv.size() * 4);
       rope_long_ = want;
     }
   }
-  d_seg_ = up("batch.seg", batch.seg);
+  d_seg_ = up(sv.batch_seg, batch.seg);
   n_docs_ = 0;
   for (int64_t i = 0; i < int64_t(batch.seg.size()); i++)
     n_docs_ += i % batch.t == 0 || batch.seg[size_t(i)] != batch.seg[size_t(i - 1)];
@@ -788,8 +805,8 @@ void LlamaModel::upload_batch(const Batch& batch) {
   n_labeled_ = batch.targets.empty() ? 0 : int64_t(rows_l.size());
   d_label_rows_ = d_label_targets_ = nullptr;
   if (n_labeled_ < n && n_labeled_ > 0) {
-    void* r = arena_->raw("batch.label_rows");
-    void* t = arena_->raw("batch.label_targets");
+    void* r = sv.batch_label_rows.data;
+    void* t = sv.batch_label_targets.data;
     be_.copy_to_device(r, rows_l.data(), rows_l.size() * 4);
     be_.copy_to_device(t, targets_l.data(), targets_l.size() * 4);
     d_label_rows_ = static_cast<const int32_t*>(r);
@@ -999,9 +1016,9 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
   if (count)
     for (int64_t e = 0; e < E; e++) routed_[size_t(l * E + e)] += off[size_t(e) + 1] - off[size_t(e)];
   if (count && aux_on_) {  // the load-balancing loss's statistics, summed over the layers
-    const Tensor stats = arena_->get("moe.router_stats");  // (2,E): probability sums, choice counts
+    const Tensor& stats = views_->router_stats;  // (2,E): probability sums, choice counts
     be_.moe_router_stats({.prob_sum = row_slice(stats, 0, 1), .count = row_slice(stats, 1, 1), .logits = a.moe_logits,
-                          .expert = a.moe_expert, .mask = with_rows(arena_->get("batch.mask"), n), .n = n,
+                          .expert = a.moe_expert, .mask = with_rows(views_->batch_mask, n), .n = n,
                           .n_experts = E, .top_k = K});
   }
   // The experts' adapters (LoRA on gate_up_proj and down_proj): expert e's rows of A and B.
@@ -1021,8 +1038,8 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
       be_.bias_add({.y = up, .bias = row_slice(L.expert_bias[1], e, 1), .n = m, .m = F});
     }
     if (gu >= 0) {  // one A for both; B's first F rows are gate's, the next F up's
-      const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), B = lora_params_[size_t(gu) + 1].w;
-      be_.matmul({.c = xa, .a = x, .b = row_slice(lora_params_[size_t(gu)].w, e * r, r), .m = m, .n = r, .k = C,
+      const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), B = lora_pair(gu).B.w;
+      be_.matmul({.c = xa, .a = x, .b = row_slice(lora_pair(gu).A.w, e * r, r), .m = m, .n = r, .k = C,
                   .trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
       be_.matmul({.c = gate, .a = xa, .b = row_slice(B, 2 * e * F, F), .m = m, .n = F, .k = r, .trans_a = false,
                   .trans_b = true, .alpha = s, .beta = 1.0f});
@@ -1035,9 +1052,9 @@ void LlamaModel::moe_fwd(const Acts& a, const Tensor& out, int64_t l, int64_t n,
     if (cfg_.moe_biases) be_.bias_add({.y = y, .bias = row_slice(L.expert_bias[2], e, 1), .n = m, .m = C});  // weighted with the rest
     if (dn >= 0) {
       const Tensor ha = row_slice(a.moe_lora_h[1], r0, m);
-      be_.matmul({.c = ha, .a = h, .b = row_slice(lora_params_[size_t(dn)].w, e * r, r), .m = m, .n = r, .k = F,
+      be_.matmul({.c = ha, .a = h, .b = row_slice(lora_pair(dn).A.w, e * r, r), .m = m, .n = r, .k = F,
                   .trans_a = false, .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
-      be_.matmul({.c = y, .a = ha, .b = row_slice(lora_params_[size_t(dn) + 1].w, e * C, C), .m = m, .n = C, .k = r,
+      be_.matmul({.c = y, .a = ha, .b = row_slice(lora_pair(dn).B.w, e * C, C), .m = m, .n = C, .k = r,
                   .trans_a = false, .trans_b = true, .alpha = s, .beta = 1.0f});
     }
   });
@@ -1073,7 +1090,7 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
     be_.matmul({.c = dh_e, .a = dy_e, .b = expert_weight(l, 2, e, slot), .m = m, .n = F, .k = C, .trans_a = false,
                 .trans_b = false, .alpha = 1.0f, .beta = 0.0f});
     if (dn >= 0) {  // before dy's rows are overwritten by dx below
-      const LoraParam &A = lora_params_[size_t(dn)], &B = lora_params_[size_t(dn) + 1];
+      const auto& [A, B] = lora_pair(dn);
       const Tensor ha = row_slice(a.moe_lora_h[1], r0, m), dd = row_slice(w.moe_lora_dh, r0, m);
       be_.matmul({.c = row_slice(B.g, e * C, C), .a = dy_e, .b = ha, .m = C, .n = r, .k = m, .trans_a = true,
                   .trans_b = false, .alpha = s, .beta = 1.0f});  // dB_e += s dy^T ha
@@ -1092,7 +1109,7 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
     be_.matmul({.c = d, .a = du, .b = expert_weight(l, 1, e, slot), .m = m, .n = C, .k = F, .trans_a = false,
                 .trans_b = false, .alpha = 1.0f, .beta = 1.0f});
     if (gu >= 0) {  // gate's and up's rows of B share one A
-      const LoraParam &A = lora_params_[size_t(gu)], &B = lora_params_[size_t(gu) + 1];
+      const auto& [A, B] = lora_pair(gu);
       const Tensor xa = row_slice(a.moe_lora_h[0], r0, m), dd = row_slice(w.moe_lora_dh, r0, m);
       be_.matmul({.c = row_slice(B.g, 2 * e * F, F), .a = dg, .b = xa, .m = F, .n = r, .k = m, .trans_a = true,
                   .trans_b = false, .alpha = s, .beta = 1.0f});  // dBg_e += s dg^T xa
@@ -1110,8 +1127,9 @@ void LlamaModel::moe_bwd(const Acts& a, int64_t l, int64_t n) {
   });
   be_.combine_rows({.out = dln, .src = dx, .weight = Tensor(), .row = row, .n = n, .k = K, .c = C, .accumulate = false});  // dln = sum_j dx[row[t,j]]
   const Tensor dlogits = as_matrix(w.moe_dlogits, n, E);
-  MoeRouteBwdArgs rb{dlogits, dw, a.moe_logits, a.moe_expert, n, E, K, cfg_.norm_topk_prob};
-  if (aux_on_) rb.aux_grad = arena_->get("moe.aux_grad"), rb.mask = with_rows(arena_->get("batch.mask"), n);
+  MoeRouteBwdArgs rb{.dlogits = dlogits, .dweight = dw, .logits = a.moe_logits, .expert = a.moe_expert, .n = n,
+                     .n_experts = E, .top_k = K, .norm_topk = cfg_.norm_topk_prob};
+  if (aux_on_) rb.aux_grad = views_->aux_grad, rb.mask = with_rows(views_->batch_mask, n);
   be_.moe_route_bwd(rb);
   be_.matmul({.c = dln, .a = dlogits, .b = L.router, .m = n, .n = C, .k = E, .trans_a = false, .trans_b = false,
               .alpha = 1.0f, .beta = 1.0f});  // dln += dlogits Wr
@@ -1331,7 +1349,7 @@ double LlamaModel::forward_backward_weighted(const Batch& batch, const RowWeight
 void LlamaModel::router_aux_loss(double aux_weight) {
   const int64_t E = cfg_.n_experts;
   std::vector<float> stats(size_t(2 * E)), grad(size_t(E), 0.0f);
-  be_.copy_to_host(stats.data(), arena_->raw("moe.router_stats"), stats.size() * 4);
+  be_.copy_to_host(stats.data(), views_->router_stats.data, stats.size() * 4);
   double counted = 0;
   for (int64_t e = 0; e < E; e++) counted += stats[size_t(E + e)];
   const double rows = counted / double(cfg_.experts_per_tok);  // layers x counted tokens
@@ -1344,7 +1362,7 @@ void LlamaModel::router_aux_loss(double aux_weight) {
     aux_sum_ += aux_loss_;
     aux_count_++;
   }
-  be_.copy_to_device(arena_->raw("moe.aux_grad"), grad.data(), grad.size() * 4);
+  be_.copy_to_device(views_->aux_grad.data, grad.data(), grad.size() * 4);
 }
 
 double LlamaModel::step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed,
@@ -1357,11 +1375,11 @@ double LlamaModel::step_with(const Batch& batch, float grad_scale, const RowWeig
   if (aux_on_) {  // zeroed statistics; the tokens that count (not the right padding)
     const int64_t E = cfg_.n_experts, n = batch.n();
     const std::vector<float> zero(size_t(2 * E), 0.0f);
-    be_.copy_to_device(arena_->raw("moe.router_stats"), zero.data(), zero.size() * 4);
+    be_.copy_to_device(views_->router_stats.data, zero.data(), zero.size() * 4);
     std::vector<float> mask(size_t(n), 1.0f);
     for (int64_t r = 0; r < int64_t(batch.lens.size()); r++)
       for (int64_t t = batch.lens[size_t(r)]; t < batch.t; t++) mask[size_t(r * batch.t + t)] = 0.0f;
-    be_.copy_to_device(arena_->raw("batch.mask"), mask.data(), mask.size() * 4);
+    be_.copy_to_device(views_->batch_mask.data, mask.data(), mask.size() * 4);
   }
   forward(batch, true, seed);
   if (aux_on_) router_aux_loss(aux_weight);

@@ -155,6 +155,12 @@ class LlamaModel {
   Acts acts(int64_t layer, int64_t n) const;
   Tensor base_weight(int64_t layer, int proj);
   int lora_index(int64_t layer, int proj) const;
+  // A module's adapter from the index of its lora_A in lora_params_ (lora_index, expert_lora_).
+  struct LoraPair {
+    const LoraParam& A;
+    const LoraParam& B;
+  };
+  LoraPair lora_pair(int a_index) const;
   void upload_batch(const Batch& batch);
   // recompute: backward's re-run of a checkpointed layer; its output (the next layer's input, which
   // backward does not read) goes to ws.tmp, leaving the next layer's input or slot untouched.
