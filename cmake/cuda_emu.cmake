@@ -73,7 +73,7 @@ qlora_cuda_emu("")
 
 # NCCL under the harness (emu_nccl.cpp: NCCL's calls by their documented semantics, over MPI)
 # and the real DeviceReducer built on it; qlora_emu is the qlora command on the harness backend
-# with it, which tests/mpi_emu and test_nccl_emu_ranks run under mpirun (docs/distributed.md).
+# with it, which tests/dist/nccl_emu and test_nccl_emu_ranks run under mpirun (docs/distributed.md).
 add_library(qlora_nccl_emu STATIC ${_emu_dir}/emu_nccl.cpp
                                   ${CMAKE_SOURCE_DIR}/src/dist/nccl/nccl_reducer.cpp)
 target_link_libraries(qlora_nccl_emu PUBLIC qlora_backend_cuda_emu qlora_dist)
@@ -81,7 +81,7 @@ target_compile_definitions(qlora_nccl_emu PUBLIC QLORA_HAVE_NCCL=1)
 add_executable(qlora_emu ${cli_srcs})
 target_link_libraries(qlora_emu PRIVATE qlora_tasks CLI11::CLI11 qlora_nccl_emu)
 if(QLORA_TESTS)
-  add_executable(test_nccl_emu_ranks ${CMAKE_SOURCE_DIR}/tests/mpi_ranks/test_nccl_emu_ranks.cpp)
+  add_executable(test_nccl_emu_ranks ${CMAKE_SOURCE_DIR}/tests/dist/ranks/test_nccl_emu_ranks.cpp)
   target_link_libraries(test_nccl_emu_ranks PRIVATE qlora_nccl_emu GTest::gtest)
   foreach(np 2 3)
     add_test(NAME nccl_emu_ranks_np${np} COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${np}
@@ -89,7 +89,7 @@ if(QLORA_TESTS)
     set_tests_properties(nccl_emu_ranks_np${np} PROPERTIES LABELS "mpi;cuda-emu" TIMEOUT 120
                          ENVIRONMENT "${QLORA_MPI_ENV}" ENVIRONMENT_MODIFICATION "ASAN_OPTIONS=string_append::detect_leaks=0")
   endforeach()
-  file(GLOB _mpi_emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/mpi_emu/*.cpp)
+  file(GLOB _mpi_emu_srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/dist/nccl_emu/*.cpp)
   add_executable(test_mpi_emu ${_mpi_emu_srcs})
   target_link_libraries(test_mpi_emu PRIVATE qlora_train qlora_test_main)
   target_compile_definitions(test_mpi_emu PRIVATE QLORA_BIN="$<TARGET_FILE:qlora_emu>" QLORA_MPIEXEC="${MPIEXEC_EXECUTABLE}"

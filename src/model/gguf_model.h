@@ -54,7 +54,7 @@ bool gguf_stores_unit_offset(const LlamaConfig& cfg, const std::string& hf_name)
 // HF names of every base-model tensor for cfg, in HF state-dict order (lm_head only when untied).
 std::vector<std::string> llama_hf_tensor_names(const LlamaConfig& cfg);
 
-// llama.cpp's convert_hf_to_gguf.py (LlamaModel.permute) reorders the rows of q_proj/k_proj (weight
+// llama.cpp's convert_hf_to_gguf.py (DecoderModel.permute) reorders the rows of q_proj/k_proj (weight
 // and bias) of each head from HF's rotate_half layout to interleaved pairs:
 //   gguf_row[h, 2*j + s] = hf_row[h, s*head_dim/2 + j]   (s in {0,1}, j < head_dim/2)
 // Qwen2Model in the same converter does not permute. `rows` = n_head * head_dim rows of `cols` floats.

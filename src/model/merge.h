@@ -11,7 +11,7 @@
 #include "io/json_util.h"
 #include "io/safetensors.h"
 #include "model/llama_config.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "model/lora.h"
 
 namespace qlora {

@@ -88,7 +88,7 @@ std::vector<float> from_peft_layout(const LoraParam& p, const std::vector<float>
   return convert_expert_b(p, peft, false);
 }
 
-void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::string& base_model,
+void write_peft_adapter(const std::string& dir, DecoderModel& model, const std::string& base_model,
                         const std::map<std::string, std::string>& metadata) {
   SafetensorsWriter w;
   std::vector<std::vector<float>> keep;
@@ -168,7 +168,7 @@ LoraSpec read_peft_adapter_config(const std::string& path) {
   return s;
 }
 
-void load_peft_adapter(const std::string& dir, LlamaModel& model) {
+void load_peft_adapter(const std::string& dir, DecoderModel& model) {
   const std::string cfg_path = dir + "/adapter_config.json";
   LoraSpec s = read_peft_adapter_config(cfg_path);
   s.targets = lora_targets_for(model.config(), s.targets);  // as the model names them (fused modules)
@@ -194,7 +194,7 @@ void load_peft_adapter(const std::string& dir, LlamaModel& model) {
   }
 }
 
-void write_optimizer_state(const std::string& path, LlamaModel& model) {
+void write_optimizer_state(const std::string& path, DecoderModel& model) {
   SafetensorsWriter w;
   std::vector<std::vector<float>> keep;
   for (auto& p : model.lora_params()) {
@@ -206,7 +206,7 @@ void write_optimizer_state(const std::string& path, LlamaModel& model) {
   w.write(path);
 }
 
-void load_optimizer_state(const std::string& path, LlamaModel& model) {
+void load_optimizer_state(const std::string& path, DecoderModel& model) {
   SafetensorsArchive ar(path);
   for (auto& p : model.lora_params()) {
     std::vector<float> h(size_t(p.m.numel()));

@@ -3,7 +3,7 @@
 #include <map>
 #include <string>
 
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 
 namespace qlora {
 
@@ -18,11 +18,11 @@ std::string peft_adapter_config_json(const LoraSpec& lora, const std::string& ba
 std::string peft_text_model_targets(const std::vector<std::string>& targets);
 // Writes adapter_config.json + adapter_model.safetensors into `dir` (an existing directory;
 // callers use AtomicDir so a half-written adapter never appears under its final name).
-void write_peft_adapter(const std::string& dir, LlamaModel& model, const std::string& base_model,
+void write_peft_adapter(const std::string& dir, DecoderModel& model, const std::string& base_model,
                         const std::map<std::string, std::string>& metadata = {});
 // Loads LoRA weights from a PEFT adapter directory into the model. Checks r, targets and shapes;
 // errors name the file and the key.
-void load_peft_adapter(const std::string& dir, LlamaModel& model);
+void load_peft_adapter(const std::string& dir, DecoderModel& model);
 // Reads the LoRA hyper-parameters of an adapter_config.json.
 LoraSpec read_peft_adapter_config(const std::string& path);
 
@@ -35,7 +35,7 @@ std::vector<int64_t> peft_shape(const LoraParam& p);
 
 // Optimizer moments as "<peft_key>.exp_avg" / ".exp_avg_sq" in a safetensors file (in the engine's
 // layout: only the engine reads them back).
-void write_optimizer_state(const std::string& path, LlamaModel& model);
-void load_optimizer_state(const std::string& path, LlamaModel& model);
+void write_optimizer_state(const std::string& path, DecoderModel& model);
+void load_optimizer_state(const std::string& path, DecoderModel& model);
 
 }  // namespace qlora

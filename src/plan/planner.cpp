@@ -46,7 +46,7 @@ std::vector<std::string> plan_warnings(const PlanRequest& r, const ModelPlanOpti
                 "; intra-node bandwidth beyond it is lower than assumed");
   if (r.gpu.name == "h100-nvl" && r.topo.gpus_per_node > 2)
     w.push_back("H100 NVL cards are bridged in pairs; traffic between pairs goes over PCIe, slower than assumed");
-  // What LlamaModel's constructor would refuse for this plan (model/engine_limits.h).
+  // What DecoderModel's constructor would refuse for this plan (model/engine_limits.h).
   if (r.gpu.is_cpu || r.gpu.has_backend)
     for (const EngineLimit& l : engine_limits(c, opts, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda))
       w.push_back("the engine refuses this run: " + l.where + ": " + l.what + " (" + l.hint +

@@ -42,18 +42,72 @@ double collective_seconds(double bytes, double factor, const Topology& topo, con
   return t;
 }
 
-SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts, const MemoryPlan& replica,
-                             const PlanAssumptions& a) {
-  const LlamaConfig& c = r.model;
-  const bool full = r.method == Method::Full;
-  const bool recompute = recomputes(r.checkpointing);
-  const int world = r.topo.world();
-  const double ga = double(r.grad_accum);
-  const double tok_micro = double(r.micro_batch) * double(r.seq_len);  // per GPU per micro-step
-  const double tok_gpu = tok_micro * ga;
+namespace {
 
-  SpeedEstimate e;
+// A layer's FLOPs in one pass (the LM head is not a layer's).
+double layer_flops(const FlopParts& p) { return p.base + p.lora + p.attn; }
+
+// One optimizer step's estimate: the request's derived quantities, shared by the terms, and one
+// member function per term, each filling in its part of `e` from what the terms before it computed
+// (run() calls them in order and sums them).
+struct StepModel {
+  const PlanRequest& r;
+  const ModelPlanOptions& opts;
+  const MemoryPlan& replica;
+  const PlanAssumptions& a;
+  const LlamaConfig& c;
+  const bool full;
+  const bool recompute;
+  const int world;
+  const double ga;
+  const double tok_gpu;  // per GPU per step
+
   FlopOptions fo;
+  bool dq_own = false;  // the attention backward's dq in its own pass
+  AttentionPath path;
+  // The base GEMMs' FLOPs and rates (their time, and the dequantization hidden under it).
+  GemmDtype gemm = GemmDtype::Bf16;
+  bool lowp_base_gemm = false;
+  double base_flops = 0, bf16_base = 0, bf16_peak = 0, base_peak = 0, base_eff = 0;
+  double t_cpu_work = 0;  // the CPU's dequantization and cross-entropy, at calibrated rates
+  int64_t trainable = 0, weight_bytes = 0;  // trainable parameters; one replica's weight and LoRA bytes
+  double t_compute = 0;                     // GEMMs, attention, memory traffic and exposed dequantization
+  SpeedEstimate e;
+
+  StepModel(const PlanRequest& req, const ModelPlanOptions& o, const MemoryPlan& rep, const PlanAssumptions& as)
+      : r(req),
+        opts(o),
+        replica(rep),
+        a(as),
+        c(req.model),
+        full(req.method == Method::Full),
+        recompute(recomputes(req.checkpointing)),
+        world(req.topo.world()),
+        ga(double(req.grad_accum)),
+        tok_gpu(tokens_per_micro_step(req) * ga) {}
+
+  // Tokens per GPU per micro-step.
+  static double tokens_per_micro_step(const PlanRequest& req) { return double(req.micro_batch) * double(req.seq_len); }
+
+  SpeedEstimate run();
+  void count_flops();
+  void describe_attention();
+  void count_tokens();
+  void base_gemm_rates();
+  void gemm_and_attention_time();
+  void base_dequant_traffic();
+  void elementwise_traffic();
+  void activation_quant_traffic();
+  void cross_entropy_traffic();
+  void optimizer_traffic();
+  void memory_time();
+  void add_collective(const std::string& what, double bytes, double factor, double times);
+  void communication_time();
+  void offload_time();
+};
+
+// FLOPs per token of the passes the step runs.
+void StepModel::count_flops() {
   fo.method = r.method;
   fo.lora_r = r.lora.r;
   fo.targets = r.lora.targets;
@@ -67,12 +121,16 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   // Soft-capped scores (Gemma 2) and head dims over 128 take dq in its own pass on the GPU
   // whatever the mode, which prices the own kernels; gpt-oss's sinks run on them too (cuDNN's
   // graphs have no sinks).
-  const bool dq_own =
+  dq_own =
       opts.attn_dq == AttnDq::Recompute || cuda_plan::attention_dq_own_pass(c.head_dim, c.attn_logit_softcapping > 0);
   fo.dq_recompute = dq_own && !r.gpu.is_cpu;
   fo.dkv_split = cuda_plan::attention_dkv_split(c.head_dim) && !r.gpu.is_cpu;
   e.per_token = flops_per_token(c, fo);
-  const AttentionPath path = attention_path(r.gpu, a, dq_own ? AttnDq::Recompute : opts.attn_dq, c.attention_sinks);
+}
+
+// The attention implementation the engine runs, and its description for reports.
+void StepModel::describe_attention() {
+  path = attention_path(r.gpu, a, dq_own ? AttnDq::Recompute : opts.attn_dq, c.attention_sinks);
   e.attention_path = path.description;
   if (c.sliding_window > 0 && !r.gpu.is_cpu) {  // cuDNN's diagonal band, or the own kernel's window mask
     int64_t windowed = 0;
@@ -81,26 +139,37 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
     e.attention_path += ", a sliding window of " + std::to_string(c.sliding_window) + " keys on " + layers +
                         (path.name == "cudnn" ? " (cuDNN's diagonal band)" : "");
   }
+}
+
+// Tokens and FLOPs of one step, all GPUs.
+void StepModel::count_tokens() {
   e.tokens_per_step = tok_gpu * world;
   const double useful_frac = !r.packing && r.avg_doc_len > 0 ? double(r.avg_doc_len) / double(r.seq_len) : 1.0;
   e.useful_tokens_per_step = e.tokens_per_step * useful_frac;
   e.flops_per_step = e.per_token.total() * e.tokens_per_step;
+}
 
-  // Compute: base GEMMs at the chosen tensor-core dtype; LoRA, LM head and attention in bf16.
+// The base GEMMs' FLOPs per token and the rates they run at.
+void StepModel::base_gemm_rates() {
   const FlopCounts& f = e.per_token;
-  const double base_flops = f.fwd.base + f.bwd.base + f.recompute.base + f.reference.base;
+  base_flops = f.fwd.base + f.bwd.base + f.recompute.base + f.reference.base;
   // The engine's FP8/FP4 base GEMMs (an fp8 base with --gemm-dtype fp8, an NVFP4/MXFP4 base with
   // fp4: the resolved gemm_dtype) cover the forward and its recompute; the
   // backward's dy W runs in bf16 on the dequantized layer.
-  const GemmDtype gemm = opts.gemm_dtype;
-  const bool lowp_base_gemm = gemm != GemmDtype::Bf16;
-  const double bf16_base = lowp_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
+  gemm = opts.gemm_dtype;
+  lowp_base_gemm = gemm != GemmDtype::Bf16;
+  bf16_base = lowp_base_gemm ? f.bwd.base : 0.0;  // base FLOPs at the bf16 rate
+  bf16_peak = r.gpu.bf16_tflops * 1e12;
+  base_peak = r.gpu.peak_tflops(r.gemm_dtype) * 1e12;
+  base_eff = r.gemm_dtype == GemmDtype::Bf16 ? a.gemm_efficiency : a.lowp_gemm_efficiency;
+}
+
+// Compute: base GEMMs at the chosen tensor-core dtype; LoRA, LM head and attention in bf16.
+void StepModel::gemm_and_attention_time() {
+  const FlopCounts& f = e.per_token;
   const double bf16_flops = f.fwd.head + f.bwd.head + f.recompute.head + f.reference.head + f.fwd.lora + f.bwd.lora +
                             f.recompute.lora;
   const double attn_flops = f.fwd.attn + f.bwd.attn + f.recompute.attn + f.reference.attn;
-  const double bf16_peak = r.gpu.bf16_tflops * 1e12;
-  const double base_peak = r.gpu.peak_tflops(r.gemm_dtype) * 1e12;
-  const double base_eff = r.gemm_dtype == GemmDtype::Bf16 ? a.gemm_efficiency : a.lowp_gemm_efficiency;
   if (r.gpu.is_cpu) {  // calibrated rates are achieved rates: no efficiency factor
     const double lora_flops = f.fwd.lora + f.bwd.lora + f.recompute.lora;
     e.t_gemm = tok_gpu * ((base_flops + bf16_flops - lora_flops) / bf16_peak + lora_flops / (r.gpu.lora_tflops * 1e12));
@@ -110,14 +179,16 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
                           (bf16_flops + bf16_base) / (bf16_peak * a.gemm_efficiency));
     e.t_attn = tok_gpu * attn_flops / (bf16_peak * path.efficiency);
   }
+}
 
-  // Memory-bound traffic per GPU per step. The base is converted to the GEMM dtype a layer at a
-  // time into two layer slots, as the engine does: dequant_layers_per_micro_step layers per
-  // micro-step (2L - 4: a layer once for the forward, once for its recompute and gradients, the
-  // two layers at each turn kept), each reading the stored bytes and writing the GEMM operand.
-  // With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
-  // The reference forward (DPO, KTO) dequantizes every layer once more (3L - 4), where the
-  // forward GEMMs read a dequantized layer.
+// Memory-bound traffic per GPU per step. The base is converted to the GEMM dtype a layer at a
+// time into two layer slots, as the engine does: dequant_layers_per_micro_step layers per
+// micro-step (2L - 4: a layer once for the forward, once for its recompute and gradients, the
+// two layers at each turn kept), each reading the stored bytes and writing the GEMM operand.
+// With FP8 base GEMMs only the backward dequantizes (to bf16), each layer once.
+// The reference forward (DPO, KTO) dequantizes every layer once more (3L - 4), where the
+// forward GEMMs read a dequantized layer.
+void StepModel::base_dequant_traffic() {
   const double layers = double(dequant_layers_per_micro_step(c.n_layer, gemm)) +
                         (fo.reference && gemm == GemmDtype::Bf16 ? double(c.n_layer) : 0.0);
   const double operand =
@@ -140,13 +211,12 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
     const double expert_layers = double(c.n_layer) * (2.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0));
     for (const auto& k : expert_kinds()) {
       auto [out, in] = expert_shape(c, k);
-      expert_convert +=
-          double(c.n_experts) * expert_layers * (stored_bytes(r, out, in, ep) + expert_operand * double(out) * double(in));
+      expert_convert += double(c.n_experts) * expert_layers *
+                        (stored_bytes(r, out, in, ep) + expert_operand * double(out) * double(in));
       expert_elems += double(c.n_experts) * expert_layers * double(out) * double(in);
     }
   }
   // The CPU dequantizes with its cores (a calibrated rate), a GPU is bandwidth-bound.
-  double t_cpu_work = 0;
   if (r.gpu.is_cpu) t_cpu_work += (dequant_elems * layers + expert_elems) * ga / r.gpu.dequant_elems_per_s;
   else e.memory_bytes.push_back({"base weight dequant/cast", (convert * layers + expert_convert) * ga});
   // On a GPU the next layer's dequantization runs on a side stream beside this layer's GEMMs.
@@ -158,10 +228,13 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
     e.t_dequant = (convert * layers + expert_convert) * ga / (r.gpu.mem_bw * a.memory_bw_efficiency);
     e.t_dequant_exposed = std::max(0.0, e.t_dequant - a.dequant_overlap * t_base_gemm);
   }
-  // Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
-  // 2(q+kv), Qwen3's per-head q/k norms: another 2(q+kv), SwiGLU: 3F; Gemma's two norms on the
-  // blocks' outputs: another 4C) per token per layer in the compute dtype, once forward, twice
-  // backward, once recompute.
+}
+
+// Norms, RoPE, SwiGLU, residual adds: read+write of (2 norms + 2 residuals: 10C, RoPE on q,k:
+// 2(q+kv), Qwen3's per-head q/k norms: another 2(q+kv), SwiGLU: 3F; Gemma's two norms on the
+// blocks' outputs: another 4C) per token per layer in the compute dtype, once forward, twice
+// backward, once recompute.
+void StepModel::elementwise_traffic() {
   const double act_bytes = r.gpu.is_cpu ? 4.0 : 2.0;
   const int64_t qk = (c.qk_norm ? 4 : 2) * (c.q_dim() + c.kv_dim());
   // A mixture-of-experts layer: SwiGLU on each chosen expert's rows, and the tokens gathered into
@@ -169,27 +242,37 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   const int64_t mlp_ew = c.moe() ? c.experts_per_tok * (3 * c.expert_intermediate_size + 4 * c.hidden_size)
                                  : 3 * c.intermediate_size;
   const double ew = act_bytes * double((c.sandwich_norms ? 14 : 10) * c.hidden_size + qk + mlp_ew);
-  e.memory_bytes.push_back({"elementwise (norm, rope, swiglu, residual)",
-                            ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0)) * tok_gpu});
-  // FP8/FP4 base GEMMs quantize each projection's bf16 input per call (forward and recompute): the
-  // amax pass and the quantize pass each read it, and the codes (1 byte; fp4: half a byte and an
-  // e4m3 scale per 16) are written and read once by the GEMM. As the engine does it: q, k, v and
-  // gate, up each quantize their shared input again.
+  e.memory_bytes.push_back(
+      {"elementwise (norm, rope, swiglu, residual)",
+       ew * double(c.n_layer) * (3.0 + (recompute ? 1.0 : 0.0) + (fo.reference ? 1.0 : 0.0)) * tok_gpu});
+}
+
+// FP8/FP4 base GEMMs quantize each projection's bf16 input per call (forward and recompute): the
+// amax pass and the quantize pass each read it, and the codes (1 byte; fp4: half a byte and an
+// e4m3 scale per 16) are written and read once by the GEMM. As the engine does it: q, k, v and
+// gate, up each quantize their shared input again.
+void StepModel::activation_quant_traffic() {
   if (lowp_base_gemm && !r.gpu.is_cpu) {
     const double code = gemm == GemmDtype::Fp8 ? 1.0 : 0.5 + 1.0 / 16.0;
     double per_token = 0;
-    for (const auto& t : dense_projections(c)) per_token += double(projection_shape(c, t).second) * (2.0 * 2.0 + 2.0 * code);
+    for (const auto& t : dense_projections(c))
+      per_token += double(projection_shape(c, t).second) * (2.0 * 2.0 + 2.0 * code);
     e.memory_bytes.push_back({std::string("activation quantization (") + gemm_dtype_name(gemm) + " GEMMs)",
                               per_token * double(c.n_layer) * (1.0 + (recompute ? 1.0 : 0.0)) * tok_gpu});
   }
-  // Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM. On the
-  // CPU the exponentials, not the bytes, bound it: a calibrated logits-per-second rate.
-  // The reference forward computes the logits once more (written and read: 2 of the 3 passes).
+}
+
+// Chunked CE: write fp32 logits, read for softmax/grad in place, read for the dX GEMM. On the
+// CPU the exponentials, not the bytes, bound it: a calibrated logits-per-second rate.
+// The reference forward computes the logits once more (written and read: 2 of the 3 passes).
+void StepModel::cross_entropy_traffic() {
   const double ce_passes = fo.reference ? 5.0 / 3.0 : 1.0;
   if (r.gpu.is_cpu) t_cpu_work += ce_passes * double(c.vocab_size) * tok_gpu / r.gpu.ce_elems_per_s;
   else e.memory_bytes.push_back({"cross-entropy logits", ce_passes * 3.0 * 4.0 * double(c.vocab_size) * tok_gpu});
+}
 
-  int64_t trainable = 0, weight_bytes = 0;
+// The optimizer step's and the gradients' traffic over the trainable parameters.
+void StepModel::optimizer_traffic() {
   for (const auto& b : replica.buffers) {
     if (b.category == MemCategory::Weights || b.category == MemCategory::Lora) weight_bytes += b.bytes;
     if (full ? (b.category == MemCategory::Weights) : (b.category == MemCategory::Lora)) trainable += elements(b);
@@ -202,57 +285,66 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
   e.memory_bytes.push_back({"optimizer step", double(trainable) * opt_share * adam_bytes_per_param});
   if (full)  // weight-gradient GEMMs accumulate into fp32 gradients: read + write per micro-step
     e.memory_bytes.push_back({"gradient accumulation", 8.0 * double(trainable) * ga});
+}
+
+// The memory-bound traffic's time, and the CPU's calibrated work.
+void StepModel::memory_time() {
   double mem_total = 0;  // the dequantization's bytes are timed apart (t_dequant)
   for (const auto& [k, v] : e.memory_bytes)
     if (r.gpu.is_cpu || k != "base weight dequant/cast") mem_total += v;
   e.t_memory = mem_total / (r.gpu.mem_bw * (r.gpu.is_cpu ? 1.0 : a.memory_bw_efficiency)) + t_cpu_work;
+}
 
-  // Communication per step.
+// A collective over `bytes`, run `times` per step.
+void StepModel::add_collective(const std::string& what, double bytes, double factor, double times) {
+  e.comm_bytes.push_back({what, bytes * factor * times});
+  e.t_comm += times * collective_seconds(bytes, factor, r.topo, r.gpu, a.comm_efficiency);
+}
+
+// Communication per step.
+void StepModel::communication_time() {
   if (world > 1) {
     const double grads = 4.0 * double(trainable);                  // fp32 gradients
     const double params = (full ? 2.0 : 4.0) * double(trainable);  // updated working copy
-    auto add = [&](const std::string& what, double bytes, double factor, double times) {
-      e.comm_bytes.push_back({what, bytes * factor * times});
-      e.t_comm += times * collective_seconds(bytes, factor, r.topo, r.gpu, a.comm_efficiency);
-    };
     switch (r.sharding) {
-      case Sharding::None: add("all-reduce gradients", grads, 2, 1); break;
+      case Sharding::None: add_collective("all-reduce gradients", grads, 2, 1); break;
       case Sharding::Zero1:
-        add("reduce-scatter gradients", grads, 1, 1);
-        add("all-gather updated parameters", params, 1, 1);
+        add_collective("reduce-scatter gradients", grads, 1, 1);
+        add_collective("all-gather updated parameters", params, 1, 1);
         break;
       case Sharding::Zero2:
-        add("reduce-scatter gradients (per micro-step)", grads, 1, ga);
-        add("all-gather updated parameters", params, 1, 1);
+        add_collective("reduce-scatter gradients (per micro-step)", grads, 1, ga);
+        add_collective("all-gather updated parameters", params, 1, 1);
         break;
       case Sharding::Zero3:
-        add("all-gather parameters (forward + backward, per micro-step)", double(weight_bytes), 1, 2 * ga);
-        add("reduce-scatter gradients (per micro-step)", grads, 1, ga);
+        add_collective("all-gather parameters (forward + backward, per micro-step)", double(weight_bytes), 1, 2 * ga);
+        add_collective("reduce-scatter gradients (per micro-step)", grads, 1, ga);
         break;
       case Sharding::Fsdp: {
-        add("reduce-scatter gradients", grads, 1, 1);
-        add("all-gather updated parameters", params, 1, 1);
-        // Each layer's stored base bytes, gathered where the engine needs them (LlamaModel::
+        add_collective("reduce-scatter gradients", grads, 1, 1);
+        add_collective("all-gather updated parameters", params, 1, 1);
+        // Each layer's stored base bytes, gathered where the engine needs them (DecoderModel::
         // prepare_layer): into two slots like the dequantization's, so as often, 2L - 4 layers
         // per micro-step in steady state (the forward's last two and the backward's first two
         // are reused), whatever the GEMM dtype.
         const double blob = double(layer_base_blob(c, opts).total);
-        add("all-gather base layers (per micro-step)", blob, 1,
-            (double(dequant_layers_per_micro_step(c.n_layer)) + (fo.reference ? double(c.n_layer) : 0.0)) * ga);
+        const double gathers =
+            double(dequant_layers_per_micro_step(c.n_layer)) + (fo.reference ? double(c.n_layer) : 0.0);
+        add_collective("all-gather base layers (per micro-step)", blob, 1, gathers * ga);
         break;
       }
     }
   }
-  const double t_compute = e.t_gemm + e.t_attn + e.t_memory + e.t_dequant_exposed;
-  e.t_comm_exposed = std::max(0.0, e.t_comm - a.comm_overlap * t_compute);
+}
 
-  // Activation offload as the engine schedules it (LlamaModel::forward, forward_backward): each
-  // offloaded layer input (a host buffer) goes to the host while its own layer runs forward and
-  // comes back while the layer above recomputes and backpropagates, one copy in flight each way;
-  // a copy longer than the compute beside it stalls the next layer by the difference. A layer's
-  // forward and backward times are the micro-step's compute split by the layers' FLOPs.
+// Activation offload as the engine schedules it (DecoderModel::forward, forward_backward): each
+// offloaded layer input (a host buffer) goes to the host while its own layer runs forward and
+// comes back while the layer above recomputes and backpropagates, one copy in flight each way;
+// a copy longer than the compute beside it stalls the next layer by the difference. A layer's
+// forward and backward times are the micro-step's compute split by the layers' FLOPs.
+void StepModel::offload_time() {
+  const FlopCounts& f = e.per_token;
   e.t_offload = e.t_offload_exposed = 0;
-  const auto layer_flops = [](const FlopParts& p) { return p.base + p.lora + p.attn; };
   const double per_layer = t_compute / ga / std::max(1.0, double(c.n_layer)) / std::max(1e-30, f.total());
   const double t_fwd_layer = per_layer * layer_flops(f.fwd);
   const double t_bwd_layer = per_layer * (layer_flops(f.bwd) + layer_flops(f.recompute));
@@ -263,12 +355,38 @@ SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts,
       e.t_offload_exposed += ga * (std::max(0.0, copy - a.offload_overlap * t_fwd_layer) +
                                    std::max(0.0, copy - a.offload_overlap * t_bwd_layer));
     }
+}
+
+// The terms in order, then the step time: compute, and what communication and offload leave exposed.
+SpeedEstimate StepModel::run() {
+  count_flops();
+  describe_attention();
+  count_tokens();
+  base_gemm_rates();
+  gemm_and_attention_time();
+  base_dequant_traffic();
+  elementwise_traffic();
+  activation_quant_traffic();
+  cross_entropy_traffic();
+  optimizer_traffic();
+  memory_time();
+  communication_time();
+  t_compute = e.t_gemm + e.t_attn + e.t_memory + e.t_dequant_exposed;
+  e.t_comm_exposed = std::max(0.0, e.t_comm - a.comm_overlap * t_compute);
+  offload_time();
 
   e.step_time_s = t_compute + e.t_comm_exposed + e.t_offload_exposed;
   e.tokens_per_second = e.useful_tokens_per_step / e.step_time_s;
   e.tokens_per_second_per_gpu = e.tokens_per_second / world;
   e.mfu = e.per_token.model() * tok_gpu / (e.step_time_s * bf16_peak);
-  return e;
+  return std::move(e);
+}
+
+}  // namespace
+
+SpeedEstimate estimate_speed(const PlanRequest& r, const ModelPlanOptions& opts, const MemoryPlan& replica,
+                             const PlanAssumptions& a) {
+  return StepModel(r, opts, replica, a).run();
 }
 
 }  // namespace qlora

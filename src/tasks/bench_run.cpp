@@ -91,7 +91,7 @@ Batch random_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
 
 // PEFT starts B at zero, which would leave the LoRA path's output (and dA) zero: give B small
 // random values so every LoRA matmul does real work.
-void randomize_lora_b(LlamaModel& m, uint64_t seed) {
+void randomize_lora_b(DecoderModel& m, uint64_t seed) {
   std::vector<float> host;
   for (auto& p : m.lora_params()) {
     if (!ends_with(p.name, "lora_B")) continue;
@@ -177,41 +177,37 @@ TensorSource random_tensor_source(uint64_t seed) {
   return s;
 }
 
-BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& dev,
-                      const std::function<void(const std::string&)>& progress) {
-  auto say = [&](const std::string& s) {
-    if (progress) progress(s);
-  };
-  const bool cuda = be.device() == DeviceKind::Cuda;
-  BenchResult res;
-  res.opts = normalize_bench_options(in, be.compute_dtype());
+namespace {
+
+using ProgressFn = std::function<void(const std::string&)>;
+
+void say(const ProgressFn& progress, const std::string& s) {
+  if (progress) progress(s);
+}
+
+// Random base weights of the model's shape and random LoRA weights, B included.
+void load_random_weights(DecoderModel& model, uint64_t seed) {
+  model.load_base(random_tensor_source(seed));  // quantized on load for a quantized base
+  model.init_lora(seed);
+  randomize_lora_b(model, seed);
+}
+
+// Sums over the timed (not warmup) steps, and the most device memory in use after any step.
+struct StepTotals {
+  double step_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;
+  int64_t dequant_layers = 0;
+  int64_t peak_used = 0;
+};
+
+// The warmup and timed steps, each on a fresh random batch; the first and last loss into res.
+StepTotals run_steps(DecoderModel& model, Backend& be, const BenchDevice& dev, const LlamaConfig& cfg,
+                     BenchResult& res, const ProgressFn& progress) {
   const BenchOptions& o = res.opts;
-  res.device = dev.name;
-  if (const char* sha = std::getenv("QLORA_GIT_SHA"); sha && *sha) res.git_sha = sha;
-
-  const LlamaConfig cfg = resolve_model(o.model);  // a path contributes its config only
-  const double t_load = now_s();
-  // The model resolves the GEMM dtype against the base and the device.
-  ModelPlanOptions po = resolve_engine(o, {be.compute_dtype()});
-  fit_to_budget(o, cfg, po, be.device(), be.memory_available());  // as training chooses
-  LlamaModel model(cfg, be, po, o.lora);
-  model.load_base(random_tensor_source(o.seed));  // quantized on load for a quantized base
-  model.init_lora(o.seed);
-  randomize_lora_b(model, o.seed);
-  be.synchronize();
-  res.load_s = now_s() - t_load;
-  res.base_params = cfg.n_params();
-  for (const auto& p : model.lora_params()) res.trainable_params += p.w.numel();
-  say("bench: " + o.model + " (" + std::to_string(cfg.n_layer) + " layers, " + std::to_string(res.base_params) +
-      " base params, " + std::to_string(res.trainable_params) + " LoRA params, " + base_precision_name(*o.base_precision) + " base) on " +
-      dev.name + ": random weights ready in " + fmt("%.2f", res.load_s) + " s");
-
-  int64_t peak_used = dev.used_bytes ? dev.used_bytes() : 0;
+  StepTotals tot;
+  tot.peak_used = dev.used_bytes ? dev.used_bytes() : 0;
   OptimHyper h;  // the trainer's defaults: betas (0.9, 0.999), eps 1e-8, no weight decay, clip at 1.0
   StepTimes times;
   model.set_step_times(&times);
-  double sum_step = 0, sum_fwd = 0, sum_bwd = 0, sum_opt = 0;
-  int64_t dequant_layers = 0;
   const int64_t total = o.warmup_steps + o.steps;
   for (int64_t s = 0; s < total; s++) {
     const std::vector<Batch> mbs = {random_batch(o.micro_batch, o.seq_len, cfg.vocab_size, mix(o.seed, uint64_t(s)))};
@@ -225,36 +221,48 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     apply_optimizer(model, h, o.learning_rate, s, r);  // exactly the trainer's clip + AdamW
     be.synchronize();
     const double t2 = now_s();
-    if (dev.used_bytes) peak_used = std::max(peak_used, dev.used_bytes());
+    if (dev.used_bytes) tot.peak_used = std::max(tot.peak_used, dev.used_bytes());
     if (s == 0) res.loss_first = r.loss;
     res.loss_last = r.loss;
     const bool warm = s < o.warmup_steps;
     if (!warm) {
-      sum_step += t2 - t0;
-      sum_fwd += times.forward_s;
-      sum_bwd += times.backward_s;
-      sum_opt += t2 - t1;
-      dequant_layers += model.dequantized_layers() - dq0;
+      tot.step_s += t2 - t0;
+      tot.forward_s += times.forward_s;
+      tot.backward_s += times.backward_s;
+      tot.optimizer_s += t2 - t1;
+      tot.dequant_layers += model.dequantized_layers() - dq0;
     }
-    say("step " + std::to_string(s + 1) + "/" + std::to_string(total) + (warm ? " (warmup)" : "") + " | loss " +
-        fmt("%.4f", r.loss) + " | " + fmt("%.3f", t2 - t0) + " s (fwd " + fmt("%.3f", times.forward_s) + ", bwd " +
-        fmt("%.3f", times.backward_s) + ", opt " + fmt("%.3f", t2 - t1) + ")");
+    say(progress, "step " + std::to_string(s + 1) + "/" + std::to_string(total) + (warm ? " (warmup)" : "") +
+                      " | loss " + fmt("%.4f", r.loss) + " | " + fmt("%.3f", t2 - t0) + " s (fwd " +
+                      fmt("%.3f", times.forward_s) + ", bwd " + fmt("%.3f", times.backward_s) + ", opt " +
+                      fmt("%.3f", t2 - t1) + ")");
   }
   model.set_step_times(nullptr);
+  return tot;
+}
 
-  const double n = double(o.steps);
-  double layer_bytes = 0;  // one layer of the quantized base: stored bytes + the dequantized copy
+// One layer of the quantized base: stored bytes + the dequantized copy (0 for a float base).
+double quantized_layer_bytes(const DecoderModel& model, const LlamaConfig& cfg, const Backend& be) {
+  double layer_bytes = 0;
   if (model.quantized_base())
     for (const auto& proj : all_linear_targets()) {
       const auto [out, in] = projection_shape(cfg, proj);
       layer_bytes += double(model.plan().find("layers.0." + proj)->bytes) + double(out * in * dtype_size(be.compute_dtype()));
     }
-  res.dequant_layers_per_step = double(dequant_layers) / n;
+  return layer_bytes;
+}
+
+// Per-step means, throughput, FLOPs and (on a catalogued GPU) MFU.
+void record_speed(BenchResult& res, const StepTotals& tot, double layer_bytes, const LlamaConfig& cfg,
+                  const BenchDevice& dev, bool cuda) {
+  const BenchOptions& o = res.opts;
+  const double n = double(o.steps);
+  res.dequant_layers_per_step = double(tot.dequant_layers) / n;
   res.dequant_bytes_per_step = res.dequant_layers_per_step * layer_bytes;
-  res.step_mean_s = sum_step / n;
-  res.forward_s = sum_fwd / n;
-  res.backward_s = sum_bwd / n;
-  res.optimizer_s = sum_opt / n;
+  res.step_mean_s = tot.step_s / n;
+  res.forward_s = tot.forward_s / n;
+  res.backward_s = tot.backward_s / n;
+  res.optimizer_s = tot.optimizer_s / n;
   res.tokens_per_second = double(o.micro_batch * o.seq_len) / res.step_mean_s;
   // As the planner's speed model: the step's counted FLOPs include recompute, MFU counts model
   // FLOPs only (forward + backward), so checkpointing lowers MFU but not achieved_flops.
@@ -270,7 +278,11 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     res.peak_flops = dev.gpu->peak_tflops(GemmDtype::Bf16) * 1e12;
     res.mfu = res.tokens_per_second * fc.model() / *res.peak_flops;
   }
+}
 
+// The measured peak (device memory, else the host's peak RSS) and the planned one.
+void record_memory(BenchResult& res, int64_t peak_used, const DecoderModel& model, const LlamaConfig& cfg,
+                   const BenchDevice& dev, bool cuda) {
   if (dev.used_bytes) {
     res.peak_memory_bytes = peak_used;
     res.peak_memory_kind = "device";
@@ -287,8 +299,12 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
     if (!dev.gpu && dev.mem_bytes > 0) req.gpu.mem_bytes = dev.mem_bytes;
     for (const auto& [name, bytes] : overhead_lines(req, res.planned_arena_bytes)) res.planned_peak_memory_bytes += bytes;
   }
+}
 
-  // What `qlora plan` predicts for this very step.
+// What `qlora plan` predicts for this very step.
+void record_plan_prediction(BenchResult& res, const DecoderModel& model, const LlamaConfig& cfg, const BenchDevice& dev,
+                            bool cuda, double layer_bytes) {
+  const BenchOptions& o = res.opts;
   const std::optional<CpuCalibration> cal = cuda ? std::nullopt : std::optional(cpu_calibration());
   if (!cuda || dev.gpu) {
     PlanRequest req;
@@ -315,6 +331,40 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   if (cal)
     res.host = {{"cpu_model", cal->cpu_model}, {"threads", cal->threads}, {"simd", cal->simd}, {"blas", cal->blas},
                 {"calibrated_sgemm_flops", cal->gemm_flops}};
+}
+
+}  // namespace
+
+BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& dev,
+                      const std::function<void(const std::string&)>& progress) {
+  const bool cuda = be.device() == DeviceKind::Cuda;
+  BenchResult res;
+  res.opts = normalize_bench_options(in, be.compute_dtype());
+  const BenchOptions& o = res.opts;
+  res.device = dev.name;
+  if (const char* sha = std::getenv("QLORA_GIT_SHA"); sha && *sha) res.git_sha = sha;
+
+  const LlamaConfig cfg = resolve_model(o.model);  // a path contributes its config only
+  const double t_load = now_s();
+  // The model resolves the GEMM dtype against the base and the device.
+  ModelPlanOptions po = resolve_engine(o, {be.compute_dtype()});
+  fit_to_budget(o, cfg, po, be.device(), be.memory_available());  // as training chooses
+  DecoderModel model(cfg, be, po, o.lora);
+  load_random_weights(model, o.seed);
+  be.synchronize();
+  res.load_s = now_s() - t_load;
+  res.base_params = cfg.n_params();
+  for (const auto& p : model.lora_params()) res.trainable_params += p.w.numel();
+  say(progress, "bench: " + o.model + " (" + std::to_string(cfg.n_layer) + " layers, " +
+                    std::to_string(res.base_params) + " base params, " + std::to_string(res.trainable_params) +
+                    " LoRA params, " + base_precision_name(*o.base_precision) + " base) on " + dev.name +
+                    ": random weights ready in " + fmt("%.2f", res.load_s) + " s");
+
+  const StepTotals tot = run_steps(model, be, dev, cfg, res, progress);
+  const double layer_bytes = quantized_layer_bytes(model, cfg, be);
+  record_speed(res, tot, layer_bytes, cfg, dev, cuda);
+  record_memory(res, tot.peak_used, model, cfg, dev, cuda);
+  record_plan_prediction(res, model, cfg, dev, cuda, layer_bytes);
   return res;
 }
 

@@ -13,7 +13,7 @@
 #include "model/modes.h"
 #include "model/engine_spec.h"
 #include "model/llama_config.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "plan/flops.h"
 #include "plan/gpu_catalog.h"
 

@@ -35,7 +35,7 @@ LoraSpec adapter_spec(const std::string& dir) {
   return read_peft_adapter_config(dir + "/adapter_config.json");
 }
 
-void load_adapter(const std::string& dir, LlamaModel& model, const std::string& model_path) {
+void load_adapter(const std::string& dir, DecoderModel& model, const std::string& model_path) {
   try {
     load_peft_adapter(dir, model);
   } catch (const Error& e) {

@@ -27,7 +27,7 @@ namespace {
 
 // The model (base + adapter) as training holds it, planned with a KV cache of kv_tokens positions
 // and activations for prompts of up to seq_len tokens at a time.
-std::unique_ptr<LlamaModel> load_model(const GenerateOptions& o, const ModelSource& src, Backend& be, int64_t seq_len,
+std::unique_ptr<DecoderModel> load_model(const GenerateOptions& o, const ModelSource& src, Backend& be, int64_t seq_len,
                                        int64_t kv_tokens) {
   LoraSpec lora;  // no adapter: the base alone
   if (!o.adapter.empty()) {
@@ -46,7 +46,7 @@ std::unique_ptr<LlamaModel> load_model(const GenerateOptions& o, const ModelSour
   spec.kv_cache_tokens = kv_tokens;
   ModelPlanOptions po = resolve_engine(spec, {be.compute_dtype()});
   adopt_stored_quantization(po, src.tensors);
-  auto m = std::make_unique<LlamaModel>(src.config, be, po, lora);
+  auto m = std::make_unique<DecoderModel>(src.config, be, po, lora);
   m->load_base(src.tensors);
   if (!o.adapter.empty()) {
     try {
@@ -78,7 +78,7 @@ void generate_answers(const GenerateOptions& o, const std::function<std::unique_
   int64_t longest = 1;
   for (const std::string& p : o.prompts) longest = std::max<int64_t>(longest, int64_t(encode_prompt(p, render, *src.tokenizer).size()));
   auto be = make_backend();
-  std::unique_ptr<LlamaModel> model = load_model(o, src, *be, std::min<int64_t>(longest, 512), longest + o.max_new_tokens);
+  std::unique_ptr<DecoderModel> model = load_model(o, src, *be, std::min<int64_t>(longest, 512), longest + o.max_new_tokens);
   auto gen = std::make_unique<Generator>(*model);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "model: %s%s | %s | backend %s | loaded in %.1f s\n", src.tensors.description.c_str(),

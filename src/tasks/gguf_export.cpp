@@ -1,4 +1,4 @@
-// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (LlamaModel with Mixtral's
+// GGUF export: metadata and tensor layout of llama.cpp's convert_hf_to_gguf.py (DecoderModel with Mixtral's
 // experts, Qwen2Model, Qwen3Model, Qwen3MoeModel, Phi3MiniModel, Gemma2Model, Gemma3Model, GptOssModel)
 // and convert_lora_to_gguf.py, weights streamed one tensor at a time from MergedModel.
 #include "tasks/gguf_export.h"
@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 
 #include "core/error.h"
 #include "core/strings.h"
@@ -21,8 +20,7 @@
 #include "model/gguf_model.h"
 #include "model/lora.h"
 #include "model/merge.h"
-#include "text/gguf_pretokenizers.h"
-#include "text/tokenizer.h"
+#include "text/gguf_vocab_export.h"
 #include "train/model_source.h"
 
 namespace fs = std::filesystem;
@@ -166,89 +164,7 @@ std::string gguf_arch(const LlamaConfig& c) {
   return arch;
 }
 
-// ---- tokenizer from tokenizer.json -------------------------------------------------------------
-
-// A SentencePiece vocabulary carried as BPE with byte fallback, as llama.cpp's SPM tokenizer
-// ("llama" vocabulary) runs it: spaces become U+2581 by a Replace normalizer (Gemma), optionally
-// after a Prepend of U+2581 (Llama 2's legacy layout: llama.cpp's add_space_prefix), and nothing
-// pre-tokenizes. tokenizers' newer layout for Llama 2 and Mistral instead replaces spaces in a
-// Metaspace pre-tokenizer with no normalizer; llama.cpp has no such pipeline, and its converter
-// writes these models (from their tokenizer.model) with add_space_prefix, so that is written too,
-// with a note naming where llama.cpp then tokenizes differently. nullopt for any other pipeline.
-struct SpmLayout {
-  bool add_space_prefix = false;
-  std::string note;  // "" when llama.cpp tokenizes exactly as the tokenizer.json does
-};
-
-std::optional<SpmLayout> sentencepiece_layout(const json& tj) {
-  const json& model = tj["model"];
-  if (!model.value("byte_fallback", false)) return std::nullopt;
-  const bool has_pre = tj.contains("pre_tokenizer") && !tj["pre_tokenizer"].is_null();
-  const bool has_norm = tj.contains("normalizer") && !tj["normalizer"].is_null();
-  auto is_space_replace = [](const json& n) {
-    return n.is_object() && n.value("type", "") == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
-           n["pattern"].value("String", "") == " " && n.value("content", "") == "\xe2\x96\x81";
-  };
-  if (!has_pre && has_norm && tj["normalizer"].is_object()) {
-    const json& n = tj["normalizer"];
-    if (is_space_replace(n)) return SpmLayout{false, ""};
-    if (n.value("type", "") == "Sequence" && n.contains("normalizers") && n["normalizers"].size() == 2 &&
-        n["normalizers"][0].value("type", "") == "Prepend" && n["normalizers"][0].value("prepend", "") == "\xe2\x96\x81" &&
-        is_space_replace(n["normalizers"][1]))
-      return SpmLayout{true, ""};
-    return std::nullopt;
-  }
-  if (!has_pre || has_norm || !tj["pre_tokenizer"].is_object()) return std::nullopt;
-  const json& p = tj["pre_tokenizer"];
-  if (p.value("type", "") != "Metaspace" || p.value("replacement", "") != "\xe2\x96\x81") return std::nullopt;
-  std::string scheme = p.value("prepend_scheme", "always");
-  if (p.contains("add_prefix_space") && p["add_prefix_space"].is_boolean() && !p["add_prefix_space"].get<bool>()) scheme = "never";
-  const bool split = p.value("split", true);
-  SpmLayout l;
-  l.add_space_prefix = scheme != "never";
-  std::vector<std::string> diffs;
-  if (scheme == "first") diffs.push_back("puts a space before text that follows a special token");
-  if (scheme != "never") diffs.push_back("puts one before text that already begins with a space");
-  if (split) diffs.push_back("merges pieces across spaces, where this tokenizer splits the text at them");
-  if (!diffs.empty()) {
-    std::string d;
-    for (size_t i = 0; i < diffs.size(); i++) d += (i ? (i + 1 == diffs.size() ? " and " : ", ") : "") + diffs[i];
-    l.note = "tokenizer.json's Metaspace pre-tokenizer (prepend_scheme " + scheme + ", split " + (split ? "true" : "false") +
-             ") is written as llama.cpp's SentencePiece vocabulary with add_space_prefix " +
-             (l.add_space_prefix ? "true" : "false") + ", as convert_hf_to_gguf.py writes this model; llama.cpp " + d +
-             ", so those prompts tokenize differently there";
-  }
-  return l;
-}
-
-// llama.cpp's SPM tokenizer merges, among adjacent pieces, the pair whose concatenation has the
-// highest score; transformers' BPE the pair of lowest merge rank. A piece's score is minus the rank
-// of the first merge that makes it, so both pick the same pair (a SentencePiece vocabulary's merges,
-// as transformers converts them, list every split of a piece into two pieces, by the piece's own
-// score). Pieces no merge makes are never the result of a merge there: they score below every merge.
-std::vector<float> sentencepiece_scores(const std::vector<std::string>& tokens, const std::vector<std::string>& merges) {
-  std::unordered_map<std::string, size_t> first;
-  for (size_t r = 0; r < merges.size(); r++) {
-    const size_t sp = merges[r].find(' ');
-    first.emplace(merges[r].substr(0, sp) + merges[r].substr(sp + 1), r);
-  }
-  std::vector<float> scores(tokens.size());
-  for (size_t i = 0; i < tokens.size(); i++) {
-    const auto it = first.find(tokens[i]);
-    scores[i] = it != first.end() ? -float(it->second) : -float(merges.size() + i);
-  }
-  return scores;
-}
-
-bool looks_special(const std::string& t) {  // convert_hf_to_gguf.py does_token_look_special
-  auto wrap = [&](const std::string& a, const std::string& b) {
-    return t.size() >= a.size() + b.size() && t.rfind(a, 0) == 0 && t.compare(t.size() - b.size(), b.size(), b) == 0;
-  };
-  return t == "<pad>" || t == "<mask>" || t == "<2mass>" || t == "[@BOS@]" || wrap("<|", "|>") ||
-         wrap("<\xef\xbd\x9c", "\xef\xbd\x9c>") || wrap("<unused", ">");
-}
-
-// ---- llama3 rope factors (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors, in float32) --
+// ---- llama3 rope factors (convert_hf_to_gguf.py DecoderModel.generate_extra_tensors, in float32) --
 
 std::vector<float> llama3_rope_factors(const LlamaConfig& c) {
   const RopeScaling& rs = c.rope_scaling;
@@ -472,57 +388,45 @@ bool permuted_qk(const LlamaConfig& c, const std::string& hf_name, int64_t& n_he
   return n_head != 0;
 }
 
-GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, const GgufExportProgress& progress) {
-  ModelSource src = open_model_source(o.model);
-  gguf_arch(src.config);  // a family without a GGUF layout here is refused before anything else
-  std::unique_ptr<GgufFile> base;
-  if (src.format == "gguf") base = std::make_unique<GgufFile>(o.model);
-  std::optional<PeftAdapter> ad;
-  if (!o.adapter.empty()) ad = open_adapter(o.adapter, src.config);
-  auto merged = std::make_shared<MergedModel>(src.config, src.tensors, std::move(ad));
-  const LlamaConfig& c = merged->config();
-
-  GgufWriter w;
-  GgufExportResult res;
-  if (base) {  // everything the base says, then ours on top (same keys replaced in place)
-    for (const auto& k : base->keys())
-      if (k != "general.alignment" && k != "general.file_type" && k != "general.quantization_version")
-        w.set(k, base->get(k));
-    if (w.has("tokenizer.ggml.model") && base->get_string("tokenizer.ggml.model") == "gpt2" &&
-        !w.has("tokenizer.ggml.merges")) {
-      // llama.cpp refuses a gpt2 vocabulary without a merges key; an empty list means "no merges".
-      w.set("tokenizer.ggml.merges", gguf_str_array({}));
-      res.notes.push_back("tokenizer.ggml.merges: the base has none; an empty list is written (llama.cpp needs the key)");
-    }
+// Everything a base GGUF says but its alignment, file type and quantization version (the export
+// sets those).
+void copy_base_metadata(GgufWriter& w, const GgufFile& base, std::vector<std::string>& notes) {
+  for (const auto& k : base.keys())
+    if (k != "general.alignment" && k != "general.file_type" && k != "general.quantization_version")
+      w.set(k, base.get(k));
+  if (w.has("tokenizer.ggml.model") && base.get_string("tokenizer.ggml.model") == "gpt2" &&
+      !w.has("tokenizer.ggml.merges")) {
+    // llama.cpp refuses a gpt2 vocabulary without a merges key; an empty list means "no merges".
+    w.set("tokenizer.ggml.merges", gguf_str_array({}));
+    notes.push_back("tokenizer.ggml.merges: the base has none; an empty list is written (llama.cpp needs the key)");
   }
-  set_model_metadata(w, c, ot, default_name(o, base.get()), base.get());
+}
+
+// Notes on what llama.cpp leaves out of the model or runs otherwise than it was trained.
+void note_llama_cpp_differences(const LlamaConfig& c, std::vector<std::string>& notes) {
   if (c.multimodal == "gemma3")
-    res.notes.push_back("the text model of a multimodal Gemma 3: its vision tower and projector are not written "
-                        "(llama.cpp reads them from the file convert_hf_to_gguf.py --mmproj writes)");
+    notes.push_back("the text model of a multimodal Gemma 3: its vision tower and projector are not written "
+                    "(llama.cpp reads them from the file convert_hf_to_gguf.py --mmproj writes)");
   if (c.model_type == "phi3" && c.sliding_window > 0)
-    res.notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
-                        ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "
-                        "sequences longer than the window differ from the trained model");
+    notes.push_back("phi3.attention.sliding_window " + std::to_string(c.sliding_window) +
+                    ": llama.cpp runs Phi-3's sliding window as full attention (it disables Phi SWA), so "
+                    "sequences longer than the window differ from the trained model");
   else if (c.sliding_window > 0 && !c.sandwich_norms && c.model_type != "gpt_oss")  // convert_hf_to_gguf.py writes no window for these architectures either
-    res.notes.push_back("sliding window " + std::to_string(c.sliding_window) + ": llama.cpp's " + gguf_arch(c) +
-                        " architecture has none and runs full attention, so sequences longer than the window "
-                        "differ from the trained model");
+    notes.push_back("sliding window " + std::to_string(c.sliding_window) + ": llama.cpp's " + gguf_arch(c) +
+                    " architecture has none and runs full attention, so sequences longer than the window "
+                    "differ from the trained model");
   if (c.rope_scaling.type == "yarn" && !c.rope_scaling.truncate)
-    res.notes.push_back("rope_scaling.truncate false: llama.cpp floors and ceils the ends of YaRN's ramp (as transformers "
-                        "does with truncate true), so the rotary frequencies in that ramp differ from the trained model's");
-  if (!base) {
-    if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
-      fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
-           "add the base model's tokenizer.json (and tokenizer_config.json) to the directory");
-    hf_tokenizer_gguf_metadata(o.model, c.vocab_size, w, &res.notes);
-  }
+    notes.push_back("rope_scaling.truncate false: llama.cpp floors and ceils the ends of YaRN's ramp (as transformers "
+                    "does with truncate true), so the rotary frequencies in that ramp differ from the trained model's");
+}
 
-  std::vector<Planned> plan;
+// The RoPE factor tensors, f32: llama3's rope_freqs, Phi-3's long and short LongRoPE factors.
+void plan_rope_factors(GgufWriter& w, const LlamaConfig& c, GgufFile* base, std::vector<Planned>& plan) {
   // llama3 rope factors: the base GGUF's tensor as it is, else computed as the converter does.
   if (base && base->has_tensor("rope_freqs.weight")) {
     w.add_tensor("rope_freqs.weight", base->tensor("rope_freqs.weight").ne, GgmlType::F32);
-    GgufFile* b = base.get();
-    plan.push_back({"rope_freqs.weight", [b](std::vector<float>& v) { v = b->read_tensor_f32("rope_freqs.weight"); }});
+    plan.push_back(
+        {"rope_freqs.weight", [base](std::vector<float>& v) { v = base->read_tensor_f32("rope_freqs.weight"); }});
   } else if (c.rope_scaling.type == "llama3") {
     const std::vector<float> f = llama3_rope_factors(c);
     w.add_tensor("rope_freqs.weight", {int64_t(f.size())}, GgmlType::F32);
@@ -535,66 +439,110 @@ GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, co
       plan.push_back({name, [f](std::vector<float>& v) { v = f; }});
     }
   }
+}
+
+// Layer l's router `hf`, then its three expert stacks (llama.cpp's ffn_{gate,up,down}_exps, ne
+// [in, out, n_experts]), each filled from the layer's per-expert tensors.
+void plan_moe_layer(GgufWriter& w, const std::shared_ptr<MergedModel>& m, const OutType& ot, const std::string& hf,
+                    int64_t l, std::vector<Planned>& plan, std::vector<std::string>& notes) {
+  const LlamaConfig& c = m->config();
+  const std::string router = hf_to_gguf_name(hf);  // kept f32: llama.cpp never quantizes ffn_gate_inp
+  w.add_tensor(router, {c.hidden_size, c.n_experts}, GgmlType::F32);
+  plan.push_back({router, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
+  for (const std::string& kind : expert_kinds()) {
+    const std::string g = hf_to_gguf_name("model.layers." + std::to_string(l) + ".mlp.experts." + kind);
+    const auto [out, in] = expert_shape(c, kind);
+    w.add_tensor(g, {in, out, c.n_experts}, weight_type(ot, g, in, false, notes));
+    plan.push_back({g, [m, c, l, kind, out, in](std::vector<float>& v) {
+                      v.resize(size_t(c.n_experts * out * in));
+                      for (int64_t e = 0; e < c.n_experts; e++)
+                        m->read(hf_expert_name(c, l, e, kind), v.data() + e * out * in);
+                    }});
+  }
+}
+
+// Any other tensor `hf` under its GGUF name: a 2-D weight in the outtype (weight_type), the rest
+// (norms, biases, 1-D tensors) f32.
+void plan_tensor(GgufWriter& w, const std::shared_ptr<MergedModel>& m, const OutType& ot, const std::string& hf,
+                 std::vector<Planned>& plan, std::vector<std::string>& notes) {
+  const LlamaConfig& c = m->config();
+  const std::string g = hf_to_gguf_name(c, hf);
+  if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
+  const std::vector<int64_t> shape = m->shape(hf);
+  std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+  GgmlType t = GgmlType::F32;
+  const bool norm = g.size() > 12 && g.compare(g.size() - 12, 12, "_norm.weight") == 0;
+  const bool is_weight = g.size() > 7 && g.compare(g.size() - 7, 7, ".weight") == 0;
+  if (shape.size() >= 2 && !norm && is_weight) {
+    const bool is_output = g == "output.weight" || (g == "token_embd.weight" && c.tie_word_embeddings);
+    t = weight_type(ot, g, ne[0], is_output, notes);
+  }
+  w.add_tensor(g, ne, t);
+  // Gemma's norms multiply by (1 + w); llama.cpp's by the stored weight, so the file holds 1 + w
+  // (Gemma2Model/Gemma3Model.modify_tensors).
+  const bool unit_offset = gguf_stores_unit_offset(c, hf);
+  plan.push_back({g, [m, hf, shape, c, unit_offset](std::vector<float>& v) {
+                    int64_t n = 1;
+                    for (int64_t d : shape) n *= d;
+                    v.resize(size_t(n));
+                    int64_t n_head = 0;
+                    if (!permuted_qk(c, hf, n_head)) {
+                      m->read(hf, v.data());
+                      if (unit_offset)
+                        for (float& x : v) x += 1.0f;
+                      return;
+                    }
+                    std::vector<float> tmp(v.size());
+                    m->read(hf, tmp.data());
+                    const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
+                    gguf_permute_qk_rows(tmp.data(), v.data(), n_head, rows, cols);
+                  }});
+}
+
+// The merged model's tensors in its order, as llama.cpp's architecture holds them.
+void plan_model_tensors(GgufWriter& w, const std::shared_ptr<MergedModel>& merged, const OutType& ot,
+                        std::vector<Planned>& plan, std::vector<std::string>& notes) {
+  const LlamaConfig& c = merged->config();
   // A mixture-of-experts layer: its router where the checkpoint lists it, then the three expert
   // stacks (llama.cpp's ffn_{gate,up,down}_exps, ne [in, out, n_experts]) in place of the per-expert
   // tensors.
   std::map<std::string, int64_t> router_layer;
   for (int64_t l = 0; c.moe() && l < c.n_layer; l++) router_layer[hf_router_name(c, l)] = l;
   for (const std::string& hf : merged->names()) {
-    if (c.model_type == "gpt_oss" && plan_gpt_oss_tensor(w, merged, ot, hf, plan, res.notes)) continue;
+    if (c.model_type == "gpt_oss" && plan_gpt_oss_tensor(w, merged, ot, hf, plan, notes)) continue;
     if (hf_expert_of(c, hf)) continue;  // an expert: in its stack
     const auto rl = router_layer.find(hf);
-    if (rl != router_layer.end()) {
-      const std::string router = hf_to_gguf_name(hf);  // kept f32: llama.cpp never quantizes ffn_gate_inp
-      w.add_tensor(router, {c.hidden_size, c.n_experts}, GgmlType::F32);
-      auto m = merged;
-      plan.push_back({router, [m, hf](std::vector<float>& v) { v = m->read(hf); }});
-      for (const std::string& kind : expert_kinds()) {
-        const int64_t l = rl->second;
-        const std::string g = hf_to_gguf_name("model.layers." + std::to_string(l) + ".mlp.experts." + kind);
-        const auto [out, in] = expert_shape(c, kind);
-        w.add_tensor(g, {in, out, c.n_experts}, weight_type(ot, g, in, false, res.notes));
-        plan.push_back({g, [m, c, l, kind, out, in](std::vector<float>& v) {
-                          v.resize(size_t(c.n_experts * out * in));
-                          for (int64_t e = 0; e < c.n_experts; e++)
-                            m->read(hf_expert_name(c, l, e, kind), v.data() + e * out * in);
-                        }});
-      }
-      continue;
-    }
-    const std::string g = hf_to_gguf_name(c, hf);
-    if (g.empty()) fail(ErrorKind::Internal, hf, "no GGUF name");
-    const std::vector<int64_t> shape = merged->shape(hf);
-    std::vector<int64_t> ne(shape.rbegin(), shape.rend());
-    GgmlType t = GgmlType::F32;
-    const bool norm = g.size() > 12 && g.compare(g.size() - 12, 12, "_norm.weight") == 0;
-    const bool is_weight = g.size() > 7 && g.compare(g.size() - 7, 7, ".weight") == 0;
-    if (shape.size() >= 2 && !norm && is_weight) {
-      const bool is_output = g == "output.weight" || (g == "token_embd.weight" && c.tie_word_embeddings);
-      t = weight_type(ot, g, ne[0], is_output, res.notes);
-    }
-    w.add_tensor(g, ne, t);
-    auto m = merged;
-    // Gemma's norms multiply by (1 + w); llama.cpp's by the stored weight, so the file holds 1 + w
-    // (Gemma2Model/Gemma3Model.modify_tensors).
-    const bool unit_offset = gguf_stores_unit_offset(c, hf);
-    plan.push_back({g, [m, hf, shape, c, unit_offset](std::vector<float>& v) {
-                      int64_t n = 1;
-                      for (int64_t d : shape) n *= d;
-                      v.resize(size_t(n));
-                      int64_t n_head = 0;
-                      if (!permuted_qk(c, hf, n_head)) {
-                        m->read(hf, v.data());
-                        if (unit_offset)
-                          for (float& x : v) x += 1.0f;
-                        return;
-                      }
-                      std::vector<float> tmp(v.size());
-                      m->read(hf, tmp.data());
-                      const int64_t rows = shape[0], cols = shape.size() == 2 ? shape[1] : 1;
-                      gguf_permute_qk_rows(tmp.data(), v.data(), n_head, rows, cols);
-                    }});
+    if (rl != router_layer.end()) plan_moe_layer(w, merged, ot, hf, rl->second, plan, notes);
+    else plan_tensor(w, merged, ot, hf, plan, notes);
   }
+}
+
+GgufExportResult export_merged(const GgufExportOptions& o, const OutType& ot, const GgufExportProgress& progress) {
+  ModelSource src = open_model_source(o.model);
+  gguf_arch(src.config);  // a family without a GGUF layout here is refused before anything else
+  std::unique_ptr<GgufFile> base;
+  if (src.format == "gguf") base = std::make_unique<GgufFile>(o.model);
+  std::optional<PeftAdapter> ad;
+  if (!o.adapter.empty()) ad = open_adapter(o.adapter, src.config);
+  auto merged = std::make_shared<MergedModel>(src.config, src.tensors, std::move(ad));
+  const LlamaConfig& c = merged->config();
+
+  GgufWriter w;
+  GgufExportResult res;
+  // Everything the base says, then ours on top (same keys replaced in place).
+  if (base) copy_base_metadata(w, *base, res.notes);
+  set_model_metadata(w, c, ot, default_name(o, base.get()), base.get());
+  note_llama_cpp_differences(c, res.notes);
+  if (!base) {
+    if (src.format != "hf" || !fs::exists(o.model + "/tokenizer.json"))
+      fail(ErrorKind::Config, o.model, "no tokenizer.json: a GGUF for llama.cpp needs the model's vocabulary",
+           "add the base model's tokenizer.json (and tokenizer_config.json) to the directory");
+    hf_tokenizer_gguf_metadata(o.model, c.vocab_size, w, &res.notes);
+  }
+
+  std::vector<Planned> plan;
+  plan_rope_factors(w, c, base.get(), plan);
+  plan_model_tensors(w, merged, ot, plan, res.notes);
   res.bytes = write_all(w, plan, o.out, progress);
   res.n_tensors = plan.size();
   return res;
@@ -666,91 +614,9 @@ GgufExportResult export_lora(const GgufExportOptions& o, const OutType& ot, cons
 
 std::string default_export_outtype(const std::string& format) { return format == "gguf-lora" ? "f32" : "f16"; }
 
-void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w, std::vector<std::string>* notes) {
-  const std::string path = dir + "/tokenizer.json";
-  const json tj = read_json_file(path);
-  const Tokenizer tok = Tokenizer::from_file(path);
-  if (!tj.contains("model") || tj["model"].value("type", "") != "BPE")
-    fail(ErrorKind::Unsupported, path + ": model.type",
-         "only BPE vocabularies are exported (byte-level, or SentencePiece's carried as BPE with byte fallback)",
-         "a Unigram vocabulary: export from a GGUF of the model where the engine reads one (llama, qwen2, qwen3), "
-         "else `qlora merge` and llama.cpp's convert_hf_to_gguf.py");
-  // SentencePiece-style (Gemma, Llama 2): llama.cpp's "llama" vocabulary with scores; else byte-level
-  // BPE under one of the pre-tokenizers llama.cpp names.
-  const std::optional<SpmLayout> spm = sentencepiece_layout(tj);
-  if (spm && !spm->note.empty() && notes) notes->push_back(spm->note);
-  const std::string pre = spm ? "" : gguf_pre_tokenizer_name(tj.contains("pre_tokenizer") ? tj["pre_tokenizer"] : json(), path);
-
-  std::vector<std::string> tokens(static_cast<size_t>(vocab_size), std::string());
-  std::vector<int32_t> types(size_t(vocab_size), 5);  // unused until filled
-  std::vector<bool> set(size_t(vocab_size), false);
-  auto put = [&](int64_t id, const std::string& t, int32_t type) {
-    if (id < 0 || id >= vocab_size)
-      fail(ErrorKind::Format, path, "token '" + t + "' has id " + std::to_string(id) + ", past the model's vocab_size " +
-                                        std::to_string(vocab_size));
-    tokens[size_t(id)] = t;
-    types[size_t(id)] = type;
-    set[size_t(id)] = true;
-  };
-  const std::string unk = tj["model"].contains("unk_token") && tj["model"]["unk_token"].is_string()
-                              ? tj["model"]["unk_token"].get<std::string>()
-                              : std::string();
-  for (const auto& [t, id] : tj["model"]["vocab"].items()) {
-    // SentencePiece's byte pieces "<0xNN>" are llama.cpp's BYTE tokens (6), its unknown piece UNKNOWN (2).
-    const bool byte = spm && t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>';
-    put(id.get<int64_t>(), t, byte ? 6 : spm && t == unk ? 2 : 1);
-  }
-  if (tj.contains("added_tokens"))
-    for (const json& at : tj["added_tokens"]) {
-      const std::string t = at.value("content", "");
-      put(at.value("id", int64_t(-1)), t, spm && t == unk ? 2 : at.value("special", false) || looks_special(t) ? 3 : 4);
-    }
-  for (int64_t i = 0; i < vocab_size; i++)
-    if (!set[size_t(i)]) tokens[size_t(i)] = "[PAD" + std::to_string(i) + "]";
-  std::vector<std::string> merges;
-  if (tj["model"].contains("merges"))
-    for (const json& m : tj["model"]["merges"])
-      merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>());
-
-  if (spm) {  // convert_hf_to_gguf.py's _set_vocab_sentencepiece: no merges, a score per token
-    w.set("tokenizer.ggml.model", gguf_str("llama"));
-    w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
-    w.set("tokenizer.ggml.scores", gguf_f32_array(sentencepiece_scores(tokens, merges)));
-    w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
-    w.set("tokenizer.ggml.add_space_prefix", gguf_bool(spm->add_space_prefix));
-  } else {
-    w.set("tokenizer.ggml.model", gguf_str("gpt2"));
-    w.set("tokenizer.ggml.pre", gguf_str(pre));
-    w.set("tokenizer.ggml.tokens", gguf_str_array(tokens));
-    w.set("tokenizer.ggml.token_type", gguf_i32_array(types));
-    w.set("tokenizer.ggml.merges", gguf_str_array(merges));
-  }
-  // The tokenizer's special ids, else config.json's <kind>_token_id (at its top, else in its
-  // text_config), as gguf-py's SpecialVocab falls back to them.
-  json config;
-  if (fs::exists(dir + "/config.json")) config = read_json_file(dir + "/config.json");
-  auto config_id = [&](const std::string& kind) -> std::optional<int32_t> {
-    for (const json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr})
-      if (c && c->is_object() && c->contains(kind + "_token_id") && (*c)[kind + "_token_id"].is_number_integer()) {
-        const int64_t id = (*c)[kind + "_token_id"].get<int64_t>();
-        if (id >= 0 && id < vocab_size) return int32_t(id);
-        return std::nullopt;
-      }
-    return std::nullopt;
-  };
-  auto special = [&](const char* key, const std::string& kind, std::optional<int32_t> id) {
-    if (!id) id = config_id(kind);
-    if (id) w.set(key, gguf_u32(uint32_t(*id)));
-  };
-  special("tokenizer.ggml.bos_token_id", "bos", tok.bos_id());
-  special("tokenizer.ggml.eos_token_id", "eos", tok.eos_id());
-  special("tokenizer.ggml.unknown_token_id", "unk", tok.unk_id());
-  special("tokenizer.ggml.padding_token_id", "pad", tok.pad_id());
-  const bool add_bos = tok.add_bos_token().value_or(!tok.special_prefix().empty());
-  const bool add_eos = tok.add_eos_token().value_or(!tok.special_suffix().empty());
-  w.set("tokenizer.ggml.add_bos_token", gguf_bool(add_bos));
-  w.set("tokenizer.ggml.add_eos_token", gguf_bool(add_eos));
-  if (!tok.chat_template().empty()) w.set("tokenizer.chat_template", gguf_str(tok.chat_template()));
+void hf_tokenizer_gguf_metadata(const std::string& dir, int64_t vocab_size, GgufWriter& w,
+                                std::vector<std::string>* notes) {
+  write_gguf_vocab(dir, vocab_size, w, notes);
 }
 
 GgufExportResult export_gguf(const GgufExportOptions& o, const GgufExportProgress& progress) {

@@ -96,14 +96,14 @@ void check_out_dir(const MergeOptions& o) {
 }
 
 // How the base stores its weights: the float dtype to keep by default, or the quantized format.
-struct BaseStorage {
+struct BaseStorageInfo {
   bool quantized = false;
   std::string what;   // "nf4 (double quant)", "GGUF Q4_1", "float32" ...
   std::string torch;  // float bases: the dtype the output keeps by default
 };
 
-BaseStorage base_storage(const std::string& path, const ModelSource& src, const MergedModel& m) {
-  BaseStorage b;
+BaseStorageInfo base_storage(const std::string& path, const ModelSource& src, const MergedModel& m) {
+  BaseStorageInfo b;
   if (src.format == "gguf") {
     GgufFile g(path);
     std::set<std::string> types;
@@ -213,6 +213,133 @@ const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "spe
                                  "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
                                  "added_tokens.json"};
 
+// Notes on stderr where the merged weights are stored otherwise than the base's.
+void note_precision(const MergeOptions& o, const ModelSource& src, const BaseStorageInfo& bp, const OutDType& odt) {
+  if (bp.quantized)
+    std::fprintf(stderr,
+                 "note: the base is quantized (%s); the output is the dequantized base plus the adapter in %s, "
+                 "not re-quantized (`qlora quantize --model %s` can quantize it again)\n",
+                 bp.what.c_str(), odt.short_name.c_str(), o.out.c_str());
+  else if (odt.torch != bp.torch)
+    std::fprintf(stderr, "note: the base is %s; the merged weights are written in %s\n", bp.torch.c_str(),
+                 odt.torch.c_str());
+  if (src.tensors.stored_expert_quant)  // gpt-oss: the experts' adapters change every expert weight
+    std::fprintf(stderr, "note: the experts are stored in %s; the merged model holds them dequantized in %s\n",
+                 quant_format_name(src.tensors.stored_expert_quant->format), odt.short_name.c_str());
+}
+
+// The directory --out is created in (--out itself is built under a temporary name beside it).
+void create_parent_dir(const std::string& out) {
+  const fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) fail(ErrorKind::Io, parent.string(), "cannot create directory: " + ec.message());
+  }
+}
+
+// Writes the shards into `dir`, each tensor cast to `dt` and appended as soon as it is read, with
+// progress on stderr; returns the index's weight_map (tensor name -> shard file). The buffers, as
+// large as the largest tensor, are freed on return, before the tokenizer files.
+json write_shards(const AtomicDir& dir, const std::vector<Shard>& shards, const std::vector<OutTensor>& tensors,
+                  DType dt, int64_t total, const std::string& out) {
+  MergeProgress progress(tensors.size(), total);
+  std::vector<float> f32;
+  std::vector<uint8_t> bytes;
+  size_t done = 0;
+  int64_t written = 0;
+  json weight_map = json::object();
+  for (const auto& s : shards) {
+    SafetensorsWriter w;
+    std::map<std::string, size_t> by_name;
+    for (size_t i : s.tensors) {
+      w.declare(tensors[i].name, dt, tensors[i].shape);
+      by_name[tensors[i].name] = i;
+    }
+    w.set_metadata({{"format", "pt"}});
+    AtomicFile f(dir.path(s.file));
+    f.append(w.header());
+    for (const auto& n : w.data_order_names()) {
+      const OutTensor& t = tensors[by_name.at(n)];
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      f32.resize(size_t(numel));
+      t.read(f32.data());
+      bytes.resize(size_t(numel * dtype_size(dt)));
+      convert_from_f32(dt, f32.data(), bytes.data(), numel);
+      f.append(bytes.data(), bytes.size());
+      written += int64_t(bytes.size());
+      weight_map[n] = s.file;
+      progress.tensor_done(++done, written);
+      if (g_stop_requested) fail(ErrorKind::Io, out, "interrupted");  // the temporary files go with dir
+    }
+    f.commit();
+  }
+  return weight_map;
+}
+
+// config.json: the base's own (quantization_config dropped, dtype set), or one from the GGUF.
+json merged_config(const std::string& model, bool hf_dir, const LlamaConfig& cfg, const std::string& torch) {
+  json config;
+  if (hf_dir) {
+    config = read_json_file(model + "/config.json");
+    config.erase("quantization_config");
+    if (!config.contains("dtype") && !config.contains("torch_dtype")) config["torch_dtype"] = torch;
+    for (json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr,
+                     config.contains("vision_config") ? &config["vision_config"] : nullptr})
+      for (const char* k : {"dtype", "torch_dtype"})  // transformers 5 / 4 spelling: set whichever is there
+        if (c && c->is_object() && c->contains(k)) (*c)[k] = torch;
+  } else {
+    config = hf_config_json(cfg, torch);
+  }
+  return config;
+}
+
+// generation_config.json: the base's own, else one with the config's bos and eos ids.
+void write_generation_config(const AtomicDir& dir, const std::string& model, bool hf_dir, const LlamaConfig& cfg) {
+  if (hf_dir && fs::exists(model + "/generation_config.json")) {
+    dir.write("generation_config.json", read_text_file(model + "/generation_config.json"));
+  } else {
+    json gen = json::object();
+    if (cfg.bos_token_id >= 0) gen["bos_token_id"] = cfg.bos_token_id;
+    if (cfg.eos_token_id >= 0) gen["eos_token_id"] = cfg.eos_token_id;
+    dir.write("generation_config.json", gen.dump(2) + "\n");
+  }
+}
+
+// The tokenizer files written, and why none were when there are none.
+struct TokenizerFiles {
+  std::vector<std::string> written;
+  std::string note;
+};
+
+// The base directory's tokenizer files as they are, or tokenizer.json and tokenizer_config.json
+// made from a GGUF's vocabulary.
+TokenizerFiles write_tokenizer_files(const AtomicDir& dir, const std::string& model, bool hf_dir) {
+  TokenizerFiles out;
+  if (hf_dir) {
+    for (const char* f : kTokenizerFiles)
+      if (fs::exists(model + "/" + f)) {
+        dir.write(f, read_text_file(model + "/" + f));
+        out.written.push_back(f);
+      }
+    if (out.written.empty()) out.note = "the base has no tokenizer files; none were written";
+  } else {
+    std::optional<Tokenizer::HfFiles> t;
+    try {
+      t = Tokenizer::hf_files_from_gguf(GgufFile(model));
+    } catch (const Error& e) {  // a vocabulary we cannot express (not gpt2-style BPE)
+      out.note = std::string("no tokenizer files were written: ") + e.what();
+    }
+    if (t) {
+      dir.write("tokenizer.json", t->tokenizer_json);
+      dir.write("tokenizer_config.json", t->tokenizer_config_json);
+      out.written = {"tokenizer.json", "tokenizer_config.json"};
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void merge_model(const MergeOptions& o) {
@@ -234,19 +361,9 @@ void merge_model(const MergeOptions& o) {
          "`qlora merge` of a quantized multimodal checkpoint is not implemented",
          "merge into the unquantized checkpoint, or load the adapter with PEFT and merge there (merge_and_unload)");
   const std::vector<OutTensor> tensors = output_tensors(o.model, src, m);
-  const BaseStorage bp = base_storage(o.model, src, m);
+  const BaseStorageInfo bp = base_storage(o.model, src, m);
   const OutDType odt = asked ? *asked : parse_dtype(bp.quantized ? "bf16" : bp.torch);
-  if (bp.quantized)
-    std::fprintf(stderr,
-                 "note: the base is quantized (%s); the output is the dequantized base plus the adapter in %s, "
-                 "not re-quantized (`qlora quantize --model %s` can quantize it again)\n",
-                 bp.what.c_str(), odt.short_name.c_str(), o.out.c_str());
-  else if (odt.torch != bp.torch)
-    std::fprintf(stderr, "note: the base is %s; the merged weights are written in %s\n", bp.torch.c_str(),
-                 odt.torch.c_str());
-  if (src.tensors.stored_expert_quant)  // gpt-oss: the experts' adapters change every expert weight
-    std::fprintf(stderr, "note: the experts are stored in %s; the merged model holds them dequantized in %s\n",
-                 quant_format_name(src.tensors.stored_expert_quant->format), odt.short_name.c_str());
+  note_precision(o, src, bp, odt);
 
   const std::vector<Shard> shards = plan_shards(tensors, odt.dtype, max_shard);
   int64_t total = 0;
@@ -258,98 +375,18 @@ void merge_model(const MergeOptions& o) {
               shards.size(), shards.size() == 1 ? "" : "s");
   std::fflush(stdout);
 
-  const fs::path parent = fs::path(o.out).parent_path();
-  if (!parent.empty()) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    if (ec) fail(ErrorKind::Io, parent.string(), "cannot create directory: " + ec.message());
-  }
+  create_parent_dir(o.out);
   AtomicDir dir(o.out);
-  std::vector<std::string> side;
-  std::string tokenizer_note;
+  TokenizerFiles tok;
   try {
-    MergeProgress progress(tensors.size(), total);
-    std::vector<float> f32;
-    std::vector<uint8_t> bytes;
-    size_t done = 0;
-    int64_t written = 0;
-    json weight_map = json::object();
-    for (const auto& s : shards) {
-      SafetensorsWriter w;
-      std::map<std::string, size_t> by_name;
-      for (size_t i : s.tensors) {
-        w.declare(tensors[i].name, odt.dtype, tensors[i].shape);
-        by_name[tensors[i].name] = i;
-      }
-      w.set_metadata({{"format", "pt"}});
-      AtomicFile f(dir.path(s.file));
-      f.append(w.header());
-      for (const auto& n : w.data_order_names()) {
-        const OutTensor& t = tensors[by_name.at(n)];
-        int64_t numel = 1;
-        for (int64_t d : t.shape) numel *= d;
-        f32.resize(size_t(numel));
-        t.read(f32.data());
-        bytes.resize(size_t(numel * dtype_size(odt.dtype)));
-        convert_from_f32(odt.dtype, f32.data(), bytes.data(), numel);
-        f.append(bytes.data(), bytes.size());
-        written += int64_t(bytes.size());
-        weight_map[n] = s.file;
-        progress.tensor_done(++done, written);
-        if (g_stop_requested) fail(ErrorKind::Io, o.out, "interrupted");  // the temporary files go with dir
-      }
-      f.commit();
-    }
-    std::vector<float>().swap(f32);  // the largest tensor's buffers, before the tokenizer files
-    std::vector<uint8_t>().swap(bytes);
+    const json weight_map = write_shards(dir, shards, tensors, odt.dtype, total, o.out);
     if (shards.size() > 1)
       dir.write("model.safetensors.index.json",
                 json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-
-    // config.json: the base's own (quantization_config dropped, dtype set), or one from the GGUF.
     const bool hf_dir = src.format == "hf";
-    json config;
-    if (hf_dir) {
-      config = read_json_file(o.model + "/config.json");
-      config.erase("quantization_config");
-      if (!config.contains("dtype") && !config.contains("torch_dtype")) config["torch_dtype"] = odt.torch;
-      for (json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr,
-                       config.contains("vision_config") ? &config["vision_config"] : nullptr})
-        for (const char* k : {"dtype", "torch_dtype"})  // transformers 5 / 4 spelling: set whichever is there
-          if (c && c->is_object() && c->contains(k)) (*c)[k] = odt.torch;
-    } else {
-      config = hf_config_json(cfg, odt.torch);
-    }
-    dir.write("config.json", config.dump(2) + "\n");
-
-    if (hf_dir && fs::exists(o.model + "/generation_config.json")) {
-      dir.write("generation_config.json", read_text_file(o.model + "/generation_config.json"));
-    } else {
-      json gen = json::object();
-      if (cfg.bos_token_id >= 0) gen["bos_token_id"] = cfg.bos_token_id;
-      if (cfg.eos_token_id >= 0) gen["eos_token_id"] = cfg.eos_token_id;
-      dir.write("generation_config.json", gen.dump(2) + "\n");
-    }
-    if (hf_dir) {
-      for (const char* f : kTokenizerFiles)
-        if (fs::exists(o.model + "/" + f)) {
-          dir.write(f, read_text_file(o.model + "/" + f));
-          side.push_back(f);
-        }
-      if (side.empty()) tokenizer_note = "the base has no tokenizer files; none were written";
-    } else {
-      std::optional<Tokenizer::HfFiles> t;
-      try {
-        t = Tokenizer::hf_files_from_gguf(GgufFile(o.model));
-      } catch (const Error& e) {  // a vocabulary we cannot express (not gpt2-style BPE)
-        tokenizer_note = std::string("no tokenizer files were written: ") + e.what();
-      }
-      if (t) {
-        dir.write("tokenizer.json", t->tokenizer_json);
-        dir.write("tokenizer_config.json", t->tokenizer_config_json);
-        side = {"tokenizer.json", "tokenizer_config.json"};
-      }
-    }
+    dir.write("config.json", merged_config(o.model, hf_dir, cfg, odt.torch).dump(2) + "\n");
+    write_generation_config(dir, o.model, hf_dir, cfg);
+    tok = write_tokenizer_files(dir, o.model, hf_dir);
     dir.commit();
   } catch (const Error& e) {
     // Name the file by its final path (the temporary directory is deleted on the way out).
@@ -358,10 +395,10 @@ void merge_model(const MergeOptions& o) {
     if (where.rfind(dir.temp_path(), 0) == 0) where = dir.final_path() + where.substr(dir.temp_path().size());
     fail(ErrorKind::Io, where, e.message() + "; nothing was written to " + o.out, e.hint());
   }
-  if (!tokenizer_note.empty()) std::fprintf(stderr, "note: %s\n", tokenizer_note.c_str());
+  if (!tok.note.empty()) std::fprintf(stderr, "note: %s\n", tok.note.c_str());
 
   std::string files;
-  for (const auto& f : side) files += (files.empty() ? "" : ", ") + f;
+  for (const auto& f : tok.written) files += (files.empty() ? "" : ", ") + f;
   std::printf("wrote %s: %s, %s in %zu safetensors file%s%s, %d projections merged, base %s (%s); %s\n", o.out.c_str(),
               odt.short_name.c_str(), format_bytes(double(total)).c_str(), shards.size(), shards.size() == 1 ? "" : "s",
               shards.size() > 1 ? " + index" : "", merged, o.model.c_str(), bp.what.c_str(),

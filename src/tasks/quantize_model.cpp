@@ -115,7 +115,7 @@ double perplexity(const ModelSource& src, const std::vector<int32_t>& ids, int64
   ModelPlanOptions po = resolve_engine(spec, {be.compute_dtype()});
   adopt_stored_quantization(po, src.tensors);
   LoraSpec lora;  // no adapters: the base alone
-  LlamaModel m(src.config, be, po, lora);
+  DecoderModel m(src.config, be, po, lora);
   m.load_base(src.tensors);
   double loss = 0;
   int64_t counted = 0;
@@ -128,6 +128,127 @@ double perplexity(const ModelSource& src, const std::vector<int32_t>& ids, int64
     counted += b.n_trained();
   }
   return std::exp(loss / double(counted));
+}
+
+// Refuses the models whose quantized checkpoint transformers could not load as this one.
+void check_quantizable(const QuantizeOptions& o, const LlamaConfig& cfg) {
+  if (cfg.fused_qkv || cfg.fused_gate_up)  // the output would name the seven projections transformers does not know
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
+         "`qlora quantize` does not write fused projections (qkv_proj, gate_up_proj)",
+         "train on the model as it is: base_precision nf4 quantizes it when it is loaded");
+  if (cfg.moe())
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
+         "`qlora quantize` does not write mixture-of-experts models", "train on the model's own bf16 weights");
+  if (!cfg.multimodal.empty())
+    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.multimodal + "' (multimodal)",
+         "`qlora quantize` writes text models only, and this checkpoint's vision tower would be lost",
+         "train on the model as it is: base_precision nf4 quantizes its text model when it is loaded");
+}
+
+// The error of the n values of `deq` against `ref`.
+ErrStats quantization_error(const std::vector<float>& ref, const std::vector<float>& deq, int64_t n) {
+  ErrStats s;
+  for (int64_t i = 0; i < n; i++) {
+    const double e = double(deq[size_t(i)]) - double(ref[size_t(i)]);
+    s.sq += e * e;
+    s.ref_sq += double(ref[size_t(i)]) * ref[size_t(i)];
+    s.max_abs = std::max(s.max_abs, std::fabs(e));
+  }
+  s.n = n;
+  return s;
+}
+
+// The projections' error and size per layer: a line on stdout as each layer ends, with progress
+// and ETA, and the totals over all layers.
+class LayerReport {
+ public:
+  explicit LayerReport(int64_t n_layer) : n_layer_(n_layer), t0_(std::chrono::steady_clock::now()) {}
+  // Before a projection of layer l: ends the layer before it.
+  void enter(int64_t l) {
+    if (l != cur_layer_) {
+      end_layer();
+      cur_layer_ = l;
+    }
+  }
+  void add(const ErrStats& s) { layer_.add(s); }
+  // Ends the last layer; the totals.
+  const ErrStats& finish() {
+    end_layer();
+    return total_;
+  }
+
+ private:
+  void end_layer() {
+    if (cur_layer_ < 0) return;
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double eta = el / double(cur_layer_ + 1) * double(n_layer_ - cur_layer_ - 1);
+    const std::string label = "layer " + std::to_string(cur_layer_);
+    std::printf("%s  [%lld/%lld, %s elapsed, eta %s]\n", line(label.c_str(), layer_).c_str(),
+                (long long)(cur_layer_ + 1), (long long)n_layer_, format_duration(el).c_str(),
+                format_duration(eta).c_str());
+    std::fflush(stdout);
+    total_.add(layer_);
+    layer_ = ErrStats{};
+  }
+
+  int64_t n_layer_;
+  std::chrono::steady_clock::time_point t0_;
+  int64_t cur_layer_ = -1;
+  ErrStats layer_, total_;
+};
+
+// Every frozen tensor of the model into `w`: the projections quantized by `qp` (their error per
+// layer on stdout), the rest in `odt`. `in_elem`: bytes per value of the input. The totals over
+// the projections.
+ErrStats write_weights(SafetensorsWriter& w, const ModelSource& src, const QuantParams& qp, const std::string& odt,
+                       int64_t in_elem) {
+  const LlamaConfig& cfg = src.config;
+  std::vector<float> host, deq;
+  LayerReport report(cfg.n_layer);
+  for (const auto& b : weight_list(cfg)) {
+    const std::string hf = hf_weight_name(b.name);
+    int64_t n = 1;
+    for (int64_t s : b.shape) n *= s;
+    host.resize(size_t(n));
+    src.tensors.read_f32(hf, b.shape, host.data());
+    if (!is_projection(b.name)) {
+      w.add_from_f32(hf, dtype_of(odt), b.shape, host.data());
+      continue;
+    }
+    report.enter(std::stoll(b.name.substr(7, b.name.find('.', 7) - 7)));
+    QuantizedTensor q = quantize_ref(host.data(), b.shape[0], b.shape[1], qp);
+    deq.resize(size_t(n));
+    dequantize_ref(q, deq.data());
+    ErrStats s = quantization_error(host, deq, n);
+    s.bytes_in = n * in_elem;
+    s.bytes_out = q.nbytes();
+    report.add(s);
+    add_quantized_weight(w, hf, q, odt);
+  }
+  return report.finish();
+}
+
+// config.json: the input's own (or one from the GGUF's metadata) with the quantization_config and
+// the dtype of the unquantized tensors.
+void write_config(const AtomicDir& dir, const QuantizeOptions& o, bool hf_dir, const LlamaConfig& cfg,
+                  const QuantParams& qp, const std::string& odt) {
+  json config = hf_dir ? read_json_file(o.model + "/config.json") : hf_config_json(cfg, odt);
+  config["quantization_config"] = quantization_config_json(qp, odt);
+  config[config.contains("dtype") ? "dtype" : "torch_dtype"] = odt;  // transformers 5 / 4 spelling
+  dir.write("config.json", config.dump(2) + "\n");
+}
+
+// Prints the perplexity on o.eval_text of the input and of the checkpoint written to `dir`.
+void print_perplexity_change(const QuantizeOptions& o, const ModelSource& src, const std::string& text,
+                             const AtomicDir& dir, Backend& be) {
+  std::vector<int32_t> ids = src.encoder.encode(text);
+  if (int64_t(ids.size()) > o.eval_max_tokens) ids.resize(size_t(o.eval_max_tokens));
+  if (ids.size() < 2) fail(ErrorKind::Data, o.eval_text, "the text encodes to fewer than 2 tokens");
+  const int64_t seq = std::min(o.eval_seq_len, src.config.max_position_embeddings);
+  const double before = perplexity(src, ids, seq, be);
+  const double after = perplexity(open_model_source(dir.temp_path()), ids, seq, be);
+  std::printf("perplexity on %s (%zu tokens): before %.4f  after %.4f  (%+.2f%%)\n", o.eval_text.c_str(), ids.size(),
+              before, after, 100.0 * (after / before - 1.0));
 }
 
 void copy_side_files(const std::string& from, const AtomicDir& d) {
@@ -146,17 +267,7 @@ void quantize_model(const QuantizeOptions& o, const std::function<std::unique_pt
 
   ModelSource src = open_model_source(o.model);
   const LlamaConfig& cfg = src.config;
-  if (cfg.fused_qkv || cfg.fused_gate_up)  // the output would name the seven projections transformers does not know
-    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
-         "`qlora quantize` does not write fused projections (qkv_proj, gate_up_proj)",
-         "train on the model as it is: base_precision nf4 quantizes it when it is loaded");
-  if (cfg.moe())
-    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.model_type + "'",
-         "`qlora quantize` does not write mixture-of-experts models", "train on the model's own bf16 weights");
-  if (!cfg.multimodal.empty())
-    fail(ErrorKind::Unsupported, o.model + ": model_type '" + cfg.multimodal + "' (multimodal)",
-         "`qlora quantize` writes text models only, and this checkpoint's vision tower would be lost",
-         "train on the model as it is: base_precision nf4 quantizes its text model when it is loaded");
+  check_quantizable(o, cfg);
   const bool hf_dir = fs::is_directory(o.model);
   const std::string odt = output_dtype(o, cfg);
   const int64_t in_elem = hf_dir ? dtype_size(dtype_of(cfg.torch_dtype)) : 4;
@@ -168,75 +279,19 @@ void quantize_model(const QuantizeOptions& o, const std::function<std::unique_pt
 
   AtomicDir dir(o.out);
   SafetensorsWriter w;
-  ErrStats layer, total;
-  std::vector<float> host, deq;
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t cur_layer = -1;
-  auto end_layer = [&] {
-    if (cur_layer < 0) return;
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double eta = el / double(cur_layer + 1) * double(cfg.n_layer - cur_layer - 1);
-    const std::string label = "layer " + std::to_string(cur_layer);
-    std::printf("%s  [%lld/%lld, %s elapsed, eta %s]\n", line(label.c_str(), layer).c_str(), (long long)(cur_layer + 1),
-                (long long)cfg.n_layer, format_duration(el).c_str(), format_duration(eta).c_str());
-    std::fflush(stdout);
-    total.add(layer);
-    layer = ErrStats{};
-  };
-  for (const auto& b : weight_list(cfg)) {
-    const std::string hf = hf_weight_name(b.name);
-    int64_t n = 1;
-    for (int64_t s : b.shape) n *= s;
-    host.resize(size_t(n));
-    src.tensors.read_f32(hf, b.shape, host.data());
-    if (!is_projection(b.name)) {
-      w.add_from_f32(hf, dtype_of(odt), b.shape, host.data());
-      continue;
-    }
-    const int64_t l = std::stoll(b.name.substr(7, b.name.find('.', 7) - 7));
-    if (l != cur_layer) {
-      end_layer();
-      cur_layer = l;
-    }
-    QuantizedTensor q = quantize_ref(host.data(), b.shape[0], b.shape[1], qp);
-    deq.resize(size_t(n));
-    dequantize_ref(q, deq.data());
-    ErrStats s;
-    for (int64_t i = 0; i < n; i++) {
-      const double e = double(deq[size_t(i)]) - double(host[size_t(i)]);
-      s.sq += e * e;
-      s.ref_sq += double(host[size_t(i)]) * host[size_t(i)];
-      s.max_abs = std::max(s.max_abs, std::fabs(e));
-    }
-    s.n = n;
-    s.bytes_in = n * in_elem;
-    s.bytes_out = q.nbytes();
-    layer.add(s);
-    add_quantized_weight(w, hf, q, odt);
-  }
-  end_layer();
+  const ErrStats total = write_weights(w, src, qp, odt, in_elem);
   std::printf("%s\n", line("total", total).c_str());
 
   w.set_metadata({{"format", "pt"}});
   w.write(dir.path("model.safetensors"));
-  json config = hf_dir ? read_json_file(o.model + "/config.json") : hf_config_json(cfg, odt);
-  config["quantization_config"] = quantization_config_json(qp, odt);
-  config[config.contains("dtype") ? "dtype" : "torch_dtype"] = odt;  // transformers 5 / 4 spelling
-  dir.write("config.json", config.dump(2) + "\n");
+  write_config(dir, o, hf_dir, cfg, qp, odt);
   std::fflush(stdout);  // keep the notes below after the table when both streams share a terminal
   if (hf_dir) copy_side_files(o.model, dir);
   else std::fprintf(stderr, "note: GGUF input: the tokenizer stays in the GGUF file; no tokenizer files were written\n");
 
   if (!o.eval_text.empty()) {  // evaluates the written files before they are committed
     auto be = eval_backend();
-    std::vector<int32_t> ids = src.encoder.encode(text);
-    if (int64_t(ids.size()) > o.eval_max_tokens) ids.resize(size_t(o.eval_max_tokens));
-    if (ids.size() < 2) fail(ErrorKind::Data, o.eval_text, "the text encodes to fewer than 2 tokens");
-    const int64_t seq = std::min(o.eval_seq_len, cfg.max_position_embeddings);
-    const double before = perplexity(src, ids, seq, *be);
-    const double after = perplexity(open_model_source(dir.temp_path()), ids, seq, *be);
-    std::printf("perplexity on %s (%zu tokens): before %.4f  after %.4f  (%+.2f%%)\n", o.eval_text.c_str(), ids.size(),
-                before, after, 100.0 * (after / before - 1.0));
+    print_perplexity_change(o, src, text, dir, *be);
   }
   dir.commit();
   std::printf("wrote %s (%s)\n", o.out.c_str(), format_bytes(double(fs::file_size(o.out + "/model.safetensors"))).c_str());

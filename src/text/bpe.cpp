@@ -215,22 +215,36 @@ void BpeModel::WordCache::put(std::string_view w, uint64_t h, const int32_t* ids
   ++size_;
 }
 
-void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
+struct BpeModel::MergeScratch {
   struct Symbol {
     int32_t id;
     int32_t prev, next;
     bool alive;
   };
-  // Scratch buffers reused across calls on this thread (merge_word never re-enters itself).
-  thread_local std::vector<Symbol> sym;
-  sym.clear();
-  sym.reserve(w.size());
-  auto add = [&](int32_t id) {
+  struct Merge {
+    int32_t pos;
+    uint32_t rank;
+    int32_t new_id;
+    bool operator<(const Merge& o) const {  // max-heap: invert for lowest rank, then leftmost
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::vector<Symbol> sym;
+  // Binary heap on a reused buffer (std::priority_queue's order: lowest rank, then leftmost).
+  std::vector<Merge> queue;
+
+  void add(int32_t id) {  // appends a symbol linked after the last one
     int32_t n = static_cast<int32_t>(sym.size());
     sym.push_back({id, n - 1, -1, true});
     if (n > 0) sym[n - 1].next = n;
-  };
+  }
+  void push(Merge m) {
+    queue.push_back(m);
+    std::push_heap(queue.begin(), queue.end());
+  }
+};
 
+void BpeModel::initial_symbols(std::string_view w, MergeScratch& sc) const {
   // Pending unknown: added when the next known character arrives, or fused with the next unknown.
   bool unk_pending = false;
   std::string s;
@@ -241,10 +255,10 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       size_t n;
       if (small_cp(w, i, cp, n) && cp < kCpTable && cp_ids_[cp] >= 0) {
         if (unk_pending) {
-          add(unk_id_);
+          sc.add(unk_id_);
           unk_pending = false;
         }
-        add(cp_ids_[cp]);
+        sc.add(cp_ids_[cp]);
         i += n;
         continue;
       }
@@ -257,10 +271,10 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     if (last && !opt_.end_of_word_suffix.empty()) s += opt_.end_of_word_suffix;
     if (int32_t id = token_to_id(s); id >= 0) {
       if (unk_pending) {
-        add(unk_id_);
+        sc.add(unk_id_);
         unk_pending = false;
       }
-      add(id);
+      sc.add(id);
       continue;
     }
     if (opt_.byte_fallback) {
@@ -268,7 +282,7 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       for (unsigned char b : s) all = all && byte_ids_[b] >= 0;
       if (all) {
         // HF leaves a pending unknown in place here, so it lands after these bytes.
-        for (unsigned char b : s) add(byte_ids_[b]);
+        for (unsigned char b : s) sc.add(byte_ids_[b]);
         continue;
       }
     }
@@ -276,37 +290,27 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       if (unk_id_ < 0)
         fail(ErrorKind::Data, "BPE model", "unk_token '" + opt_.unk_token + "' is not in the vocab",
              "the text has characters the vocab cannot represent");
-      if (unk_pending && !opt_.fuse_unk) add(unk_id_);
+      if (unk_pending && !opt_.fuse_unk) sc.add(unk_id_);
       unk_pending = true;
     }
   }
-  if (unk_pending) add(unk_id_);
+  if (unk_pending) sc.add(unk_id_);
+}
 
-  struct Merge {
-    int32_t pos;
-    uint32_t rank;
-    int32_t new_id;
-    bool operator<(const Merge& o) const {  // max-heap: invert for lowest rank, then leftmost
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
+void BpeModel::apply_merges(MergeScratch& sc) const {
+  auto& sym = sc.sym;
+  auto& queue = sc.queue;
   auto find_merge = [&](int32_t a, int32_t b) { return merges_.find(pair_key(a, b)); };
-  // Binary heap on a reused buffer (std::priority_queue's order: lowest rank, then leftmost).
-  thread_local std::vector<Merge> queue;
   queue.clear();
-  auto push = [&](Merge m) {
-    queue.push_back(m);
-    std::push_heap(queue.begin(), queue.end());
-  };
   for (size_t k = 0; k + 1 < sym.size(); ++k)
     if (const MergeInfo* m = find_merge(sym[k].id, sym[k + 1].id))
-      push({static_cast<int32_t>(k), m->rank, m->new_id});
+      sc.push({static_cast<int32_t>(k), m->rank, m->new_id});
 
   while (!queue.empty()) {
     std::pop_heap(queue.begin(), queue.end());
-    Merge top = queue.back();
+    MergeScratch::Merge top = queue.back();
     queue.pop_back();
-    Symbol& cur = sym[top.pos];
+    MergeScratch::Symbol& cur = sym[top.pos];
     if (!cur.alive || cur.next < 0) continue;
     int32_t next_pos = cur.next;
     const MergeInfo* m = find_merge(cur.id, sym[next_pos].id);
@@ -317,16 +321,25 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     if (cur.next >= 0) sym[cur.next].prev = top.pos;
     if (cur.prev >= 0)
       if (const MergeInfo* pm = find_merge(sym[cur.prev].id, cur.id))
-        push({cur.prev, pm->rank, pm->new_id});
+        sc.push({cur.prev, pm->rank, pm->new_id});
     if (cur.next >= 0)
       if (const MergeInfo* nm = find_merge(cur.id, sym[cur.next].id))
-        push({top.pos, nm->rank, nm->new_id});
+        sc.push({top.pos, nm->rank, nm->new_id});
   }
-  for (const Symbol& x : sym)
+}
+
+void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
+  // Scratch buffers reused across calls on this thread (merge_word never re-enters itself).
+  thread_local MergeScratch sc;
+  sc.sym.clear();
+  sc.sym.reserve(w.size());
+  initial_symbols(w, sc);
+  apply_merges(sc);
+  for (const MergeScratch::Symbol& x : sc.sym)
     if (x.alive) out.push_back(x.id);
-  if (sym.capacity() > (size_t{1} << 16)) {  // one huge word: do not keep its buffers around
-    std::vector<Symbol>().swap(sym);
-    std::vector<Merge>().swap(queue);
+  if (sc.sym.capacity() > (size_t{1} << 16)) {  // one huge word: do not keep its buffers around
+    std::vector<MergeScratch::Symbol>().swap(sc.sym);
+    std::vector<MergeScratch::Merge>().swap(sc.queue);
   }
 }
 

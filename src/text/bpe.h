@@ -51,6 +51,12 @@ class BpeModel {
 
  private:
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
+  // merge_word's per-thread symbol list and merge queue (defined in bpe.cpp).
+  struct MergeScratch;
+  // Appends word's initial symbols (vocab characters, byte fallback, unknowns) to sc's symbol list.
+  void initial_symbols(std::string_view word, MergeScratch& sc) const;
+  // Applies the merges to sc's symbol list, lowest rank first, leftmost on ties.
+  void apply_merges(MergeScratch& sc) const;
 
   struct MergeInfo {
     uint32_t rank;

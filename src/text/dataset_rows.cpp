@@ -170,6 +170,113 @@ std::vector<int32_t> int_list(const json& obj, const std::string& key, DatasetFo
   return v;
 }
 
+// Pretokenized: 'input_ids', optional 'labels' (else the ids) and 'attention_mask'.
+void read_pretokenized(const json& obj, DatasetFormat f, const std::string& where, Row& r) {
+  if (!field(obj, "input_ids")) missing(f, where, "has no 'input_ids'", obj);
+  r.kind = Row::Tokens;
+  r.ids = int_list(obj, "input_ids", f, where);
+  r.labels = field(obj, "labels") ? int_list(obj, "labels", f, where) : r.ids;
+  if (r.labels.size() != r.ids.size())
+    fail(ErrorKind::Data, where, "'labels' has " + std::to_string(r.labels.size()) + " entries but 'input_ids' has " +
+                                     std::to_string(r.ids.size()));
+  if (field(obj, "attention_mask")) {
+    // Padding positions (mask 0) carry nothing; batches are padded again later.
+    std::vector<int32_t> am = int_list(obj, "attention_mask", f, where);
+    if (am.size() != r.ids.size())
+      fail(ErrorKind::Data, where, "'attention_mask' has " + std::to_string(am.size()) +
+                                       " entries but 'input_ids' has " + std::to_string(r.ids.size()));
+    std::vector<int32_t> ids, labels;
+    for (size_t i = 0; i < am.size(); i++)
+      if (am[i]) ids.push_back(r.ids[i]), labels.push_back(r.labels[i]);
+    r.ids = std::move(ids);
+    r.labels = std::move(labels);
+  }
+}
+
+// Segments: [{"label": bool, "text": ...}], each piece trained by its label.
+void read_segments(const json& obj, DatasetFormat f, const std::string& where, Row& r) {
+  const json* segs = field(obj, "segments");
+  if (!segs) missing(f, where, "has no 'segments'", obj);
+  if (!segs->is_array() || segs->empty()) missing(f, where, "has 'segments' that is not a non-empty list", obj);
+  for (size_t i = 0; i < segs->size(); i++) {
+    const json& s = (*segs)[i];
+    const std::string at = "segments[" + std::to_string(i) + "]";
+    if (!s.is_object() || !s.contains("text") || !s["text"].is_string())
+      missing(f, where, "has " + at + " without a string 'text'", obj);
+    if (s.contains("label") && !s["label"].is_boolean())
+      missing(f, where, "has " + at + ".label that is not a bool", obj);
+    r.pieces.push_back({s["text"].get<std::string>(), s.value("label", true)});
+  }
+  // axolotl input_output: the segments carry their own BOS/EOS.
+  r.add_special = false;
+  r.append_eos = false;
+}
+
+// Alpaca: system, history pairs, then instruction (+ input) as the user turn and output as the reply.
+void read_alpaca(const json& obj, DatasetFormat f, const std::string& where, Row& r) {
+  r.kind = Row::Chat;
+  const std::string sys = opt_string(obj, "system", f, where);
+  const std::string& instr = need_string(obj, "instruction", f, where);
+  const std::string input = opt_string(obj, "input", f, where);
+  const std::string& output = need_string(obj, "output", f, where);
+  if (!sys.empty()) r.messages.push_back({{"role", "system"}, {"content", sys}});
+  if (const json* h = field(obj, "history")) {  // LLaMA-Factory: [[query, response], ...]
+    if (!h->is_array()) missing(f, where, "has 'history' that is not a list of [query, response] pairs", obj);
+    for (const json& p : *h) {
+      if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string())
+        missing(f, where, "has a 'history' entry that is not a [query, response] pair of strings", obj);
+      r.messages.push_back({{"role", "user"}, {"content", p[0]}});
+      r.messages.push_back({{"role", "assistant"}, {"content", p[1]}});
+    }
+  }
+  r.messages.push_back({{"role", "user"}, {"content", input.empty() ? instr : instr + "\n" + input}});
+  r.messages.push_back({{"role", "assistant"}, {"content", output}});
+}
+
+// ShareGPT / messages: the message list, an optional 'system' put first, and the template context.
+void read_conversation(const json& obj, DatasetFormat f, const FieldMap& fm, const std::string& where, Row& r) {
+  r.kind = Row::Chat;
+  const bool sg = f == DatasetFormat::ShareGpt;
+  const std::string key = !fm.messages.empty() ? fm.messages : (sg ? "conversations" : "messages");
+  read_messages(obj, key, f, fm, sg, where, r);
+  const std::string sys = opt_string(obj, "system", f, where);
+  if (!sys.empty() && r.messages[0]["role"] != "system")
+    r.messages.insert(r.messages.begin(), json{{"role", "system"}, {"content", sys}});
+  read_template_context(obj, r, where);
+}
+
+// Prompt/completion: two strings (plain pieces) or two message lists (chat, the completion trained).
+Row parse_prompt_completion(const json& obj, DatasetFormat f, const FieldMap& fm, const std::string& where) {
+  Row r;
+  const json* p = field(obj, "prompt");
+  const json* c = field(obj, "completion");
+  if (!p) missing(f, where, "has no 'prompt'", obj);
+  if (!c) missing(f, where, "has no 'completion'", obj);
+  if (p->is_string() && c->is_string()) {
+    r.pieces = {{p->get<std::string>(), false}, {c->get<std::string>(), true}};
+    return r;
+  }
+  if (!p->is_array() || !c->is_array())
+    missing(f, where, "has 'prompt' and 'completion' that are not both strings or both message lists", obj);
+  r.kind = Row::Chat;
+  Row tmp;
+  read_messages(obj, "prompt", f, fm, false, where, tmp);
+  const size_t n_prompt = tmp.messages.size();
+  read_messages(obj, "completion", f, fm, false, where, tmp);
+  r.messages = std::move(tmp.messages);
+  read_template_context(obj, r, where);
+  // The completion is trained whatever its roles are (TRL's completion_only_loss).
+  r.trained.assign(r.messages.size(), 0);
+  for (size_t i = n_prompt; i < r.trained.size(); i++) r.trained[i] = 1;
+  return r;
+}
+
+// Chat rows: each message trained when its role is in roles_to_train.
+void mark_trained_roles(const MaskOptions& mask, Row& r) {
+  r.trained.resize(r.messages.size());
+  for (size_t i = 0; i < r.messages.size(); i++) r.trained[i] = trains(mask, r.messages[i]["role"].get<std::string>());
+}
+
 }  // namespace
 
 const char* format_name(DatasetFormat f) { return entry(f).name; }
@@ -226,110 +333,28 @@ Row parse_row(const json& obj, DatasetFormat f, const FieldMap& fm, const MaskOp
     case DatasetFormat::Text:
       r.pieces.push_back({need_string(obj, fm.text, f, where), true});
       break;
-    case DatasetFormat::Pretokenized: {
-      if (!field(obj, "input_ids")) missing(f, where, "has no 'input_ids'", obj);
-      r.kind = Row::Tokens;
-      r.ids = int_list(obj, "input_ids", f, where);
-      r.labels = field(obj, "labels") ? int_list(obj, "labels", f, where) : r.ids;
-      if (r.labels.size() != r.ids.size())
-        fail(ErrorKind::Data, where, "'labels' has " + std::to_string(r.labels.size()) + " entries but 'input_ids' has " +
-                                         std::to_string(r.ids.size()));
-      if (field(obj, "attention_mask")) {
-        // Padding positions (mask 0) carry nothing; batches are padded again later.
-        std::vector<int32_t> am = int_list(obj, "attention_mask", f, where);
-        if (am.size() != r.ids.size())
-          fail(ErrorKind::Data, where, "'attention_mask' has " + std::to_string(am.size()) +
-                                           " entries but 'input_ids' has " + std::to_string(r.ids.size()));
-        std::vector<int32_t> ids, labels;
-        for (size_t i = 0; i < am.size(); i++)
-          if (am[i]) ids.push_back(r.ids[i]), labels.push_back(r.labels[i]);
-        r.ids = std::move(ids);
-        r.labels = std::move(labels);
-      }
+    case DatasetFormat::Pretokenized:
+      read_pretokenized(obj, f, where, r);
       break;
-    }
-    case DatasetFormat::Segments: {
-      const json* segs = field(obj, "segments");
-      if (!segs) missing(f, where, "has no 'segments'", obj);
-      if (!segs->is_array() || segs->empty()) missing(f, where, "has 'segments' that is not a non-empty list", obj);
-      for (size_t i = 0; i < segs->size(); i++) {
-        const json& s = (*segs)[i];
-        const std::string at = "segments[" + std::to_string(i) + "]";
-        if (!s.is_object() || !s.contains("text") || !s["text"].is_string())
-          missing(f, where, "has " + at + " without a string 'text'", obj);
-        if (s.contains("label") && !s["label"].is_boolean()) missing(f, where, "has " + at + ".label that is not a bool", obj);
-        r.pieces.push_back({s["text"].get<std::string>(), s.value("label", true)});
-      }
-      // axolotl input_output: the segments carry their own BOS/EOS.
-      r.add_special = false;
-      r.append_eos = false;
+    case DatasetFormat::Segments:
+      read_segments(obj, f, where, r);
       break;
-    }
-    case DatasetFormat::Alpaca: {
-      r.kind = Row::Chat;
-      const std::string sys = opt_string(obj, "system", f, where);
-      const std::string& instr = need_string(obj, "instruction", f, where);
-      const std::string input = opt_string(obj, "input", f, where);
-      const std::string& output = need_string(obj, "output", f, where);
-      if (!sys.empty()) r.messages.push_back({{"role", "system"}, {"content", sys}});
-      if (const json* h = field(obj, "history")) {  // LLaMA-Factory: [[query, response], ...]
-        if (!h->is_array()) missing(f, where, "has 'history' that is not a list of [query, response] pairs", obj);
-        for (const json& p : *h) {
-          if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string())
-            missing(f, where, "has a 'history' entry that is not a [query, response] pair of strings", obj);
-          r.messages.push_back({{"role", "user"}, {"content", p[0]}});
-          r.messages.push_back({{"role", "assistant"}, {"content", p[1]}});
-        }
-      }
-      r.messages.push_back({{"role", "user"}, {"content", input.empty() ? instr : instr + "\n" + input}});
-      r.messages.push_back({{"role", "assistant"}, {"content", output}});
+    case DatasetFormat::Alpaca:
+      read_alpaca(obj, f, where, r);
       break;
-    }
     case DatasetFormat::ShareGpt:
-    case DatasetFormat::Messages: {
-      r.kind = Row::Chat;
-      const bool sg = f == DatasetFormat::ShareGpt;
-      const std::string key = !fm.messages.empty() ? fm.messages : (sg ? "conversations" : "messages");
-      read_messages(obj, key, f, fm, sg, where, r);
-      const std::string sys = opt_string(obj, "system", f, where);
-      if (!sys.empty() && r.messages[0]["role"] != "system")
-        r.messages.insert(r.messages.begin(), json{{"role", "system"}, {"content", sys}});
-      read_template_context(obj, r, where);
+    case DatasetFormat::Messages:
+      read_conversation(obj, f, fm, where, r);
       break;
-    }
-    case DatasetFormat::PromptCompletion: {
-      const json* p = field(obj, "prompt");
-      const json* c = field(obj, "completion");
-      if (!p) missing(f, where, "has no 'prompt'", obj);
-      if (!c) missing(f, where, "has no 'completion'", obj);
-      if (p->is_string() && c->is_string()) {
-        r.pieces = {{p->get<std::string>(), false}, {c->get<std::string>(), true}};
-        break;
-      }
-      if (!p->is_array() || !c->is_array())
-        missing(f, where, "has 'prompt' and 'completion' that are not both strings or both message lists", obj);
-      r.kind = Row::Chat;
-      Row tmp;
-      read_messages(obj, "prompt", f, fm, false, where, tmp);
-      const size_t n_prompt = tmp.messages.size();
-      read_messages(obj, "completion", f, fm, false, where, tmp);
-      r.messages = std::move(tmp.messages);
-      read_template_context(obj, r, where);
-      // The completion is trained whatever its roles are (TRL's completion_only_loss).
-      r.trained.assign(r.messages.size(), 0);
-      for (size_t i = n_prompt; i < r.trained.size(); i++) r.trained[i] = 1;
-      return r;
-    }
+    case DatasetFormat::PromptCompletion:
+      return parse_prompt_completion(obj, f, fm, where);
     case DatasetFormat::Preference:
     case DatasetFormat::Unpaired:
       return parse_preference_row(obj, f, where);
     case DatasetFormat::Auto:
       fail(ErrorKind::Internal, where, "parse_row called with format auto");
   }
-  if (r.kind == Row::Chat) {
-    r.trained.resize(r.messages.size());
-    for (size_t i = 0; i < r.messages.size(); i++) r.trained[i] = trains(mask, r.messages[i]["role"].get<std::string>());
-  }
+  if (r.kind == Row::Chat) mark_trained_roles(mask, r);
   return r;
 }
 

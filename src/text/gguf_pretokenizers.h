@@ -1,7 +1,7 @@
 // llama.cpp's pre-tokenizer names (a GGUF's tokenizer.ggml.pre) and the tokenizer.json pipelines
 // they stand for: the one table GGUF import (text/tokenizer_load.cpp) and GGUF export
-// (tasks/gguf_export.cpp) read. llama.cpp stores the name, not the pipeline; each name here stands
-// for exactly the split llama.cpp's llama-vocab.cpp implements under it.
+// (text/gguf_vocab_export.cpp) read. llama.cpp stores the name, not the pipeline; each name here
+// stands for exactly the split llama.cpp's llama-vocab.cpp implements under it.
 #pragma once
 #include <string>
 #include <vector>

@@ -93,9 +93,9 @@ bool affix_match(const Value& self, CallArgs& a, bool prefix) {
   return false;
 }
 
-Value string_method(const Value& self, const std::string& name) {
+// strip/lstrip/rstrip, split/rsplit and splitlines of s; Undefined for any other name.
+Value strip_split_method(const std::string& s, const std::string& name) {
   using pystr::strip;
-  const std::string& s = self.get_string();
   auto strip_fn = [&](bool l, bool r) {
     return Value::function(fn(name, [s, l, r, name](CallArgs& a) {
       check_args(a, "strip", {"chars"});
@@ -122,6 +122,13 @@ Value string_method(const Value& self, const std::string& name) {
       auto k = arg(a, 0, "keepends");
       return list_of_strings(pystr::splitlines(s, k && k->truthy()));
     }));
+  return Value();
+}
+
+// startswith/endswith, the case conversions (upper, title...) and the character-class tests (isupper,
+// isdigit...) of the string self; Undefined for any other name.
+Value case_test_method(const Value& self, const std::string& name) {
+  const std::string& s = self.get_string();
   if (name == "startswith" || name == "endswith") {
     bool prefix = name == "startswith";
     return Value::function(fn(name, [self, prefix](CallArgs& a) { return Value(affix_match(self, a, prefix)); }));
@@ -147,6 +154,11 @@ Value string_method(const Value& self, const std::string& name) {
         check_args(a, "str method", {});
         return Value(f(s));
       }));
+  return Value();
+}
+
+// replace, find/rfind/index/rindex and count of s; Undefined for any other name.
+Value search_method(const std::string& s, const std::string& name) {
   if (name == "replace")
     return Value::function(fn(name, [s](CallArgs& a) {
       check_args(a, "replace", {"old", "new", "count"});
@@ -177,6 +189,11 @@ Value string_method(const Value& self, const std::string& name) {
       for (size_t p = s.find(t); p != std::string::npos; p = s.find(t, p + t.size())) ++n;
       return Value(n);
     }));
+  return Value();
+}
+
+// join, format and removeprefix/removesuffix of s; Undefined for any other name.
+Value compose_method(const std::string& s, const std::string& name) {
   if (name == "join")
     return Value::function(fn(name, [s](CallArgs& a) {
       check_args(a, "join", {"iterable"});
@@ -186,7 +203,8 @@ Value string_method(const Value& self, const std::string& name) {
       size_t i = 0;
       for (const Value& v : iterate(*it)) {
         if (!v.is_string())
-          throw TemplateError("sequence item " + std::to_string(i) + ": expected str instance, " + v.type_name() + " found");
+          throw TemplateError("sequence item " + std::to_string(i) + ": expected str instance, " + v.type_name() +
+                              " found");
         if (i++) out += s;
         out += v.get_string();
       }
@@ -208,6 +226,15 @@ Value string_method(const Value& self, const std::string& name) {
     }));
   }
   return Value();
+}
+
+// The bound method `name` of the string self (a Function value); Undefined when str has no such method.
+Value string_method(const Value& self, const std::string& name) {
+  const std::string& s = self.get_string();
+  if (Value m = strip_split_method(s, name); !m.is_undefined()) return m;
+  if (Value m = case_test_method(self, name); !m.is_undefined()) return m;
+  if (Value m = search_method(s, name); !m.is_undefined()) return m;
+  return compose_method(s, name);
 }
 
 // Methods that mutate a list or dict: the immutable sandbox refuses to call them.

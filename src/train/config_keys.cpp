@@ -34,8 +34,8 @@ const std::vector<KeyRow>& key_table() {
       {.name = "eval_file", .field = &T::eval_file, .def = "", .help = "Evaluation data, JSONL. Empty = none."},
       {.name = "val_set_size", .field = &T::val_set_size, .def = "0", .range = {.lo = 0},
        .help = "Rows split off train_file for evaluation: a fraction in (0,1) or a count >= 1. 0 = none."},
-      {.name = "dataset_format", .field = &T::dataset_format, .def = "auto",
-       .choices = {"auto", "text", "pretokenized", "alpaca", "sharegpt", "messages", "prompt_completion", "segments"},
+      {.name = "dataset_format", .field = mode_field<&T::dataset_format, format_name, config_dataset_formats>(),
+       .def = "auto",
        .help = "Row format; auto detects it per file from the keys of its first valid row.",
        .value_aliases = {{"chat_template", "messages"}, {"completion", "text"}, {"pretrain", "text"},
                          {"input_output", "segments"}, {"openai", "messages"}, {"conversational", "messages"}}},
@@ -188,12 +188,12 @@ const std::vector<KeyRow>& key_table() {
        .help = "Train without LoRA dropout: true for every objective, false never; auto (the default) is true "
                "for the preference objectives, as TRL's preference trainers do, and false for SFT.",
        .value_aliases = {{"yes", "true"}, {"no", "false"}, {"on", "true"}, {"off", "false"}}, .null_as = "auto"},
-      {.name = "base_precision", .field = &T::base_precision, .def = "",
-       .choices = {"", "fp32", "bf16", "fp8", "nf4", "fp4", "nvfp4", "mxfp4"},
+      {.name = "base_precision", .field = mode_field<&T::base_precision, base_storage_name, base_storages>(), .def = "",
        .help = "Storage format of the frozen base weights; empty = as stored in the checkpoint."},
       {.name = "load_in_4bit", .field = &T::load_in_4bit, .def = "false",
        .help = "QLoRA: quantize the base to bnb_4bit_quant_type at load."},
-      {.name = "bnb_4bit_quant_type", .field = &T::bnb_4bit_quant_type, .def = "nf4", .choices = {"nf4", "fp4"},
+      {.name = "bnb_4bit_quant_type", .field = mode_field<&T::bnb_4bit_quant_type, base_precision_name, bnb_4bit_formats>(),
+       .def = "nf4",
        .help = "4-bit format used by load_in_4bit (bitsandbytes-compatible)."},
       {.name = "bnb_4bit_use_double_quant", .field = &T::bnb_4bit_use_double_quant, .def = "true",
        .help = "Quantize the 4-bit absmax scales again (8-bit, blocks of 256), as QLoRA does."},
@@ -216,7 +216,7 @@ const std::vector<KeyRow>& key_table() {
        .help = "With gradient_checkpointing: tokens per tile of the MLP (gate, up, activation, down and their "
                "gradients), so its intermediates are one tile long. 0 = tiles of 8192 tokens when a micro-batch "
                "holds more, else untiled. Needs gradient_checkpointing full or offload."},
-      {.name = "attention_dq", .field = &T::attention_dq, .def = "auto", .choices = {"auto", "accumulate", "recompute"},
+      {.name = "attention_dq", .field = mode_field<&T::attention_dq, attn_dq_choice_name, attn_dq_choices>(), .def = "auto",
        .help = "How the CUDA attention backward forms dQ: accumulate sums it in an f32 buffer of every token "
                "(tokens x heads x head_dim x 4 bytes); recompute gives it its own pass, which recomputes the "
                "scores (about 40% more attention-backward work) and needs no such buffer. auto: accumulate "
@@ -225,7 +225,7 @@ const std::vector<KeyRow>& key_table() {
       {.name = "bf16", .field = &T::bf16, .def = "false",
        .help = "Accepted for compatibility; compute precision follows the device (bf16 on CUDA, fp32 on CPU).",
        .value_aliases = {{"auto", "true"}}},
-      {.name = "device", .field = &T::device, .def = "auto", .choices = {"auto", "cpu", "cuda"},
+      {.name = "device", .field = mode_field<&T::device, device_choice_name, device_choices>(), .def = "auto",
        .help = "Where to train; auto = cuda when a GPU is present.", .value_aliases = {{"gpu", "cuda"}}},
       {.name = "threads", .field = &T::threads, .def = "0", .range = {.lo = 0}, .help = "CPU threads; 0 = all cores."},
       {.name = "sharding", .field = mode_field<&T::sharding, sharding_name, trained_shardings>(), .def = "none",

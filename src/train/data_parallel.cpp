@@ -11,7 +11,7 @@ namespace qlora {
 
 Slice micro_batch_share(int64_t n, const Comm& comm) { return slice_of(size_t(n), comm.rank(), comm.size()); }
 
-DataParallelStep::DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer, DeviceReducer* device)
+DataParallelStep::DataParallelStep(DecoderModel& model, Comm& comm, bool shard_optimizer, DeviceReducer* device)
     : model_(model), comm_(comm) {
   if (shard_optimizer) {
     zero1_ = std::make_unique<Zero1Optimizer>(model_, comm_);

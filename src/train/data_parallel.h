@@ -21,7 +21,7 @@ class DataParallelStep {
   // shard_optimizer: ZeRO-1 (the model was planned with optimizer_shards = ranks). device: sums the
   // gradients where they are (NCCL on GPUs) instead of through host memory over `comm` (without
   // sharding only).
-  DataParallelStep(LlamaModel& model, Comm& comm, bool shard_optimizer = false, DeviceReducer* device = nullptr);
+  DataParallelStep(DecoderModel& model, Comm& comm, bool shard_optimizer = false, DeviceReducer* device = nullptr);
   // `global` is the whole step, identical on every rank, in the order one process with
   // gradient_accumulation_steps x world would run it. Every micro-batch is normalized by the
   // trained tokens of all of them and gets the dropout seed of its global index, so the sum over
@@ -35,7 +35,7 @@ class DataParallelStep {
 
  private:
   void reduce_grads();
-  LlamaModel& model_;
+  DecoderModel& model_;
   Comm& comm_;
   DeviceReducer* device_ = nullptr;
   std::vector<float> flat_;  // (sum of LoRA parameter sizes): every gradient, back to back (no sharding)

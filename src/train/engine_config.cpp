@@ -8,7 +8,7 @@ namespace qlora {
 EngineSpec engine_spec(const TrainConfig& c) {
   EngineSpec s;
   // The config's own checks made load_in_4bit and base_precision agree (base_precision nf4/fp4).
-  s.base_precision = optional_base_precision(c.base_precision, "base_precision");
+  s.base_precision = c.base_precision;
   s.method = default_method(s.base_precision);
   s.quant_blocksize = c.quant_blocksize;
   if (s.base_precision && is_bnb_4bit(*s.base_precision)) s.double_quant = c.bnb_4bit_use_double_quant;
@@ -32,7 +32,7 @@ EngineSpec engine_spec(const TrainConfig& c) {
                                                "gradient_checkpointing is none",
          "set gradient_checkpointing: full (or offload), or remove mlp_tile_tokens");
   s.gemm_dtype = c.gemm_dtype;
-  if (c.attention_dq != "auto") s.attn_dq = parse_attn_dq(c.attention_dq, "attention_dq");
+  s.attn_dq = c.attention_dq;
   s.sharding = c.sharding;
   return with_shapes(s, c, c.per_device_train_batch_size, row_tokens_cap(c));
 }

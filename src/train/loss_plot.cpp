@@ -157,9 +157,40 @@ const char* const kLrColor = "#2ca02c";
 const char* const kSkipColor = "#d62728";
 const char* const kAccColor = "#9467bd";
 
-}  // namespace
+using Series = std::vector<std::pair<int64_t, double>>;
 
-std::string loss_plot_svg(const LossSeries& s, const std::string& title, const std::string& subtitle) {
+// One loss.svg being written: the series, its three axes (step, loss, learning rate) and the
+// text so far; each member function writes one part of the picture, in document order.
+struct LossPlot {
+  const LossSeries& s;
+  Axis ax, ay, ar;
+  bool has_acc = false, has_lr = false;
+  static constexpr double pw = kRight - kLeft, ph = kBottom - kTop;
+  std::ostringstream o;
+
+  explicit LossPlot(const LossSeries& series);
+
+  double x_of(double step) const { return kLeft + (step - ax.lo) / (ax.hi - ax.lo) * pw; }
+  double y_of(double loss) const { return kBottom - (loss - ay.lo) / (ay.hi - ay.lo) * ph; }
+  double y_lr_of(double lr) const { return kBottom - (lr - ar.lo) / (ar.hi - ar.lo) * ph; }
+
+  // "x,y x,y ..." of v[begin, end), against the loss axis or the learning-rate axis.
+  void points(const Series& v, size_t begin, size_t end, bool lr_axis);
+
+  void header(const std::string& title, const std::string& subtitle);
+  void grid_and_frame();
+  void x_axis();
+  void loss_axis();
+  void lr_axis_and_line();
+  void train_loss();
+  void eval_loss();
+  void accuracy_lines();
+  void skipped_steps();
+  void legend();
+};
+
+// The axes: steps from 0, loss (and reward accuracy) over every value drawn, learning rate from 0.
+LossPlot::LossPlot(const LossSeries& series) : s(series) {
   int64_t max_step = 1;
   double lmin = INFINITY, lmax = -INFINITY, lr_max = 0;
   for (const auto& [st, v] : s.train) max_step = std::max(max_step, st), lmin = std::min(lmin, v), lmax = std::max(lmax, v);
@@ -168,18 +199,21 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
   for (int64_t st : s.skipped) max_step = std::max(max_step, st);
   for (const auto* acc : {&s.accuracy, &s.eval_accuracy})
     for (const auto& [st, v] : *acc) max_step = std::max(max_step, st), lmin = std::min(lmin, v), lmax = std::max(lmax, v);
-  const bool has_acc = !s.accuracy.empty() || !s.eval_accuracy.empty();
+  has_acc = !s.accuracy.empty() || !s.eval_accuracy.empty();
   if (!std::isfinite(lmin)) lmin = 0, lmax = 1;
-  const Axis ax = nice_axis(0, double(max_step), 8, true);
-  const Axis ay = nice_axis(lmin, lmax, 6, false);
-  const bool has_lr = !s.lr.empty();
-  const Axis ar = nice_axis(0, lr_max > 0 ? lr_max : 1.0, 6, false);
-  const double pw = kRight - kLeft, ph = kBottom - kTop;
-  auto X = [&](double step) { return kLeft + (step - ax.lo) / (ax.hi - ax.lo) * pw; };
-  auto Y = [&](double loss) { return kBottom - (loss - ay.lo) / (ay.hi - ay.lo) * ph; };
-  auto YR = [&](double lr) { return kBottom - (lr - ar.lo) / (ar.hi - ar.lo) * ph; };
+  ax = nice_axis(0, double(max_step), 8, true);
+  ay = nice_axis(lmin, lmax, 6, false);
+  has_lr = !s.lr.empty();
+  ar = nice_axis(0, lr_max > 0 ? lr_max : 1.0, 6, false);
+}
 
-  std::ostringstream o;
+void LossPlot::points(const Series& v, size_t begin, size_t end, bool lr_axis) {
+  for (size_t i = begin; i < end; i++)
+    o << (i > begin ? " " : "") << num(x_of(double(v[i].first))) << ","
+      << num(lr_axis ? y_lr_of(v[i].second) : y_of(v[i].second));
+}
+
+void LossPlot::header(const std::string& title, const std::string& subtitle) {
   o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
     << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight << "\" viewBox=\"0 0 "
     << kWidth << " " << kHeight << "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n"
@@ -190,52 +224,65 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
   if (!subtitle.empty())
     o << "<text x=\"" << num(kWidth / 2) << "\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">" << xml_escape(subtitle)
       << "</text>\n";
+}
 
-  // grid and axes
+// grid and axes
+void LossPlot::grid_and_frame() {
   o << "<g id=\"grid\" stroke=\"#e6e6e6\" stroke-width=\"1\">\n";
   for (double t : ax.ticks)
-    o << "<line x1=\"" << num(X(t)) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(X(t)) << "\" y2=\"" << num(kBottom) << "\"/>\n";
+    o << "<line x1=\"" << num(x_of(t)) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(x_of(t)) << "\" y2=\""
+      << num(kBottom) << "\"/>\n";
   for (double t : ay.ticks)
-    o << "<line x1=\"" << num(kLeft) << "\" y1=\"" << num(Y(t)) << "\" x2=\"" << num(kRight) << "\" y2=\"" << num(Y(t)) << "\"/>\n";
+    o << "<line x1=\"" << num(kLeft) << "\" y1=\"" << num(y_of(t)) << "\" x2=\"" << num(kRight) << "\" y2=\""
+      << num(y_of(t)) << "\"/>\n";
   o << "</g>\n";
   o << "<rect id=\"plot-area\" x=\"" << num(kLeft) << "\" y=\"" << num(kTop) << "\" width=\"" << num(pw) << "\" height=\""
     << num(ph) << "\" fill=\"none\" stroke=\"#444\" data-step-min=\"" << exact(ax.lo) << "\" data-step-max=\""
     << exact(ax.hi) << "\" data-loss-min=\"" << exact(ay.lo) << "\" data-loss-max=\"" << exact(ay.hi) << "\"";
   if (has_lr) o << " data-lr-min=\"" << exact(ar.lo) << "\" data-lr-max=\"" << exact(ar.hi) << "\"";
   o << "/>\n";
+}
 
+void LossPlot::x_axis() {
   o << "<g id=\"x-axis\" text-anchor=\"middle\">\n";
   for (double t : ax.ticks)
-    o << "<line x1=\"" << num(X(t)) << "\" y1=\"" << num(kBottom) << "\" x2=\"" << num(X(t)) << "\" y2=\"" << num(kBottom + 5)
-      << "\" stroke=\"#444\"/><text x=\"" << num(X(t)) << "\" y=\"" << num(kBottom + 19) << "\">" << tick_label(t, ax.tick)
-      << "</text>\n";
+    o << "<line x1=\"" << num(x_of(t)) << "\" y1=\"" << num(kBottom) << "\" x2=\"" << num(x_of(t)) << "\" y2=\""
+      << num(kBottom + 5) << "\" stroke=\"#444\"/><text x=\"" << num(x_of(t)) << "\" y=\"" << num(kBottom + 19) << "\">"
+      << tick_label(t, ax.tick) << "</text>\n";
   o << "<text x=\"" << num(kLeft + pw / 2) << "\" y=\"" << num(kBottom + 42) << "\" font-size=\"13\">step</text>\n</g>\n";
+}
 
+void LossPlot::loss_axis() {
   o << "<g id=\"loss-axis\" text-anchor=\"end\">\n";
   for (double t : ay.ticks)
-    o << "<line x1=\"" << num(kLeft - 5) << "\" y1=\"" << num(Y(t)) << "\" x2=\"" << num(kLeft) << "\" y2=\"" << num(Y(t))
-      << "\" stroke=\"#444\"/><text x=\"" << num(kLeft - 8) << "\" y=\"" << num(Y(t) + 4) << "\">" << tick_label(t, ay.tick)
-      << "</text>\n";
+    o << "<line x1=\"" << num(kLeft - 5) << "\" y1=\"" << num(y_of(t)) << "\" x2=\"" << num(kLeft) << "\" y2=\""
+      << num(y_of(t)) << "\" stroke=\"#444\"/><text x=\"" << num(kLeft - 8) << "\" y=\"" << num(y_of(t) + 4) << "\">"
+      << tick_label(t, ay.tick) << "</text>\n";
   o << "<text transform=\"translate(" << num(kLeft - 58) << " " << num(kTop + ph / 2)
     << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">"
     << (has_acc ? "loss; reward accuracy" : "loss (per trained token)") << "</text>\n</g>\n";
+}
 
-  if (has_lr) {
-    o << "<g id=\"lr-axis\" text-anchor=\"start\" fill=\"" << kLrColor << "\">\n";
-    o << "<line x1=\"" << num(kRight) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(kRight) << "\" y2=\"" << num(kBottom)
-      << "\" stroke=\"" << kLrColor << "\"/>\n";
-    for (double t : ar.ticks)
-      o << "<line x1=\"" << num(kRight) << "\" y1=\"" << num(YR(t)) << "\" x2=\"" << num(kRight + 5) << "\" y2=\"" << num(YR(t))
-        << "\" stroke=\"" << kLrColor << "\"/><text x=\"" << num(kRight + 8) << "\" y=\"" << num(YR(t) + 4) << "\">"
-        << tick_label(t, ar.tick) << "</text>\n";
-    o << "<text transform=\"translate(" << num(kRight + 72) << " " << num(kTop + ph / 2)
-      << ") rotate(90)\" text-anchor=\"middle\" font-size=\"13\">learning rate</text>\n</g>\n";
-    o << "<polyline id=\"lr\" fill=\"none\" stroke=\"" << kLrColor << "\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\" points=\"";
-    for (size_t i = 0; i < s.lr.size(); i++) o << (i ? " " : "") << num(X(double(s.lr[i].first))) << "," << num(YR(s.lr[i].second));
-    o << "\"/>\n";
-  }
+// The right-hand learning-rate axis and the dashed learning-rate line (only when one was logged).
+void LossPlot::lr_axis_and_line() {
+  if (!has_lr) return;
+  o << "<g id=\"lr-axis\" text-anchor=\"start\" fill=\"" << kLrColor << "\">\n";
+  o << "<line x1=\"" << num(kRight) << "\" y1=\"" << num(kTop) << "\" x2=\"" << num(kRight) << "\" y2=\""
+    << num(kBottom) << "\" stroke=\"" << kLrColor << "\"/>\n";
+  for (double t : ar.ticks)
+    o << "<line x1=\"" << num(kRight) << "\" y1=\"" << num(y_lr_of(t)) << "\" x2=\"" << num(kRight + 5) << "\" y2=\""
+      << num(y_lr_of(t)) << "\" stroke=\"" << kLrColor << "\"/><text x=\"" << num(kRight + 8) << "\" y=\""
+      << num(y_lr_of(t) + 4) << "\">" << tick_label(t, ar.tick) << "</text>\n";
+  o << "<text transform=\"translate(" << num(kRight + 72) << " " << num(kTop + ph / 2)
+    << ") rotate(90)\" text-anchor=\"middle\" font-size=\"13\">learning rate</text>\n</g>\n";
+  o << "<polyline id=\"lr\" fill=\"none\" stroke=\"" << kLrColor
+    << "\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\" points=\"";
+  points(s.lr, 0, s.lr.size(), true);
+  o << "\"/>\n";
+}
 
-  // train loss: one polyline per run of consecutive logged steps without a skipped step between
+// train loss: one polyline per run of consecutive logged steps without a skipped step between
+void LossPlot::train_loss() {
   o << "<g id=\"train-loss\" fill=\"none\" stroke=\"" << kTrainColor << "\" stroke-width=\"1.8\">\n";
   size_t k = 0;
   while (k < s.train.size()) {
@@ -245,43 +292,51 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
            }))
       e++;
     o << "<polyline class=\"train-loss\" points=\"";
-    for (size_t i = k; i < e; i++) o << (i > k ? " " : "") << num(X(double(s.train[i].first))) << "," << num(Y(s.train[i].second));
+    points(s.train, k, e, false);
     o << "\"/>\n";
     if (e == k + 1)  // a lone point draws no line: mark it
-      o << "<circle class=\"train-loss-dot\" cx=\"" << num(X(double(s.train[k].first))) << "\" cy=\"" << num(Y(s.train[k].second))
-        << "\" r=\"2.5\" fill=\"" << kTrainColor << "\" stroke=\"none\"/>\n";
+      o << "<circle class=\"train-loss-dot\" cx=\"" << num(x_of(double(s.train[k].first))) << "\" cy=\""
+        << num(y_of(s.train[k].second)) << "\" r=\"2.5\" fill=\"" << kTrainColor << "\" stroke=\"none\"/>\n";
     k = e;
   }
   o << "</g>\n";
+}
 
-  if (!s.eval.empty()) {
-    o << "<polyline id=\"eval-loss-line\" fill=\"none\" stroke=\"" << kEvalColor << "\" stroke-width=\"1.8\" points=\"";
-    for (size_t i = 0; i < s.eval.size(); i++) o << (i ? " " : "") << num(X(double(s.eval[i].first))) << "," << num(Y(s.eval[i].second));
-    o << "\"/>\n<g id=\"eval-loss\" fill=\"" << kEvalColor << "\" stroke=\"white\" stroke-width=\"1\">\n";
-    for (const auto& [st, v] : s.eval)
-      o << "<circle cx=\"" << num(X(double(st))) << "\" cy=\"" << num(Y(v)) << "\" r=\"4\"><title>step " << st << ": eval_loss "
-        << fmt("%.6f", v) << "</title></circle>\n";
-    o << "</g>\n";
-  }
-  // Preference runs: the fraction of pairs whose chosen reward beats the rejected one.
-  const std::pair<const std::vector<std::pair<int64_t, double>>*, const char*> accs[] = {
-      {&s.accuracy, "reward-accuracy"}, {&s.eval_accuracy, "eval-reward-accuracy"}};
+void LossPlot::eval_loss() {
+  if (s.eval.empty()) return;
+  o << "<polyline id=\"eval-loss-line\" fill=\"none\" stroke=\"" << kEvalColor << "\" stroke-width=\"1.8\" points=\"";
+  points(s.eval, 0, s.eval.size(), false);
+  o << "\"/>\n<g id=\"eval-loss\" fill=\"" << kEvalColor << "\" stroke=\"white\" stroke-width=\"1\">\n";
+  for (const auto& [st, v] : s.eval)
+    o << "<circle cx=\"" << num(x_of(double(st))) << "\" cy=\"" << num(y_of(v)) << "\" r=\"4\"><title>step " << st
+      << ": eval_loss " << fmt("%.6f", v) << "</title></circle>\n";
+  o << "</g>\n";
+}
+
+// Preference runs: the fraction of pairs whose chosen reward beats the rejected one.
+void LossPlot::accuracy_lines() {
+  const std::pair<const Series*, const char*> accs[] = {{&s.accuracy, "reward-accuracy"},
+                                                        {&s.eval_accuracy, "eval-reward-accuracy"}};
   for (const auto& [acc, id] : accs) {
     if (acc->empty()) continue;
     o << "<polyline id=\"" << id << "\" fill=\"none\" stroke=\"" << kAccColor << "\" stroke-width=\"1.6\" stroke-dasharray=\""
       << (acc == &s.accuracy ? "2 3" : "8 3 2 3") << "\" points=\"";
-    for (size_t i = 0; i < acc->size(); i++) o << (i ? " " : "") << num(X(double((*acc)[i].first))) << "," << num(Y((*acc)[i].second));
+    points(*acc, 0, acc->size(), false);
     o << "\"/>\n";
   }
-  if (!s.skipped.empty()) {
-    o << "<g id=\"skipped-steps\" stroke=\"" << kSkipColor << "\" stroke-width=\"2\">\n";
-    for (int64_t st : s.skipped)
-      o << "<line x1=\"" << num(X(double(st))) << "\" y1=\"" << num(kBottom - 8) << "\" x2=\"" << num(X(double(st))) << "\" y2=\""
-        << num(kBottom) << "\"><title>step " << st << " skipped: loss not finite</title></line>\n";
-    o << "</g>\n";
-  }
+}
 
-  // legend, above the plot area
+void LossPlot::skipped_steps() {
+  if (s.skipped.empty()) return;
+  o << "<g id=\"skipped-steps\" stroke=\"" << kSkipColor << "\" stroke-width=\"2\">\n";
+  for (int64_t st : s.skipped)
+    o << "<line x1=\"" << num(x_of(double(st))) << "\" y1=\"" << num(kBottom - 8) << "\" x2=\"" << num(x_of(double(st)))
+      << "\" y2=\"" << num(kBottom) << "\"><title>step " << st << " skipped: loss not finite</title></line>\n";
+  o << "</g>\n";
+}
+
+// legend, above the plot area
+void LossPlot::legend() {
   o << "<g id=\"legend\" font-size=\"12\">\n";
   double lx = kLeft;
   const double ly = kTop - 14;
@@ -302,7 +357,23 @@ std::string loss_plot_svg(const LossSeries& s, const std::string& title, const s
   if (has_lr) item(seg(kLrColor, " stroke-dasharray=\"6 4\""), "learning rate (right axis)");
   if (!s.skipped.empty()) item(seg(kSkipColor, ""), "skipped step (not finite)");
   o << "</g>\n</svg>\n";
-  return o.str();
+}
+
+}  // namespace
+
+std::string loss_plot_svg(const LossSeries& s, const std::string& title, const std::string& subtitle) {
+  LossPlot p(s);
+  p.header(title, subtitle);
+  p.grid_and_frame();
+  p.x_axis();
+  p.loss_axis();
+  p.lr_axis_and_line();
+  p.train_loss();
+  p.eval_loss();
+  p.accuracy_lines();
+  p.skipped_steps();
+  p.legend();
+  return p.o.str();
 }
 
 std::string loss_plot_title(const std::string& output_dir) {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "model/llama_config.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "text/tokenizer.h"
 #include "train/data.h"
 

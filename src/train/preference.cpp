@@ -79,123 +79,198 @@ struct Pair {
   size_t c, r;
 };
 
+// One pair's share of the objective: its loss, d loss / d(summed log-prob) of the chosen (dc) and
+// rejected (dr) completion, the implicit rewards and the log-probs the metrics show.
+struct PairTerms {
+  double loss = 0, dc = 0, dr = 0, reward_c = 0, reward_r = 0, shown_c = 0, shown_r = 0;
+  double log_odds_ratio = 0, log_odds = 0;  // ORPO: log_sigmoid(lo) and lo
+};
+
+// DPO with loss type s.loss over the chosen and rejected summed log-probs (lc, lr), their
+// reference values (ref_c, ref_r) and token counts (Lc, Lr).
+PairTerms dpo_terms(const PreferenceSpec& s, double lc, double lr, double ref_c, double ref_r, double Lc, double Lr) {
+  const double beta = s.beta, ls = s.label_smoothing;
+  PairTerms t;
+  t.shown_c = lc;
+  t.shown_r = lr;
+  const double xc = lc - ref_c, xr = lr - ref_r;  // log-ratios
+  t.reward_c = beta * xc;
+  t.reward_r = beta * xr;
+  const double z = beta * (xc - xr);
+  double dz = 0;  // d loss / d z
+  switch (s.loss) {
+    case DpoLoss::Sigmoid:  // with label_smoothing: conservative DPO
+      t.loss = -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+      dz = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z);
+      break;
+    case DpoLoss::Robust:
+      t.loss = (-(1 - ls) * log_sigmoid(z) + ls * log_sigmoid(-z)) / (1 - 2 * ls);
+      dz = (-(1 - ls) * sigmoid(-z) - ls * sigmoid(z)) / (1 - 2 * ls);
+      break;
+    case DpoLoss::Hinge:
+      t.loss = std::max(0.0, 1 - z);
+      dz = 1 - z > 0 ? -1.0 : 0.0;
+      break;
+    case DpoLoss::Ipo: {  // log-ratios averaged over each completion's tokens
+      const double u = xc / Lc - xr / Lr - 1 / (2 * beta);
+      t.loss = u * u;
+      t.dc = 2 * u / Lc;
+      t.dr = -2 * u / Lr;
+      break;
+    }
+  }
+  if (s.loss != DpoLoss::Ipo) {
+    t.dc = dz * beta;
+    t.dr = -dz * beta;
+  }
+  return t;
+}
+
+// ORPO over average log-probs; loss = nll - beta * logsigmoid(log odds ratio), the nll joining
+// once per batch (add_nll_term).
+PairTerms orpo_terms(const PreferenceSpec& s, double lc, double lr, double Lc, double Lr) {
+  const double beta = s.beta;
+  PairTerms t;
+  const double ac = lc / Lc, ar = lr / Lr;
+  const double lo = (ac - ar) - (log1mexp(ac) - log1mexp(ar));
+  const double ratio = log_sigmoid(lo);
+  t.loss = -beta * ratio;
+  const double dlo = -beta * sigmoid(-lo);
+  t.dc = dlo / (-std::expm1(ac)) / Lc;  // d lo / d ac = 1 / (1 - e^ac)
+  t.dr = -dlo / (-std::expm1(ar)) / Lr;
+  t.reward_c = beta * ac;
+  t.reward_r = beta * ar;
+  t.shown_c = ac;
+  t.shown_r = ar;
+  t.log_odds_ratio = ratio;
+  t.log_odds = lo;
+  return t;
+}
+
+// SimPO: average log-probs with a target margin gamma.
+PairTerms simpo_terms(const PreferenceSpec& s, double lc, double lr, double Lc, double Lr) {
+  const double beta = s.beta, ls = s.label_smoothing;
+  PairTerms t;
+  const double ac = lc / Lc, ar = lr / Lr;
+  const double z = beta * (ac - ar) - s.simpo_gamma;
+  t.loss = -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
+  const double dz = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z);
+  t.dc = dz * beta / Lc;
+  t.dr = -dz * beta / Lr;
+  t.reward_c = beta * ac;
+  t.reward_r = beta * ar;
+  t.shown_c = ac;
+  t.shown_r = ar;
+  return t;
+}
+
+PairTerms pair_terms(const PreferenceSpec& s, const std::vector<PrefSeq>& seqs, const std::vector<double>& lp,
+                     const std::vector<double>& ref, const Pair& pr) {
+  const size_t c = pr.c, r = pr.r;
+  const double Lc = double(seqs[c].tokens()), Lr = double(seqs[r].tokens());
+  switch (s.method) {
+    case Objective::Dpo: return dpo_terms(s, lp[c], lp[r], ref[c], ref[r], Lc, Lr);
+    case Objective::Orpo: return orpo_terms(s, lp[c], lp[r], Lc, Lr);
+    case Objective::Simpo: return simpo_terms(s, lp[c], lp[r], Lc, Lr);
+    case Objective::Sft:
+    case Objective::Kto: QLORA_ASSERT(false);
+  }
+  PairTerms t;
+  t.shown_c = lp[c];
+  t.shown_r = lp[r];
+  return t;
+}
+
+// The NLL term (ORPO; SimPO with cpo_alpha): the mean token loss of the chosen sequences, over
+// ORPO's scored prompt tokens too.
+struct NllTerm {
+  std::vector<size_t> seqs;  // the chosen (and ORPO's prompt) sequences it covers
+  int64_t tokens = 0;
+  double nll = 0;
+};
+
+// The batch's pairs, and the sequences of its NLL term (their tokens and NLL filled by nll_totals).
+std::vector<Pair> pairs_of(const std::vector<PrefSeq>& seqs, NllTerm* nll) {
+  std::vector<Pair> pairs;
+  for (size_t i = 0; i < seqs.size(); i++) {
+    if (seqs[i].role == DocRole::Chosen) pairs.push_back({i, i + 1});
+    if (seqs[i].role == DocRole::Chosen || seqs[i].role == DocRole::Prompt) nll->seqs.push_back(i);
+  }
+  return pairs;
+}
+
+void nll_totals(const std::vector<PrefSeq>& seqs, const std::vector<double>& lp, NllTerm* nll) {
+  double nll_logp = 0;
+  for (size_t i : nll->seqs) {
+    nll->tokens += seqs[i].tokens();
+    nll_logp += lp[i];
+  }
+  nll->nll = nll->tokens ? -nll_logp / double(nll->tokens) : 0.0;
+}
+
+// Sums over the pairs of their losses and of what the metrics average.
+struct PairSums {
+  double loss = 0, rc = 0, rr = 0, acc = 0, margin = 0, lpc = 0, lpr = 0, lor = 0, loc = 0;
+
+  void add(const PreferenceSpec& s, const PairTerms& t) {
+    if (s.method == Objective::Orpo) {
+      lor += t.log_odds_ratio;
+      loc += t.log_odds;
+    }
+    loss += t.loss;
+    rc += t.reward_c;
+    rr += t.reward_r;
+    acc += t.reward_c > t.reward_r ? 1.0 : 0.0;
+    margin += t.reward_c - t.reward_r;
+    lpc += t.shown_c;
+    lpr += t.shown_r;
+  }
+};
+
+// The NLL term into the loss and the gradients, where the method has one; whether it did.
+bool add_nll_term(const PreferenceSpec& s, const NllTerm& nll, PrefOutcome* o) {
+  const bool with_nll = s.method == Objective::Orpo || (s.method == Objective::Simpo && s.cpo_alpha != 0);
+  if (with_nll) {
+    const double w = s.method == Objective::Orpo ? 1.0 : s.cpo_alpha;
+    o->loss += w * nll.nll;
+    for (size_t i : nll.seqs) o->dlogp[i] -= w / double(nll.tokens);
+  }
+  return with_nll;
+}
+
+std::map<std::string, double> paired_metrics(const PreferenceSpec& s, const PairSums& m, double inv, bool with_nll,
+                                             double nll) {
+  std::map<std::string, double> out = {
+      {"rewards/chosen", m.rc * inv},     {"rewards/rejected", m.rr * inv}, {"rewards/accuracies", m.acc * inv},
+      {"rewards/margins", m.margin * inv}, {"logps/chosen", m.lpc * inv},   {"logps/rejected", m.lpr * inv}};
+  if (s.method != Objective::Dpo) out["nll_loss"] = with_nll ? nll : 0.0;
+  if (s.method == Objective::Orpo) {
+    out["log_odds_ratio"] = m.lor * inv;
+    out["log_odds_chosen"] = m.loc * inv;
+  }
+  return out;
+}
+
 PrefOutcome paired_objective(const PreferenceSpec& s, const std::vector<PrefSeq>& seqs, const std::vector<double>& lp,
                              const std::vector<double>& ref) {
   PrefOutcome o;
   o.dlogp.assign(seqs.size(), 0.0);
-  // The NLL term (ORPO; SimPO with cpo_alpha): the mean token loss of the chosen sequences, over
-  // ORPO's scored prompt tokens too.
-  std::vector<Pair> pairs;
-  std::vector<size_t> nll_seqs;
-  for (size_t i = 0; i < seqs.size(); i++) {
-    if (seqs[i].role == DocRole::Chosen) pairs.push_back({i, i + 1});
-    if (seqs[i].role == DocRole::Chosen || seqs[i].role == DocRole::Prompt) nll_seqs.push_back(i);
-  }
+  NllTerm nll;
+  const std::vector<Pair> pairs = pairs_of(seqs, &nll);
   const size_t P = pairs.size();
   if (P == 0) return o;
-  const double inv = 1.0 / double(P), beta = s.beta, ls = s.label_smoothing;
-  double sum_loss = 0, rc = 0, rr = 0, acc = 0, margin = 0, lpc = 0, lpr = 0, lor = 0, loc = 0;
-  int64_t nll_tokens = 0;
-  double nll_logp = 0;
-  for (size_t i : nll_seqs) {
-    nll_tokens += seqs[i].tokens();
-    nll_logp += lp[i];
-  }
-  const double nll = nll_tokens ? -nll_logp / double(nll_tokens) : 0.0;
+  const double inv = 1.0 / double(P);
+  nll_totals(seqs, lp, &nll);
+  PairSums sums;
   for (const Pair& pr : pairs) {
-    const size_t c = pr.c, r = pr.r;
-    const double Lc = double(seqs[c].tokens()), Lr = double(seqs[r].tokens());
-    double loss = 0, dc = 0, dr = 0, reward_c = 0, reward_r = 0, shown_c = lp[c], shown_r = lp[r];
-    switch (s.method) {
-      case Objective::Dpo: {
-        const double xc = lp[c] - ref[c], xr = lp[r] - ref[r];  // log-ratios
-        reward_c = beta * xc;
-        reward_r = beta * xr;
-        const double z = beta * (xc - xr);
-        double dz = 0;  // d loss / d z
-        switch (s.loss) {
-          case DpoLoss::Sigmoid:  // with label_smoothing: conservative DPO
-            loss = -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
-            dz = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z);
-            break;
-          case DpoLoss::Robust:
-            loss = (-(1 - ls) * log_sigmoid(z) + ls * log_sigmoid(-z)) / (1 - 2 * ls);
-            dz = (-(1 - ls) * sigmoid(-z) - ls * sigmoid(z)) / (1 - 2 * ls);
-            break;
-          case DpoLoss::Hinge:
-            loss = std::max(0.0, 1 - z);
-            dz = 1 - z > 0 ? -1.0 : 0.0;
-            break;
-          case DpoLoss::Ipo: {  // log-ratios averaged over each completion's tokens
-            const double u = xc / Lc - xr / Lr - 1 / (2 * beta);
-            loss = u * u;
-            dc = 2 * u / Lc;
-            dr = -2 * u / Lr;
-            break;
-          }
-        }
-        if (s.loss != DpoLoss::Ipo) {
-          dc = dz * beta;
-          dr = -dz * beta;
-        }
-        break;
-      }
-      case Objective::Orpo: {  // average log-probs; loss = nll - beta * logsigmoid(log odds ratio)
-        const double ac = lp[c] / Lc, ar = lp[r] / Lr;
-        const double lo = (ac - ar) - (log1mexp(ac) - log1mexp(ar));
-        const double ratio = log_sigmoid(lo);
-        loss = -beta * ratio;  // the nll joins below, once per batch
-        const double dlo = -beta * sigmoid(-lo);
-        dc = dlo / (-std::expm1(ac)) / Lc;  // d lo / d ac = 1 / (1 - e^ac)
-        dr = -dlo / (-std::expm1(ar)) / Lr;
-        reward_c = beta * ac;
-        reward_r = beta * ar;
-        shown_c = ac;
-        shown_r = ar;
-        lor += ratio;
-        loc += lo;
-        break;
-      }
-      case Objective::Simpo: {  // average log-probs with a target margin gamma
-        const double ac = lp[c] / Lc, ar = lp[r] / Lr;
-        const double z = beta * (ac - ar) - s.simpo_gamma;
-        loss = -(1 - ls) * log_sigmoid(z) - ls * log_sigmoid(-z);
-        const double dz = -(1 - ls) * sigmoid(-z) + ls * sigmoid(z);
-        dc = dz * beta / Lc;
-        dr = -dz * beta / Lr;
-        reward_c = beta * ac;
-        reward_r = beta * ar;
-        shown_c = ac;
-        shown_r = ar;
-        break;
-      }
-      case Objective::Sft:
-      case Objective::Kto: QLORA_ASSERT(false);
-    }
-    sum_loss += loss;
-    o.dlogp[c] = dc * inv;
-    o.dlogp[r] = dr * inv;
-    rc += reward_c;
-    rr += reward_r;
-    acc += reward_c > reward_r ? 1.0 : 0.0;
-    margin += reward_c - reward_r;
-    lpc += shown_c;
-    lpr += shown_r;
+    const PairTerms t = pair_terms(s, seqs, lp, ref, pr);
+    sums.add(s, t);
+    o.dlogp[pr.c] = t.dc * inv;
+    o.dlogp[pr.r] = t.dr * inv;
   }
-  o.loss = sum_loss * inv;
-  const bool with_nll = s.method == Objective::Orpo || (s.method == Objective::Simpo && s.cpo_alpha != 0);
-  if (with_nll) {
-    const double w = s.method == Objective::Orpo ? 1.0 : s.cpo_alpha;
-    o.loss += w * nll;
-    for (size_t i : nll_seqs) o.dlogp[i] -= w / double(nll_tokens);
-  }
-  o.metrics = {{"rewards/chosen", rc * inv},     {"rewards/rejected", rr * inv}, {"rewards/accuracies", acc * inv},
-               {"rewards/margins", margin * inv}, {"logps/chosen", lpc * inv},   {"logps/rejected", lpr * inv}};
-  if (s.method != Objective::Dpo) o.metrics["nll_loss"] = with_nll ? nll : 0.0;
-  if (s.method == Objective::Orpo) {
-    o.metrics["log_odds_ratio"] = lor * inv;
-    o.metrics["log_odds_chosen"] = loc * inv;
-  }
+  o.loss = sums.loss * inv;
+  const bool with_nll = add_nll_term(s, nll, &o);
+  o.metrics = paired_metrics(s, sums, inv, with_nll, nll.nll);
   return o;
 }
 

@@ -28,7 +28,7 @@ struct PreferenceSpec {
 };
 
 // One completion of a preference batch: its role and the range of the batch's labeled positions
-// (in batch order, as LlamaModel::token_losses returns them) that score it.
+// (in batch order, as DecoderModel::token_losses returns them) that score it.
 struct PrefSeq {
   DocRole role = DocRole::Sft;
   int64_t begin = 0, end = 0;
@@ -56,7 +56,7 @@ struct PrefOutcome {
 PrefOutcome preference_objective(const PreferenceSpec& spec, const std::vector<PrefSeq>& seqs,
                                  const std::vector<double>& logp, const std::vector<double>& ref_logp);
 
-// Per-position gradient weights for LlamaModel::forward_backward_weighted: d(scale * loss)/d(token
+// Per-position gradient weights for DecoderModel::forward_backward_weighted: d(scale * loss)/d(token
 // loss) = -scale * dlogp of the position's sequence; positions outside every sequence get 0.
 std::vector<float> position_weights(const std::vector<PrefSeq>& seqs, const std::vector<double>& dlogp,
                                     int64_t n_positions, double scale);

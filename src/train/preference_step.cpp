@@ -10,7 +10,7 @@ namespace {
 
 // The reference's summed log-probs: precomputed with the batch, or the same forward with every
 // adapter switched off.
-std::vector<double> reference_logps(LlamaModel& model, const std::vector<PrefSeq>& seqs, const Batch& b) {
+std::vector<double> reference_logps(DecoderModel& model, const std::vector<PrefSeq>& seqs, const Batch& b) {
   if (!b.ref_logps.empty()) {
     if (b.ref_logps.size() != seqs.size())
       fail(ErrorKind::Internal, "preference batch",
@@ -32,7 +32,7 @@ std::vector<double> reference_logps(LlamaModel& model, const std::vector<PrefSeq
 
 }  // namespace
 
-PrefLogps preference_logps(LlamaModel& model, const PreferenceSpec& spec, const Batch& b) {
+PrefLogps preference_logps(DecoderModel& model, const PreferenceSpec& spec, const Batch& b) {
   PrefLogps out;
   out.seqs = preference_sequences(b, spec);
   if (spec.uses_reference()) out.reference = reference_logps(model, out.seqs, b);
@@ -40,7 +40,7 @@ PrefLogps preference_logps(LlamaModel& model, const PreferenceSpec& spec, const 
   return out;
 }
 
-MicroStepFn preference_micro_step(LlamaModel& model, const PreferenceSpec& spec, int64_t n_micro,
+MicroStepFn preference_micro_step(DecoderModel& model, const PreferenceSpec& spec, int64_t n_micro,
                                   PrefMetricMeans* metrics) {
   if (n_micro < 1) fail(ErrorKind::Internal, "preference step", "no micro-batch");
   const double scale = 1.0 / double(n_micro);
@@ -61,7 +61,7 @@ MicroStepFn preference_micro_step(LlamaModel& model, const PreferenceSpec& spec,
   };
 }
 
-PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches,
+PrefEvalTotals evaluate_preference(DecoderModel& model, const PreferenceSpec& spec, const std::vector<Batch>& batches,
                                    const std::function<void(size_t, const PrefEvalTotals&)>& on_batch) {
   PrefEvalTotals t;
   for (size_t j = 0; j < batches.size(); j++) {
@@ -74,7 +74,7 @@ PrefEvalTotals evaluate_preference(LlamaModel& model, const PreferenceSpec& spec
   return t;
 }
 
-void precompute_reference_logps(LlamaModel& model, const PreferenceSpec& spec, ExampleSet& examples,
+void precompute_reference_logps(DecoderModel& model, const PreferenceSpec& spec, ExampleSet& examples,
                                 int64_t batch_size, int32_t pad_id, Comm* comm,
                                 const std::function<void(int64_t, int64_t)>& progress) {
   if (!spec.uses_reference()) fail(ErrorKind::Internal, "precompute_reference_logps", "the objective has no reference");

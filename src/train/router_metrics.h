@@ -8,7 +8,7 @@
 namespace qlora {
 
 // From the tokens each expert received over a step ((layers x experts) row-major, summed over the
-// ranks; LlamaModel::routed_tokens):
+// ranks; DecoderModel::routed_tokens):
 //   router/load_max_over_mean: the largest expert's share over an even share, worst layer
 //     (1 = balanced; experts / experts_per_tok: one expert takes every choice);
 //   router/idle_expert_fraction: (layer, expert) pairs that received no token;

@@ -36,7 +36,7 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, const ChatRenderFn
   return ids;
 }
 
-std::vector<SampleAnswer> sample_answers(LlamaModel& model, const Tokenizer& tok, const ChatRenderFn& render,
+std::vector<SampleAnswer> sample_answers(DecoderModel& model, const Tokenizer& tok, const ChatRenderFn& render,
                                          const std::vector<std::string>& prompts, int64_t max_new_tokens) {
   if (prompts.empty()) return {};
   Generator gen(model);

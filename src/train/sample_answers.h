@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "text/dataset.h"
 #include "text/tokenizer.h"
 
@@ -35,7 +35,7 @@ class Generator;
 std::vector<SampleAnswer> sample_answers(Generator& gen, const Tokenizer& tok, const ChatRenderFn& render,
                                          const std::vector<std::string>& prompts, int64_t max_new_tokens);
 // The model's greedy answers as it is now (one Generator, built once, for all prompts).
-std::vector<SampleAnswer> sample_answers(LlamaModel& model, const Tokenizer& tok, const ChatRenderFn& render,
+std::vector<SampleAnswer> sample_answers(DecoderModel& model, const Tokenizer& tok, const ChatRenderFn& render,
                                          const std::vector<std::string>& prompts, int64_t max_new_tokens);
 
 // "  prompt: ...\n  answer: ...\n" per answer, continuation lines indented under the text.

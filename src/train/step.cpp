@@ -18,14 +18,14 @@ uint64_t micro_batch_seed(uint64_t dropout_seed, int64_t step, int64_t j) {
   return mix(dropout_seed, uint64_t(step) * 1000 + uint64_t(j));
 }
 
-double token_mean_share(LlamaModel& model, const Batch& b, int64_t trained_tokens, int64_t micro_batches, uint64_t seed) {
+double token_mean_share(DecoderModel& model, const Batch& b, int64_t trained_tokens, int64_t micro_batches, uint64_t seed) {
   const float scale = float(1.0 / double(trained_tokens));
   const double aux_weight = 1.0 / double(micro_batches);  // the step's mean of the micro-batches' aux losses
   const double sum = model.forward_backward(b, scale, seed, aux_weight);
   return sum / double(trained_tokens) + model.config().router_aux_loss_coef * aux_weight * model.last_aux_loss();
 }
 
-StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed,
+StepResult accumulate_grads(DecoderModel& model, const std::vector<Batch>& mbs, int64_t step, uint64_t dropout_seed,
                             const MicroStepFn& micro) {
   StepResult r;
   for (const auto& b : mbs) {
@@ -44,7 +44,7 @@ StepResult accumulate_grads(LlamaModel& model, const std::vector<Batch>& mbs, in
   return r;
 }
 
-void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r) {
+void apply_optimizer(DecoderModel& model, const OptimHyper& h, double lr, int64_t step, StepResult& r) {
   Backend& be = model.backend();
   double sq = 0;
   SumsqArgs norm{{}, &sq};
@@ -63,14 +63,14 @@ void apply_optimizer(LlamaModel& model, const OptimHyper& h, double lr, int64_t 
   be.synchronize();
 }
 
-StepResult train_step(LlamaModel& model, const std::vector<Batch>& mbs, const OptimHyper& h, double lr, int64_t step,
+StepResult train_step(DecoderModel& model, const std::vector<Batch>& mbs, const OptimHyper& h, double lr, int64_t step,
                       uint64_t dropout_seed, const MicroStepFn& micro) {
   StepResult r = accumulate_grads(model, mbs, step, dropout_seed, micro);
   apply_optimizer(model, h, lr, step, r);
   return r;
 }
 
-std::string first_non_finite(LlamaModel& model, double loss) {
+std::string first_non_finite(DecoderModel& model, double loss) {
   if (!std::isfinite(loss)) return "the loss";
   Backend& be = model.backend();
   for (auto& p : model.lora_params()) {
@@ -91,7 +91,7 @@ std::string first_non_finite(LlamaModel& model, double loss) {
   return "";
 }
 
-bool optimizer_state_finite(LlamaModel& model) {
+bool optimizer_state_finite(DecoderModel& model) {
   Backend& be = model.backend();
   SumsqArgs all{{}, nullptr};
   for (auto& p : model.lora_params()) {

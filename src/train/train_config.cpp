@@ -367,81 +367,90 @@ bool at_default(const TrainConfig& c, const char* key) {
   return d == c;
 }
 
-void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& notes, bool require_inputs) {
-  auto where = [&](const std::string& key) {
+namespace {
+
+// finalize's stages over one config, with where each key was set (for messages).
+struct Finalizer {
+  TrainConfig& c;
+  const std::map<std::string, Loc>& set_at;
+  Notes& notes;
+
+  std::string where(const std::string& key) const {
     auto it = set_at.find(key);
     return it != set_at.end() ? it->second.where : "config key '" + key + "'";
-  };
-  auto is_set = [&](const std::string& key) { return set_at.count(key) > 0; };
+  }
+  bool is_set(const std::string& key) const { return set_at.count(key) > 0; }
 
-  if (require_inputs && c.model_name_or_path.empty())
-    fail(ErrorKind::Config, "config key 'model_name_or_path'", "model_name_or_path is required",
-         "set model_name_or_path: path/to/hf_model_dir (axolotl: base_model)");
-  if (require_inputs && c.train_file.empty() && c.dataset_mix.empty())
-    fail(ErrorKind::Config, "config key 'train_file'", "train_file is required",
-         "set train_file: data.jsonl (axolotl: datasets: [{path: data.jsonl, type: alpaca}])");
-  if (!c.train_file.empty() && !c.dataset_mix.empty())
-    fail(ErrorKind::Config, where("dataset_mix"), "both train_file and dataset_mix (datasets) are set",
-         "list every training file in dataset_mix / datasets, or use train_file alone");
-
-  if (c.per_device_eval_batch_size == 0) c.per_device_eval_batch_size = c.per_device_train_batch_size;
-
-  // target_modules: explicit names in Llama order, all-linear expanded
-  auto& tm = c.target_modules;
-  bool all = std::find(tm.begin(), tm.end(), "all-linear") != tm.end();
-  if (tm.empty() && c.target_parameters.empty())  // LoRA on the experts alone leaves it empty (PEFT: null)
-    fail(ErrorKind::Config, where("target_modules"), "target_modules is empty",
-         "list modules like [q_proj, v_proj] or use all-linear");
-  if (all && tm.size() > 1)
-    fail(ErrorKind::Config, where("target_modules"), "all-linear cannot be combined with other modules",
-         "use either all-linear or a list of modules");
-  std::vector<std::string> ordered;
-  for (const std::string& m : linear_modules())
-    if (all || std::find(tm.begin(), tm.end(), m) != tm.end()) ordered.push_back(m);
-  tm = ordered;
-
-  if (c.val_set_size >= 1 && c.val_set_size != std::floor(c.val_set_size))
-    fail(ErrorKind::Config, where("val_set_size"), "val_set_size " + fmt_double(c.val_set_size) +
-         " is neither a fraction below 1 nor a whole row count", "use e.g. 0.05 or 200");
-  if (c.val_set_size > 0 && !c.eval_file.empty())
-    fail(ErrorKind::Config, where("val_set_size"), "both eval_file and val_set_size are set",
-         "use eval_file for a separate file, or val_set_size to split train_file, not both");
-  for (size_t i = 0; i < c.sample_prompts.size(); i++)
-    if (c.sample_prompts[i].empty())
-      fail(ErrorKind::Config, where("sample_prompts"), "sample_prompts entry " + std::to_string(i + 1) + " is empty",
-           "remove it, or write the question the model should answer");
-  if (c.max_steps == 0)
-    fail(ErrorKind::Config, where("max_steps"), "max_steps 0 would train nothing",
-         "use -1 to derive steps from num_train_epochs, or a positive count");
-
-  parse_router_aux_loss_coef(c.router_aux_loss_coef, where("router_aux_loss_coef"));  // auto or a number >= 0
-
-  // Base precision and bitsandbytes-style 4-bit flags must describe one format.
-  bool bp_4bit = c.base_precision == "nf4" || c.base_precision == "fp4";
-  if (bp_4bit && !c.load_in_4bit) {
-    if (is_set("bnb_4bit_quant_type") && c.bnb_4bit_quant_type != c.base_precision)
-      fail(ErrorKind::Config, where("bnb_4bit_quant_type"),
-           "base_precision " + c.base_precision + " conflicts with bnb_4bit_quant_type " + c.bnb_4bit_quant_type,
-           "set only one of them");
-    c.load_in_4bit = true;
-    c.bnb_4bit_quant_type = c.base_precision;
-    notes.push_back("base_precision: " + c.base_precision + " -> load_in_4bit: true");
-  } else if (c.load_in_4bit) {
-    if (!c.base_precision.empty() && c.base_precision != c.bnb_4bit_quant_type)
-      fail(ErrorKind::Config, where("base_precision"),
-           "load_in_4bit quantizes the base to " + c.bnb_4bit_quant_type + ", but base_precision is " +
-               c.base_precision,
-           "drop load_in_4bit (and adapter: qlora / quantization_bit) to keep " + c.base_precision +
-               ", or drop base_precision");
-    if (c.base_precision.empty())
-      notes.push_back("load_in_4bit: base_precision -> " + c.bnb_4bit_quant_type);
-    c.base_precision = c.bnb_4bit_quant_type;
-    if (!is_set("bnb_4bit_use_double_quant"))
-      notes.push_back("load_in_4bit: bnb_4bit_use_double_quant defaults to true (QLoRA)");
+  void check_inputs(bool require_inputs) const {
+    if (require_inputs && c.model_name_or_path.empty())
+      fail(ErrorKind::Config, "config key 'model_name_or_path'", "model_name_or_path is required",
+           "set model_name_or_path: path/to/hf_model_dir (axolotl: base_model)");
+    if (require_inputs && c.train_file.empty() && c.dataset_mix.empty())
+      fail(ErrorKind::Config, "config key 'train_file'", "train_file is required",
+           "set train_file: data.jsonl (axolotl: datasets: [{path: data.jsonl, type: alpaca}])");
+    if (!c.train_file.empty() && !c.dataset_mix.empty())
+      fail(ErrorKind::Config, where("dataset_mix"), "both train_file and dataset_mix (datasets) are set",
+           "list every training file in dataset_mix / datasets, or use train_file alone");
   }
 
-  // Preference keys only where the objective uses them: a value that would change nothing is refused.
-  {
+  void resolve_target_modules() {
+    // target_modules: explicit names in Llama order, all-linear expanded
+    auto& tm = c.target_modules;
+    bool all = std::find(tm.begin(), tm.end(), "all-linear") != tm.end();
+    if (tm.empty() && c.target_parameters.empty())  // LoRA on the experts alone leaves it empty (PEFT: null)
+      fail(ErrorKind::Config, where("target_modules"), "target_modules is empty",
+           "list modules like [q_proj, v_proj] or use all-linear");
+    if (all && tm.size() > 1)
+      fail(ErrorKind::Config, where("target_modules"), "all-linear cannot be combined with other modules",
+           "use either all-linear or a list of modules");
+    std::vector<std::string> ordered;
+    for (const std::string& m : linear_modules())
+      if (all || std::find(tm.begin(), tm.end(), m) != tm.end()) ordered.push_back(m);
+    tm = ordered;
+  }
+
+  void check_eval_and_steps() const {
+    if (c.val_set_size >= 1 && c.val_set_size != std::floor(c.val_set_size))
+      fail(ErrorKind::Config, where("val_set_size"), "val_set_size " + fmt_double(c.val_set_size) +
+           " is neither a fraction below 1 nor a whole row count", "use e.g. 0.05 or 200");
+    if (c.val_set_size > 0 && !c.eval_file.empty())
+      fail(ErrorKind::Config, where("val_set_size"), "both eval_file and val_set_size are set",
+           "use eval_file for a separate file, or val_set_size to split train_file, not both");
+    for (size_t i = 0; i < c.sample_prompts.size(); i++)
+      if (c.sample_prompts[i].empty())
+        fail(ErrorKind::Config, where("sample_prompts"),
+             "sample_prompts entry " + std::to_string(i + 1) + " is empty",
+             "remove it, or write the question the model should answer");
+    if (c.max_steps == 0)
+      fail(ErrorKind::Config, where("max_steps"), "max_steps 0 would train nothing",
+           "use -1 to derive steps from num_train_epochs, or a positive count");
+  }
+
+  void resolve_4bit() {
+    // Base precision and bitsandbytes-style 4-bit flags must describe one format.
+    const std::string base = base_storage_name(c.base_precision), bnb = base_precision_name(c.bnb_4bit_quant_type);
+    const bool bp_4bit = c.base_precision && is_bnb_4bit(*c.base_precision);
+    if (bp_4bit && !c.load_in_4bit) {
+      if (is_set("bnb_4bit_quant_type") && c.bnb_4bit_quant_type != *c.base_precision)
+        fail(ErrorKind::Config, where("bnb_4bit_quant_type"),
+             "base_precision " + base + " conflicts with bnb_4bit_quant_type " + bnb, "set only one of them");
+      c.load_in_4bit = true;
+      c.bnb_4bit_quant_type = *c.base_precision;
+      notes.push_back("base_precision: " + base + " -> load_in_4bit: true");
+    } else if (c.load_in_4bit) {
+      if (c.base_precision && *c.base_precision != c.bnb_4bit_quant_type)
+        fail(ErrorKind::Config, where("base_precision"),
+             "load_in_4bit quantizes the base to " + bnb + ", but base_precision is " + base,
+             "drop load_in_4bit (and adapter: qlora / quantization_bit) to keep " + base + ", or drop base_precision");
+      if (!c.base_precision) notes.push_back("load_in_4bit: base_precision -> " + bnb);
+      c.base_precision = c.bnb_4bit_quant_type;
+      if (!is_set("bnb_4bit_use_double_quant"))
+        notes.push_back("load_in_4bit: bnb_4bit_use_double_quant defaults to true (QLoRA)");
+    }
+  }
+
+  void check_preference_keys() const {
+    // Preference keys only where the objective uses them: a value that would change nothing is refused.
     const Objective o = c.rl;
     const std::string m = objective_name(o);
     auto only_for = [&](const char* key, bool applies, const std::string& who) {
@@ -473,11 +482,27 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
            "preference objectives score the completions only; remove train_on_inputs");
   }
 
-  if (c.warmup_steps > 0 && c.warmup_ratio > 0)
-    notes.push_back("warmup_steps " + std::to_string(c.warmup_steps) + " wins over warmup_ratio " +
-                    fmt_double(c.warmup_ratio));
-  if (c.lr_scheduler_type == LrScheduler::Constant && (c.warmup_steps > 0 || c.warmup_ratio > 0))
-    notes.push_back("lr_scheduler_type constant ignores warmup (use constant_with_warmup)");
+  void note_warmup() {
+    if (c.warmup_steps > 0 && c.warmup_ratio > 0)
+      notes.push_back("warmup_steps " + std::to_string(c.warmup_steps) + " wins over warmup_ratio " +
+                      fmt_double(c.warmup_ratio));
+    if (c.lr_scheduler_type == LrScheduler::Constant && (c.warmup_steps > 0 || c.warmup_ratio > 0))
+      notes.push_back("lr_scheduler_type constant ignores warmup (use constant_with_warmup)");
+  }
+};
+
+}  // namespace
+
+void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& notes, bool require_inputs) {
+  Finalizer f{c, set_at, notes};
+  f.check_inputs(require_inputs);
+  if (c.per_device_eval_batch_size == 0) c.per_device_eval_batch_size = c.per_device_train_batch_size;
+  f.resolve_target_modules();
+  f.check_eval_and_steps();
+  parse_router_aux_loss_coef(c.router_aux_loss_coef, f.where("router_aux_loss_coef"));  // auto or a number >= 0
+  f.resolve_4bit();
+  f.check_preference_keys();
+  f.note_warmup();
 }
 
 // Table defaults before derivation: eval batch size 0 and target_modules all-linear still unresolved.

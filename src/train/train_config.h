@@ -25,7 +25,7 @@ struct TrainConfig {
   std::vector<std::string> dataset_mix;  // several train files: "PATH [weight=W] [format=F]" each
   std::string eval_file;       // "" = none
   double val_set_size;         // 0 = none; (0,1) fraction of train rows; >= 1 row count
-  std::string dataset_format;  // auto|text|pretokenized|alpaca|sharegpt|messages|prompt_completion|segments
+  DatasetFormat dataset_format;  // config_dataset_formats(): auto detects it per file
   std::string dataset_text_field;     // text format: the field holding the text
   std::string field_messages;         // chat formats: the list of messages ("" = messages / conversations)
   std::string message_field_role;     // "" = role / from
@@ -87,19 +87,19 @@ struct TrainConfig {
   bool precompute_ref_log_probs;
   DisableDropout disable_dropout;  // no LoRA dropout (auto: for the preference objectives, as TRL)
   // precision + memory
-  std::string base_precision;  // "" = as stored | fp32|bf16|fp8|nf4|fp4|nvfp4|mxfp4
+  BaseStorage base_precision;  // nullopt = as stored
   bool load_in_4bit;
-  std::string bnb_4bit_quant_type;  // nf4|fp4
+  BasePrecision bnb_4bit_quant_type;  // bnb_4bit_formats(): nf4 | fp4
   bool bnb_4bit_use_double_quant;
   int64_t quant_blocksize;
   GemmDtype gemm_dtype;                // the base's forward GEMMs (ModelPlanOptions::gemm_dtype)
   Checkpointing gradient_checkpointing;
   int64_t ce_chunk_size;
   int64_t mlp_tile_tokens;             // tokens per MLP tile under checkpointing; 0 = auto
-  std::string attention_dq;            // auto|accumulate|recompute: the CUDA attention backward's dQ               // tokens per cross-entropy chunk
+  AttnDqChoice attention_dq;           // the CUDA attention backward's dQ; nullopt: auto
   bool bf16;                           // informational: compute precision follows the backend
   // runtime
-  std::string device;  // auto|cpu|cuda
+  DeviceChoice device;
   int64_t threads;     // 0 = all cores
   Sharding sharding;  // what data-parallel ranks split (zero1: the AdamW moments; fsdp: those and
                       // each decoder layer's frozen base bytes); trained_shardings() only

@@ -69,7 +69,7 @@ TokenizerSource open_tokenizer_source(const std::string& path) {
 }
 
 std::vector<DatasetSpec> dataset_specs(const TrainConfig& cfg) {
-  const DatasetFormat global = parse_format(cfg.dataset_format, "config key 'dataset_format'");
+  const DatasetFormat global = cfg.dataset_format;
   if (cfg.dataset_mix.empty()) return {DatasetSpec{cfg.train_file, 1.0, global}};
   std::vector<DatasetSpec> out;
   for (const std::string& entry : cfg.dataset_mix) {

@@ -73,4 +73,44 @@ const std::vector<Sharding>& trained_shardings() {
   return v;
 }
 
+const char* base_storage_name(BaseStorage b) { return b ? base_precision_name(*b) : ""; }
+const std::vector<BaseStorage>& base_storages() {
+  static const std::vector<BaseStorage> v = {std::nullopt,        BasePrecision::Fp32, BasePrecision::Bf16,
+                                             BasePrecision::Fp8,  BasePrecision::Nf4,  BasePrecision::Fp4,
+                                             BasePrecision::Nvfp4, BasePrecision::Mxfp4};
+  return v;
+}
+
+const std::vector<BasePrecision>& bnb_4bit_formats() {
+  static const std::vector<BasePrecision> v = {BasePrecision::Nf4, BasePrecision::Fp4};
+  return v;
+}
+
+const char* attn_dq_choice_name(AttnDqChoice d) { return d ? attn_dq_name(*d) : "auto"; }
+const std::vector<AttnDqChoice>& attn_dq_choices() {
+  static const std::vector<AttnDqChoice> v = {std::nullopt, AttnDq::Accumulate, AttnDq::Recompute};
+  return v;
+}
+
+const char* device_choice_name(DeviceChoice d) {
+  switch (d) {
+    case DeviceChoice::Auto: return "auto";
+    case DeviceChoice::Cpu: return "cpu";
+    case DeviceChoice::Cuda: return "cuda";
+  }
+  return "auto";
+}
+const std::vector<DeviceChoice>& device_choices() {
+  static const std::vector<DeviceChoice> v = {DeviceChoice::Auto, DeviceChoice::Cpu, DeviceChoice::Cuda};
+  return v;
+}
+
+const std::vector<DatasetFormat>& config_dataset_formats() {
+  static const std::vector<DatasetFormat> v = {DatasetFormat::Auto,     DatasetFormat::Text,
+                                               DatasetFormat::Pretokenized, DatasetFormat::Alpaca,
+                                               DatasetFormat::ShareGpt, DatasetFormat::Messages,
+                                               DatasetFormat::PromptCompletion, DatasetFormat::Segments};
+  return v;
+}
+
 }  // namespace qlora

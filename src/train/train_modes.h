@@ -2,9 +2,12 @@
 // their names and compared as types everywhere else. Each has its name, its values in the order the
 // docs list them, and the table derives the key's allowed values from those.
 #pragma once
+#include <optional>
 #include <vector>
 
+#include "core/attention_dq.h"
 #include "model/modes.h"
+#include "text/dataset.h"
 
 namespace qlora {
 
@@ -41,6 +44,27 @@ const std::vector<DisableDropout>& disable_dropout_choices();
 enum class Optim { AdamwTorch, AdamwTorchFused };
 const char* optim_name(Optim o);  // "adamw_torch" | "adamw_torch_fused"
 const std::vector<Optim>& optims();
+
+// base_precision: the frozen base's storage format; nullopt (written "") as the checkpoint stores it.
+using BaseStorage = std::optional<BasePrecision>;
+const char* base_storage_name(BaseStorage b);  // "" | "fp32" | "bf16" | "fp8" | "nf4" | "fp4" | "nvfp4" | "mxfp4"
+const std::vector<BaseStorage>& base_storages();
+
+// bnb_4bit_quant_type: the 4-bit format load_in_4bit quantizes the base to (nf4 | fp4).
+const std::vector<BasePrecision>& bnb_4bit_formats();
+
+// attention_dq: nullopt (written "auto": the planner chooses by the memory budget) or a fixed way.
+using AttnDqChoice = std::optional<AttnDq>;
+const char* attn_dq_choice_name(AttnDqChoice d);  // "auto" | "accumulate" | "recompute"
+const std::vector<AttnDqChoice>& attn_dq_choices();
+
+// device: where to train. Auto: cuda when a GPU is present, else the CPU.
+enum class DeviceChoice { Auto, Cpu, Cuda };
+const char* device_choice_name(DeviceChoice d);  // "auto" | "cpu" | "cuda"
+const std::vector<DeviceChoice>& device_choices();
+
+// dataset_format: the formats a config names (the preference formats are found by detection).
+const std::vector<DatasetFormat>& config_dataset_formats();
 
 // sharding: the splits training implements (qlora plan also plans zero2 and zero3).
 const std::vector<Sharding>& trained_shardings();  // None, Zero1, Fsdp

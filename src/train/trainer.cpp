@@ -55,7 +55,7 @@ LoadedModel load_model_for_training(const EngineSpec& spec, Backend& be, const M
   adopt_stored_quantization(po, src.tensors);  // a bnb-4bit checkpoint keeps its own format
   fit_to_budget(spec, src.config, po, be.device(), be.memory_available());
   LoadedModel lm;
-  lm.model = std::make_unique<LlamaModel>(src.config, be, po, spec.lora);
+  lm.model = std::make_unique<DecoderModel>(src.config, be, po, spec.lora);
   if (spec.sharding == Sharding::Fsdp && comm) lm.model->set_base_comm(*comm);
   lm.model->load_base(src.tensors);
   lm.model->init_lora(seed);
@@ -72,7 +72,7 @@ void Trainer::log(const std::string& line) {
   if (lead_) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches,
+EvalTotals evaluate_batches(DecoderModel& model, const std::vector<Batch>& batches,
                             const std::function<void(const EvalTotals&)>& on_batch) {
   EvalTotals t;
   for (const auto& b : batches) {
@@ -89,7 +89,7 @@ EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches
 // one process's bits. Under fsdp every rank runs the same number of forwards (each gathers the
 // layers with the others): a rank with one batch fewer repeats its last and drops the result.
 double Trainer::evaluate(const std::vector<Batch>& batches) {
-  LlamaModel& model = *lm_.model;
+  DecoderModel& model = *lm_.model;
   const int world = comm_->size();
   if (world == 1) return evaluate_batches(model, batches).mean();
   const Slice mine = slice_of(batches.size(), comm_->rank(), world);
@@ -107,7 +107,7 @@ double Trainer::evaluate(const std::vector<Batch>& batches) {
 }
 
 PrefEvalTotals Trainer::evaluate_preference_batches(const std::vector<Batch>& batches) {
-  LlamaModel& model = *lm_.model;
+  DecoderModel& model = *lm_.model;
   const int world = comm_->size();
   if (world == 1) return evaluate_preference(model, *pref_, batches);
   const Slice mine = slice_of(batches.size(), comm_->rank(), world);
@@ -350,7 +350,7 @@ void Trainer::load_model(Run& r, const ModelSource& source) {
   r.fsdp = spec.sharding == Sharding::Fsdp;
   r.zero1 = splits_optimizer(spec, comm_->size());
   lm_ = load_model_for_training(spec, be_, source, uint64_t(cfg_.seed), comm_);
-  LlamaModel& model = *lm_.model;
+  DecoderModel& model = *lm_.model;
   // GPU ranks with NCCL: fsdp's layer gathers go device to device (its gradients stay ZeRO-1's, over the Comm).
   r.fsdp_nccl = r.fsdp && device_reducer_ && comm_->size() > 1 && be_.device() == DeviceKind::Cuda;
   if (r.fsdp_nccl) model.set_base_device(device_reducer_);
@@ -414,8 +414,8 @@ std::string reference_fingerprint(const TrainConfig& c, const ExampleSet& train,
     const unsigned char* b = static_cast<const unsigned char*>(p);
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
   };
-  const std::string gemm = gemm_dtype_name(c.gemm_dtype);
-  for (const std::string* s : {&c.model_name_or_path, &c.base_precision, &gemm}) mix(s->data(), s->size() + 1);
+  const std::string gemm = gemm_dtype_name(c.gemm_dtype), base = base_storage_name(c.base_precision);
+  for (const std::string* s : {&c.model_name_or_path, &base, &gemm}) mix(s->data(), s->size() + 1);
   for (const auto* set : {&train, &eval})
     for (const Example& e : *set) {
       mix(e.ids.data(), e.ids.size() * 4);
@@ -476,7 +476,7 @@ void Trainer::precompute_reference(Run& r) {
     loaded = read == double(comm_->size());
   }
   if (!loaded) {
-    LlamaModel& model = *lm_.model;
+    DecoderModel& model = *lm_.model;
     const auto t0 = std::chrono::steady_clock::now();
     Comm* comm = comm_->size() > 1 ? comm_ : nullptr;
     const int64_t bs = std::max(cfg_.per_device_train_batch_size, cfg_.per_device_eval_batch_size);
@@ -577,21 +577,140 @@ void Trainer::before_training(Run& r) {
   }
 }
 
+namespace {
+
+constexpr int64_t kMaxConsecutiveSkips = 10;  // nan_policy: skip gives up after this many in a row
+
+}  // namespace
+
+void Trainer::progress_message(Run& r, const std::string& line) {
+  if (lead_) r.progress->message(line);
+}
+
+// One optimizer step over the global step's micro-batches mbs (on every rank); a preference
+// objective adds this rank's micro-batches' metrics to *pref_metrics.
+StepResult Trainer::run_step(Run& r, const std::vector<Batch>& mbs, const OptimHyper& hyper, double lr, int64_t step,
+                             bool* stop_agreed, PrefMetricMeans* pref_metrics) {
+  DecoderModel& model = *lm_.model;
+  const MicroStepFn micro =
+      pref_ ? preference_micro_step(model, *pref_, r.micro_per_step, pref_metrics) : MicroStepFn{};
+  model.reset_routed_tokens();  // mixture of experts: this step's routing (router_metrics)
+  return dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), stop_agreed, micro)
+             : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed), micro);
+}
+
+// The step's preference metrics and (mixture of experts) router metrics, over every rank.
+std::map<std::string, double> Trainer::reduced_step_metrics(Run& r, const PrefMetricMeans& pref_metrics) {
+  DecoderModel& model = *lm_.model;
+  const int world = r.world;
+  std::map<std::string, double> step_metrics;
+  if (pref_) {
+    std::vector<double> v = pref_metrics.flat();
+    if (world > 1) comm_->allreduce_sum(v.data(), v.size());
+    step_metrics = PrefMetricMeans::from_flat(v).means();
+  }
+  if (model.config().moe()) {  // the tokens each expert received, over every rank's micro-batches
+    std::vector<double> routed(model.routed_tokens().begin(), model.routed_tokens().end());
+    if (world > 1) comm_->allreduce_sum(routed.data(), routed.size());
+    for (const auto& [k, v] : router_metrics(routed, model.config().n_layer, model.config().n_experts))
+      step_metrics[k] = v;
+    // The micro-batches' mean load-balancing loss (in `loss` times the coefficient).
+    if (model.config().router_aux_loss_coef > 0) {
+      double aux[2] = {model.aux_losses().first, double(model.aux_losses().second)};
+      if (world > 1) comm_->allreduce_sum(aux, 2);
+      if (aux[1] > 0) step_metrics["router/aux_loss"] = aux[0] / aux[1];
+    }
+  }
+  return step_metrics;
+}
+
+// A step whose loss or gradient norm is not finite: under nan_policy skip (up to
+// kMaxConsecutiveSkips in a row) it is recorded as skipped and this returns; otherwise the last
+// good state is saved as a checkpoint when it can be, and this fails.
+void Trainer::skip_non_finite_step(Run& r, int64_t step, double loss, double gnorm, int64_t& consecutive_skips) {
+  DecoderModel& model = *lm_.model;
+  // train_step left the weights and moments untouched: the state is the last good one.
+  const std::string culprit = first_non_finite(model, loss);
+  const std::string what = "loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) +
+                           (culprit.empty() ? std::string() : "; first non-finite: " + culprit);
+  if (cfg_.nan_policy == NanPolicy::Skip && ++consecutive_skips <= kMaxConsecutiveSkips) {
+    r.sum.skipped_steps++;
+    progress_message(r, "step " + std::to_string(step + 1) + " skipped (" + what + ")");
+    r.write_metrics({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
+                     {"reason", culprit.empty() ? "grad norm overflow" : culprit}});
+    return;
+  }
+  std::string hint = "lower learning_rate or set max_grad_norm";
+  // Every rank sees the same reduced loss and norm, so all of them come here together.
+  if (step > r.start && state_finite_everywhere()) {
+    save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, *r.stream);
+    hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
+  }
+  if (cfg_.nan_policy == NanPolicy::Skip)
+    hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
+  if (lead_) write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
+  comm_->barrier();  // no rank ends the job before rank 0 has saved
+  fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
+}
+
+// The progress line of step `done` (rank 0).
+void Trainer::report_step(Run& r, int64_t done, const StepResult& res, double lr, double dt,
+                          const std::map<std::string, double>& step_metrics) {
+  if (!lead_) return;
+  StepReport rep{done, res.loss, lr, double(res.tokens) / dt, dt, {}};
+  if (auto it = step_metrics.find("rewards/accuracies"); it != step_metrics.end()) rep.extra = {{"acc", it->second}};
+  if (auto it = step_metrics.find("rewards/margins"); it != step_metrics.end())
+    rep.extra.push_back({"margin", it->second});
+  r.progress->update(rep);
+}
+
+// Step `done`'s metrics record when it is a logging step (every logging_steps, and the last), else null.
+nlohmann::json Trainer::step_record(Run& r, int64_t done, const StepResult& res, double lr, double dt, int64_t gathered,
+                                    const std::map<std::string, double>& step_metrics) {
+  nlohmann::json rec;
+  const DataStream& stream = *r.stream;
+  bool log_now = done % std::max<int64_t>(1, cfg_.logging_steps) == 0 || done == r.total;
+  if (log_now) {
+    const double n_train = double(std::max<int64_t>(1, int64_t(r.data.train.size())));
+    rec = {{"step", done}, {"loss", res.loss}, {"learning_rate", lr}, {"grad_norm", res.grad_norm},
+           {"tokens_per_second", double(res.tokens) / dt}, {"step_seconds", dt}, {"trained_tokens", res.trained_tokens},
+           {"epoch", double(stream.epoch()) + double(stream.index()) / n_train}};
+    if (r.fsdp) rec["fsdp_allgather_bytes"] = gathered;
+    for (const auto& [k, v] : step_metrics) rec[k] = v;
+  }
+  return rec;
+}
+
+// After step `done`: the eval when one is due (its results into rec), rec into the metrics, and the
+// checkpoint every save_steps.
+void Trainer::eval_and_save(Run& r, int64_t done, bool ends_epoch, nlohmann::json& rec) {
+  const bool due = cfg_.eval_strategy == EvalStrategy::Epoch ? ends_epoch
+                                                             : cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0;
+  const bool eval_now = (lead_ || r.world > 1) && !r.eval_batches.empty() && cfg_.eval_strategy != EvalStrategy::No &&
+                        (due || done == r.total);
+  if (eval_now) {
+    rec["step"] = done;
+    const double el = eval_into(r, rec);
+    r.sum.eval_loss = el;
+    progress_message(r, "eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
+  }
+  if (!rec.is_null()) r.write_metrics(rec);
+  if (cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < r.total) {
+    save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(done), done, *r.stream);
+    if (lead_) rotate_checkpoints();
+  }
+}
+
 void Trainer::train_loop(Run& r) {
   using clock = std::chrono::steady_clock;
-  LlamaModel& model = *lm_.model;
+  DecoderModel& model = *lm_.model;
   DataStream& stream = *r.stream;
-  TrainSummary& sum = r.sum;
   const int64_t total = r.total, start = r.start;
   const int world = r.world;
-  const auto progress_message = [&](const std::string& line) {
-    if (lead_) r.progress->message(line);
-  };
   bool stop_agreed = false;  // multi-rank: some rank was asked to stop, as of the last step's all-reduce
   ScheduleParams sp = schedule_from_config(cfg_, total);
   OptimHyper hyper{cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_epsilon, cfg_.weight_decay, cfg_.max_grad_norm};
   install_stop_signal_handlers();
-  constexpr int64_t kMaxConsecutiveSkips = 10;  // nan_policy: skip gives up after this many in a row
   int64_t consecutive_skips = 0;
   int64_t step = start;
   for (; step < total; step++) {
@@ -606,97 +725,30 @@ void Trainer::train_loop(Run& r) {
     const double lr = lr_at(sp, step);
     const int64_t gathered0 = model.gathered_base_bytes();
     PrefMetricMeans pref_metrics;  // this rank's micro-batches' metrics (preference objectives)
-    const MicroStepFn micro = pref_ ? preference_micro_step(model, *pref_, r.micro_per_step, &pref_metrics) : MicroStepFn{};
-    model.reset_routed_tokens();  // mixture of experts: this step's routing (router_metrics)
-    const StepResult res =
-        dp_ ? dp_->run(mbs, hyper, lr, step, uint64_t(cfg_.seed), g_stop_requested.load(), &stop_agreed, micro)
-            : train_step(model, mbs, hyper, lr, step, uint64_t(cfg_.seed), micro);
-    std::map<std::string, double> step_metrics;
-    if (pref_) {
-      std::vector<double> v = pref_metrics.flat();
-      if (world > 1) comm_->allreduce_sum(v.data(), v.size());
-      step_metrics = PrefMetricMeans::from_flat(v).means();
-    }
-    if (model.config().moe()) {  // the tokens each expert received, over every rank's micro-batches
-      std::vector<double> routed(model.routed_tokens().begin(), model.routed_tokens().end());
-      if (world > 1) comm_->allreduce_sum(routed.data(), routed.size());
-      for (const auto& [k, v] : router_metrics(routed, model.config().n_layer, model.config().n_experts)) step_metrics[k] = v;
-      if (model.config().router_aux_loss_coef > 0) {  // the micro-batches' mean load-balancing loss (in `loss` times the coefficient)
-        double aux[2] = {model.aux_losses().first, double(model.aux_losses().second)};
-        if (world > 1) comm_->allreduce_sum(aux, 2);
-        if (aux[1] > 0) step_metrics["router/aux_loss"] = aux[0] / aux[1];
-      }
-    }
-    const double loss = res.loss, gnorm = res.grad_norm;
-    if (!std::isfinite(gnorm) || !std::isfinite(loss)) {
-      // train_step left the weights and moments untouched: the state is the last good one.
-      const std::string culprit = first_non_finite(model, loss);
-      const std::string what = "loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) +
-                               (culprit.empty() ? std::string() : "; first non-finite: " + culprit);
-      if (cfg_.nan_policy == NanPolicy::Skip && ++consecutive_skips <= kMaxConsecutiveSkips) {
-        sum.skipped_steps++;
-        progress_message("step " + std::to_string(step + 1) + " skipped (" + what + ")");
-        r.write_metrics({{"step", step + 1}, {"skipped", true}, {"loss", nullptr}, {"grad_norm", nullptr},
-                         {"reason", culprit.empty() ? "grad norm overflow" : culprit}});
-        continue;
-      }
-      std::string hint = "lower learning_rate or set max_grad_norm";
-      // Every rank sees the same reduced loss and norm, so all of them come here together.
-      if (step > start && state_finite_everywhere()) {
-        save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(step), step, stream);
-        hint += "; the last good state was saved as checkpoint-" + std::to_string(step);
-      }
-      if (cfg_.nan_policy == NanPolicy::Skip) hint += "; " + std::to_string(kMaxConsecutiveSkips) + " steps in a row were skipped";
-      if (lead_) write_run_plot(cfg_.output_dir, [this](const std::string& l) { log(l); });
-      comm_->barrier();  // no rank ends the job before rank 0 has saved
-      fail(ErrorKind::Data, "step " + std::to_string(step + 1), "loss or gradient is not finite (" + what + ")", hint);
+    const StepResult res = run_step(r, mbs, hyper, lr, step, &stop_agreed, &pref_metrics);
+    const std::map<std::string, double> step_metrics = reduced_step_metrics(r, pref_metrics);
+    if (!std::isfinite(res.grad_norm) || !std::isfinite(res.loss)) {
+      skip_non_finite_step(r, step, res.loss, res.grad_norm, consecutive_skips);  // fails unless skipped
+      continue;
     }
     consecutive_skips = 0;
     const int64_t gathered = model.gathered_base_bytes() - gathered0;  // fsdp: this step's all-gathers
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     const int64_t done = step + 1;
-    sum.last_loss = loss;
-    if (lead_) {
-      StepReport rep{done, loss, lr, double(res.tokens) / dt, dt, {}};
-      if (auto it = step_metrics.find("rewards/accuracies"); it != step_metrics.end()) rep.extra = {{"acc", it->second}};
-      if (auto it = step_metrics.find("rewards/margins"); it != step_metrics.end()) rep.extra.push_back({"margin", it->second});
-      r.progress->update(rep);
-    }
-
-    nlohmann::json rec;
-    bool log_now = done % std::max<int64_t>(1, cfg_.logging_steps) == 0 || done == total;
-    if (log_now) {
-      rec = {{"step", done}, {"loss", loss}, {"learning_rate", lr}, {"grad_norm", gnorm},
-             {"tokens_per_second", double(res.tokens) / dt}, {"step_seconds", dt}, {"trained_tokens", res.trained_tokens},
-             {"epoch", double(stream.epoch()) + double(stream.index()) / double(std::max<int64_t>(1, int64_t(r.data.train.size())))}};
-      if (r.fsdp) rec["fsdp_allgather_bytes"] = gathered;
-      for (const auto& [k, v] : step_metrics) rec[k] = v;
-    }
+    r.sum.last_loss = res.loss;
+    report_step(r, done, res, lr, dt, step_metrics);
+    nlohmann::json rec = step_record(r, done, res, lr, dt, gathered, step_metrics);
     if (r.fsdp && done == start + 2)  // the first step after one in steady state (the first gathers every layer)
-      progress_message("fsdp: step " + std::to_string(done) + " all-gathered " + std::to_string(gathered) +
-                       " bytes of base layers");
-    const bool due = cfg_.eval_strategy == EvalStrategy::Epoch ? ends_epoch
-                                                               : cfg_.eval_steps > 0 && done % cfg_.eval_steps == 0;
-    const bool eval_now = (lead_ || world > 1) && !r.eval_batches.empty() && cfg_.eval_strategy != EvalStrategy::No &&
-                          (due || done == total);
-    if (eval_now) {
-      rec["step"] = done;
-      const double el = eval_into(r, rec);
-      sum.eval_loss = el;
-      progress_message("eval_loss " + std::to_string(el) + " at step " + std::to_string(done));
-    }
-    if (!rec.is_null()) r.write_metrics(rec);
-    if (cfg_.save_steps > 0 && done % cfg_.save_steps == 0 && done < total) {
-      save_checkpoint(cfg_.output_dir + "/checkpoint-" + std::to_string(done), done, stream);
-      if (lead_) rotate_checkpoints();
-    }
+      progress_message(r, "fsdp: step " + std::to_string(done) + " all-gathered " + std::to_string(gathered) +
+                              " bytes of base layers");
+    eval_and_save(r, done, ends_epoch, rec);
   }
   r.progress->finish();
-  sum.steps_done = step;
+  r.sum.steps_done = step;
 }
 
 TrainSummary Trainer::finish(Run& r) {
-  LlamaModel& model = *lm_.model;
+  DecoderModel& model = *lm_.model;
   TrainSummary& sum = r.sum;
   const int64_t step = sum.steps_done;
   if (step < r.total) {  // stopped by a signal: leave a resumable checkpoint

@@ -11,7 +11,7 @@
 
 #include "backend/backend.h"
 #include "model/engine_spec.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "core/comm.h"
 #include "train/data.h"
 #include "train/data_parallel.h"
@@ -36,7 +36,7 @@ void install_stop_signal_handlers();
 // The model of `src` on `be` as `spec` describes it (train/engine_config.h makes the spec of a
 // training config), its base loaded and its adapters initialized from `seed`; used by train and eval.
 struct LoadedModel {
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<DecoderModel> model;
   TextEncoder encoder;
   std::string source;
 };
@@ -53,7 +53,7 @@ struct EvalTotals {
   int64_t batches = 0;
   double mean() const { return tokens ? loss_sum / double(tokens) : 0.0; }
 };
-EvalTotals evaluate_batches(LlamaModel& model, const std::vector<Batch>& batches,
+EvalTotals evaluate_batches(DecoderModel& model, const std::vector<Batch>& batches,
                             const std::function<void(const EvalTotals&)>& on_batch = {});
 
 class Trainer {
@@ -76,6 +76,18 @@ class Trainer {
   void before_training(Run& r);                         // baseline eval and sample answers
   void train_loop(Run& r);                              // the optimizer steps until done or stopped
   TrainSummary finish(Run& r);                          // checkpoint if stopped, else adapter and plot
+
+  // train_loop's parts, in the order one step runs them (trainer.cpp).
+  StepResult run_step(Run& r, const std::vector<Batch>& mbs, const OptimHyper& hyper, double lr, int64_t step,
+                      bool* stop_agreed, PrefMetricMeans* pref_metrics);
+  std::map<std::string, double> reduced_step_metrics(Run& r, const PrefMetricMeans& pref_metrics);
+  void skip_non_finite_step(Run& r, int64_t step, double loss, double gnorm, int64_t& consecutive_skips);
+  void report_step(Run& r, int64_t done, const StepResult& res, double lr, double dt,
+                   const std::map<std::string, double>& step_metrics);
+  nlohmann::json step_record(Run& r, int64_t done, const StepResult& res, double lr, double dt, int64_t gathered,
+                             const std::map<std::string, double>& step_metrics);
+  void eval_and_save(Run& r, int64_t done, bool ends_epoch, nlohmann::json& rec);
+  void progress_message(Run& r, const std::string& line);  // rank 0: a line beside the progress
 
   double evaluate(const std::vector<Batch>& batches);
   double eval_into(Run& r, nlohmann::json& rec);  // the eval loss (and preference metrics) into rec

@@ -22,7 +22,7 @@ static Tensor view(const Tensor& t, const Slice& s) {
   return Tensor(static_cast<float*>(t.data) + s.begin, DType::F32, {int64_t(s.count)});
 }
 
-Zero1Optimizer::Zero1Optimizer(LlamaModel& model, Comm& comm) : model_(model), comm_(comm) {
+Zero1Optimizer::Zero1Optimizer(DecoderModel& model, Comm& comm) : model_(model), comm_(comm) {
   const int w = comm_.size();
   block_.assign(size_t(w), 0);
   for (auto& p : model_.lora_params()) {
@@ -144,7 +144,7 @@ void Zero1Optimizer::load_moments(const std::string& path) {
   }
 }
 
-void write_gathered_optimizer_state(const std::string& path, LlamaModel& model,
+void write_gathered_optimizer_state(const std::string& path, DecoderModel& model,
                                     const std::vector<std::vector<float>>& moments) {
   SafetensorsWriter w;
   auto& params = model.lora_params();

@@ -15,7 +15,7 @@ Slice zero1_share(size_t n, int rank, int world);
 
 class Zero1Optimizer {
  public:
-  Zero1Optimizer(LlamaModel& model, Comm& comm);
+  Zero1Optimizer(DecoderModel& model, Comm& comm);
   // After the local forward/backward: reduce-scatter the gradients, the global norm (from every
   // rank's share, summed in f64 in rank order, with the shares of the loss and the stop vote in sums[0..1]),
   // clipping, AdamW on this rank's share and the all-gather of the updated weights. Fills
@@ -28,7 +28,7 @@ class Zero1Optimizer {
   void load_moments(const std::string& path);
 
  private:
-  LlamaModel& model_;
+  DecoderModel& model_;
   Comm& comm_;
   std::vector<size_t> block_;            // elements of each rank's block in flat_
   std::vector<float> flat_;              // rank-major: rank 0's shares of every tensor, then rank 1's, ...
@@ -36,7 +36,7 @@ class Zero1Optimizer {
 };
 
 // optimizer.safetensors from gathered moments (the file write_optimizer_state writes).
-void write_gathered_optimizer_state(const std::string& path, LlamaModel& model,
+void write_gathered_optimizer_state(const std::string& path, DecoderModel& model,
                                     const std::vector<std::vector<float>>& moments);
 
 }  // namespace qlora

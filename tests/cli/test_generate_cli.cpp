@@ -33,7 +33,7 @@ std::string make_adapter(const std::string& dir) {
   ModelPlanOptions po;
   po.micro_batch = 1;
   po.seq_len = 1;
-  LlamaModel m(src.config, *be, po, lora);
+  DecoderModel m(src.config, *be, po, lora);
   m.load_base(src.tensors);
   m.init_lora(3);
   Rng rng(5);

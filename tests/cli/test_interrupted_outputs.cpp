@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "../real_models.h"
+#include "real_models.h"
 #include "cli_util.h"
 
 namespace fs = std::filesystem;

@@ -10,15 +10,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../model/config_expect.h"
-#include "../model/model_test_util.h"
-#include "../sha256_util.h"
+#include "config_expect.h"
+#include "model_test_util.h"
+#include "sha256_util.h"
 #include "cli_util.h"
 #include "core/dtype.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/experts.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "model/peft_io.h"
 #include "text/tokenizer.h"
 #include "train/model_source.h"
@@ -46,7 +46,7 @@ std::vector<float> engine_logits(const std::string& dir, const std::string& fixt
   ModelPlanOptions po;
   po.micro_batch = b.b;
   po.seq_len = b.t;
-  LlamaModel m(src.config, *be, po, fixture_lora());
+  DecoderModel m(src.config, *be, po, fixture_lora());
   m.load_base(src.tensors);
   m.init_lora(1);
   return m.logits(b);

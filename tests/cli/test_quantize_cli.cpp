@@ -11,7 +11,7 @@
 #include "backend/backend.h"
 #include "cli_util.h"
 #include "io/safetensors.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "train/model_source.h"
 
 using namespace qlora;
@@ -37,7 +37,7 @@ std::vector<float> engine_logits(const std::string& dir, const std::string& prec
   LoraSpec lora;
   lora.r = 4;
   lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  LlamaModel m(src.config, *be, po, lora);
+  DecoderModel m(src.config, *be, po, lora);
   m.load_base(src.tensors);
   m.init_lora(1);  // B = 0: the adapter adds nothing
   EXPECT_TRUE(m.quantized_base()) << dir;

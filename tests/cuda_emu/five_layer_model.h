@@ -6,9 +6,9 @@
 #include <memory>
 #include <vector>
 
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 #include "backend/backend.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "tasks/bench_run.h"
 #include "train/model_source.h"
 
@@ -17,7 +17,7 @@ namespace qlora::testing_util {
 inline constexpr int64_t kFiveLayers = 5;
 
 // po: the method, base, checkpointing and sharding under test; the shapes are set here.
-inline std::unique_ptr<LlamaModel> five_layer_model(Backend& be, ModelPlanOptions po, double lora_dropout) {
+inline std::unique_ptr<DecoderModel> five_layer_model(Backend& be, ModelPlanOptions po, double lora_dropout) {
   LlamaConfig c = open_model_source(std::string(QLORA_FIXTURES) + "/models/llama_gqa").config;
   c.n_layer = kFiveLayers;
   po.quant_blocksize = 64;
@@ -29,14 +29,14 @@ inline std::unique_ptr<LlamaModel> five_layer_model(Backend& be, ModelPlanOption
   lora.alpha = 8;
   lora.dropout = lora_dropout;
   lora.targets = LoraSpec::resolve_targets({"all-linear"});
-  auto m = std::make_unique<LlamaModel>(c, be, po, lora);
+  auto m = std::make_unique<DecoderModel>(c, be, po, lora);
   m->load_base(random_tensor_source(7));
   m->init_lora(1);
   return m;
 }
 
 // A device tensor's bytes, copied to the host.
-inline std::vector<unsigned char> device_bytes(LlamaModel& m, const Tensor& t) {
+inline std::vector<unsigned char> device_bytes(DecoderModel& m, const Tensor& t) {
   std::vector<unsigned char> v(size_t(t.numel() * dtype_size(t.dtype)));
   m.backend().copy_to_host(v.data(), t.data, v.size());
   return v;

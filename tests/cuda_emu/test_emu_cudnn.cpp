@@ -13,14 +13,14 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/cudnn_sdpa_graph.h"
-#include "../cuda/cuda_test_util.h"
+#include "cuda_test_util.h"
 #include "emu_arch_scope.h"
 #include "io/safetensors.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "model/peft_io.h"
 #include "train/model_source.h"
 #include "train/step.h"
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 
 namespace qlora::test {
 namespace {
@@ -357,7 +357,7 @@ TEST(CudaEmuCudnn, UnsupportedHeadDimIsRefusedWhenTheModelIsMade) {
     LlamaConfig c = src.config;
     c.head_dim = d;
     try {
-      LlamaModel m(c, *cu, po, lora);
+      DecoderModel m(c, *cu, po, lora);
       ADD_FAILURE() << "head_dim " << d << " was accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
@@ -365,7 +365,7 @@ TEST(CudaEmuCudnn, UnsupportedHeadDimIsRefusedWhenTheModelIsMade) {
       EXPECT_NE(std::string(e.what()).find("head_dim " + std::to_string(d)), std::string::npos) << e.what();
     }
     auto cpu = make_cpu_backend();
-    EXPECT_NO_THROW(LlamaModel(c, *cpu, po, lora)) << d;
+    EXPECT_NO_THROW(DecoderModel(c, *cpu, po, lora)) << d;
   }
 }
 #if QLORA_HAVE_CUDNN

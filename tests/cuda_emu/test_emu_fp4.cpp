@@ -18,14 +18,14 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "model/peft_io.h"
 #include "quant/fp4_gemm.h"
 #include "quant/quant_layout.h"
 #include "quant/quantize.h"
 #include "train/model_source.h"
 #include "train/step.h"
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 
 namespace qlora {
 namespace {
@@ -47,7 +47,7 @@ Fp4Run make_run(std::unique_ptr<Backend> be, const std::string& base, const std:
                                      "parity/llama_gqa_adapter");
 }
 
-std::vector<float> weights_of(LlamaModel& m, const LoraParam& p) {
+std::vector<float> weights_of(DecoderModel& m, const LoraParam& p) {
   std::vector<float> w(size_t(p.w.numel()));
   m.backend().copy_to_host(w.data(), p.w.data, w.size() * 4);
   return w;
@@ -59,7 +59,7 @@ double norm(const std::vector<float>& v) {
   return std::sqrt(s);
 }
 
-bool plans(const LlamaModel& m, const std::string& name) {
+bool plans(const DecoderModel& m, const std::string& name) {
   for (const auto& b : m.plan().buffers)
     if (b.name == name) return true;
   return false;

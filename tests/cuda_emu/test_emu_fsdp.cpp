@@ -14,13 +14,13 @@
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_emu/emu_runtime.h"
 #include "five_layer_model.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "train/step.h"
 
 namespace qlora {
 namespace {
 
-std::unique_ptr<LlamaModel> build(Backend& be, const std::string& precision, const std::string& ckpt, int64_t shards) {
+std::unique_ptr<DecoderModel> build(Backend& be, const std::string& precision, const std::string& ckpt, int64_t shards) {
   ModelPlanOptions po;
   po.method = parse_method(precision.empty() ? "lora" : "qlora", "method");
   po.base_precision = optional_base_precision(precision, "base_precision");

@@ -21,11 +21,11 @@
 #include "backend/cuda_scratch.h"
 #include "io/safetensors.h"
 #include "model/backend_plan.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "plan/planner.h"
 #include "train/model_source.h"
 #include "train/step.h"
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 
 namespace qlora {
 namespace {
@@ -71,7 +71,7 @@ void check_allocation_equals_plan(const Case& c) {
   std::unique_ptr<Backend> be = make_cuda_backend(&why);
   ASSERT_TRUE(be) << why;
   ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
-  auto model = std::make_unique<LlamaModel>(src.config, *be, plan_options(c), testing_util::fixture_lora());
+  auto model = std::make_unique<DecoderModel>(src.config, *be, plan_options(c), testing_util::fixture_lora());
   model->load_base(src.tensors);
   model->init_lora(1);
   const MemoryPlan& plan = model->plan();
@@ -167,7 +167,7 @@ TEST(CudaEmuMemoryPlan, PlannerEqualsTheCudaEngine) {
     ASSERT_TRUE(be) << why;
     ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
     const ModelPlanOptions po = plan_options(c);
-    LlamaModel model(src.config, *be, po, testing_util::fixture_lora());
+    DecoderModel model(src.config, *be, po, testing_util::fixture_lora());
     PlanRequest r;
     r.model = src.config;
     r.gpu = resolve_gpu("h100-sxm");

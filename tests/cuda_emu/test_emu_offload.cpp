@@ -15,7 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_emu/emu_runtime.h"
 #include "five_layer_model.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "train/step.h"
 
 namespace qlora {
@@ -23,7 +23,7 @@ namespace {
 
 constexpr int64_t kLayers = testing_util::kFiveLayers;  // three of the five layer inputs go to the host
 
-std::unique_ptr<LlamaModel> build(Backend& be, const std::string& method, const std::string& precision,
+std::unique_ptr<DecoderModel> build(Backend& be, const std::string& method, const std::string& precision,
                                   const std::string& ckpt) {
   ModelPlanOptions po;
   po.method = parse_method(method, "method");

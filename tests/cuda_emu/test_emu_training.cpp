@@ -20,7 +20,7 @@
 #include "cuda_emu/emu_runtime.h"
 #include "io/safetensors.h"
 #include "model/generate.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "tasks/bench_run.h"
 #include "train/model_source.h"
 #include "model/peft_io.h"
@@ -28,7 +28,7 @@
 #include "train/data.h"
 #include "train/preference_step.h"
 #include "train/step.h"
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 
 namespace qlora {
 namespace {
@@ -65,7 +65,7 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
                                      "parity/" + variant + "_adapter");
 }
 
-std::vector<float> weights_of(LlamaModel& m, LoraParam& p) {
+std::vector<float> weights_of(DecoderModel& m, LoraParam& p) {
   std::vector<float> w(size_t(p.w.numel()));
   if (p.w.dtype == DType::F32) {
     m.backend().copy_to_host(w.data(), p.w.data, w.size() * 4);
@@ -142,10 +142,10 @@ void compare_training(const std::string& method, const std::string& precision, c
 // 4.3% elementwise over the 28 adapters of both runs, at sm_80, sm_90 and sm_100), where a wrong
 // or missing term differs by order 1 and the AdamW updates compared above allow 20%.
 // step: the forward and backward to compare (default: the token-mean SFT step on the fixture batch).
-using GradStep = std::function<StepResult(LlamaModel&)>;
+using GradStep = std::function<StepResult(DecoderModel&)>;
 // mlp_tile: the GPU model runs its MLP over tiles of that many rows (the CPU model untiled).
 // The CPU model's float base weights rounded to bf16: the weights the CUDA backend holds.
-void round_weights_to_bf16(LlamaModel& m) {
+void round_weights_to_bf16(DecoderModel& m) {
   ASSERT_EQ(m.backend().device(), DeviceKind::Cpu);
   for (const auto& b : m.plan().buffers) {
     if (b.category != MemCategory::Weights || b.dtype != DType::F32) continue;
@@ -175,7 +175,7 @@ void compare_run_gradients(TrainRun& gpu, TrainRun& cpu, double rel, GradStep st
   if (!step) {
     SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
     const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
-    step = [batch](LlamaModel& m) { return accumulate_grads(m, {batch}, 0, 0); };
+    step = [batch](DecoderModel& m) { return accumulate_grads(m, {batch}, 0, 0); };
   }
   const StepResult rg = step(*gpu.model);
   const StepResult rc = step(*cpu.model);
@@ -376,7 +376,7 @@ TEST(CudaEmuTraining, HeadDim256MatchesTheCpu) {
     t.src = open_model_source(fixtures() + "/models/" + variant);
     t.src.config.head_dim = 256;
     t.src.config.query_pre_attn_scalar = 256;  // as Gemma 2 2B/9B and Gemma 3 1B-12B ship
-    t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, run_options(method, precision, ckpt),
+    t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, run_options(method, precision, ckpt),
                                            testing_util::fixture_lora(variant));
     // Gemma's (1 + w) norms start at w = 0 in transformers (random_tensor_source's gains are 1).
     TensorSource w = random_tensor_source(7);
@@ -459,7 +459,7 @@ TEST(CudaEmuTraining, Qwen3YarnMatchesTheCpu) { compare_gradients("lora", "", "n
 // The experts every layer chose for each token's choices, after a forward of `batch`; as_sets: each
 // token's choices sorted (two chosen experts of near-equal weight may come in either order, which
 // changes only the order of the sum over them).
-std::vector<int32_t> routing(LlamaModel& m, const Batch& batch, bool as_sets = false) {
+std::vector<int32_t> routing(DecoderModel& m, const Batch& batch, bool as_sets = false) {
   m.forward_loss(batch);
   std::vector<int32_t> all;
   const int64_t K = m.config().experts_per_tok;
@@ -541,7 +541,7 @@ void compare_moe(const std::string& variant, const std::string& ckpt, const std:
     std::printf("%s: bf16 weights alone move the CPU's gradients by %.4g normwise; bound %.4g\n", variant.c_str(), s, rel);
   }
   compare_gradients(method, precision, ckpt, rel, variant,
-                    [batch](LlamaModel& m) { return accumulate_grads(m, {batch}, 0, 0); }, 0, true);
+                    [batch](DecoderModel& m) { return accumulate_grads(m, {batch}, 0, 0); }, 0, true);
 }
 
 TEST(CudaEmuTraining, MixtureOfExpertsMatchTheCpu) {
@@ -620,7 +620,7 @@ GradStep preference_step(Objective method) {
   PreferenceSpec ps;
   ps.method = method;
   ps.beta = 0.5;
-  return [batch, ps](LlamaModel& m) { return accumulate_grads(m, {batch}, 0, 0, preference_micro_step(m, ps, 1, nullptr)); };
+  return [batch, ps](DecoderModel& m) { return accumulate_grads(m, {batch}, 0, 0, preference_micro_step(m, ps, 1, nullptr)); };
 }
 
 TEST(CudaEmuTraining, DpoQloraNf4GradientsWithCheckpointingMatchTheCpu) {

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
-#include "test_gguf_builder.h"
+#include "gguf_builder.h"
 
 namespace qlora {
 namespace {

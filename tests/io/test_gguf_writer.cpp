@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/gguf_writer.h"
-#include "test_gguf_builder.h"
+#include "gguf_builder.h"
 #include "tmp_dir.h"
 
 namespace qlora {

@@ -32,13 +32,13 @@ ModelPlanOptions opts(const std::string& precision, int64_t shards, const std::s
 
 struct FsdpRun {
   std::unique_ptr<Backend> be;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<DecoderModel> model;
 };
 
 FsdpRun make_run(const LlamaConfig& cfg, const TensorSource& src, const ModelPlanOptions& po) {
   FsdpRun r;
   r.be = make_cpu_backend();
-  r.model = std::make_unique<LlamaModel>(cfg, *r.be, po, fixture_lora());
+  r.model = std::make_unique<DecoderModel>(cfg, *r.be, po, fixture_lora());
   r.model->load_base(src);
   r.model->init_lora(1);
   return r;
@@ -49,7 +49,7 @@ Batch fixture_batch() {
   return Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
 }
 
-std::vector<float> grads(LlamaModel& m) {
+std::vector<float> grads(DecoderModel& m) {
   std::vector<float> g;
   for (auto& p : m.lora_params()) {
     std::vector<float> x(size_t(p.g.numel()));

@@ -1,6 +1,6 @@
-// Decoding with the KV cache (LlamaModel::decode, the training forward with cached keys and values)
+// Decoding with the KV cache (DecoderModel::decode, the training forward with cached keys and values)
 // against the training forward over the whole sequence: logits after a prompt and after each
-// decoded token equal LlamaModel::logits, with random (non-zero) LoRA B, on float and nf4 bases,
+// decoded token equal DecoderModel::logits, with random (non-zero) LoRA B, on float and nf4 bases,
 // for every fixture family (GQA + llama3 RoPE, tied + linear RoPE, MQA, qwen2 bias).
 #include <gtest/gtest.h>
 
@@ -45,7 +45,7 @@ TestModel make(const Case& c, int64_t seq_len = kSeq) {
     po.method = Method::Qlora;
     po.base_precision = optional_base_precision(c.precision, "base_precision");
   }
-  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, lora);
+  t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, po, lora);
   t.model->load_base(t.src.tensors);
   t.model->init_lora(7);
   // PEFT inits B to zero, which would make the merge untested: give every B random values.
@@ -66,8 +66,8 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   return v;
 }
 
-// Row `pos` of LlamaModel::logits over `ids` (one row of length ids.size()).
-std::vector<float> ref_row(LlamaModel& m, const std::vector<int32_t>& ids, int64_t pos) {
+// Row `pos` of DecoderModel::logits over `ids` (one row of length ids.size()).
+std::vector<float> ref_row(DecoderModel& m, const std::vector<int32_t>& ids, int64_t pos) {
   const int64_t t = int64_t(ids.size()), V = m.config().vocab_size;
   std::vector<float> all = m.logits(Batch::from_hf(1, t, ids, ids));
   return std::vector<float>(all.begin() + pos * V, all.begin() + (pos + 1) * V);
@@ -77,7 +77,7 @@ class GenerateParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GenerateParity, PrefillAndDecodeLogitsMatchFullForward) {
   TestModel t = make(GetParam());
-  LlamaModel& m = *t.model;
+  DecoderModel& m = *t.model;
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> seq = random_ids(kSeq, V, 3);
   std::vector<float> full = m.logits(Batch::from_hf(1, kSeq, seq, seq));
@@ -105,7 +105,7 @@ TEST_P(GenerateParity, PrefillAndDecodeLogitsMatchFullForward) {
 
 TEST_P(GenerateParity, GreedyEqualsArgmaxOfRecomputedLogits) {
   TestModel t = make(GetParam());
-  LlamaModel& m = *t.model;
+  DecoderModel& m = *t.model;
   const std::vector<int32_t> prompt = random_ids(kPrompt, m.config().vocab_size, 5);
   Generator gen(m);
   const std::vector<int32_t> out = gen.greedy(prompt, kSteps, {});

@@ -15,8 +15,8 @@
 #include "io/gguf.h"
 #include "model/experts.h"
 #include "model/gguf_model.h"
-#include "../io/test_gguf_builder.h"
-#include "../real_models.h"
+#include "gguf_builder.h"
+#include "real_models.h"
 
 
 namespace qlora {

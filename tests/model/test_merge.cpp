@@ -32,7 +32,7 @@ std::vector<float> merged_logits(const MergedModel& m, const Batch& b) {
   po.seq_len = b.t;
   LoraSpec lora = fixture_lora();
   lora.targets = lora_modules(m.config());  // a MoE model's: the attention's
-  LlamaModel model(m.config(), *be, po, lora);
+  DecoderModel model(m.config(), *be, po, lora);
   model.load_base(src);
   model.init_lora(1);
   return model.logits(b);

@@ -25,7 +25,7 @@ using testing_util::host_copy;
 
 constexpr int64_t kLayers = 3;
 
-std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t tile, double dropout) {
+std::unique_ptr<DecoderModel> build(Backend& be, const std::string& ckpt, int64_t tile, double dropout) {
   LlamaConfig c = open_model_source(fixtures() + "/models/llama_gqa").config;
   c.n_layer = kLayers;
   ModelPlanOptions po;
@@ -36,7 +36,7 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t 
   po.ce_chunk = 8;
   LoraSpec lora = testing_util::fixture_lora();
   lora.dropout = dropout;
-  auto m = std::make_unique<LlamaModel>(c, be, po, lora);
+  auto m = std::make_unique<DecoderModel>(c, be, po, lora);
   m->load_base(random_tensor_source(7));
   m->init_lora(1);
   return m;
@@ -60,8 +60,8 @@ testing_util::TestModel trained(int64_t tile, double dropout, const std::string&
 
 void expect_tiled_equals_untiled(int64_t tile, double dropout, const std::string& variant = "llama_gqa") {
   testing_util::TestModel a = trained(0, dropout, variant), b = trained(tile, dropout, variant);
-  LlamaModel* ref = a.model.get();
-  LlamaModel* tiled = b.model.get();
+  DecoderModel* ref = a.model.get();
+  DecoderModel* tiled = b.model.get();
   const auto mbs = testing_util::small_micro_batches(ref->config().vocab_size);
   const StepResult ga = accumulate_grads(*ref, mbs, 0, 5), gb = accumulate_grads(*tiled, mbs, 0, 5);
   ASSERT_TRUE(std::isfinite(ga.loss) && ga.loss > 0);
@@ -260,14 +260,11 @@ TEST(AttentionDq, RecomputedWhenThePlanDoesNotFitTheBudget) {
   forced.attn_dq = AttnDq::Recompute;
   EXPECT_EQ(fit(forced, DeviceKind::Cuda, 0).attn_dq, AttnDq::Recompute);
   // The config key: auto leaves it to the budget; a bad value names the key and the choices.
-  TrainConfig tc;
-  tc.attention_dq = "auto";
-  EXPECT_FALSE(engine_spec(tc).attn_dq.has_value());
-  tc.attention_dq = "recompute";
-  EXPECT_EQ(engine_spec(tc).attn_dq, AttnDq::Recompute);
-  tc.attention_dq = "recompte";
+  auto config = [](const std::string& yaml) { return parse_train_config(yaml, "<string>", {}, nullptr); };
+  EXPECT_FALSE(engine_spec(config("attention_dq: auto")).attn_dq.has_value());
+  EXPECT_EQ(engine_spec(config("attention_dq: recompute")).attn_dq, AttnDq::Recompute);
   try {
-    engine_spec(tc);
+    config("attention_dq: recompte");
     ADD_FAILURE() << "a bad attention_dq was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Config);
@@ -308,7 +305,7 @@ TEST(HostMemory, APlanLargerThanTheMachineIsRefusedBeforeAllocating) {
   }
   auto be = make_cpu_backend();
   try {
-    LlamaModel m(c, *be, po, testing_util::fixture_lora());
+    DecoderModel m(c, *be, po, testing_util::fixture_lora());
     ADD_FAILURE() << "a plan of more than the machine's memory was allocated";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Config);

@@ -34,7 +34,7 @@ std::string error_of(const std::string& dir) {
     ModelPlanOptions po;
     po.micro_batch = 1;
     po.seq_len = 8;
-    t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, fixture_lora());
+    t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, po, fixture_lora());
     t.model->load_base(t.src.tensors);
   } catch (const Error& e) {
     return e.what();
@@ -162,7 +162,7 @@ TEST(ModelLoadErrors, Bf16BaseOnTheCpuIsRefusedByName) {
     po.seq_len = 8;
     po.base_precision = b;
     try {
-      LlamaModel m(src.config, *be, po, fixture_lora());
+      DecoderModel m(src.config, *be, po, fixture_lora());
       ADD_FAILURE() << "accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();

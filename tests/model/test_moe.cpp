@@ -185,7 +185,7 @@ TEST(Moe, LoadBalancingLossCountsEachRealTokenOnce) {
   t.model->forward_backward(pad, 1.0f, 0);
   EXPECT_NEAR(t.model->last_aux_loss(), want, 1e-6 * want);
   EXPECT_GT(std::fabs(with_pad_counted - want), 1e-3 * want) << "the padding's routing changes the loss when counted";
-  const LlamaModel::RowWeightFn weigh = [](const std::vector<float>& r) { return std::vector<float>(r.size(), 1.0f); };
+  const DecoderModel::RowWeightFn weigh = [](const std::vector<float>& r) { return std::vector<float>(r.size(), 1.0f); };
   try {
     t.model->forward_backward_weighted(b, weigh, 0);
     ADD_FAILURE() << "a preference objective beside the load-balancing loss must be refused";
@@ -328,7 +328,7 @@ TEST(Moe, Nf4ExpertsEqualTheFloatModelOnTheirDequantizedWeights) {
     po.base_precision.reset();
     TestModel f;
     f.be = make_cpu_backend();
-    f.model = std::make_unique<LlamaModel>(src.config, *f.be, po, fixture_lora(variant));
+    f.model = std::make_unique<DecoderModel>(src.config, *f.be, po, fixture_lora(variant));
     f.model->load_base(rt);
     f.model->init_lora(1);
     load_peft_adapter(fixtures() + "/parity/" + std::string(variant) + "_adapter", *f.model);
@@ -494,7 +494,7 @@ TEST(Moe, GptOssCheckpointErrors) {
     adopt_stored_quantization(po, src.tensors);  // the experts as shipped, as the trainer takes them
     ASSERT_TRUE(po.expert_precision.has_value());
     auto be = make_cpu_backend();
-    LlamaModel m(src.config, *be, po, fixture_lora("gpt_oss"));
+    DecoderModel m(src.config, *be, po, fixture_lora("gpt_oss"));
     expect_error([&] { m.load_base(src.tensors); }, ErrorKind::Format, bad + "': has shape");
   }
   fs::remove_all(dir);

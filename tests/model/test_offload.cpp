@@ -41,7 +41,7 @@ LlamaConfig with_layers(int64_t n_layer) {
   return c;
 }
 
-std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t n_layer = kLayers) {
+std::unique_ptr<DecoderModel> build(Backend& be, const std::string& ckpt, int64_t n_layer = kLayers) {
   ModelPlanOptions po;
   po.micro_batch = 2;
   po.seq_len = 12;
@@ -49,7 +49,7 @@ std::unique_ptr<LlamaModel> build(Backend& be, const std::string& ckpt, int64_t 
   po.ce_chunk = 8;
   LoraSpec lora = testing_util::fixture_lora();
   lora.dropout = 0.1;  // the recompute regenerates the masks: offload must too
-  auto m = std::make_unique<LlamaModel>(with_layers(n_layer), be, po, lora);
+  auto m = std::make_unique<DecoderModel>(with_layers(n_layer), be, po, lora);
   m->load_base(random_tensor_source(7));
   m->init_lora(1);
   return m;

@@ -70,7 +70,7 @@ TEST(PlanAllocation, QuantizedBaseAllocatesThePlan) {
     po.micro_batch = 2;
     po.seq_len = 9;
     po.checkpointing = parse_checkpointing(c.ckpt, "checkpointing");
-    LlamaModel m(src.config, *be, po, fixture_lora());
+    DecoderModel m(src.config, *be, po, fixture_lora());
     m.load_base(src.tensors);
     const auto planned = m.plan().bytes_by_category();
     const auto& alloc = m.arena().allocated();

@@ -73,7 +73,7 @@ Error load_error(const std::string& dir, const std::string& precision = "") {
     po.micro_batch = 1;
     po.seq_len = 4;
     adopt_stored_quantization(po, src.tensors);
-    LlamaModel m(src.config, *be, po, fixture_lora());
+    DecoderModel m(src.config, *be, po, fixture_lora());
     m.load_base(src.tensors);
   } catch (const Error& e) {
     return e;

@@ -24,7 +24,7 @@ constexpr double kGradTol = 2e-5;  // rel_err, as the fp32 parity tests (2.3e-6 
 struct QModel {
   std::unique_ptr<Backend> be;
   ModelSource src;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<DecoderModel> model;
 };
 
 ModelPlanOptions qopts(const std::string& precision, bool dq, int64_t blocksize, const std::string& ckpt = "none") {
@@ -44,7 +44,7 @@ QModel make_qmodel(const std::string& dir, ModelPlanOptions po, bool adopt = fal
   t.be = make_cpu_backend();
   t.src = open_model_source(dir);
   if (adopt) adopt_stored_quantization(po, t.src.tensors);
-  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, po, fixture_lora());
+  t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, po, fixture_lora());
   t.model->load_base(t.src.tensors);
   t.model->init_lora(1);
   return t;
@@ -74,7 +74,7 @@ struct Fixture {
   Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
 };
 
-std::vector<float> grad_of(LlamaModel& m, LoraParam& p) {
+std::vector<float> grad_of(DecoderModel& m, LoraParam& p) {
   std::vector<float> g(size_t(p.g.numel()));
   m.backend().copy_to_host(g.data(), p.g.data, g.size() * 4);
   return g;
@@ -201,7 +201,7 @@ TEST(QloraEngine, EveryFormatEqualsAFloatModelOfItsDequantizedWeights) {
     ref.src = open_model_source(dir);
     ModelPlanOptions po = qopts("fp32", false, 64, c.ckpt);
     po.method = Method::Lora;
-    ref.model = std::make_unique<LlamaModel>(ref.src.config, *ref.be, po, fixture_lora());
+    ref.model = std::make_unique<DecoderModel>(ref.src.config, *ref.be, po, fixture_lora());
     ref.model->load_base(dequantized_source(ref.src.tensors, p));
     for (QModel* m : {&q, &ref}) load_peft_adapter(fixtures() + "/parity/llama_gqa_adapter", *m->model);
 
@@ -275,7 +275,7 @@ TEST(QloraEngine, LoadReadsOneTensorAtATime) {
     reads.emplace_back(n, e);
     src.tensors.read_f32(n, shape, dst);
   };
-  LlamaModel m(src.config, *be, qopts("nf4", true, 64), fixture_lora());
+  DecoderModel m(src.config, *be, qopts("nf4", true, 64), fixture_lora());
   m.load_base(spy);
   EXPECT_EQ(reads.size(), size_t(2 + 2 * 9 + 1));  // embed, lm_head, per layer 2 norms + 7 projections, norm
   for (const auto& [n, e] : reads) EXPECT_LE(e, 160 * 64) << n;  // never more than the largest tensor
@@ -307,7 +307,7 @@ TEST(QloraEngine, DeviceBackendPathGivesTheSameNumbers) {
   QModel cpu = make_qmodel(fixtures() + "/models/llama_gqa", qopts("nf4", true, 64));
   RemoteCpu be;
   ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
-  LlamaModel m(src.config, be, qopts("nf4", true, 64), fixture_lora());
+  DecoderModel m(src.config, be, qopts("nf4", true, 64), fixture_lora());
   m.load_base(src.tensors);
   m.init_lora(1);
   const int64_t downloads_before = be.downloads;
@@ -348,7 +348,7 @@ TEST(QloraEngine, DequantTrafficIsWhatThePlannerCounts) {
   for (const char* ckpt : {"none", "full"}) {
     SCOPED_TRACE(ckpt);
     QModel t;
-    t.model = std::make_unique<LlamaModel>(deep, *t0.be, qopts("nf4", true, 64, ckpt), fixture_lora());
+    t.model = std::make_unique<DecoderModel>(deep, *t0.be, qopts("nf4", true, 64, ckpt), fixture_lora());
     t.model->load_base(deep_src);
     t.model->init_lora(1);
     const int64_t L = t.model->config().n_layer;

@@ -16,8 +16,8 @@
 #include "io/json_util.h"
 #include "model/gguf_model.h"
 #include "text/tokenizer.h"
-#include "../real_models.h"
-#include "../sha256_util.h"
+#include "real_models.h"
+#include "sha256_util.h"
 #include "model_test_util.h"
 
 namespace qlora {

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "text/chat_template.h"
 #include "train/model_source.h"
-#include "../real_models.h"
+#include "real_models.h"
 
 namespace qlora {
 namespace {
@@ -47,7 +47,7 @@ TEST(SmolLM2Real, TemplateTokensAndLogitsMatchTransformers) {
   ModelPlanOptions po;
   po.micro_batch = 1;
   po.seq_len = 128;
-  LlamaModel model(src.config, *be, po, lora);
+  DecoderModel model(src.config, *be, po, lora);
   model.load_base(src.tensors);
   model.init_lora(7);  // B = 0: the adapter adds nothing
 

@@ -1,5 +1,5 @@
 // gradient_checkpointing: offload in `qlora plan`: the plan moves all but two layer inputs to pinned
-// host memory (the engine's schedule, LlamaModel::forward_backward), the speed model prices each
+// host memory (the engine's schedule, DecoderModel::forward_backward), the speed model prices each
 // input's copy against the layer it runs beside, and --fit reports what offload buys in context.
 #include <gtest/gtest.h>
 

@@ -14,7 +14,7 @@
 #include "io/json_util.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_pretok.h"
-#include "../real_models.h"
+#include "real_models.h"
 
 namespace qlora {
 namespace {

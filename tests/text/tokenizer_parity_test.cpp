@@ -8,7 +8,7 @@
 #include "io/json_util.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
-#include "../real_models.h"
+#include "real_models.h"
 
 namespace qlora {
 namespace {

@@ -6,7 +6,7 @@
 #include <random>
 #include <set>
 
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 #include "core/error.h"
 #include "text/packing.h"
 #include "train/data.h"

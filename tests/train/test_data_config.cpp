@@ -47,7 +47,7 @@ TEST(DataConfig, DatasetsListBecomesAWeightedMix) {
   // One plain entry is still train_file.
   TrainConfig one = parse("datasets:\n  - path: a.jsonl\n    type: sharegpt\n");
   EXPECT_EQ(one.train_file, "a.jsonl");
-  EXPECT_EQ(one.dataset_format, "sharegpt");
+  EXPECT_EQ(one.dataset_format, DatasetFormat::ShareGpt);
 }
 
 TEST(DataConfig, MaskingAndFieldKeysWithAliases) {
@@ -63,7 +63,7 @@ TEST(DataConfig, MaskingAndFieldKeysWithAliases) {
   EXPECT_EQ(c.field_messages, "chat");
   EXPECT_EQ(c.message_field_role, "speaker");
   EXPECT_EQ(c.message_field_content, "text");
-  EXPECT_EQ(c.dataset_format, "segments");
+  EXPECT_EQ(c.dataset_format, DatasetFormat::Segments);
   EXPECT_EQ(c.chat_template, "");
   EXPECT_TRUE(has_note(notes, "completion_only_loss: false -> train_on_inputs: true"));
   EXPECT_EQ(TrainConfig().roles_to_train, (std::vector<std::string>{"assistant"}));

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../model/model_test_util.h"
+#include "model_test_util.h"
 #include "train/data.h"
 #include "train/engine_config.h"
 #include "train/preference_step.h"

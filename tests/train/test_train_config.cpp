@@ -66,11 +66,11 @@ TEST(TrainConfig, DefaultsAreTheDocumentedOnes) {
   EXPECT_EQ(c.target_modules, kAll);  // all-linear
   EXPECT_EQ(c.gradient_checkpointing, Checkpointing::None);
   EXPECT_EQ(c.ce_chunk_size, 1024);
-  EXPECT_EQ(c.base_precision, "");
+  EXPECT_FALSE(c.base_precision.has_value());
   EXPECT_EQ(c.quant_blocksize, 64);
   EXPECT_EQ(c.truncation, Truncation::TruncateRight);
-  EXPECT_EQ(c.dataset_format, "auto");
-  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.dataset_format, DatasetFormat::Auto);
+  EXPECT_EQ(c.device, DeviceChoice::Auto);
   EXPECT_FALSE(c.load_in_4bit);
   EXPECT_FALSE(c.packing);
   // The constructor uses the same table and derivations.
@@ -81,10 +81,10 @@ TEST(TrainConfig, DefaultsAreTheDocumentedOnes) {
   d.per_device_train_batch_size = 3;
   d.target_modules = {"v_proj", "q_proj"};
   finalize_train_config(d);
-  EXPECT_EQ(d.base_precision, "nf4");
+  EXPECT_EQ(d.base_precision, BasePrecision::Nf4);
   EXPECT_EQ(d.per_device_eval_batch_size, 3);
   EXPECT_EQ(d.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
-  d.base_precision = "bf16";
+  d.base_precision = BasePrecision::Bf16;
   EXPECT_THROW(finalize_train_config(d), Error);
   EXPECT_EQ(parse("per_device_train_batch_size: 4").per_device_eval_batch_size, 4);
 }
@@ -158,11 +158,11 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"gradient_checkpointing: unsloth", "gradient_checkpointing: unsloth -> offload",
        [](auto& c) { return c.gradient_checkpointing == Checkpointing::Offload; }},
       {"datasets:\n  - path: data/alpaca.jsonl\n    type: alpaca", "datasets[0].path -> train_file",
-       [](auto& c) { return c.train_file == "data/alpaca.jsonl" && c.dataset_format == "alpaca"; }},
+       [](auto& c) { return c.train_file == "data/alpaca.jsonl" && c.dataset_format == DatasetFormat::Alpaca; }},
       {"datasets:\n  - path: d.jsonl\n    type: chat_template", "dataset_format: chat_template -> messages",
-       [](auto& c) { return c.dataset_format == "messages"; }},
+       [](auto& c) { return c.dataset_format == DatasetFormat::Messages; }},
       {"adapter: qlora", "adapter: qlora -> load_in_4bit: true",
-       [](auto& c) { return c.load_in_4bit && c.base_precision == "nf4" && c.bnb_4bit_use_double_quant; }},
+       [](auto& c) { return c.load_in_4bit && c.base_precision == BasePrecision::Nf4 && c.bnb_4bit_use_double_quant; }},
       {"adapter: lora", "adapter: lora (the default)", [](auto& c) { return !c.load_in_4bit; }},
       {"quantization_bit: 4", "quantization_bit: 4 -> load_in_4bit: true", [](auto& c) { return c.load_in_4bit; }},
       {"optimizer:\n  _component_: torch.optim.AdamW\n  lr: 1e-5\n  weight_decay: 0.01\n  betas: [0.8, 0.95]",
@@ -178,7 +178,7 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"resume_from_checkpoint: true", "resume_from_checkpoint: true -> latest",
        [](auto& c) { return c.resume_from_checkpoint == "latest"; }},
       {"bf16: auto", "bf16: auto -> true", [](auto& c) { return c.bf16; }},
-      {"device: gpu", "device: gpu -> cuda", [](auto& c) { return c.device == "cuda"; }},
+      {"device: gpu", "device: gpu -> cuda", [](auto& c) { return c.device == DeviceChoice::Cuda; }},
       {"quantization_bit: 4\nquantization_method: bitsandbytes", "quantization_method: bitsandbytes (the default)",
        [](auto& c) { return c.load_in_4bit; }},
       {"finetuning_type: lora", "finetuning_type: lora (the default)", [](auto&) { return true; }},
@@ -311,17 +311,17 @@ TEST(TrainConfig, RouterAuxLossCoefIsAutoOrANumber) {
 TEST(TrainConfig, FourBitImplications) {
   std::vector<std::string> notes;
   TrainConfig c = parse("load_in_4bit: true", &notes);
-  EXPECT_EQ(c.base_precision, "nf4");
+  EXPECT_EQ(c.base_precision, BasePrecision::Nf4);
   EXPECT_TRUE(c.bnb_4bit_use_double_quant);
   EXPECT_TRUE(has_note(notes, "load_in_4bit: bnb_4bit_use_double_quant defaults to true (QLoRA)"));
   notes.clear();
   c = parse("load_in_4bit: true\nbnb_4bit_quant_type: fp4\nbnb_4bit_use_double_quant: false", &notes);
-  EXPECT_EQ(c.base_precision, "fp4");
+  EXPECT_EQ(c.base_precision, BasePrecision::Fp4);
   EXPECT_FALSE(c.bnb_4bit_use_double_quant);
   EXPECT_FALSE(has_note(notes, "load_in_4bit: bnb_4bit_use_double_quant defaults to true (QLoRA)"));
   c = parse("base_precision: fp4");
   EXPECT_TRUE(c.load_in_4bit);
-  EXPECT_EQ(c.bnb_4bit_quant_type, "fp4");
+  EXPECT_EQ(c.bnb_4bit_quant_type, BasePrecision::Fp4);
   c = parse("base_precision: nvfp4");
   EXPECT_FALSE(c.load_in_4bit);
 }
@@ -345,7 +345,7 @@ TEST(TrainConfig, Overrides) {
             (std::vector<std::string>{"q_proj", "v_proj"}));
   // A comma string (LLaMA-Factory style): items trimmed, empty ones dropped.
   EXPECT_EQ(parse("lora_target: ' q_proj ,, v_proj,'\n").target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
-  EXPECT_EQ(parse("", nullptr, {"datasets=[{path: x.jsonl, type: sharegpt}]"}).dataset_format, "sharegpt");
+  EXPECT_EQ(parse("", nullptr, {"datasets=[{path: x.jsonl, type: sharegpt}]"}).dataset_format, DatasetFormat::ShareGpt);
   Error e = expect_error([] { parse("", nullptr, {"learning_rate"}); }, ErrorKind::Config);
   EXPECT_EQ(e.where(), "override 'learning_rate'");
   Error f = expect_error([] { parse("", nullptr, {"r=abc"}); }, ErrorKind::Config);

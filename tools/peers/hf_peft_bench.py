@@ -10,7 +10,7 @@ same JSON fields.
 
 What it runs (the stock QLoRA recipe, as the QLoRA paper's qlora.py, the peft docs and TRL run it):
  - LlamaForCausalLM built from a LlamaConfig with the real shape (presets below, cross-checked
-   with src/model/llama_config.cpp), attn_implementation="sdpa", random weights; nothing is
+   with src/model/llama_presets.cpp), attn_implementation="sdpa", random weights; nothing is
    downloaded. The skeleton is made on the meta device and each tensor is materialized on the
    target device one at a time: bf16 normal(0, 0.02) for embeddings and projections, ones for
    RMSNorm weights. For a 4-bit base, each decoder projection (q/k/v/o/gate/up/down, as
@@ -71,7 +71,7 @@ import traceback
 import warnings
 
 # ---------------------------------------------------------------------------------------------------
-# Model presets: the llama-type rows of kPresets in src/model/llama_config.cpp (HF config.json
+# Model presets: the llama-type rows of kPresets in src/model/llama_presets.cpp (HF config.json
 # values). rope: None or the llama3 scaling (low 1, high 4, original 8192, as preset_config() sets).
 
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

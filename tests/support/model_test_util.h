@@ -14,7 +14,7 @@
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/batch.h"
-#include "model/llama_model.h"
+#include "model/decoder_model.h"
 #include "model/peft_io.h"
 #include "model/quant_bytes.h"
 #include "model/modes.h"
@@ -28,7 +28,7 @@ inline std::string fixtures() { return QLORA_FIXTURES; }
 struct TestModel {
   std::unique_ptr<Backend> be;
   ModelSource src;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<DecoderModel> model;
 };
 
 // The model of tests/fixtures/models/<variant> on `be` with `po` and `lora`, its base loaded and
@@ -42,7 +42,7 @@ inline TestModel make_model_on(std::unique_ptr<Backend> be, const std::string& v
   ModelPlanOptions o = po;  // gpt-oss: its MXFP4 experts as shipped, as the trainer takes them
   if (!o.expert_precision && t.src.tensors.stored_expert_quant)
     o.expert_precision = base_precision_of(*t.src.tensors.stored_expert_quant);
-  t.model = std::make_unique<LlamaModel>(t.src.config, *t.be, o, lora);
+  t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, o, lora);
   t.model->load_base(t.src.tensors);
   t.model->init_lora(1);
   if (!adapter.empty()) load_peft_adapter(fixtures() + "/" + adapter, *t.model);
@@ -103,7 +103,7 @@ inline std::vector<float> floats(const SafetensorsArchive& ar, const std::string
 // not 1, so small gradients are held to the same relative precision as large ones). An all-zero
 // reference only matches an all-zero result.
 // An f32 tensor of a model's backend, copied to the host.
-inline std::vector<float> host_copy(LlamaModel& m, const Tensor& t) {
+inline std::vector<float> host_copy(DecoderModel& m, const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
   m.backend().copy_to_host(v.data(), t.data, v.size() * 4);
   return v;
@@ -126,7 +126,7 @@ inline std::vector<float> source_logits(const std::string& model, const std::str
   ModelPlanOptions po;
   po.micro_batch = 1;
   po.seq_len = int64_t(ids.size());
-  LlamaModel m(src.config, *be, po, lora);
+  DecoderModel m(src.config, *be, po, lora);
   m.load_base(src.tensors);
   if (adapter.empty()) m.init_lora(7);  // B = 0: adds nothing
   else load_peft_adapter(adapter, m);

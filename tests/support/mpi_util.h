@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../cli/cli_util.h"
+#include "cli_util.h"
 #include "io/safetensors.h"
 
 namespace qlora::mpi_test {

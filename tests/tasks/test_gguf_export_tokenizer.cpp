@@ -12,7 +12,7 @@
 #include "io/json_util.h"
 #include "text/tokenizer.h"
 #include "tasks/gguf_export.h"
-#include "../real_models.h"
+#include "real_models.h"
 
 namespace fs = std::filesystem;
 using namespace qlora;

@@ -4,7 +4,7 @@
 // their LoRA gradients with the harness's NCCL (emu_nccl.cpp). Against one process with the same
 // global batch on the same backend: the same loss curve, grad norms and adapter within fp32
 // summation-order tolerance, bit-identical reruns.
-#include "../mpi/mpi_util.h"
+#include "mpi_util.h"
 
 using namespace qlora::mpi_test;
 
@@ -16,7 +16,7 @@ namespace {
 // runs: training losses and grad norms within 2.9e-9 relative, adapter tensors within 1.7e-7
 // (fsdp on 2 ranks: equal), eval losses within 3.3e-6 (the forward reads the updated LoRA
 // weights in bf16, where a last-bit difference of the fp32 master can round to a different bf16).
-// The loss bound is the eval loss's with 3x room (the CPU ranks' bound, tests/mpi); the adapter's
+// The loss bound is the eval loss's with 3x room (the CPU ranks' bound, tests/dist/mpi); the adapter's
 // leaves 30x room.
 constexpr double kLossRtol = 1e-5;
 constexpr double kAdapterRtol = 5e-6;
