@@ -56,11 +56,23 @@ Adapters::Adapters(const LlamaConfig& cfg, const LoraSpec& spec, const ModelPlan
     }
 }
 
+bool decays(const std::string& n) {
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (has("bias") || has("layernorm") || has("rmsnorm")) return false;
+  // "(^|.)norm(.|$)" and "_norm(.|$)": model.norm.weight, q_norm, k_norm
+  for (size_t at = n.find("norm"); at != std::string::npos; at = n.find("norm", at + 1)) {
+    const bool after = at + 4 == n.size() || n[at + 4] == '.';
+    const bool before = at == 0 || n[at - 1] == '.' || n[at - 1] == '_';
+    if (after && before) return false;
+  }
+  return true;
+}
+
 // A module's lora_A and lora_B (planned under `base`), with their gradients and AdamW moments.
 void Adapters::add_pair(Arena& arena, const ModelPlanOptions& opts, const std::string& base,
                         const std::string& peft_module, int64_t experts, bool interleaved) {
   for (const char* ab : {"lora_A", "lora_B"}) {
-    LoraParam lp;
+    TrainParam lp;
     lp.name = base + ab;
     lp.peft_key = peft_module + "." + ab + ".weight";
     lp.w = arena.get(lp.name);

@@ -16,9 +16,12 @@
 
 namespace qlora {
 
-struct LoraParam {
-  std::string name;   // "layers.3.q_proj.lora_A"
-  std::string peft_key;  // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"
+// A trained tensor: a LoRA A or B, or under full fine-tuning a weight of the model.
+struct TrainParam {
+  std::string name;   // "layers.3.q_proj.lora_A"; full fine-tuning: the weight's buffer, "layers.3.q_proj"
+  // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"; full fine-tuning: the Hugging
+  // Face name, "model.layers.3.self_attn.q_proj.weight"
+  std::string peft_key;
   Tensor w, g, m, v;  // parameter, gradient, AdamW moments (F32, same shape; with ZeRO-1 m and v
                       // hold only this rank's share: 1-D, ceil(numel / ranks) elements)
   // An expert stack's lora_B: the number of experts. The engine holds expert e's (out, r) rows at
@@ -28,7 +31,12 @@ struct LoraParam {
   // gpt-oss's gate_up_proj: PEFT's output o is gate's row o/2 (even o) or up's (odd o), where the
   // engine holds each expert's gate rows, then its up rows.
   bool interleaved = false;
+  // AdamW's weight decay applies (HF Trainer: not to biases and norm weights).
+  bool decay = true;
 };
+
+// HF Trainer's rule (get_decay_parameter_names): no weight decay for a bias or a norm's weight.
+bool decays(const std::string& hf_name);
 
 class Adapters {
  public:
@@ -37,8 +45,8 @@ class Adapters {
   Adapters(const LlamaConfig& cfg, const LoraSpec& spec, const ModelPlanOptions& opts, Arena& arena);
 
   struct Pair {
-    const LoraParam& A;
-    const LoraParam& B;
+    const TrainParam& A;
+    const TrainParam& B;
   };
   // The adapter on layer l's projection p (a fused module's, for each projection it spans), or -1.
   int index(int64_t l, int p) const { return slot_[size_t(l * 7 + p)]; }
@@ -53,7 +61,7 @@ class Adapters {
   const std::string& module(int p) const { return name_[size_t(p)]; }
 
   const LoraSpec& spec() const { return spec_; }
-  std::vector<LoraParam>& params() { return params_; }
+  std::vector<TrainParam>& params() { return params_; }
   // PEFT init: A Kaiming-uniform (a=sqrt(5)), B zeros; gradients and moments zeroed.
   void init(Backend& be, uint64_t seed);
   void zero_grads(Backend& be);
@@ -67,7 +75,7 @@ class Adapters {
 
   LoraSpec spec_;
   // The parameters, each module's lora_A followed by its lora_B (pair() reads that order).
-  std::vector<LoraParam> params_;
+  std::vector<TrainParam> params_;
   std::vector<int> slot_;    // (layer*7 + proj) -> index of its module's lora_A in params_, or -1
   std::vector<int> expert_;  // (layer*2 + kind) -> index of its lora_A in params_, or -1
   std::array<std::string, 7> name_;

@@ -43,7 +43,8 @@ void adopt_stored_quantization(ModelPlanOptions& o, const TensorSource& src) {
 // "layers.3.q_proj" -> "q_proj"
 static std::string projection_of(const std::string& buffer) { return buffer.substr(buffer.find('.', 7) + 1); }
 
-BaseWeights::BaseWeights(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& opts, Arena& arena)
+BaseWeights::BaseWeights(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& opts, Arena& arena,
+                         const MemoryPlan& plan)
     : cfg_(cfg), be_(be), opts_(opts), arena_(arena), quant_io_(be) {
   if (is_quantized(base_of(opts_))) {
     quantized_base_ = true;
@@ -64,10 +65,10 @@ BaseWeights::BaseWeights(const LlamaConfig& cfg, Backend& be, const ModelPlanOpt
       base_comm_ = own_comm_.get();
     }
   }
-  resolve();
+  resolve(plan);
 }
 
-void BaseWeights::resolve() {
+void BaseWeights::resolve(const MemoryPlan& plan) {
   const Arena& ar = arena_;
   auto opt = [&](const std::string& name) { return ar.has(name) ? ar.get(name) : Tensor(); };
   dq_.slots = opt("ws.dequant");
@@ -79,56 +80,82 @@ void BaseWeights::resolve() {
     const auto [out, in] = projection_shape(cfg_, kProj[p]);
     at += out * in;
   }
-  layers_.assign(size_t(cfg_.n_layer), LayerWeights{});
   // fsdp: a layer's projections live in its fsdp.gather slot (l % 2) once gathered.
-  const DType float_base = storage_dtype(base_of(opts_));
   gather_ = fsdp_ ? static_cast<uint8_t*>(ar.raw("fsdp.gather")) : nullptr;
+  if (fsdp_)
+    for (int64_t l = 0; l < cfg_.n_layer; l++)
+      shard_ptr_.push_back(static_cast<const uint8_t*>(ar.raw("layers." + std::to_string(l) + ".base.shard")));
+  const bool full = opts_.method == Method::Full;
+  layers_.clear();
+  grads_.assign(size_t(cfg_.n_layer), LayerWeights{});
   for (int64_t l = 0; l < cfg_.n_layer; l++) {
-    LayerWeights& L = layers_[size_t(l)];
-    const std::string lp = "layers." + std::to_string(l) + ".";
-    if (cfg_.qk_norm) {
-      L.q_norm_w = ar.get(lp + "q_norm");
-      L.k_norm_w = ar.get(lp + "k_norm");
-    }
-    if (cfg_.moe()) {
-      L.router = ar.get(lp + "router");
-      if (cfg_.moe_biases) L.router_bias = ar.get(lp + "router.bias");
-      for (int k = 0; k < 3; k++) {
-        const std::string stack = lp + "experts." + expert_kinds()[size_t(k)];
-        if (quantized_experts_) L.experts_packed[k] = static_cast<const uint8_t*>(ar.raw(stack));
-        else L.experts[k] = ar.get(stack);
-        if (cfg_.moe_biases) L.expert_bias[k] = ar.get(stack + ".bias");
-      }
-    }
-    L.ln1_w = ar.get(lp + "input_layernorm");
-    // Llama's post_attention_layernorm is the MLP's input norm; Gemma's sits on o_proj's output
-    // and pre_feedforward_layernorm is the MLP's.
-    if (cfg_.sandwich_norms) {
-      L.ln2_w = ar.get(lp + "pre_feedforward_layernorm");
-      L.post_attn_w = ar.get(lp + "post_attention_layernorm");
-      L.post_ff_w = ar.get(lp + "post_feedforward_layernorm");
-    } else {
-      L.ln2_w = ar.get(lp + "post_attention_layernorm");
-    }
-    if (fsdp_) shard_ptr_.push_back(static_cast<const uint8_t*>(ar.raw(lp + "base.shard")));
-    for (int p = 0; p < int(dense_projections(cfg_).size()); p++) {  // a MoE layer's MLP: router and experts above
-      if (fsdp_) {
-        uint8_t* at = gather_ + (l % 2) * blob_.total + blob_.offset[p];
-        const auto [out, in] = projection_shape(cfg_, kProj[p]);
-        if (quantized_base_) L.packed[p] = at;
-        else L.w[p] = Tensor(at, float_base, {out, in});
-      } else if (quantized_base_) {
-        L.packed[p] = ar.raw(lp + kProj[p]);
-        if (opts_.gemm_dtype == GemmDtype::Fp4) L.gemm_scales[p] = ar.raw(lp + kProj[p] + ".gemm_scales");
-      } else {
-        L.w[p] = ar.get(lp + kProj[p]);
-      }
-    }
-    if (cfg_.attention_bias)
-      for (int p = 0; p <= V; p++) L.bias[p] = ar.get(lp + kProj[p] + ".bias");
-    if (cfg_.o_proj_bias) L.bias[O] = ar.get(lp + "o_proj.bias");
-    if (cfg_.attention_sinks) L.sinks = ar.get(lp + "sinks");
+    layers_.push_back(resolve_layer(l, ""));
+    if (full) grads_[size_t(l)] = resolve_layer(l, ".grad");
   }
+  if (!full) return;
+  for (const auto& b : plan.buffers) {
+    if (b.category != MemCategory::Weights) continue;
+    TrainParam p;
+    p.name = b.name;
+    p.peft_key = hf_weight_name(b.name);
+    p.w = ar.get(b.name);
+    p.g = ar.get(b.name + ".grad");
+    p.m = ar.get(b.name + ".adam_m");
+    p.v = ar.get(b.name + ".adam_v");
+    p.decay = decays(p.peft_key);
+    params_.push_back(p);
+  }
+}
+
+LayerWeights BaseWeights::resolve_layer(int64_t l, const std::string& suffix) const {
+  const Arena& ar = arena_;
+  auto get = [&](const std::string& name) { return ar.get(name + suffix); };
+  const bool weights = suffix.empty();
+  const DType float_base = storage_dtype(base_of(opts_));
+  LayerWeights L;
+  const std::string lp = "layers." + std::to_string(l) + ".";
+  if (cfg_.qk_norm) {
+    L.q_norm_w = get(lp + "q_norm");
+    L.k_norm_w = get(lp + "k_norm");
+  }
+  if (cfg_.moe()) {
+    L.router = get(lp + "router");
+    if (cfg_.moe_biases) L.router_bias = get(lp + "router.bias");
+    for (int k = 0; k < 3; k++) {
+      const std::string stack = lp + "experts." + expert_kinds()[size_t(k)];
+      if (quantized_experts_) L.experts_packed[k] = static_cast<const uint8_t*>(ar.raw(stack));
+      else L.experts[k] = get(stack);
+      if (cfg_.moe_biases) L.expert_bias[k] = get(stack + ".bias");
+    }
+  }
+  L.ln1_w = get(lp + "input_layernorm");
+  // Llama's post_attention_layernorm is the MLP's input norm; Gemma's sits on o_proj's output
+  // and pre_feedforward_layernorm is the MLP's.
+  if (cfg_.sandwich_norms) {
+    L.ln2_w = get(lp + "pre_feedforward_layernorm");
+    L.post_attn_w = get(lp + "post_attention_layernorm");
+    L.post_ff_w = get(lp + "post_feedforward_layernorm");
+  } else {
+    L.ln2_w = get(lp + "post_attention_layernorm");
+  }
+  for (int p = 0; p < int(dense_projections(cfg_).size()); p++) {  // a MoE layer's MLP: router and experts above
+    if (fsdp_ && weights) {
+      uint8_t* at = gather_ + (l % 2) * blob_.total + blob_.offset[p];
+      const auto [out, in] = projection_shape(cfg_, kProj[p]);
+      if (quantized_base_) L.packed[p] = at;
+      else L.w[p] = Tensor(at, float_base, {out, in});
+    } else if (quantized_base_ && weights) {
+      L.packed[p] = ar.raw(lp + kProj[p]);
+      if (opts_.gemm_dtype == GemmDtype::Fp4) L.gemm_scales[p] = ar.raw(lp + kProj[p] + ".gemm_scales");
+    } else {
+      L.w[p] = get(lp + kProj[p]);
+    }
+  }
+  if (cfg_.attention_bias)
+    for (int p = 0; p <= V; p++) L.bias[p] = get(lp + kProj[p] + ".bias");
+  if (cfg_.o_proj_bias) L.bias[O] = get(lp + "o_proj.bias");
+  if (cfg_.attention_sinks) L.sinks = get(lp + "sinks");
+  return L;
 }
 
 void BaseWeights::set_comm(Comm& comm) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/adapters.h"
 #include "core/comm.h"
 #include "model/arena.h"
 #include "model/llama_config.h"
@@ -46,8 +47,8 @@ struct LayerWeights {
 
 class BaseWeights {
  public:
-  // opts as resolved by the model (gemm_dtype); the arena holds the planned buffers.
-  BaseWeights(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& opts, Arena& arena);
+  // opts as resolved by the model (gemm_dtype); the arena holds the plan's buffers.
+  BaseWeights(const LlamaConfig& cfg, Backend& be, const ModelPlanOptions& opts, Arena& arena, const MemoryPlan& plan);
 
   // From a tensor source (safetensors, GGUF, ...). With a quantized base precision each projection
   // is read in f32, quantized and stored, one at a time (never the whole model in f32); a
@@ -55,6 +56,13 @@ class BaseWeights {
   void load(const TensorSource& src, const MemoryPlan& plan);
 
   const LayerWeights& layer(int64_t l) const { return layers_[size_t(l)]; }
+  // Full fine-tuning (ModelPlanOptions::method full): the gradients of layer l's weights, in the
+  // same fields ("+=" by the backward); every field empty when the weights are frozen.
+  const LayerWeights& grad(int64_t l) const { return grads_[size_t(l)]; }
+  // Full fine-tuning: every weight with its gradient and AdamW moments, in plan order, named by
+  // its Hugging Face name (TrainParam::peft_key); empty when the weights are frozen.
+  std::vector<TrainParam>& params() { return params_; }
+  bool trained() const { return !params_.empty(); }
   // The (out,in) weight of projection p in the compute dtype: a quantized projection from its
   // layer's ws.dequant slot (prepare), a float one as stored (under fsdp: as gathered).
   Tensor weight(int64_t l, int p);
@@ -84,7 +92,9 @@ class BaseWeights {
   int64_t dequantized_layers() const { return dq_.count; }
 
  private:
-  void resolve();
+  void resolve(const MemoryPlan& plan);
+  // Layer l's tensors: the weights (suffix "") or, full fine-tuning, their gradients (".grad").
+  LayerWeights resolve_layer(int64_t l, const std::string& suffix) const;
   void load_layer_shard(const TensorSource& src, int64_t layer, bool stored_as_planned, const std::string& buffer);
   void load_expert_stack(const TensorSource& src, const std::string& buffer);
 
@@ -92,7 +102,8 @@ class BaseWeights {
   Backend& be_;
   const ModelPlanOptions& opts_;
   Arena& arena_;
-  std::vector<LayerWeights> layers_;
+  std::vector<LayerWeights> layers_, grads_;
+  std::vector<TrainParam> params_;
   bool quantized_base_ = false;
   QuantParams base_quant_;  // blocksize resolved
   // Mixture of experts stored quantized (ModelPlanOptions::expert_precision, else the base's), and

@@ -53,6 +53,9 @@ double DecoderModel::head_and_loss(const StepInputs& in, int64_t n, bool backwar
       const double t0 = timing_.times ? synced_now() : 0.0;
       Tensor d = as_matrix(ds, m, C);
       d.data = static_cast<char*>(ds.data) + c0 * C * es;
+      if (w.head_grad.data)  // full fine-tuning, before d overwrites the rows of x it shares
+        be_.matmul({.c = w.head_grad, .a = logits, .b = x, .m = Vv, .n = C, .k = m, .trans_a = true, .trans_b = false,
+                    .alpha = 1.0f, .beta = 1.0f});  // dW += dlogits^T x   (V,C)
       be_.matmul({.c = d, .a = logits, .b = head, .m = m, .n = C, .k = Vv, .trans_a = false, .trans_b = false,
                   .alpha = 1.0f, .beta = 0.0f});  // d[chunk] = dlogits W
       if (timing_.times) timing_.head_bwd_s += synced_now() - t0;
@@ -86,7 +89,7 @@ double DecoderModel::head_and_loss(const StepInputs& in, int64_t n, bool backwar
       be_.memset0(dln.data, size_t(n * C * es));
       be_.embedding_bwd({.dtable = dln, .dout = ds, .tokens = in.label_rows, .n = m_rows, .c = C, .vocab = n});  // dln[rows] += d
     }
-    be_.rmsnorm_bwd({.dx = with_rows(w.dres, n), .dw = Tensor(), .dout = dln, .x = fx, .w = norm_w, .rstd = frstd,
+    be_.rmsnorm_bwd({.dx = with_rows(w.dres, n), .dw = w.norm_grad, .dout = dln, .x = fx, .w = norm_w, .rstd = frstd,
                      .n = n, .c = C, .w_offset = norm_offset()});  // dres =
     if (timing_.times) timing_.head_bwd_s += synced_now() - t0;
   }

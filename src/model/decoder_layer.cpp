@@ -28,7 +28,7 @@ void DecoderModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p
                                                                .m = out});
   const int li = adapters_->enabled() ? adapters_->index(l, p) : -1;
   if (li < 0) return;
-  const LoraParam& B = adapters_->pair(li).B;
+  const TrainParam& B = adapters_->pair(li).B;
   const LoraSpec& lora = adapters_->spec();
   if (adapters_->first(p) == p) lora_h_fwd(x, l, p, a, train, seed, row0);  // h = xd A^T  (N,r)
   const Tensor bw = row_slice(B.w, adapters_->row0(p), out);  // this projection's rows of B
@@ -38,7 +38,7 @@ void DecoderModel::linear_fwd(const Tensor& y, const Tensor& x, int64_t l, int p
 
 void DecoderModel::lora_h_fwd(const Tensor& x, int64_t l, int p, const Acts& a, bool train, uint64_t seed, int64_t row0) {
   const int64_t n = x.dim(0), in = x.dim(1);
-  const LoraParam& A = adapters_->pair(adapters_->index(l, p)).A;
+  const TrainParam& A = adapters_->pair(adapters_->index(l, p)).A;
   const LoraSpec& lora = adapters_->spec();
   Tensor xin = x;
   if (train && lora.dropout > 0) {
@@ -58,6 +58,13 @@ void DecoderModel::linear_bwd(const Tensor& dx, bool acc, const Tensor& dy, cons
   const int64_t n = dy.dim(0), out = dy.dim(1), in = dx.dim(1);
   if (need_dx) be_.matmul({.c = dx, .a = dy, .b = base_->weight(l, p), .m = n, .n = in, .k = out, .trans_a = false,
                            .trans_b = false, .alpha = 1.0f, .beta = acc ? 1.0f : 0.0f});
+  if (const LayerWeights& dW = base_->grad(l); dW.w[p].data) {  // full fine-tuning
+    be_.matmul({.c = dW.w[p], .a = dy, .b = x, .m = out, .n = in, .k = n, .trans_a = true, .trans_b = false,
+                .alpha = 1.0f, .beta = 1.0f});  // dW += dy^T x   (out,in)
+    if (p <= O && dW.bias[p].data)
+      be_.matmul({.c = as_matrix(dW.bias[p], 1, out), .a = as_matrix(views_->ones, 1, n), .b = dy, .m = 1, .n = out,
+                  .k = n, .trans_a = false, .trans_b = false, .alpha = 1.0f, .beta = 1.0f});  // db += 1^T dy
+  }
   const int li = adapters_->index(l, p);
   if (li < 0) return;
   const auto& [A, B] = adapters_->pair(li);
@@ -209,6 +216,7 @@ void DecoderModel::mlp_fwd_tiled(const Acts& a, const Tensor& next, int64_t l, i
 void DecoderModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t seed) {
   const StepViews& w = *views_;
   const LayerWeights& W = base_->layer(l);
+  const LayerWeights& dW = base_->grad(l);  // full fine-tuning: the weights' gradients
   const int64_t F = cfg_.intermediate_size, C = cfg_.hidden_size;
   for (int64_t t0 = 0; t0 < n; t0 += mlp_rows_) {
     const int64_t m = std::min(mlp_rows_, n - t0);
@@ -220,7 +228,7 @@ void DecoderModel::mlp_bwd_tiled(const Acts& a, int64_t l, int64_t n, uint64_t s
       // The tile's down_proj output and its norm are recomputed (the norm's output into dln's rows,
       // which the gate/up backward overwrites); d(down output) goes to those rows of dln.
       mlp_out_fwd(a, dln, h, l, t0, true, seed);
-      be_.rmsnorm_bwd({.dx = dln, .dw = Tensor(), .dout = dy, .x = with_rows(a.mlp_out, m), .w = W.post_ff_w,
+      be_.rmsnorm_bwd({.dx = dln, .dw = dW.post_ff_w, .dout = dy, .x = with_rows(a.mlp_out, m), .w = W.post_ff_w,
                        .rstd = row_slice(a.rstd_pf, t0, m), .n = m, .c = C, .w_offset = norm_offset()});
       dy = dln;
     } else if (adapters_->index(l, D) >= 0) {
@@ -240,6 +248,7 @@ void DecoderModel::layer_bwd(const StepInputs& in, int64_t l, int64_t n, uint64_
   const Acts a = acts(l, n);
   const LayerViews& L = layers_[size_t(l)];
   const LayerWeights& W = base_->layer(l);
+  const LayerWeights& dW = base_->grad(l);  // full fine-tuning: the weights' gradients "+="
   const StepViews& w = *views_;
   const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size;
   Tensor dres = with_rows(w.dres, n), dln = with_rows(w.dln, n);
@@ -256,7 +265,7 @@ void DecoderModel::layer_bwd(const StepInputs& in, int64_t l, int64_t n, uint64_
   } else {
     Tensor dy = dres;  // d(down_proj's output): through the post-MLP norm into dln (free until gate/up's backward)
     if (cfg_.sandwich_norms) {
-      be_.rmsnorm_bwd({.dx = dln, .dw = Tensor(), .dout = dres, .x = a.mlp_out, .w = W.post_ff_w, .rstd = a.rstd_pf,
+      be_.rmsnorm_bwd({.dx = dln, .dw = dW.post_ff_w, .dout = dres, .x = a.mlp_out, .w = W.post_ff_w, .rstd = a.rstd_pf,
                        .n = n, .c = C, .w_offset = w_off});
       dy = dln;
     }
@@ -266,7 +275,7 @@ void DecoderModel::layer_bwd(const StepInputs& in, int64_t l, int64_t n, uint64_
     linear_bwd(dln, false, dgate, a.ln2, l, G, a, seed);                    // dln =
     linear_bwd(dln, true, dup, a.ln2, l, U, a, seed);                       // dln +=
   }
-  be_.rmsnorm_bwd({.dx = tmp_c, .dw = Tensor(), .dout = dln, .x = a.xmid, .w = W.ln2_w, .rstd = a.rstd2, .n = n, .c = C,
+  be_.rmsnorm_bwd({.dx = tmp_c, .dw = dW.ln2_w, .dout = dln, .x = a.xmid, .w = W.ln2_w, .rstd = a.rstd2, .n = n, .c = C,
                    .w_offset = w_off});
   be_.add({.y = dres, .x = tmp_c, .n = n * C});  // dres = d xmid
 
@@ -274,7 +283,7 @@ void DecoderModel::layer_bwd(const StepInputs& in, int64_t l, int64_t n, uint64_
   Tensor datt = with_rows(w.datt, n), dq = with_rows(w.dq, n), dk = with_rows(w.dk, n), dv = with_rows(w.dv, n);
   Tensor d_o = dres;  // d(o_proj's output): through the post-attention norm into dln (free again)
   if (cfg_.sandwich_norms) {
-    be_.rmsnorm_bwd({.dx = dln, .dw = Tensor(), .dout = dres, .x = a.attn_out, .w = W.post_attn_w, .rstd = a.rstd_pa,
+    be_.rmsnorm_bwd({.dx = dln, .dw = dW.post_attn_w, .dout = dres, .x = a.attn_out, .w = W.post_attn_w, .rstd = a.rstd_pa,
                      .n = n, .c = C, .w_offset = w_off});
     d_o = dln;
   }
@@ -290,25 +299,27 @@ void DecoderModel::layer_bwd(const StepInputs& in, int64_t l, int64_t n, uint64_
   be_.rope_bwd({.x = dk, .inv_freq = inv_freq, .positions = in.positions, .n = n, .n_head = cfg_.n_head_kv,
                 .head_dim = cfg_.head_dim, .rotary_dim = cfg_.rope_dim(), .scale = rope_.scale});
   // The first layer's input is the frozen embedding: nothing needs its gradient, so layer 0
-  // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward).
-  const bool dx = l > 0;
+  // computes only the LoRA gradients of q, k, v (no dgrad GEMMs, no input-norm backward), unless
+  // the embedding is trained too (full fine-tuning).
+  const bool dx = l > 0 || dW.ln1_w.data != nullptr;
   // qk_norm: back through the per-head norms (frozen weights) into ws.datt, free since
   // attention_bwd; q's gradient is consumed by its projection before k's overwrites it.
   const int64_t hd = cfg_.head_dim, hq = n * cfg_.n_head, hk = n * cfg_.n_head_kv;
-  auto through_norm = [&](Tensor& d, const Tensor& raw, const Tensor& w_norm, const Tensor& rstd, int64_t rows, int64_t cols) {
+  auto through_norm = [&](Tensor& d, const Tensor& raw, const Tensor& w_norm, const Tensor& dw_norm, const Tensor& rstd,
+                          int64_t rows, int64_t cols) {
     if (!cfg_.qk_norm) return;
     const Tensor d_raw = as_matrix(w.datt, n, cols);
-    be_.rmsnorm_bwd({.dx = as_matrix(d_raw, rows, hd), .dw = Tensor(), .dout = as_matrix(d, rows, hd),
+    be_.rmsnorm_bwd({.dx = as_matrix(d_raw, rows, hd), .dw = dw_norm, .dout = as_matrix(d, rows, hd),
                      .x = as_matrix(raw, rows, hd), .w = w_norm, .rstd = rstd, .n = rows, .c = hd, .w_offset = w_off});  // d_raw =
     d = d_raw;
   };
-  through_norm(dq, a.q_raw, W.q_norm_w, a.rstd_q, hq, cfg_.q_dim());
+  through_norm(dq, a.q_raw, W.q_norm_w, dW.q_norm_w, a.rstd_q, hq, cfg_.q_dim());
   linear_bwd(dln, false, dq, a.ln1, l, Q, a, seed, dx);                     // dln =
-  through_norm(dk, a.k_raw, W.k_norm_w, a.rstd_k, hk, cfg_.kv_dim());
+  through_norm(dk, a.k_raw, W.k_norm_w, dW.k_norm_w, a.rstd_k, hk, cfg_.kv_dim());
   linear_bwd(dln, true, dk, a.ln1, l, K, a, seed, dx);                      // dln +=
   linear_bwd(dln, true, dv, a.ln1, l, V, a, seed, dx);                      // dln +=
   if (!dx) return;
-  be_.rmsnorm_bwd({.dx = tmp_c, .dw = Tensor(), .dout = dln, .x = a.x, .w = W.ln1_w, .rstd = a.rstd1, .n = n, .c = C,
+  be_.rmsnorm_bwd({.dx = tmp_c, .dw = dW.ln1_w, .dout = dln, .x = a.x, .w = W.ln1_w, .rstd = a.rstd1, .n = n, .c = C,
                    .w_offset = w_off});
   be_.add({.y = dres, .x = tmp_c, .n = n * C});  // dres = d x
 }

@@ -23,9 +23,6 @@ DecoderModel::DecoderModel(const LlamaConfig& cfg, Backend& be, const ModelPlanO
   cfg_.validate(cfg_.name);
   opts_.lora = lora;
   opts_.lora.targets = lora_targets_for(cfg_, lora.targets);  // in the model's modules (fused qkv_proj ...)
-  if (opts_.method == Method::Full)
-    fail(ErrorKind::Unsupported, "method", "full fine-tuning is planned but not implemented by the engine",
-         "use method lora or qlora");
   opts_.compute_dtype = be_.compute_dtype();
   ckpt_ = recomputes(opts_.checkpointing);
   mlp_rows_ = mlp_rows(opts_, cfg_);
@@ -42,7 +39,7 @@ DecoderModel::DecoderModel(const LlamaConfig& cfg, Backend& be, const ModelPlanO
   plan_engine_buffers(plan_, cfg_, opts_, be_.plans_own_memory() ? DeviceKind::Cuda : DeviceKind::Cpu);
   check_host_memory();
   arena_ = std::make_unique<Arena>(be_, plan_);
-  base_ = std::make_unique<BaseWeights>(cfg_, be_, opts_, *arena_);
+  base_ = std::make_unique<BaseWeights>(cfg_, be_, opts_, *arena_, plan_);
   adapters_ = std::make_unique<Adapters>(cfg_, opts_.lora, opts_, *arena_);
   std::vector<float> inv = rope_inv_freq(cfg_);  // LongRoPE: the short factors until a batch needs the long
   be_.copy_to_device(arena_->raw("rope.inv_freq"), inv.data(), inv.size() * 4);
@@ -81,6 +78,17 @@ void DecoderModel::resolve_views() {
   v.moe_lora_dh = opt("ws.moe_lora_dh");
   v.lora_xd = opt("ws.lora_xd");
   v.head = ar.get(cfg_.tie_word_embeddings ? "embed_tokens" : "lm_head");
+  if (opts_.method == Method::Full) {
+    v.embed_grad = ar.get("embed_tokens.grad");
+    v.norm_grad = ar.get("norm.grad");
+    v.head_grad = ar.get(cfg_.tie_word_embeddings ? "embed_tokens.grad" : "lm_head.grad");
+    v.ones = opt("ws.ones");
+    if (v.ones.data) {
+      const std::vector<float> ones(size_t(v.ones.numel()), 1.0f);
+      QLORA_ASSERT(v.ones.dtype == DType::F32);
+      be_.copy_to_device(v.ones.data, ones.data(), ones.size() * 4);
+    }
+  }
   static const std::pair<Tensor StepViews::*, const char*> kBatch[] = {
       {&StepViews::batch_tokens, "batch.tokens"},         {&StepViews::batch_targets, "batch.targets"},
       {&StepViews::batch_positions, "batch.positions"},   {&StepViews::batch_seg, "batch.seg"},
@@ -120,6 +128,19 @@ void DecoderModel::resolve_views() {
       kv_.k.push_back(ar.get("kv.layers." + std::to_string(l) + ".k"));
       kv_.v.push_back(ar.get("kv.layers." + std::to_string(l) + ".v"));
     }
+}
+
+void DecoderModel::init_trainable(uint64_t seed) {
+  if (!full()) return adapters_->init(be_, seed);
+  for (auto& p : base_->params()) {
+    be_.memset0(p.m.data, size_t(p.m.nbytes()));
+    be_.memset0(p.v.data, size_t(p.v.nbytes()));
+  }
+  zero_grads();
+}
+
+void DecoderModel::zero_grads() {
+  for (auto& p : trainable_params()) be_.memset0(p.g.data, size_t(p.g.nbytes()));
 }
 
 // The base and its sharding: BaseWeights' (model/base_weights.h).
@@ -274,7 +295,11 @@ double DecoderModel::forward_backward_weighted(const Batch& batch, const RowWeig
 
 double DecoderModel::step_with(const Batch& batch, float grad_scale, const RowWeightFn* weigh, uint64_t seed,
                              double aux_weight) {
-  if (!adapters_->enabled()) fail(ErrorKind::Internal, "forward_backward", "the adapters are switched off: nothing to train");
+  if (!full() && !adapters_->enabled())
+    fail(ErrorKind::Internal, "forward_backward", "the adapters are switched off: nothing to train");
+  if (full() && weigh)
+    fail(ErrorKind::Unsupported, "finetuning_type full", "preference objectives with full fine-tuning are not implemented",
+         "use finetuning_type: lora");
   const double t0 = timing_.times ? synced_now() : 0.0;
   timing_.head_bwd_s = 0;
   moe_.aux_on = cfg_.router_aux_loss_coef > 0 && !weigh;
@@ -307,6 +332,12 @@ double DecoderModel::step_with(const Batch& batch, float grad_scale, const RowWe
       be_.offload_wait({.p = layers_[size_t(l)].a.x.data, .bytes = x_bytes});
     }
     layer_bwd(in, l, n, seed);
+  }
+  if (views_->embed_grad.data) {  // full fine-tuning: ws.dres holds d(embedding output)
+    const Tensor d0 = with_rows(views_->dres, n);
+    if (cfg_.scale_embeddings) be_.scale({.x = d0, .n = d0.numel(), .s = embed_scale()});
+    be_.embedding_bwd({.dtable = views_->embed_grad, .dout = d0, .tokens = in.tokens, .n = n, .c = cfg_.hidden_size,
+                       .vocab = cfg_.vocab_size});  // d embed_tokens[tokens] +=
   }
   if (timing_.times) {
     const double t2 = synced_now();

@@ -74,11 +74,15 @@ class DecoderModel {
   int64_t base_shard_bytes() const { return base_->shard_bytes(); }
   int64_t base_blob_bytes() const { return base_->blob_bytes(); }  // one whole layer's blob (fsdp)
   int64_t gathered_base_bytes() const { return base_->gathered_bytes(); }
-  // PEFT init: A Kaiming-uniform (a=sqrt(5)), B zeros.
-  void init_lora(uint64_t seed) { adapters_->init(be_, seed); }
-  std::vector<LoraParam>& lora_params() { return adapters_->params(); }
+  // The trained tensors: the LoRA adapters, or under full fine-tuning (ModelPlanOptions::method
+  // full) every weight, by its Hugging Face name. init_trainable: PEFT's init (A Kaiming-uniform
+  // with a=sqrt(5), B zeros), or for full fine-tuning zeroed gradients and moments (the weights
+  // are the loaded base).
+  void init_trainable(uint64_t seed);
+  std::vector<TrainParam>& trainable_params() { return full() ? base_->params() : adapters_->params(); }
+  bool full() const { return base_->trained(); }
   const LoraSpec& lora() const { return adapters_->spec(); }
-  void zero_grads() { adapters_->zero_grads(be_); }
+  void zero_grads();
 
   // Forward + backward of one micro-batch. LoRA grads "+=" d(loss_sum * grad_scale), and with the
   // router's load-balancing loss (LlamaConfig::router_aux_loss_coef) "+=" d(coef * aux_weight * aux).

@@ -31,6 +31,9 @@ struct DecoderModel::StepViews {
   Tensor moe_dy, moe_dlogits, moe_dw;  // mixture of experts
   Tensor moe_lora_dh;                  // s dy B_e per routed row (LoRA on the experts)
   Tensor embed, final_x, final_ln, final_rstd, norm, head, chunk, losses;
+  // Full fine-tuning: the gradients of embed, norm and head (the embedding's when tied), and
+  // ws.ones (N) for the biases' gradients; empty otherwise.
+  Tensor embed_grad, norm_grad, head_grad, ones;
   // The micro-batch's int32 inputs on the device, and the mixture of experts' load-balancing
   // statistics (moe.router_stats (2,E), moe.aux_grad (E), batch.mask (N); with its loss only).
   Tensor batch_tokens, batch_targets, batch_positions, batch_seg, batch_label_rows, batch_label_targets;

@@ -33,6 +33,20 @@ std::vector<EngineLimit> engine_limits(const LlamaConfig& c, const ModelPlanOpti
     if (o.mlp_tile > 0) refuse("the tiled MLP (mlp_tile)", "leave mlp_tile unset");
     if (c.experts_per_tok > 16 && cuda) refuse("more than 16 experts per token on the cuda backend", "use device: cpu");
   }
+  if (o.method == Method::Full) {
+    const std::string where = "finetuning_type full, model '" + c.name + "' (" + c.model_type + ")";
+    auto refuse = [&](const std::string& what, const std::string& hint) {
+      out.push_back({where, what + " is not implemented yet", hint});
+    };
+    if (cuda) refuse("full fine-tuning on the cuda backend", "use device: cpu, or finetuning_type: lora");
+    if (c.moe()) refuse("full fine-tuning of a mixture of experts (experts and router)", "use finetuning_type: lora");
+    if (c.attention_sinks) refuse("training attention sinks (gpt-oss)", "use finetuning_type: lora");
+    if (c.fused_qkv || c.fused_gate_up) refuse("full fine-tuning of fused qkv_proj / gate_up_proj checkpoints (Phi-3)",
+                                      "use finetuning_type: lora");
+    if (!c.multimodal.empty()) refuse("full fine-tuning of a multimodal checkpoint's text model", "use finetuning_type: lora");
+    if (o.base_shards > 0 || o.optimizer_shards > 1)
+      refuse("sharded full fine-tuning (fsdp, zero1)", "use sharding: none (one process) for full fine-tuning");
+  }
   return out;
 }
 

@@ -60,10 +60,11 @@ EngineSpec normalize_engine_spec(const EngineSpec& in, DType compute) {
   if (s.method == Method::Lora && quant)
     fail(ErrorKind::Config, combo, "a " + name + " base is QLoRA, not LoRA",
          "use --method qlora --base-precision " + name + ", or --base-precision bf16 for LoRA");
-  if (s.method == Method::Full && base != BasePrecision::Bf16)
-    fail(ErrorKind::Config, combo, "full fine-tuning trains bf16 weights (with fp32 master copies and AdamW state)",
+  if (s.method == Method::Full && base != BasePrecision::Bf16 && base != BasePrecision::Fp32)
+    fail(ErrorKind::Config, combo,
+         "full fine-tuning trains fp32 weights, or bf16 weights with fp32 master copies (and AdamW state)",
          quant ? "quantized weights cannot be trained directly: use --method qlora to train adapters on a " + name + " base"
-               : "drop --base-precision or set it to bf16");
+               : "drop --base-precision or set it to bf16 or fp32");
   if (s.double_quant.value_or(false) && !is_bnb_4bit(base))
     fail(ErrorKind::Config, "--double-quant", "double quantization applies to the bitsandbytes formats nf4 and fp4 only",
          name + " stores its own block scales; drop --double-quant");

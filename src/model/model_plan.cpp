@@ -133,6 +133,20 @@ void plan_weights(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions
   if (!c.tie_word_embeddings) plan.add("lm_head", MC::Weights, cd, {c.vocab_size, c.hidden_size});
 }
 
+// Full fine-tuning: every weight trained, with its fp32 gradient and AdamW moments beside it, and
+// an fp32 master copy of a weight stored in another dtype (bf16 on a GPU).
+void plan_full_training_state(MemoryPlan& plan, const ModelPlanOptions& o) {
+  std::vector<PlannedBuffer> weights;
+  for (const auto& b : plan.buffers)
+    if (b.category == MC::Weights) weights.push_back(b);
+  for (const auto& w : weights) {
+    if (w.dtype != DType::F32) plan.add(w.name + ".master", MC::Optimizer, DType::F32, w.shape);
+    plan.add(w.name + ".grad", MC::Grads, DType::F32, w.shape);
+    plan.add(w.name + ".adam_m", MC::Optimizer, o.optimizer_dtype, w.shape);
+    plan.add(w.name + ".adam_v", MC::Optimizer, o.optimizer_dtype, w.shape);
+  }
+}
+
 // The adapted modules: projections (lora_mods) and expert stacks (expert_mods).
 struct AdaptedModules {
   std::vector<std::string> lora_mods, expert_mods;
@@ -272,6 +286,8 @@ void plan_workspace(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptio
   if (o.method != Method::Full) {
     plan.add("ws.lora_dh", MC::Workspace, cd, {N, r}, Lifetime::Layer);
     if (o.lora.dropout > 0) plan.add("ws.lora_xd", MC::Workspace, cd, {wide}, Lifetime::Layer);
+  } else if (c.attention_bias || c.o_proj_bias) {  // a bias's gradient is ones (1,N) times d(output)
+    plan.add("ws.ones", MC::Workspace, cd, {N}, Lifetime::Step);
   }
   if (is_quantized(base_of(o))) {  // two slots of one layer's seven projections: the layer in use and the next,
     int64_t layer = 0;             // dequantized ahead (dequant_layers_per_micro_step)
@@ -300,6 +316,7 @@ void plan_kv_cache(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOption
 
 void plan_model_buffers(MemoryPlan& plan, const LlamaConfig& c, const ModelPlanOptions& o) {
   plan_weights(plan, c, o);
+  if (o.method == Method::Full) plan_full_training_state(plan, o);
   const AdaptedModules adapted = plan_adapters(plan, c, o);
   plan_activations(plan, c, o, adapted);
   plan_inputs_and_head(plan, c, o);

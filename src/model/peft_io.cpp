@@ -59,14 +59,14 @@ static std::vector<float> to_host(Backend& be, const Tensor& t) {
   return h;
 }
 
-std::vector<int64_t> peft_shape(const LoraParam& p) {
+std::vector<int64_t> peft_shape(const TrainParam& p) {
   if (p.experts == 0) return shape_of(p.w);
   return {p.w.dim(0) / p.experts, p.w.dim(1) * p.experts};
 }
 
 // An expert stack's lora_B between the layouts: engine index (e*out + o)*r + j, PEFT's
 // po*r*E + j*E + e, po = o, or with interleaved gate/up rows 2o (gate's) and 2(o - out/2) + 1 (up's).
-static std::vector<float> convert_expert_b(const LoraParam& p, const std::vector<float>& src, bool to_peft) {
+static std::vector<float> convert_expert_b(const TrainParam& p, const std::vector<float>& src, bool to_peft) {
   if (p.experts == 0) return src;
   const int64_t E = p.experts, out = p.w.dim(0) / E, r = p.w.dim(1), half = out / 2;
   std::vector<float> dst(src.size());
@@ -81,10 +81,10 @@ static std::vector<float> convert_expert_b(const LoraParam& p, const std::vector
   return dst;
 }
 
-std::vector<float> to_peft_layout(const LoraParam& p, const std::vector<float>& engine) {
+std::vector<float> to_peft_layout(const TrainParam& p, const std::vector<float>& engine) {
   return convert_expert_b(p, engine, true);
 }
-std::vector<float> from_peft_layout(const LoraParam& p, const std::vector<float>& peft) {
+std::vector<float> from_peft_layout(const TrainParam& p, const std::vector<float>& peft) {
   return convert_expert_b(p, peft, false);
 }
 
@@ -92,7 +92,7 @@ void write_peft_adapter(const std::string& dir, DecoderModel& model, const std::
                         const std::map<std::string, std::string>& metadata) {
   SafetensorsWriter w;
   std::vector<std::vector<float>> keep;
-  for (auto& p : model.lora_params()) {
+  for (auto& p : model.trainable_params()) {
     keep.push_back(to_peft_layout(p, to_host(model.backend(), p.w)));
     w.add(p.peft_key, DType::F32, peft_shape(p), keep.back().data());
   }
@@ -186,7 +186,7 @@ void load_peft_adapter(const std::string& dir, DecoderModel& model) {
   if (std::fabs(s.alpha - m.alpha) > 1e-9 || s.use_rslora != m.use_rslora)
     fail(ErrorKind::Config, cfg_path, "adapter lora_alpha/use_rslora differ from the configured ones");
   SafetensorsArchive ar(dir + "/adapter_model.safetensors");
-  for (auto& p : model.lora_params()) {
+  for (auto& p : model.trainable_params()) {
     std::vector<float> h(size_t(p.w.numel()));
     ar.read_f32(p.peft_key, h.data(), peft_shape(p));
     h = from_peft_layout(p, h);
@@ -197,7 +197,7 @@ void load_peft_adapter(const std::string& dir, DecoderModel& model) {
 void write_optimizer_state(const std::string& path, DecoderModel& model) {
   SafetensorsWriter w;
   std::vector<std::vector<float>> keep;
-  for (auto& p : model.lora_params()) {
+  for (auto& p : model.trainable_params()) {
     keep.push_back(to_host(model.backend(), p.m));
     w.add(p.peft_key + ".exp_avg", DType::F32, shape_of(p.m), keep.back().data());
     keep.push_back(to_host(model.backend(), p.v));
@@ -208,7 +208,7 @@ void write_optimizer_state(const std::string& path, DecoderModel& model) {
 
 void load_optimizer_state(const std::string& path, DecoderModel& model) {
   SafetensorsArchive ar(path);
-  for (auto& p : model.lora_params()) {
+  for (auto& p : model.trainable_params()) {
     std::vector<float> h(size_t(p.m.numel()));
     ar.read_f32(p.peft_key + ".exp_avg", h.data(), shape_of(p.m));
     model.backend().copy_to_device(p.m.data, h.data(), h.size() * 4);

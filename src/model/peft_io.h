@@ -27,11 +27,11 @@ void load_peft_adapter(const std::string& dir, DecoderModel& model);
 LoraSpec read_peft_adapter_config(const std::string& path);
 
 // A parameter's values and shape as PEFT stores them, from the engine's (w, g, ...: same layout as
-// p.w). Only an expert stack's lora_B differs (LoraParam::experts): the engine's (E*out, r) with
+// p.w). Only an expert stack's lora_B differs (TrainParam::experts): the engine's (E*out, r) with
 // expert e's rows at e*out is PEFT's (out, r*E) with expert e's column j at j*E + e.
-std::vector<float> to_peft_layout(const LoraParam& p, const std::vector<float>& engine);
-std::vector<float> from_peft_layout(const LoraParam& p, const std::vector<float>& peft);
-std::vector<int64_t> peft_shape(const LoraParam& p);
+std::vector<float> to_peft_layout(const TrainParam& p, const std::vector<float>& engine);
+std::vector<float> from_peft_layout(const TrainParam& p, const std::vector<float>& peft);
+std::vector<int64_t> peft_shape(const TrainParam& p);
 
 // Optimizer moments as "<peft_key>.exp_avg" / ".exp_avg_sq" in a safetensors file (in the engine's
 // layout: only the engine reads them back).

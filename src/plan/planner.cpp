@@ -134,18 +134,6 @@ ModelPlanOptions model_plan_options(const PlanRequest& r, int rank) {
   return o;
 }
 
-void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype) {
-  std::vector<PlannedBuffer> weights;
-  for (const auto& b : plan.buffers)
-    if (b.category == MemCategory::Weights) weights.push_back(b);
-  for (const auto& w : weights) {
-    plan.add(w.name + ".master", MemCategory::Optimizer, DType::F32, w.shape);
-    plan.add(w.name + ".grad", MemCategory::Grads, DType::F32, w.shape);
-    plan.add(w.name + ".adam_m", MemCategory::Optimizer, opt_dtype, w.shape);
-    plan.add(w.name + ".adam_v", MemCategory::Optimizer, opt_dtype, w.shape);
-  }
-}
-
 std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& r, int64_t planned, const PlanAssumptions& a) {
   std::vector<std::pair<std::string, int64_t>> o;
   if (r.gpu.is_cpu) {  // host memory: no device context; the process itself beside the arena
@@ -170,7 +158,6 @@ PlanResult make_plan(const PlanRequest& in) {
   // On a GPU: the CUDA backend's own memory too (workspace, op scratch, upload staging).
   res.options = model_plan_options(r);
   plan_engine_buffers(res.replica, r.model, res.options, r.gpu.is_cpu ? DeviceKind::Cpu : DeviceKind::Cuda);
-  if (r.method == Method::Full) add_full_finetune_state(res.replica, r.optimizer_dtype);
   if (r.sharding == Sharding::Fsdp && r.method == Method::Full)
     fail(ErrorKind::Config, "--sharding fsdp", "shards the frozen base of LoRA/QLoRA; full fine-tuning trains the base",
          "plan full fine-tuning with --sharding zero3");

@@ -43,10 +43,6 @@ ModelPlanOptions model_plan_options(const PlanRequest& req, int rank = -1);
 // largest that keeps the plan under it (mlp_tile_for_budget).
 int64_t plan_memory_budget(const PlanRequest& req, const PlanAssumptions& a = plan_assumptions());
 
-// Adds, for every weight of `plan`, what full fine-tuning trains it with: fp32 master copy
-// (optimizer), fp32 gradient (grads) and AdamW m, v in `opt_dtype` (optimizer).
-void add_full_finetune_state(MemoryPlan& plan, DType opt_dtype);
-
 // The estimated library overhead lines for one GPU whose planned buffers take `planned` bytes.
 std::vector<std::pair<std::string, int64_t>> overhead_lines(const PlanRequest& req, int64_t planned,
                                                             const PlanAssumptions& a = plan_assumptions());

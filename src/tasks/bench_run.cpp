@@ -93,7 +93,7 @@ Batch random_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
 // random values so every LoRA matmul does real work.
 void randomize_lora_b(DecoderModel& m, uint64_t seed) {
   std::vector<float> host;
-  for (auto& p : m.lora_params()) {
+  for (auto& p : m.trainable_params()) {
     if (!ends_with(p.name, "lora_B")) continue;
     host.resize(size_t(p.w.numel()));
     fill_normalish(host.data(), p.w.numel(), 0.02f, mix(seed, name_hash(p.name)));
@@ -128,7 +128,7 @@ BenchOptions normalize_bench_options(const BenchOptions& in, DType compute) {
   if (o.model.empty())
     fail(ErrorKind::Config, "--model", "no model given", "add --model smollm2-135m (a preset), a model directory or a .gguf file");
   if (o.method == Method::Full)
-    fail(ErrorKind::Unsupported, "--method full", "full fine-tuning is planned but not implemented by the engine",
+    fail(ErrorKind::Unsupported, "--method full", "a full fine-tuning benchmark is not implemented yet (qlora train trains it on the cpu)",
          "bench lora or qlora");
   if (o.base_precision == BasePrecision::Fp16)
     fail(ErrorKind::Unsupported, "--base-precision fp16",
@@ -188,7 +188,7 @@ void say(const ProgressFn& progress, const std::string& s) {
 // Random base weights of the model's shape and random LoRA weights, B included.
 void load_random_weights(DecoderModel& model, uint64_t seed) {
   model.load_base(random_tensor_source(seed));  // quantized on load for a quantized base
-  model.init_lora(seed);
+  model.init_trainable(seed);
   randomize_lora_b(model, seed);
 }
 
@@ -354,7 +354,7 @@ BenchResult run_bench(const BenchOptions& in, Backend& be, const BenchDevice& de
   be.synchronize();
   res.load_s = now_s() - t_load;
   res.base_params = cfg.n_params();
-  for (const auto& p : model.lora_params()) res.trainable_params += p.w.numel();
+  for (const auto& p : model.trainable_params()) res.trainable_params += p.w.numel();
   say(progress, "bench: " + o.model + " (" + std::to_string(cfg.n_layer) + " layers, " +
                     std::to_string(res.base_params) + " base params, " + std::to_string(res.trainable_params) +
                     " LoRA params, " + base_precision_name(*o.base_precision) + " base) on " + dev.name +

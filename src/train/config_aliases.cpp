@@ -253,8 +253,6 @@ const std::vector<AliasRow>& alias_table() {
       {"quantization_bit", "load_in_4bit", expand_quantization_bit},
       {"quantization_method", "load_in_4bit",
        accept_only("quantization_method", "bitsandbytes", "only bitsandbytes-style 4-bit (nf4/fp4) is implemented")},
-      {"finetuning_type", "r",
-       accept_only("finetuning_type", "lora", "only LoRA is implemented (freeze/full fine-tuning are not)")},
       // torchtune component fields, as dotted overrides or nested maps
       {"optimizer.lr", "learning_rate"},
       {"optimizer._component_", "optim"},

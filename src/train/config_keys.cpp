@@ -137,6 +137,11 @@ const std::vector<KeyRow>& key_table() {
       {.name = "sample_max_new_tokens", .field = &T::sample_max_new_tokens, .def = "64", .range = {.lo = 1},
        .help = "Most tokens of each sample answer (generation also stops at EOS / the end-of-turn token)."},
       {.name = "seed", .field = &T::seed, .def = "42", .range = {.lo = 0}, .help = "Seed for LoRA init, shuffling and dropout."},
+      {.name = "finetuning_type", .field = mode_field<&T::finetuning_type, finetuning_type_name, finetuning_types>(),
+       .def = "lora",
+       .help = "lora: LoRA adapters on the frozen base (QLoRA with a quantized base); full: every weight trained "
+               "(embeddings, norms, attention, MLP, LM head) with AdamW, written as a Hugging Face model directory.",
+       .bad_value_hint = "use lora or full (freeze, training a chosen subset of layers, is not implemented)"},
       {.name = "r", .field = &T::r, .def = "16", .range = {.lo = 1}, .help = "LoRA rank."},
       {.name = "lora_alpha", .field = &T::lora_alpha, .def = "32", .range = {.lo = 0, .lo_open = true},
        .help = "LoRA scaling numerator: scale = lora_alpha / r (or / sqrt(r) with use_rslora)."},

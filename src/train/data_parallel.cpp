@@ -22,7 +22,7 @@ DataParallelStep::DataParallelStep(DecoderModel& model, Comm& comm, bool shard_o
     return;
   }
   size_t n = 0;
-  for (auto& p : model_.lora_params()) n += size_t(p.g.numel());
+  for (auto& p : model_.trainable_params()) n += size_t(p.g.numel());
   flat_.resize(n);
 }
 
@@ -31,19 +31,19 @@ void DataParallelStep::reduce_grads() {
   if (device_) {  // in place on the device, after the backward has finished
     be.synchronize();
     std::vector<std::pair<float*, size_t>> bufs;
-    for (auto& p : model_.lora_params()) bufs.emplace_back(static_cast<float*>(p.g.data), size_t(p.g.numel()));
+    for (auto& p : model_.trainable_params()) bufs.emplace_back(static_cast<float*>(p.g.data), size_t(p.g.numel()));
     device_->allreduce_sum(bufs);
     return;
   }
   size_t at = 0;
-  for (auto& p : model_.lora_params()) {
+  for (auto& p : model_.trainable_params()) {
     QLORA_ASSERT(p.g.dtype == DType::F32);
     be.copy_to_host(flat_.data() + at, p.g.data, size_t(p.g.nbytes()));
     at += size_t(p.g.numel());
   }
   comm_.allreduce_sum(flat_.data(), flat_.size());
   at = 0;
-  for (auto& p : model_.lora_params()) {
+  for (auto& p : model_.trainable_params()) {
     be.copy_to_device(p.g.data, flat_.data() + at, size_t(p.g.nbytes()));
     at += size_t(p.g.numel());
   }

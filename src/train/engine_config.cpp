@@ -9,7 +9,7 @@ EngineSpec engine_spec(const TrainConfig& c) {
   EngineSpec s;
   // The config's own checks made load_in_4bit and base_precision agree (base_precision nf4/fp4).
   s.base_precision = c.base_precision;
-  s.method = default_method(s.base_precision);
+  s.method = c.finetuning_type == FinetuningType::Full ? Method::Full : default_method(s.base_precision);
   s.quant_blocksize = c.quant_blocksize;
   if (s.base_precision && is_bnb_4bit(*s.base_precision)) s.double_quant = c.bnb_4bit_use_double_quant;
   s.lora.r = c.r;

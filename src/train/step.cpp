@@ -48,18 +48,18 @@ void apply_optimizer(DecoderModel& model, const OptimHyper& h, double lr, int64_
   Backend& be = model.backend();
   double sq = 0;
   SumsqArgs norm{{}, &sq};
-  for (auto& p : model.lora_params()) norm.xs.push_back(p.g);
+  for (auto& p : model.trainable_params()) norm.xs.push_back(p.g);
   be.sumsq(norm);  // one reduction over every gradient
   r.grad_norm = std::sqrt(sq);
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss)) return;
   if (h.max_grad_norm > 0) {  // torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1
     const double coef = h.max_grad_norm / (r.grad_norm + 1e-6);
     if (coef < 1.0)
-      for (auto& p : model.lora_params()) be.scale({.x = p.g, .n = p.g.numel(), .s = float(coef)});
+      for (auto& p : model.trainable_params()) be.scale({.x = p.g, .n = p.g.numel(), .s = float(coef)});
   }
-  for (auto& p : model.lora_params())
+  for (auto& p : model.trainable_params())
     be.adamw({.param = p.w, .grad = p.g, .m = p.m, .v = p.v, .n = p.w.numel(), .lr = float(lr), .beta1 = float(h.beta1),
-              .beta2 = float(h.beta2), .eps = float(h.eps), .weight_decay = float(h.weight_decay), .step = step + 1});
+              .beta2 = float(h.beta2), .eps = float(h.eps), .weight_decay = p.decay ? float(h.weight_decay) : 0.0f, .step = step + 1});
   be.synchronize();
 }
 
@@ -73,7 +73,7 @@ StepResult train_step(DecoderModel& model, const std::vector<Batch>& mbs, const 
 std::string first_non_finite(DecoderModel& model, double loss) {
   if (!std::isfinite(loss)) return "the loss";
   Backend& be = model.backend();
-  for (auto& p : model.lora_params()) {
+  for (auto& p : model.trainable_params()) {
     double sq = 0;
     be.sumsq({.xs = {p.g}, .out = &sq});
     if (!std::isfinite(sq)) {
@@ -94,7 +94,7 @@ std::string first_non_finite(DecoderModel& model, double loss) {
 bool optimizer_state_finite(DecoderModel& model) {
   Backend& be = model.backend();
   SumsqArgs all{{}, nullptr};
-  for (auto& p : model.lora_params()) {
+  for (auto& p : model.trainable_params()) {
     all.xs.push_back(p.w);
     all.xs.push_back(p.m);
     all.xs.push_back(p.v);
@@ -103,7 +103,7 @@ bool optimizer_state_finite(DecoderModel& model) {
   all.out = &sq;
   be.sumsq(all);
   if (std::isfinite(sq)) return true;
-  for (auto& p : model.lora_params())
+  for (auto& p : model.trainable_params())
     for (const Tensor* t : {&p.w, &p.m, &p.v}) {
       std::vector<float> h(size_t(t->numel()));
       be.copy_to_host(h.data(), t->data, h.size() * 4);

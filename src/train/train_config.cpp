@@ -449,6 +449,23 @@ struct Finalizer {
     }
   }
 
+  // finetuning_type full: the LoRA keys change nothing, and what full training does not implement yet.
+  void check_full_training_keys() const {
+    if (c.finetuning_type != FinetuningType::Full) return;
+    for (const char* key : {"r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules", "target_parameters"})
+      if (is_set(key))
+        fail(ErrorKind::Config, where(key), std::string(key) + " applies to finetuning_type: lora, not full",
+             std::string("remove ") + key + ", or set finetuning_type: lora");
+    if (c.load_in_4bit || (c.base_precision && is_quantized(*c.base_precision)))
+      fail(ErrorKind::Config, where(c.load_in_4bit ? "load_in_4bit" : "base_precision"),
+           "finetuning_type full trains the weights themselves, and a quantized base cannot be trained",
+           "QLoRA is LoRA on a quantized base: set finetuning_type: lora, or drop the quantization");
+    if (c.rl != Objective::Sft)
+      fail(ErrorKind::Config, where("rl"), std::string("rl: ") + objective_name(c.rl) +
+           " with finetuning_type full is not implemented yet (the frozen reference of a fully trained policy)",
+           "use finetuning_type: lora for preference training");
+  }
+
   void check_preference_keys() const {
     // Preference keys only where the objective uses them: a value that would change nothing is refused.
     const Objective o = c.rl;
@@ -501,6 +518,7 @@ void finalize(TrainConfig& c, const std::map<std::string, Loc>& set_at, Notes& n
   f.check_eval_and_steps();
   parse_router_aux_loss_coef(c.router_aux_loss_coef, f.where("router_aux_loss_coef"));  // auto or a number >= 0
   f.resolve_4bit();
+  f.check_full_training_keys();
   f.check_preference_keys();
   f.note_warmup();
 }

@@ -67,6 +67,7 @@ struct TrainConfig {
   std::string resume_from_checkpoint;  // "" none | "latest" | path
   int64_t seed;
   // LoRA
+  FinetuningType finetuning_type;  // lora (adapters) or full (every weight)
   int64_t r;
   double lora_alpha;
   double lora_dropout;

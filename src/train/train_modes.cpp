@@ -113,4 +113,10 @@ const std::vector<DatasetFormat>& config_dataset_formats() {
   return v;
 }
 
+const char* finetuning_type_name(FinetuningType f) { return f == FinetuningType::Full ? "full" : "lora"; }
+const std::vector<FinetuningType>& finetuning_types() {
+  static const std::vector<FinetuningType> v = {FinetuningType::Lora, FinetuningType::Full};
+  return v;
+}
+
 }  // namespace qlora

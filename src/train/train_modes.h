@@ -66,6 +66,11 @@ const std::vector<DeviceChoice>& device_choices();
 // dataset_format: the formats a config names (the preference formats are found by detection).
 const std::vector<DatasetFormat>& config_dataset_formats();
 
+// finetuning_type (LLaMA-Factory's key): LoRA adapters on a frozen base, or every weight trained.
+enum class FinetuningType { Lora, Full };
+const char* finetuning_type_name(FinetuningType f);  // "lora" | "full"
+const std::vector<FinetuningType>& finetuning_types();
+
 // sharding: the splits training implements (qlora plan also plans zero2 and zero3).
 const std::vector<Sharding>& trained_shardings();  // None, Zero1, Fsdp
 

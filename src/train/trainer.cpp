@@ -22,6 +22,7 @@
 #include "io/atomic_file.h"
 #include "io/json_util.h"
 #include "model/peft_io.h"
+#include "model/trained_model_io.h"
 #include "train/loss_plot.h"
 #include "train/metrics.h"
 #include "train/model_source.h"
@@ -58,7 +59,7 @@ LoadedModel load_model_for_training(const EngineSpec& spec, Backend& be, const M
   lm.model = std::make_unique<DecoderModel>(src.config, be, po, spec.lora);
   if (spec.sharding == Sharding::Fsdp && comm) lm.model->set_base_comm(*comm);
   lm.model->load_base(src.tensors);
-  lm.model->init_lora(seed);
+  lm.model->init_trainable(seed);
   lm.encoder = src.encoder;
   lm.source = src.tensors.description;
   return lm;
@@ -140,11 +141,12 @@ void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataSt
   for (const auto& t : moments)
     for (float x : t) finite = finite && std::isfinite(x);
   if (!finite)  // never a checkpoint of a broken state
-    fail(ErrorKind::Data, dir, "not written: a LoRA weight or optimizer moment is not finite",
+    fail(ErrorKind::Data, dir, "not written: a trained weight or optimizer moment is not finite",
          "lower learning_rate; resume from an earlier checkpoint");
   try {
     AtomicDir d(dir);  // built under a temporary name; deleted again if anything below fails
-    write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
+    if (lm_.model->full()) write_trained_model(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
+    else write_peft_adapter(d.temp_path(), *lm_.model, cfg_.model_name_or_path);
     if (zero1) write_gathered_optimizer_state(d.path("optimizer.safetensors"), *lm_.model, moments);
     else write_optimizer_state(d.path("optimizer.safetensors"), *lm_.model);
     nlohmann::json st;
@@ -169,7 +171,8 @@ void Trainer::save_checkpoint(const std::string& dir, int64_t step, const DataSt
 int64_t Trainer::restore_checkpoint(const std::string& dir, DataStream& stream) {
   const nlohmann::json st = read_json_file(dir + "/trainer_state.json");
   const std::string where = dir + "/trainer_state.json";
-  load_peft_adapter(dir, *lm_.model);
+  if (lm_.model->full()) lm_.model->load_base(open_model_source(dir).tensors);  // the trained weights
+  else load_peft_adapter(dir, *lm_.model);
   if (dp_ && dp_->zero1()) dp_->zero1()->load_moments(dir + "/optimizer.safetensors");  // this rank's shares
   else load_optimizer_state(dir + "/optimizer.safetensors", *lm_.model);
   stream.seek(json_int(st, "data_epoch", where), json_int(st, "data_index", where));
@@ -362,11 +365,15 @@ void Trainer::load_model(Run& r, const ModelSource& source) {
   r.micro_per_step = ga * r.world;
   r.total = total_optimizer_steps(cfg_, r.stream->batches_per_epoch(), r.world);
   const int world = r.world;
+  if (model.full() && world > 1)
+    fail(ErrorKind::Unsupported, "finetuning_type full", "full fine-tuning over " + std::to_string(world) +
+         " ranks is not implemented yet", "run it as one process, or use finetuning_type: lora");
   int64_t n_trainable = 0;
-  for (auto& p : model.lora_params()) n_trainable += p.w.numel();
+  for (auto& p : model.trainable_params()) n_trainable += p.w.numel();
   log("model: " + lm_.source + " | " + std::to_string(model.config().n_layer) + " layers, " +
       std::to_string(model.config().n_params()) + " base params, " + std::to_string(n_trainable) +
-      " trainable LoRA params | backend " + be_.name());
+      (model.full() ? " trained (full fine-tuning, every weight)" : " trainable LoRA params") + " | backend " +
+      be_.name());
   if (world > 1)
     log("dist: " + comm_->describe() + " | data parallel, global batch " + std::to_string(bs) + " x " +
         std::to_string(ga) + " x " + std::to_string(world) + " = " + std::to_string(bs * r.micro_per_step) +
@@ -770,13 +777,16 @@ TrainSummary Trainer::finish(Run& r) {
     comm_->barrier();  // rank 0 writes the adapter
     return sum;
   }
-  {
+  if (model.full()) {  // a Hugging Face model directory at the top of output_dir, as HF Trainer's save_model
+    for (const std::string& note : write_trained_model(cfg_.output_dir, model, cfg_.model_name_or_path))
+      log("note: " + note);
+  } else {
     AtomicDir d(cfg_.output_dir + "/adapter");
     write_peft_adapter(d.temp_path(), model, cfg_.model_name_or_path);
     d.commit();
+    // PEFT also accepts the adapter at the top of output_dir.
+    write_peft_adapter(cfg_.output_dir, model, cfg_.model_name_or_path);
   }
-  // PEFT also accepts the adapter at the top of output_dir.
-  write_peft_adapter(cfg_.output_dir, model, cfg_.model_name_or_path);
   sum.adapter_dir = cfg_.output_dir;
   if (!cfg_.sample_prompts.empty())
     write_samples_json(cfg_.output_dir, r.samples_before, samples_after);
@@ -784,7 +794,8 @@ TrainSummary Trainer::finish(Run& r) {
   log("done: " + std::to_string(step) + " steps" +
       (sum.skipped_steps ? " (" + std::to_string(sum.skipped_steps) + " skipped: not finite)" : "") + ", loss " +
       std::to_string(sum.last_loss) +
-      (sum.eval_loss >= 0 ? ", eval_loss " + std::to_string(sum.eval_loss) : "") + "; adapter in " + cfg_.output_dir);
+      (sum.eval_loss >= 0 ? ", eval_loss " + std::to_string(sum.eval_loss) : "") +
+      (model.full() ? "; model in " : "; adapter in ") + cfg_.output_dir);
   comm_->barrier();
   return sum;
 }

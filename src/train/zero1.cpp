@@ -25,7 +25,7 @@ static Tensor view(const Tensor& t, const Slice& s) {
 Zero1Optimizer::Zero1Optimizer(DecoderModel& model, Comm& comm) : model_(model), comm_(comm) {
   const int w = comm_.size();
   block_.assign(size_t(w), 0);
-  for (auto& p : model_.lora_params()) {
+  for (auto& p : model_.trainable_params()) {
     QLORA_ASSERT(p.w.dtype == DType::F32 && p.m.dtype == DType::F32);
     std::vector<Slice> per_rank(static_cast<size_t>(w));
     for (int q = 0; q < w; q++) {
@@ -42,7 +42,7 @@ Zero1Optimizer::Zero1Optimizer(DecoderModel& model, Comm& comm) : model_(model),
 
 void Zero1Optimizer::step(const OptimHyper& h, double lr, int64_t step, double sums[2], StepResult& r, bool* stop_any) {
   Backend& be = model_.backend();
-  auto& params = model_.lora_params();
+  auto& params = model_.trainable_params();
   const int w = comm_.size(), me = comm_.rank();
   // Pack: block q holds rank q's share of every gradient.
   size_t at = 0;
@@ -71,7 +71,7 @@ void Zero1Optimizer::step(const OptimHyper& h, double lr, int64_t step, double s
   // AdamW over my share of each tensor, then my block of updated weights into flat_.
   size_t off = mine;
   for (size_t i = 0; i < params.size(); i++) {
-    LoraParam& p = params[i];
+    TrainParam& p = params[i];
     const Slice& s = share_[i][size_t(me)];
     if (s.count == 0) continue;
     if (coef != 1.0f)
@@ -96,7 +96,7 @@ void Zero1Optimizer::step(const OptimHyper& h, double lr, int64_t step, double s
 
 std::vector<std::vector<float>> Zero1Optimizer::gather_moments() {
   Backend& be = model_.backend();
-  auto& params = model_.lora_params();
+  auto& params = model_.trainable_params();
   const int w = comm_.size(), me = comm_.rank();
   std::vector<std::vector<float>> out;
   for (int which = 0; which < 2; which++) {  // m, then v, each through flat_
@@ -133,9 +133,9 @@ static std::vector<int64_t> shape_of(const Tensor& t) { return std::vector<int64
 void Zero1Optimizer::load_moments(const std::string& path) {
   SafetensorsArchive ar(path);
   Backend& be = model_.backend();
-  auto& params = model_.lora_params();
+  auto& params = model_.trainable_params();
   for (size_t i = 0; i < params.size(); i++) {
-    LoraParam& p = params[i];
+    TrainParam& p = params[i];
     const Slice& s = share_[i][size_t(comm_.rank())];
     for (int which = 0; which < 2; which++) {
       const std::vector<float> full = ar.read_f32(p.peft_key + (which == 0 ? ".exp_avg" : ".exp_avg_sq"), shape_of(p.w));
@@ -147,7 +147,7 @@ void Zero1Optimizer::load_moments(const std::string& path) {
 void write_gathered_optimizer_state(const std::string& path, DecoderModel& model,
                                     const std::vector<std::vector<float>>& moments) {
   SafetensorsWriter w;
-  auto& params = model.lora_params();
+  auto& params = model.trainable_params();
   QLORA_ASSERT(moments.size() == 2 * params.size());
   for (size_t i = 0; i < params.size(); i++) {
     w.add_ref(params[i].peft_key + ".exp_avg", DType::F32, shape_of(params[i].w), moments[2 * i].data());

@@ -35,9 +35,9 @@ std::string make_adapter(const std::string& dir) {
   po.seq_len = 1;
   DecoderModel m(src.config, *be, po, lora);
   m.load_base(src.tensors);
-  m.init_lora(3);
+  m.init_trainable(3);
   Rng rng(5);
-  for (auto& p : m.lora_params()) {
+  for (auto& p : m.trainable_params()) {
     if (p.name.find("lora_B") == std::string::npos) continue;
     std::vector<float> h(size_t(p.w.numel()));
     for (float& x : h) x = rng.uniform(-0.5f, 0.5f);

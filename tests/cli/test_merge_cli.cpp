@@ -48,7 +48,7 @@ std::vector<float> engine_logits(const std::string& dir, const std::string& fixt
   po.seq_len = b.t;
   DecoderModel m(src.config, *be, po, fixture_lora());
   m.load_base(src.tensors);
-  m.init_lora(1);
+  m.init_trainable(1);
   return m.logits(b);
 }
 

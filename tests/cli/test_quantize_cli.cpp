@@ -39,7 +39,7 @@ std::vector<float> engine_logits(const std::string& dir, const std::string& prec
   lora.targets = LoraSpec::resolve_targets({"all-linear"});
   DecoderModel m(src.config, *be, po, lora);
   m.load_base(src.tensors);
-  m.init_lora(1);  // B = 0: the adapter adds nothing
+  m.init_trainable(1);  // B = 0: the adapter adds nothing
   EXPECT_TRUE(m.quantized_base()) << dir;
   std::vector<int32_t> ids(24);
   for (size_t i = 0; i < ids.size(); i++) ids[i] = int32_t((i * 37 + 5) % 96);

@@ -31,7 +31,7 @@ inline std::unique_ptr<DecoderModel> five_layer_model(Backend& be, ModelPlanOpti
   lora.targets = LoraSpec::resolve_targets({"all-linear"});
   auto m = std::make_unique<DecoderModel>(c, be, po, lora);
   m->load_base(random_tensor_source(7));
-  m->init_lora(1);
+  m->init_trainable(1);
   return m;
 }
 

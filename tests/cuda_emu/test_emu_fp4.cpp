@@ -47,7 +47,7 @@ Fp4Run make_run(std::unique_ptr<Backend> be, const std::string& base, const std:
                                      "parity/llama_gqa_adapter");
 }
 
-std::vector<float> weights_of(DecoderModel& m, const LoraParam& p) {
+std::vector<float> weights_of(DecoderModel& m, const TrainParam& p) {
   std::vector<float> w(size_t(p.w.numel()));
   m.backend().copy_to_host(w.data(), p.w.data, w.size() * 4);
   return w;
@@ -161,7 +161,7 @@ void compare_fp4_training(const std::string& base, const std::string& ckpt) {
   gpu.model->forward_loss(batch);
   EXPECT_EQ(gpu.model->dequantized_layers(), 0) << "the forward reads the stored codes";
   std::vector<std::vector<float>> w0;
-  for (auto& p : cpu.model->lora_params()) w0.push_back(weights_of(*cpu.model, p));
+  for (auto& p : cpu.model->trainable_params()) w0.push_back(weights_of(*cpu.model, p));
   OptimHyper hp;
   double first = 0, last = 0;
   for (int s = 0; s < 4; s++) {
@@ -178,8 +178,8 @@ void compare_fp4_training(const std::string& base, const std::string& ckpt) {
   }
   EXPECT_LT(last, first) << "the steps train";
   double min_cosine = 1;
-  auto& gp = gpu.model->lora_params();
-  auto& cp = cpu.model->lora_params();
+  auto& gp = gpu.model->trainable_params();
+  auto& cp = cpu.model->trainable_params();
   ASSERT_EQ(gp.size(), cp.size());
   for (size_t i = 0; i < cp.size(); i++) {
     const auto wg = weights_of(*gpu.model, gp[i]), wc = weights_of(*cpu.model, cp[i]);

@@ -46,7 +46,7 @@ Fp8Run make_run(std::unique_ptr<Backend> be, const std::string& ckpt) {
                                      "parity/llama_gqa_adapter");
 }
 
-std::vector<float> weights_of(DecoderModel& m, const LoraParam& p) {  // LoRA weights are f32 on both backends
+std::vector<float> weights_of(DecoderModel& m, const TrainParam& p) {  // LoRA weights are f32 on both backends
   std::vector<float> w(size_t(p.w.numel()));
   m.backend().copy_to_host(w.data(), p.w.data, w.size() * 4);
   return w;
@@ -149,7 +149,7 @@ void compare_fp8_training(const std::string& ckpt) {
   gpu.model->forward_loss(batch);
   EXPECT_EQ(gpu.model->dequantized_layers(), 0);
   std::vector<std::vector<float>> w0;
-  for (auto& p : cpu.model->lora_params()) w0.push_back(weights_of(*cpu.model, p));
+  for (auto& p : cpu.model->trainable_params()) w0.push_back(weights_of(*cpu.model, p));
   OptimHyper h;
   double first = 0, last = 0;
   for (int s = 0; s < 4; s++) {
@@ -165,8 +165,8 @@ void compare_fp8_training(const std::string& ckpt) {
     (s == 0 ? first : last) = rc.loss;
   }
   EXPECT_LT(last, first) << "the steps train";
-  auto& gp = gpu.model->lora_params();
-  auto& cp = cpu.model->lora_params();
+  auto& gp = gpu.model->trainable_params();
+  auto& cp = cpu.model->trainable_params();
   ASSERT_EQ(gp.size(), cp.size());
   for (size_t i = 0; i < cp.size(); i++) {
     const auto wg = weights_of(*gpu.model, gp[i]), wc = weights_of(*cpu.model, cp[i]);

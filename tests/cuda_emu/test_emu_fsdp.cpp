@@ -51,11 +51,11 @@ void fsdp_equals_whole(const std::string& precision, const std::string& ckpt) {
     const int64_t layers = s == 0 ? (L + (L - 2)) + dequant_layers_per_micro_step(L) : 2 * dequant_layers_per_micro_step(L);
     EXPECT_EQ(fsdp->gathered_base_bytes() - g0, layers * fsdp->base_blob_bytes()) << "step " << s;
   }
-  auto& pw = whole->lora_params();
-  auto& pf = fsdp->lora_params();
+  auto& pw = whole->trainable_params();
+  auto& pf = fsdp->trainable_params();
   ASSERT_EQ(pw.size(), pf.size());
   for (size_t i = 0; i < pw.size(); i++)
-    for (auto member : {&LoraParam::w, &LoraParam::m, &LoraParam::v})
+    for (auto member : {&TrainParam::w, &TrainParam::m, &TrainParam::v})
       EXPECT_TRUE(testing_util::device_bytes(*whole, pw[i].*member) == testing_util::device_bytes(*fsdp, pf[i].*member)) << pw[i].name;
   EXPECT_EQ(fsdp->forward_loss(mbs[0]), whole->forward_loss(mbs[0]));
 }

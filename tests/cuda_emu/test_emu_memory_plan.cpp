@@ -73,7 +73,7 @@ void check_allocation_equals_plan(const Case& c) {
   ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
   auto model = std::make_unique<DecoderModel>(src.config, *be, plan_options(c), testing_util::fixture_lora());
   model->load_base(src.tensors);
-  model->init_lora(1);
+  model->init_trainable(1);
   const MemoryPlan& plan = model->plan();
 
   // The plan holds the backend's buffers, each op scratch slot bound (none grown by the backend).

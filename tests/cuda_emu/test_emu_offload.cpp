@@ -69,11 +69,11 @@ void offload_equals_full(const std::string& method, const std::string& precision
     EXPECT_EQ(d_off.h2d - df.h2d, offloaded) << "step " << s;
     EXPECT_EQ(d_off.waits - df.waits, 4 * offloaded) << "step " << s;
   }
-  auto& pf = full->lora_params();
-  auto& po = off->lora_params();
+  auto& pf = full->trainable_params();
+  auto& po = off->trainable_params();
   ASSERT_EQ(pf.size(), po.size());
   for (size_t i = 0; i < pf.size(); i++)
-    for (auto member : {&LoraParam::w, &LoraParam::m, &LoraParam::v})
+    for (auto member : {&TrainParam::w, &TrainParam::m, &TrainParam::v})
       EXPECT_TRUE(testing_util::device_bytes(*full, pf[i].*member) == testing_util::device_bytes(*off, po[i].*member)) << pf[i].name;
   EXPECT_EQ(off->forward_loss(mbs[0]), full->forward_loss(mbs[0]));
 }

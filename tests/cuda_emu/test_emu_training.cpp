@@ -65,7 +65,7 @@ TrainRun make_run(std::unique_ptr<Backend> be, const std::string& method, const 
                                      "parity/" + variant + "_adapter");
 }
 
-std::vector<float> weights_of(DecoderModel& m, LoraParam& p) {
+std::vector<float> weights_of(DecoderModel& m, TrainParam& p) {
   std::vector<float> w(size_t(p.w.numel()));
   if (p.w.dtype == DType::F32) {
     m.backend().copy_to_host(w.data(), p.w.data, w.size() * 4);
@@ -99,7 +99,7 @@ void compare_training(const std::string& method, const std::string& precision, c
   SafetensorsArchive fx(fixtures() + "/qlora/llama_gqa_nf4.safetensors");
   const Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
   std::vector<std::vector<float>> w0;
-  for (auto& p : cpu.model->lora_params()) w0.push_back(weights_of(*cpu.model, p));
+  for (auto& p : cpu.model->trainable_params()) w0.push_back(weights_of(*cpu.model, p));
 
   OptimHyper h;
   const int steps = 4;
@@ -118,8 +118,8 @@ void compare_training(const std::string& method, const std::string& precision, c
   // every element by ~lr per step whatever the gradient's size, so an element whose gradient is
   // near the bf16 noise floor can move either way; the 28 updates differ by 4-12.5% here (a wrong
   // or missing gradient term differs by ~100%).
-  auto& gp = gpu.model->lora_params();
-  auto& cp = cpu.model->lora_params();
+  auto& gp = gpu.model->trainable_params();
+  auto& cp = cpu.model->trainable_params();
   ASSERT_EQ(gp.size(), cp.size());
   for (size_t i = 0; i < cp.size(); i++) {
     const auto wg = weights_of(*gpu.model, gp[i]), wc = weights_of(*cpu.model, cp[i]);
@@ -180,8 +180,8 @@ void compare_run_gradients(TrainRun& gpu, TrainRun& cpu, double rel, GradStep st
   const StepResult rg = step(*gpu.model);
   const StepResult rc = step(*cpu.model);
   EXPECT_NEAR(rg.loss, rc.loss, 4.0 / 256 * std::fabs(rc.loss));
-  auto& gp = gpu.model->lora_params();
-  auto& cp = cpu.model->lora_params();
+  auto& gp = gpu.model->trainable_params();
+  auto& cp = cpu.model->trainable_params();
   ASSERT_EQ(gp.size(), cp.size());
   double worst = 0;
   std::string worst_key;
@@ -232,8 +232,8 @@ TEST(CudaEmuTraining, ResumeFromSavedStateContinuesTheRun) {
   for (int s = 2; s < 4; s++) train_step(*resumed.model, {batch}, h, 5e-3, s, 0);
   fs::remove_all(dir);
 
-  auto& a = straight.model->lora_params();
-  auto& b = resumed.model->lora_params();
+  auto& a = straight.model->trainable_params();
+  auto& b = resumed.model->trainable_params();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); i++) {
     const auto wa = weights_of(*straight.model, a[i]), wb = weights_of(*resumed.model, b[i]);
@@ -259,8 +259,8 @@ TEST(CudaEmuTraining, AStepSynchronizesOnceForTheNormAndReusesGemmPlans) {
   apply_optimizer(*r.model, h, 5e-3, 1, res);
   // The norm's reduction and the step's end: 2, whatever the number of tensors (one sync per
   // tensor would be 29 here).
-  EXPECT_EQ(emu::synchronizations() - syncs, 2) << "grad norm over " << r.model->lora_params().size() << " tensors";
-  EXPECT_GT(r.model->lora_params().size(), 1u);
+  EXPECT_EQ(emu::synchronizations() - syncs, 2) << "grad norm over " << r.model->trainable_params().size() << " tensors";
+  EXPECT_GT(r.model->trainable_params().size(), 1u);
   EXPECT_EQ(emu::lt_descriptors_created(), descs) << "the second step made new cuBLASLt descriptors";
   EXPECT_TRUE(std::isfinite(res.grad_norm) && res.grad_norm > 0);
 }
@@ -312,7 +312,7 @@ void compare_generation(const std::string& method, const std::string& precision,
   }
   EXPECT_EQ(gc.greedy(prompt, kNew, {}), forced);
   // Non-vacuous: the adapter changes what the model says.
-  for (auto& p : gpu.model->lora_params())
+  for (auto& p : gpu.model->trainable_params())
     if (p.name.find("lora_B") != std::string::npos) gpu.model->backend().memset0(p.w.data, size_t(p.w.nbytes()));
   EXPECT_NE(gg.greedy(prompt, kNew, {}), forced);
 }
@@ -389,9 +389,9 @@ TEST(CudaEmuTraining, HeadDim256MatchesTheCpu) {
       }
     };
     t.model->load_base(w);
-    t.model->init_lora(1);
+    t.model->init_trainable(1);
     Rng rng(5);
-    for (auto& p : t.model->lora_params()) {  // B: the same values on both backends
+    for (auto& p : t.model->trainable_params()) {  // B: the same values on both backends
       if (p.peft_key.find("lora_B") == std::string::npos) continue;
       std::vector<float> h(size_t(p.w.numel()));
       for (auto& x : h) x = rng.uniform(-0.02f, 0.02f);
@@ -490,9 +490,9 @@ double bf16_weight_sensitivity(const std::string& variant, const Batch& batch) {
   accumulate_grads(*f32.model, {batch}, 0, 0);
   accumulate_grads(*bf.model, {batch}, 0, 0);
   double worst = 0;
-  for (size_t i = 0; i < f32.model->lora_params().size(); i++) {
-    const std::vector<float> a = testing_util::host_copy(*f32.model, f32.model->lora_params()[i].g);
-    const std::vector<float> b = testing_util::host_copy(*bf.model, bf.model->lora_params()[i].g);
+  for (size_t i = 0; i < f32.model->trainable_params().size(); i++) {
+    const std::vector<float> a = testing_util::host_copy(*f32.model, f32.model->trainable_params()[i].g);
+    const std::vector<float> b = testing_util::host_copy(*bf.model, bf.model->trainable_params()[i].g);
     std::vector<float> d(a.size());
     for (size_t j = 0; j < a.size(); j++) d[j] = a[j] - b[j];
     worst = std::max(worst, norm(d) / norm(b));

@@ -40,7 +40,7 @@ FsdpRun make_run(const LlamaConfig& cfg, const TensorSource& src, const ModelPla
   r.be = make_cpu_backend();
   r.model = std::make_unique<DecoderModel>(cfg, *r.be, po, fixture_lora());
   r.model->load_base(src);
-  r.model->init_lora(1);
+  r.model->init_trainable(1);
   return r;
 }
 
@@ -51,7 +51,7 @@ Batch fixture_batch() {
 
 std::vector<float> grads(DecoderModel& m) {
   std::vector<float> g;
-  for (auto& p : m.lora_params()) {
+  for (auto& p : m.trainable_params()) {
     std::vector<float> x(size_t(p.g.numel()));
     m.backend().copy_to_host(x.data(), p.g.data, x.size() * 4);
     g.insert(g.end(), x.begin(), x.end());

@@ -47,10 +47,10 @@ TestModel make(const Case& c, int64_t seq_len = kSeq) {
   }
   t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, po, lora);
   t.model->load_base(t.src.tensors);
-  t.model->init_lora(7);
+  t.model->init_trainable(7);
   // PEFT inits B to zero, which would make the merge untested: give every B random values.
   Rng rng(11);
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     if (p.name.find("lora_B") == std::string::npos) continue;
     std::vector<float> h(size_t(p.w.numel()));
     for (float& x : h) x = rng.uniform(-0.3f, 0.3f);
@@ -97,7 +97,7 @@ TEST_P(GenerateParity, PrefillAndDecodeLogitsMatchFullForward) {
   EXPECT_LT(rel_err(gen.feed(std::vector<int32_t>(seq.begin() + 4, seq.begin() + kPrompt)), row(kPrompt - 1)), kTol);
 
   // Non-vacuous: the merged LoRA moves the logits well beyond the tolerance.
-  for (auto& p : m.lora_params())
+  for (auto& p : m.trainable_params())
     if (p.name.find("lora_B") != std::string::npos) t.be->memset0(p.w.data, size_t(p.w.nbytes()));
   Generator base_only(m);
   EXPECT_GT(rel_err(base_only.feed(prompt), row(kPrompt - 1)), 100 * kTol);

@@ -314,7 +314,7 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
   TestModel t = make_model(variant, spec, 2, 9);
   // Non-zero B everywhere, so every LoRA parameter has a gradient.
   Rng rng(17);
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     std::vector<float> h(size_t(p.w.numel()));
     for (auto& x : h) x = rng.uniform(-0.2f, 0.2f);
     t.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
@@ -356,7 +356,7 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
           ref.base[hf_expert_name(cfg, l, e, kind)] = Mat(wv.begin() + e * out * in, wv.begin() + (e + 1) * out * in);
       }
   }
-  for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
+  for (auto& p : t.model->trainable_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
 
   const double ref_loss = ref.loss(batch);
   const double aux_term = aux_weight * cfg.router_aux_loss_coef * t.model->last_aux_loss();
@@ -364,7 +364,7 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
 
   int64_t checked = 0, expected = 0;
   double worst_rel = 0;
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     const std::vector<float> g = host(*t.be, p.g);
     Mat& wv = ref.lora.at(p.name);
     std::vector<double> fd(wv.size(), 0.0);
@@ -397,6 +397,72 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
               variant.c_str(), (long long)checked, worst_rel);
 }
 
+// Full fine-tuning: the gradient of every weight (embeddings, norms, q/k norms, projections and
+// their biases, the LM head or the tied embedding) against finite differences of the double model;
+// about 60 elements of each tensor, at an odd stride.
+void check_full(const std::string& variant, const std::string& ckpt = "none", int64_t mlp_tile = 0) {
+  ModelPlanOptions po;
+  po.micro_batch = 2;
+  po.seq_len = 9;
+  po.method = Method::Full;
+  po.checkpointing = parse_checkpointing(ckpt, "checkpointing");
+  po.mlp_tile = mlp_tile;
+  TestModel t = make_model_on(make_cpu_backend(), variant, po, LoraSpec{});
+  ASSERT_TRUE(t.model->full());
+  const auto& cfg = t.model->config();
+  Rng rng(17);
+  std::vector<int32_t> ids(18), labels(18);
+  for (size_t i = 0; i < ids.size(); i++) {
+    ids[i] = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+    labels[i] = (i % 4 == 1) ? kIgnoreIndex : ids[i];
+  }
+  const Batch batch = Batch::from_hf(2, 9, ids, labels);
+  t.model->zero_grads();
+  const double engine_loss = t.model->forward_backward(batch, 1.0f, 0);
+
+  RefModel ref;
+  ref.c = cfg;
+  for (float f : rope_inv_freq(cfg, rope_uses_long_factors(cfg, 9 - 1))) ref.inv_freq.push_back(double(f));
+  if (cfg.rope_local_theta > 0)
+    for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
+  SafetensorsArchive ar(fixtures() + "/models/" + variant);
+  for (const auto& name : ar.names()) ref.base[name] = to_double(floats(ar, name));
+  const double ref_loss = ref.loss(batch);
+  EXPECT_NEAR(engine_loss, ref_loss, 2e-6 * std::fabs(ref_loss)) << variant << ": summed loss";
+
+  int64_t tensors = 0;
+  double worst_rel = 0;
+  for (auto& p : t.model->trainable_params()) {
+    const std::vector<float> g = host(*t.be, p.g);
+    ASSERT_TRUE(ref.base.count(p.peft_key)) << p.peft_key << " is not a tensor of the checkpoint";
+    Mat& wv = ref.base.at(p.peft_key);
+    ASSERT_EQ(wv.size(), g.size()) << p.peft_key;
+    const size_t stride = std::max<size_t>(1, wv.size() / 60) | 1;
+    double scale = 0, err = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < wv.size(); i += stride) {
+      const double orig = wv[i], h = 1e-5;
+      wv[i] = orig + h;
+      const double up = ref.loss(batch);
+      wv[i] = orig - h;
+      const double down = ref.loss(batch);
+      wv[i] = orig;
+      const double fd = (up - down) / (2 * h);
+      scale = std::max(scale, std::fabs(fd));
+      if (std::fabs(double(g[i]) - fd) > err) err = std::fabs(double(g[i]) - fd), worst = i;
+    }
+    ASSERT_GT(scale, 0) << p.peft_key << ": no gradient among the checked elements";
+    EXPECT_LT(err / scale, 2e-5) << variant << " " << p.peft_key << "[" << worst << "]: engine " << g[worst]
+                                 << ", tensor max " << scale;
+    worst_rel = std::max(worst_rel, err / scale);
+    tensors++;
+  }
+  // Every tensor of the checkpoint is trained once (a tied LM head is the embedding).
+  EXPECT_EQ(size_t(tensors), ref.base.size());
+  std::printf("%s (full): %lld weight tensors checked, worst error %.2e of its tensor's largest gradient\n",
+              variant.c_str(), (long long)tensors, worst_rel);
+}
+
 // A preference objective's LoRA gradients through the whole model: rows of two documents (prompt +
 // completion each, positions restarting, attention kept inside each), the reference run with the
 // adapters off, the objective over the completions' summed log-probs (train/preference.h, whose own
@@ -406,7 +472,7 @@ void check_preference(Objective method, size_t stride) {
   LoraSpec spec = fixture_lora();
   TestModel t = make_model("llama_gqa", spec, 2, 14);
   Rng rng(23);
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     std::vector<float> h(size_t(p.w.numel()));
     for (auto& x : h) x = rng.uniform(-0.2f, 0.2f);
     t.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
@@ -438,7 +504,7 @@ void check_preference(Objective method, size_t stride) {
       ref_logp.push_back(s);
     }
   }
-  for (auto& p : t.model->lora_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
+  for (auto& p : t.model->trainable_params()) ref.lora[p.name] = to_double(host(*t.be, p.w));
   auto logps = [&]() {
     const std::vector<double> tl = ref.token_losses(batch);
     std::vector<double> lp;
@@ -460,7 +526,7 @@ void check_preference(Objective method, size_t stride) {
   EXPECT_NEAR(engine_loss, objective(), 2e-6 * std::fabs(objective())) << objective_name(method);
   double worst_rel = 0;
   int64_t checked = 0;
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     const std::vector<float> g = host(*t.be, p.g);
     Mat& wv = ref.lora.at(p.name);
     double scale = 0, err = 0;
@@ -540,3 +606,13 @@ TEST(LoraGradientsDouble, MixtralExpertLora) {
   s.expert_targets = {"gate_up_proj", "down_proj"};
   check_model("mixtral", 5, s);
 }
+
+TEST(FullGradientsDouble, LlamaGqa) { check_full("llama_gqa"); }
+// q/k/v biases (their gradient: the column sums of d(output)).
+TEST(FullGradientsDouble, Qwen2Biases) { check_full("qwen2"); }
+// Per-head q/k norms, and the recompute of a checkpointed layer.
+TEST(FullGradientsDouble, Qwen3QkNormCheckpointed) { check_full("qwen3", "full"); }
+// (1 + w) norms around both blocks, scaled and tied embeddings, GeGLU; the MLP in tiles of 5 rows.
+TEST(FullGradientsDouble, Gemma3TiedTiled) { check_full("gemma3", "full", 5); }
+// Attention and final-logit soft-capping.
+TEST(FullGradientsDouble, Gemma2SoftCapping) { check_full("gemma2"); }

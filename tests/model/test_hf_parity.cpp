@@ -53,7 +53,7 @@ TEST_P(HfParity, LoraLogitsLossAndGradients) {
     EXPECT_NEAR(t.model->last_aux_loss(), aux, kLogitTol * aux);
   }
   int checked = 0;
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     std::vector<float> g(size_t(p.g.numel()));
     t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
     g = to_peft_layout(p, g);  // an expert stack's lora_B: PEFT's (out, r*E)
@@ -94,7 +94,7 @@ TEST_P(HfParity, ThreeAdamWStepsWithAccumulationAndClipping) {
     clipped |= r.grad_norm > h.max_grad_norm;
   }
   EXPECT_TRUE(clipped) << "fixture should exercise gradient clipping";
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     std::vector<float> w(size_t(p.w.numel()));
     t.be->copy_to_host(w.data(), p.w.data, w.size() * 4);
     EXPECT_LT(rel_err(to_peft_layout(p, w), floats(fx, "final." + p.peft_key)), kTrainTol) << p.peft_key;

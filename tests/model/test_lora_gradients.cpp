@@ -29,14 +29,14 @@ std::vector<float> host(Backend& be, const Tensor& t) {
 
 std::vector<std::vector<float>> grads(TestModel& t) {
   std::vector<std::vector<float>> g;
-  for (auto& p : t.model->lora_params()) g.push_back(host(*t.be, p.g));
+  for (auto& p : t.model->trainable_params()) g.push_back(host(*t.be, p.g));
   return g;
 }
 
 // Gives B non-zero values so every LoRA parameter has a gradient.
 void randomize_lora(TestModel& t, uint64_t seed) {
   Rng rng(seed);
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     std::vector<float> h(size_t(p.w.numel()));
     for (auto& x : h) x = rng.uniform(-0.2f, 0.2f);
     t.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
@@ -57,7 +57,7 @@ TEST(LoraGradients, MatchFiniteDifferences) {
     t.model->forward_backward(b, 1.0f, seed);  // d(summed loss)
     Rng pick(5);
     int checked = 0;
-    for (auto& p : t.model->lora_params()) {
+    for (auto& p : t.model->trainable_params()) {
       auto g = host(*t.be, p.g);
       auto w = host(*t.be, p.w);
       for (int k = 0; k < 3; k++) {
@@ -75,7 +75,7 @@ TEST(LoraGradients, MatchFiniteDifferences) {
         checked++;
       }
     }
-    EXPECT_EQ(checked, int(t.model->lora_params().size()) * 3);
+    EXPECT_EQ(checked, int(t.model->trainable_params().size()) * 3);
   }
 }
 
@@ -93,7 +93,7 @@ TEST(LoraGradients, CheckpointingAndChunkingChangeNothing) {
   const double l2 = ck.model->forward_backward(b, 0.05f, 42);
   EXPECT_NEAR(l1, l2, 1e-5 * std::fabs(l1));
   auto g1 = grads(ref), g2 = grads(ck);
-  for (size_t i = 0; i < g1.size(); i++) EXPECT_LT(rel_err(g2[i], g1[i]), 1e-5) << ref.model->lora_params()[i].name;
+  for (size_t i = 0; i < g1.size(); i++) EXPECT_LT(rel_err(g2[i], g1[i]), 1e-5) << ref.model->trainable_params()[i].name;
 }
 
 TEST(LoraGradients, PackedDocumentsEqualSeparateRows) {

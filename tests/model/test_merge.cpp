@@ -34,7 +34,7 @@ std::vector<float> merged_logits(const MergedModel& m, const Batch& b) {
   lora.targets = lora_modules(m.config());  // a MoE model's: the attention's
   DecoderModel model(m.config(), *be, po, lora);
   model.load_base(src);
-  model.init_lora(1);
+  model.init_trainable(1);
   return model.logits(b);
 }
 

@@ -38,7 +38,7 @@ std::unique_ptr<DecoderModel> build(Backend& be, const std::string& ckpt, int64_
   lora.dropout = dropout;
   auto m = std::make_unique<DecoderModel>(c, be, po, lora);
   m->load_base(random_tensor_source(7));
-  m->init_lora(1);
+  m->init_trainable(1);
   return m;
 }
 
@@ -66,8 +66,8 @@ void expect_tiled_equals_untiled(int64_t tile, double dropout, const std::string
   const StepResult ga = accumulate_grads(*ref, mbs, 0, 5), gb = accumulate_grads(*tiled, mbs, 0, 5);
   ASSERT_TRUE(std::isfinite(ga.loss) && ga.loss > 0);
   EXPECT_LE(std::fabs(gb.loss - ga.loss), 1e-6 * std::fabs(ga.loss));
-  const auto& pa = ref->lora_params();
-  const auto& pb = tiled->lora_params();
+  const auto& pa = ref->trainable_params();
+  const auto& pb = tiled->trainable_params();
   ASSERT_EQ(pa.size(), pb.size());
   double worst = 0;
   for (size_t i = 0; i < pa.size(); i++) {
@@ -115,9 +115,9 @@ TEST(MlpTiling, TiledRunsRepeatTheirBits) {
     EXPECT_EQ(ra.loss, rb.loss);
     EXPECT_EQ(ra.grad_norm, rb.grad_norm);
   }
-  for (size_t i = 0; i < a->lora_params().size(); i++) {
-    const auto x = host_copy(*a, a->lora_params()[i].w), y = host_copy(*b, b->lora_params()[i].w);
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << a->lora_params()[i].name;
+  for (size_t i = 0; i < a->trainable_params().size(); i++) {
+    const auto x = host_copy(*a, a->trainable_params()[i].w), y = host_copy(*b, b->trainable_params()[i].w);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << a->trainable_params()[i].name;
   }
 }
 

@@ -140,7 +140,7 @@ RoutedRun routed_run(const std::string& variant, const char* ckpt) {
   RoutedRun r;
   r.loss = t.model->forward_backward(b, 1.0f, 0);
   r.aux = t.model->last_aux_loss();
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     std::vector<float> g(size_t(p.g.numel()));
     t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
     r.grads.push_back(g);
@@ -270,7 +270,7 @@ TEST(Moe, ExpertLoraIsPlannedAndCounted) {
 TEST(Moe, ExpertAdapterRoundTripsThroughPeftLayout) {
   TestModel a = make_model("qwen3_moe_experts", fixture_lora("qwen3_moe_experts"), 2, 12);
   Rng rng(3);
-  for (auto& p : a.model->lora_params()) {
+  for (auto& p : a.model->trainable_params()) {
     std::vector<float> h(size_t(p.w.numel()));
     for (auto& x : h) x = rng.uniform(-1.0f, 1.0f);
     a.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
@@ -283,8 +283,8 @@ TEST(Moe, ExpertAdapterRoundTripsThroughPeftLayout) {
   load_peft_adapter(dir, *b.model);
   SafetensorsArchive ar(dir + "/adapter_model.safetensors");
   int experts_b = 0;
-  for (size_t i = 0; i < a.model->lora_params().size(); i++) {
-    const LoraParam &pa = a.model->lora_params()[i], &pb = b.model->lora_params()[i];
+  for (size_t i = 0; i < a.model->trainable_params().size(); i++) {
+    const TrainParam &pa = a.model->trainable_params()[i], &pb = b.model->trainable_params()[i];
     EXPECT_EQ(host_copy(*a.model, pa.w), host_copy(*b.model, pb.w)) << pa.peft_key;
     EXPECT_EQ(ar.get(pa.peft_key).shape, peft_shape(pa)) << pa.peft_key;
     if (pa.experts == 0) continue;
@@ -330,14 +330,14 @@ TEST(Moe, Nf4ExpertsEqualTheFloatModelOnTheirDequantizedWeights) {
     f.be = make_cpu_backend();
     f.model = std::make_unique<DecoderModel>(src.config, *f.be, po, fixture_lora(variant));
     f.model->load_base(rt);
-    f.model->init_lora(1);
+    f.model->init_trainable(1);
     load_peft_adapter(fixtures() + "/parity/" + std::string(variant) + "_adapter", *f.model);
     const double lq = q.model->forward_backward(b, 1.0f, 0), lf = f.model->forward_backward(b, 1.0f, 0);
     EXPECT_NEAR(lq, lf, 1e-5 * std::fabs(lf));
     EXPECT_GT(std::fabs(lq - floats(fx, "lora_loss")[0] * double(b.n_trained())), 1e-4 * std::fabs(lq))
         << "NF4 should change the loss";
-    auto& gq = q.model->lora_params();
-    auto& gf = f.model->lora_params();
+    auto& gq = q.model->trainable_params();
+    auto& gf = f.model->trainable_params();
     ASSERT_EQ(gq.size(), gf.size());
     for (size_t i = 0; i < gq.size(); i++) {
       std::vector<float> a(size_t(gq[i].g.numel())), c(a.size());

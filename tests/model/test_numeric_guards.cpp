@@ -23,7 +23,7 @@ TEST(NumericGuards, FirstNonFiniteNamesTheLossThenTheFirstBadGradient) {
   EXPECT_EQ(first_non_finite(*t.model, std::numeric_limits<double>::quiet_NaN()), "the loss");
 
   // Poison one element of the 6th and the 3rd gradient: the 3rd is named (parameter order).
-  auto& params = t.model->lora_params();
+  auto& params = t.model->trainable_params();
   ASSERT_GT(params.size(), 6u);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   t.be->copy_to_device(static_cast<float*>(params[5].g.data) + 1, &inf, 4);
@@ -35,7 +35,7 @@ TEST(NumericGuards, FirstNonFiniteNamesTheLossThenTheFirstBadGradient) {
 TEST(NumericGuards, OptimizerStateFiniteSeesAnyBadWeightOrMoment) {
   TestModel t = make_model("llama_gqa", fixture_lora(), 1, 8);
   EXPECT_TRUE(optimizer_state_finite(*t.model));
-  auto& p = t.model->lora_params()[4];
+  auto& p = t.model->trainable_params()[4];
   const float nan = std::numeric_limits<float>::quiet_NaN();
   t.be->copy_to_device(static_cast<float*>(p.v.data) + 2, &nan, 4);
   EXPECT_FALSE(optimizer_state_finite(*t.model));

@@ -51,7 +51,7 @@ std::unique_ptr<DecoderModel> build(Backend& be, const std::string& ckpt, int64_
   lora.dropout = 0.1;  // the recompute regenerates the masks: offload must too
   auto m = std::make_unique<DecoderModel>(with_layers(n_layer), be, po, lora);
   m->load_base(random_tensor_source(7));
-  m->init_lora(1);
+  m->init_trainable(1);
   return m;
 }
 
@@ -69,11 +69,11 @@ TEST(ActivationOffload, CpuStepsEqualFullCheckpointingExactly) {
     EXPECT_EQ(ro.loss, rf.loss) << "step " << s;
     EXPECT_EQ(ro.grad_norm, rf.grad_norm) << "step " << s;
   }
-  auto& pf = full->lora_params();
-  auto& po = off->lora_params();
+  auto& pf = full->trainable_params();
+  auto& po = off->trainable_params();
   ASSERT_EQ(pf.size(), po.size());
   for (size_t i = 0; i < pf.size(); i++)
-    for (auto member : {&LoraParam::w, &LoraParam::m, &LoraParam::v}) {
+    for (auto member : {&TrainParam::w, &TrainParam::m, &TrainParam::v}) {
       const auto a = host_copy(*full, pf[i].*member), b = host_copy(*off, po[i].*member);
       ASSERT_EQ(a.size(), b.size());
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << pf[i].name;
@@ -158,8 +158,8 @@ TEST(ActivationOffload, OneOrTwoLayersOffloadNothing) {
       EXPECT_EQ(ro.loss, rf.loss) << "step " << s;
     }
     EXPECT_EQ(be.to_host + be.to_device, 0);
-    auto& pf = full->lora_params();
-    auto& po = off->lora_params();
+    auto& pf = full->trainable_params();
+    auto& po = off->trainable_params();
     for (size_t i = 0; i < pf.size(); i++) {
       const auto a = host_copy(*full, pf[i].w), b = host_copy(*off, po[i].w);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << pf[i].name;

@@ -135,3 +135,36 @@ TEST(PlanAllocation, CpuDevicePlanEqualsTheCpuEngine) {
   const FlopCounts& f = p.speed.per_token;
   EXPECT_NEAR(p.speed.t_attn, tok * (f.fwd.attn + f.bwd.attn) / (r.gpu.attn_tflops * 1e12), 1e-12);
 }
+
+// Full fine-tuning: the engine allocates what `qlora plan --method full --gpu cpu` plans, and per
+// weight an fp32 gradient and AdamW m, v (the CPU's fp32 weights are their own master copy).
+TEST(PlanAllocation, FullFineTuningAllocatesThePlan) {
+  for (const std::string variant : {"llama_gqa", "qwen2", "llama_tied"}) {
+    ModelPlanOptions po;
+    po.micro_batch = 2;
+    po.seq_len = 12;
+    po.method = Method::Full;
+    TestModel t = make_model_on(make_cpu_backend(), variant, po, LoraSpec{});
+    const auto planned = t.model->plan().bytes_by_category();
+    const auto& alloc = t.model->arena().allocated();
+    for (const auto& [cat, bytes] : planned) {
+      ASSERT_TRUE(alloc.count(cat)) << mem_category_name(cat);
+      EXPECT_EQ(alloc.at(cat), bytes) << variant << " " << mem_category_name(cat);
+    }
+    EXPECT_EQ(planned.count(MemCategory::Lora), 0u) << variant;
+    EXPECT_EQ(planned.at(MemCategory::Grads), planned.at(MemCategory::Weights)) << variant;
+    EXPECT_EQ(planned.at(MemCategory::Optimizer), 2 * planned.at(MemCategory::Weights)) << variant;
+    int64_t trained = 0;
+    for (const auto& p : t.model->trainable_params()) trained += p.w.numel();
+    EXPECT_EQ(trained, t.model->config().n_params()) << variant;
+    PlanRequest r;
+    r.model = t.model->config();
+    r.gpu = resolve_gpu("cpu");
+    r.method = Method::Full;
+    r.micro_batch = 2;
+    r.seq_len = 12;
+    r.ce_chunk = po.ce_chunk;
+    const PlanResult p = make_plan(r);
+    EXPECT_EQ(p.plan.total_bytes() - p.plan.overhead[0].second, t.model->plan().total_bytes()) << variant;
+  }
+}

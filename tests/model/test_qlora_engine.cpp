@@ -46,7 +46,7 @@ QModel make_qmodel(const std::string& dir, ModelPlanOptions po, bool adopt = fal
   if (adopt) adopt_stored_quantization(po, t.src.tensors);
   t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, po, fixture_lora());
   t.model->load_base(t.src.tensors);
-  t.model->init_lora(1);
+  t.model->init_trainable(1);
   return t;
 }
 
@@ -74,7 +74,7 @@ struct Fixture {
   Batch batch = Batch::from_hf(2, 12, ints(fx, "input_ids"), ints(fx, "labels"));
 };
 
-std::vector<float> grad_of(DecoderModel& m, LoraParam& p) {
+std::vector<float> grad_of(DecoderModel& m, TrainParam& p) {
   std::vector<float> g(size_t(p.g.numel()));
   m.backend().copy_to_host(g.data(), p.g.data, g.size() * 4);
   return g;
@@ -115,7 +115,7 @@ TEST(QloraParity, LoraOnNf4BaseMatchesPeftLogitsLossAndGradients) {
   const double loss = t.model->forward_backward(f.batch, float(1.0 / n), 0) / n;
   EXPECT_NEAR(loss, floats(f.fx, "lora_loss")[0], kBnbTol);
   int checked = 0;
-  for (auto& p : t.model->lora_params()) {
+  for (auto& p : t.model->trainable_params()) {
     const auto ref = floats(f.fx, "grad." + p.peft_key);
     EXPECT_LT(rel_err(grad_of(*t.model, p), ref), kGradTol) << p.peft_key;
     checked++;
@@ -212,9 +212,9 @@ TEST(QloraEngine, EveryFormatEqualsAFloatModelOfItsDequantizedWeights) {
     ref.model->zero_grads();
     const double s = 1.0 / double(f.batch.n_trained());
     EXPECT_EQ(q.model->forward_backward(f.batch, float(s), 7), ref.model->forward_backward(f.batch, float(s), 7));
-    for (size_t i = 0; i < q.model->lora_params().size(); i++) {
-      auto& a = q.model->lora_params()[i];
-      auto& b = ref.model->lora_params()[i];
+    for (size_t i = 0; i < q.model->trainable_params().size(); i++) {
+      auto& a = q.model->trainable_params()[i];
+      auto& b = ref.model->trainable_params()[i];
       EXPECT_EQ(grad_of(*q.model, a), grad_of(*ref.model, b)) << a.peft_key;
     }
   }
@@ -309,7 +309,7 @@ TEST(QloraEngine, DeviceBackendPathGivesTheSameNumbers) {
   ModelSource src = open_model_source(fixtures() + "/models/llama_gqa");
   DecoderModel m(src.config, be, qopts("nf4", true, 64), fixture_lora());
   m.load_base(src.tensors);
-  m.init_lora(1);
+  m.init_trainable(1);
   const int64_t downloads_before = be.downloads;
   EXPECT_EQ(m.logits(f.batch), cpu.model->logits(f.batch));
   // Dequantization is the backend's op: the packed bytes stay on the device (the logits come back).
@@ -350,7 +350,7 @@ TEST(QloraEngine, DequantTrafficIsWhatThePlannerCounts) {
     QModel t;
     t.model = std::make_unique<DecoderModel>(deep, *t0.be, qopts("nf4", true, 64, ckpt), fixture_lora());
     t.model->load_base(deep_src);
-    t.model->init_lora(1);
+    t.model->init_trainable(1);
     const int64_t L = t.model->config().n_layer;
     accumulate_grads(*t.model, {batch}, 0, 0);
     EXPECT_EQ(t.model->dequantized_layers(), L + (L - 2)) << "first step: every layer, then all but the last two";

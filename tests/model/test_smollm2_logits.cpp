@@ -49,7 +49,7 @@ TEST(SmolLM2Real, TemplateTokensAndLogitsMatchTransformers) {
   po.seq_len = 128;
   DecoderModel model(src.config, *be, po, lora);
   model.load_base(src.tensors);
-  model.init_lora(7);  // B = 0: the adapter adds nothing
+  model.init_trainable(7);  // B = 0: the adapter adds nothing
 
   int n_cases = 0;
   for (const json& c : fx["cases"]) {

@@ -52,7 +52,7 @@ TEST(BadInput, ImpossibleMethodPrecisionCombinations) {
   expect_config_error(r, "is QLoRA, not LoRA", "--method qlora --base-precision nf4");
   r = request("full");
   r.base_precision = BasePrecision::Nf4;
-  expect_config_error(r, "full fine-tuning trains bf16 weights", "--method qlora");
+  expect_config_error(r, "full fine-tuning trains fp32 weights, or bf16", "--method qlora");
   r = request("qlora");
   r.base_precision = BasePrecision::Nvfp4;
   r.double_quant = true;

@@ -44,7 +44,7 @@ inline TestModel make_model_on(std::unique_ptr<Backend> be, const std::string& v
     o.expert_precision = base_precision_of(*t.src.tensors.stored_expert_quant);
   t.model = std::make_unique<DecoderModel>(t.src.config, *t.be, o, lora);
   t.model->load_base(t.src.tensors);
-  t.model->init_lora(1);
+  t.model->init_trainable(1);
   if (!adapter.empty()) load_peft_adapter(fixtures() + "/" + adapter, *t.model);
   return t;
 }
@@ -128,7 +128,7 @@ inline std::vector<float> source_logits(const std::string& model, const std::str
   po.seq_len = int64_t(ids.size());
   DecoderModel m(src.config, *be, po, lora);
   m.load_base(src.tensors);
-  if (adapter.empty()) m.init_lora(7);  // B = 0: adds nothing
+  if (adapter.empty()) m.init_trainable(7);  // B = 0: adds nothing
   else load_peft_adapter(adapter, m);
   return m.logits(Batch::from_hf(1, int64_t(ids.size()), ids, ids));
 }

@@ -140,7 +140,7 @@ TEST_P(PreferenceParity, TwoStepsMatchTrl) {
     // each element by about lr * sign(g): elements whose gradient is within float noise of zero can
     // move either way, so the weights are compared where |g| is above 1e-4 of the tensor's largest.
     int checked = 0;
-    for (auto& p : t.model->lora_params()) {
+    for (auto& p : t.model->trainable_params()) {
       std::vector<float> g(size_t(p.g.numel())), w(size_t(p.w.numel()));
       t.be->copy_to_host(g.data(), p.g.data, g.size() * 4);
       t.be->copy_to_host(w.data(), p.w.data, w.size() * 4);

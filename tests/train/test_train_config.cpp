@@ -181,7 +181,6 @@ TEST(TrainConfig, EveryAliasNormalizesWithANote) {
       {"device: gpu", "device: gpu -> cuda", [](auto& c) { return c.device == DeviceChoice::Cuda; }},
       {"quantization_bit: 4\nquantization_method: bitsandbytes", "quantization_method: bitsandbytes (the default)",
        [](auto& c) { return c.load_in_4bit; }},
-      {"finetuning_type: lora", "finetuning_type: lora (the default)", [](auto&) { return true; }},
   };
   for (const AliasCase& k : cases) {
     SCOPED_TRACE(k.yaml);
@@ -263,7 +262,9 @@ TEST(TrainConfig, RangesAndCrossFieldRules) {
                           "val_set_size: 0.1\neval_file: e.jsonl", "target_modules: [all-linear, q_proj]",
                           "target_modules: []", "load_in_4bit: true\nbase_precision: bf16",
                           "adapter: qlora\nbase_precision: fp8", "base_precision: nf4\nbnb_4bit_quant_type: fp4",
-                          "quantization_bit: 8", "adapter: dora", "finetuning_type: full",
+                          "quantization_bit: 8", "adapter: dora", "finetuning_type: freeze",
+                          "finetuning_type: full\nr: 8", "finetuning_type: full\nload_in_4bit: true",
+                          "finetuning_type: full\nrl: dpo",
                           "quantization_method: gptq", "per_device_train_batch_size: 0"}) {
     SCOPED_TRACE(bad);
     expect_error([&] { parse(bad); }, ErrorKind::Config);
@@ -460,4 +461,15 @@ TEST(TrainConfig, DisableDropoutIsHonouredByEveryObjective) {
   EXPECT_DOUBLE_EQ(dropout("rl: kto\nper_device_train_batch_size: 4\ndisable_dropout: ~\n"), 0.0);  // null: auto
   EXPECT_EQ(parse("disable_dropout: no\n").disable_dropout, DisableDropout::No);
   expect_error([] { parse("disable_dropout: sometimes\n"); }, ErrorKind::Config);
+}
+
+// finetuning_type is a canonical key: lora (the default) or full, parsed once into the mode.
+TEST(TrainConfig, FinetuningTypeFull) {
+  EXPECT_EQ(parse("").finetuning_type, FinetuningType::Lora);
+  const TrainConfig c = parse("finetuning_type: full");
+  EXPECT_EQ(c.finetuning_type, FinetuningType::Full);
+  EXPECT_EQ(engine_spec(c).method, Method::Full);
+  EXPECT_EQ(engine_spec(parse("")).method, Method::Lora);
+  Error e = expect_error([] { parse("finetuning_type: full\nlora_alpha: 8"); }, ErrorKind::Config);
+  EXPECT_NE(std::string(e.what()).find("lora_alpha applies to finetuning_type: lora"), std::string::npos) << e.what();
 }
