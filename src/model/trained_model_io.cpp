@@ -1,8 +1,6 @@
 #include "model/trained_model_io.h"
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -20,13 +18,6 @@ namespace {
 const char* const kCarriedFiles[] = {"tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
                                      "tokenizer.model",   "vocab.json",            "merges.txt",
                                      "added_tokens.json", "chat_template.jinja",   "generation_config.json"};
-
-std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) fail(ErrorKind::Io, path, "cannot be read");
-  return s;
-}
 
 }  // namespace
 
@@ -60,9 +51,9 @@ std::vector<std::string> write_trained_model(const std::string& dir, DecoderMode
     notes.push_back("the base " + base + " is not a Hugging Face directory: no tokenizer files copied to " + dir);
     return notes;
   }
+  if (fs::absolute(base) == fs::absolute(dir)) return notes;  // training a run's own output further
   for (const char* f : kCarriedFiles)
-    if (fs::exists(base + "/" + f) && fs::absolute(base) != fs::absolute(dir))
-      write_file_atomic(dir + "/" + f, read_whole(base + "/" + f));
+    if (fs::exists(base + "/" + f)) write_file_atomic(dir + "/" + f, read_text_file(base + "/" + f));
   return notes;
 }
 

@@ -96,10 +96,13 @@ std::vector<std::string> explain_no_fit(const PlanResult& res) {
     int64_t n = 0;
     for (const auto& b : res.replica.buffers)
       if (b.category == MemCategory::Weights) n += b.bytes / dtype_size(b.dtype);
-    const int os = int(dtype_size(r.optimizer_dtype));
-    why.push_back("full fine-tuning holds " + std::to_string(2 + 4 + 4 + 2 * os) + " bytes per parameter (bf16 weight, fp32 master, fp32 grad, AdamW m+v " +
-                  (os == 4 ? "fp32" : "bf16") + ") x " + fmt_params(double(n)) +
-                  (r.sharding == Sharding::None ? " on every GPU" : "") + " = " + fmt_gib(cat(MemCategory::Weights) + cat(MemCategory::Grads) + cat(MemCategory::Optimizer)));
+    const double state = cat(MemCategory::Weights) + cat(MemCategory::Grads) + cat(MemCategory::Optimizer);
+    const bool master = r.compute_dtype() != DType::F32;  // the plan's fp32 master copy of bf16 weights
+    const int64_t per = (master ? 2 + 4 : 4) + 4 + 2 * int64_t(dtype_size(r.optimizer_dtype));
+    why.push_back("full fine-tuning holds " + std::to_string(per) + " bytes per parameter (" +
+                  (master ? "bf16 weight, fp32 master" : "fp32 weight") + ", fp32 grad, AdamW m+v " +
+                  (dtype_size(r.optimizer_dtype) == 4 ? "fp32" : "bf16") + ") x " + fmt_params(double(n)) +
+                  (r.sharding == Sharding::None ? " on every GPU" : "") + " = " + fmt_gib(state));
   }
   if (cat(MemCategory::Weights) > dev)
     why.push_back("the weights alone (" + fmt_gib(cat(MemCategory::Weights)) + ") exceed the device: quantize the base (--method qlora) or shard them (--sharding zero3 over more GPUs)");

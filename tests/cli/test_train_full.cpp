@@ -67,16 +67,15 @@ TEST(TrainFull, ResumesFromACheckpointToTheSameBytes) {
 
 TEST(TrainFull, RefusesWhatItDoesNotImplement) {
   const std::string out = temp_dir("full_refused");
-  RunResult lora_key = run_qlora("train " + full_args(out, 2) + " r=8");
-  EXPECT_NE(lora_key.code, 0);
-  EXPECT_NE(lora_key.output.find("r applies to finetuning_type: lora, not full"), std::string::npos) << lora_key.output;
-  RunResult quantized = run_qlora("train " + full_args(out, 2) + " load_in_4bit=true");
-  EXPECT_NE(quantized.code, 0);
-  EXPECT_NE(quantized.output.find("a quantized base cannot be trained"), std::string::npos) << quantized.output;
-  RunResult freeze = run_qlora("train " + full_args(out, 2) + " finetuning_type=freeze");
-  EXPECT_NE(freeze.code, 0);
-  EXPECT_NE(freeze.output.find("freeze"), std::string::npos) << freeze.output;
-  RunResult dpo = run_qlora("train " + full_args(out, 2) + " rl=dpo");
-  EXPECT_NE(dpo.code, 0);
-  EXPECT_NE(dpo.output.find("with finetuning_type full is not implemented"), std::string::npos) << dpo.output;
+  const std::pair<const char*, const char*> cases[] = {
+      {"r=8", "r applies to finetuning_type: lora, not full"},
+      {"load_in_4bit=true", "a quantized base cannot be trained"},
+      {"finetuning_type=freeze", "freeze"},
+      {"rl=dpo", "with finetuning_type full is not implemented"},
+  };
+  for (const auto& [override, message] : cases) {
+    RunResult r = run_qlora("train " + full_args(out, 2) + " " + override);
+    EXPECT_NE(r.code, 0) << override;
+    EXPECT_NE(r.output.find(message), std::string::npos) << override << ": " << r.output;
+  }
 }

@@ -306,6 +306,23 @@ std::vector<float> host(Backend& be, const Tensor& t) {
   return h;
 }
 
+// Two rows of 9 random tokens, every 4th position without a label.
+Batch random_batch(const LlamaConfig& cfg, Rng& rng) {
+  std::vector<int32_t> ids(18), labels(18);
+  for (size_t i = 0; i < ids.size(); i++) {
+    ids[i] = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+    labels[i] = (i % 4 == 1) ? kIgnoreIndex : ids[i];
+  }
+  return Batch::from_hf(2, 9, ids, labels);
+}
+
+// The reference's RoPE frequencies for positions up to 8, as the engine computes them.
+void set_rope(RefModel& ref, const LlamaConfig& cfg) {
+  for (float f : rope_inv_freq(cfg, rope_uses_long_factors(cfg, 9 - 1))) ref.inv_freq.push_back(double(f));
+  if (cfg.rope_local_theta > 0)
+    for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
+}
+
 // Checks every `stride`-th element of every LoRA tensor; prints the worst relative error seen.
 // aux_boost: the load-balancing loss's weight beside the summed token losses (with a coefficient).
 void check_model(const std::string& variant, size_t stride, std::optional<LoraSpec> lora = std::nullopt,
@@ -320,12 +337,7 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
     t.be->copy_to_device(p.w.data, h.data(), h.size() * 4);
   }
   const auto& cfg = t.model->config();
-  std::vector<int32_t> ids(18), labels(18);
-  for (size_t i = 0; i < ids.size(); i++) {
-    ids[i] = int32_t(rng.below(uint64_t(cfg.vocab_size)));
-    labels[i] = (i % 4 == 1) ? kIgnoreIndex : ids[i];
-  }
-  const Batch batch = Batch::from_hf(2, 9, ids, labels);
+  const Batch batch = random_batch(cfg, rng);
   t.model->zero_grads();
   // The load-balancing loss weighs as much as a summed token loss here (~40x its place in a mean).
   const double aux_weight = cfg.router_aux_loss_coef > 0 ? aux_boost : 1.0;
@@ -335,9 +347,7 @@ void check_model(const std::string& variant, size_t stride, std::optional<LoraSp
   ref.c = cfg;
   ref.aux_weight = aux_weight;
   ref.lora_scale = double(spec.scale());
-  for (float f : rope_inv_freq(cfg, rope_uses_long_factors(cfg, 9 - 1))) ref.inv_freq.push_back(double(f));
-  if (cfg.rope_local_theta > 0)
-    for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
+  set_rope(ref, cfg);
   SafetensorsArchive ar(fixtures() + "/models/" + variant);
   for (const auto& name : ar.names())
     if (ar.get(name).dtype != DType::U8) ref.base[name] = to_double(floats(ar, name));
@@ -411,20 +421,13 @@ void check_full(const std::string& variant, const std::string& ckpt = "none", in
   ASSERT_TRUE(t.model->full());
   const auto& cfg = t.model->config();
   Rng rng(17);
-  std::vector<int32_t> ids(18), labels(18);
-  for (size_t i = 0; i < ids.size(); i++) {
-    ids[i] = int32_t(rng.below(uint64_t(cfg.vocab_size)));
-    labels[i] = (i % 4 == 1) ? kIgnoreIndex : ids[i];
-  }
-  const Batch batch = Batch::from_hf(2, 9, ids, labels);
+  const Batch batch = random_batch(cfg, rng);
   t.model->zero_grads();
   const double engine_loss = t.model->forward_backward(batch, 1.0f, 0);
 
   RefModel ref;
   ref.c = cfg;
-  for (float f : rope_inv_freq(cfg, rope_uses_long_factors(cfg, 9 - 1))) ref.inv_freq.push_back(double(f));
-  if (cfg.rope_local_theta > 0)
-    for (float f : rope_local_inv_freq(cfg)) ref.inv_freq_local.push_back(double(f));
+  set_rope(ref, cfg);
   SafetensorsArchive ar(fixtures() + "/models/" + variant);
   for (const auto& name : ar.names()) ref.base[name] = to_double(floats(ar, name));
   const double ref_loss = ref.loss(batch);
